@@ -1,0 +1,54 @@
+"""The ``sagemaker-dist`` console command: each concern registers its own subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Modules that define ``register(subparsers)``; each adds its subcommands with ``set_defaults(func=...)``.
+COMMAND_MODULES = (
+    "sagemaker_dist.commands.sharding",
+    "sagemaker_dist.commands.launch",
+    "sagemaker_dist.commands.local",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sagemaker-dist",
+        description=(
+            "Shard S3 data per GPU, lay out SageMaker Pipe-mode channels, and run Horovod jobs "
+            "on SageMaker or locally. Start with 'sagemaker-dist local --demo'."
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except ValueError as exc:  # our errors subclass ValueError and say what to do
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

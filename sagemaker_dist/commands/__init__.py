@@ -1,0 +1,1 @@
+"""Subcommands of the sagemaker-dist console command, one module per concern."""

@@ -1,0 +1,64 @@
+"""Shared fixtures: a real moto server over HTTP that boto3 and the SageMaker SDK reach via AWS_ENDPOINT_URL."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    """One ThreadedMotoServer for the session; yields its endpoint URL."""
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def aws_env(moto_server, monkeypatch, tmp_path):
+    """Environment pointing boto3 and the SDK at the moto server, with fake credentials."""
+    env = {
+        "AWS_ENDPOINT_URL": moto_server,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_REGION": "us-east-1",
+        "SAGEMAKER_VALIDATE_ROLE": "false",
+        "AWS_CONFIG_FILE": str(tmp_path / "aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "aws-credentials"),
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    return env
+
+
+@pytest.fixture
+def s3(aws_env):
+    """A boto3 S3 client on the moto server."""
+    import boto3
+
+    return boto3.client("s3", endpoint_url=aws_env["AWS_ENDPOINT_URL"], region_name="us-east-1")
+
+
+@pytest.fixture
+def bucket(s3):
+    """A fresh, empty bucket name (unique per test so tests never see each other's objects)."""
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=name)
+    return name
