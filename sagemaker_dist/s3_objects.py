@@ -1,0 +1,111 @@
+"""List the objects under an S3 prefix (the thin I/O edge in front of the sharding planner).
+
+Uses boto3's paginator, so prefixes with more than 1,000 objects list fully, and botocore's standard
+retry mode. The endpoint comes from boto3's own configuration, so ``AWS_ENDPOINT_URL`` points it at
+any S3-compatible server.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+S3_SCHEME = "s3://"
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+
+
+class S3UriError(ValueError):
+    """A string that is not an ``s3://bucket/prefix`` URI."""
+
+
+class S3AccessError(ValueError):
+    """S3 refused a request (missing bucket, no permission, bad endpoint)."""
+
+
+class MissingBucketError(S3AccessError):
+    """The bucket named in a URI does not exist on the endpoint in use."""
+
+
+class EmptyPrefixError(ValueError):
+    """No objects (after the suffix filter) under a prefix."""
+
+
+@dataclass(frozen=True)
+class S3Object:
+    key: str
+    size: int
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """``s3://bucket/some/prefix`` -> ``("bucket", "some/prefix")``; keys are taken verbatim."""
+    if not isinstance(uri, str) or not uri.startswith(S3_SCHEME):
+        raise S3UriError(f"{uri!r} is not an S3 URI; write it as s3://bucket/prefix/")
+    bucket, _, key = uri[len(S3_SCHEME) :].partition("/")
+    if not _BUCKET_RE.match(bucket) or ".." in bucket:
+        raise S3UriError(
+            f"{uri!r} names bucket {bucket!r}, which is not a valid S3 bucket name "
+            "(3-63 characters: lowercase letters, digits, '.', '-'); write it as s3://bucket/prefix/"
+        )
+    return bucket, key
+
+
+def s3_uri(bucket: str, key: str = "") -> str:
+    return f"{S3_SCHEME}{bucket}/{key}"
+
+
+def make_client(max_pool_connections: int = 50):
+    """An S3 client with standard retries and a connection pool sized for concurrent copies."""
+    import boto3
+    from botocore.config import Config
+
+    retries = {"mode": "standard", "max_attempts": 10}
+    return boto3.client("s3", config=Config(retries=retries, max_pool_connections=max_pool_connections))
+
+
+def describe_client_error(exc, bucket: str, action: str, missing_codes=("NoSuchBucket",)) -> S3AccessError:
+    """Turn a botocore ClientError into one of our errors that says what to check."""
+    code = str(exc.response.get("Error", {}).get("Code", ""))
+    if code in missing_codes:
+        return MissingBucketError(
+            f"bucket {bucket!r} does not exist (while trying to {action}); create it or fix the "
+            "URI (check AWS_ENDPOINT_URL and the region if you use a non-default S3 endpoint)"
+        )
+    return S3AccessError(
+        f"S3 refused to {action} in bucket {bucket!r}: {code or 'error'} ({exc}); "
+        "check the URI, your credentials and their permissions"
+    )
+
+
+def list_objects(s3_uri: str, suffix: str | None = None, client=None) -> list[S3Object]:
+    """Every object under ``s3_uri`` in key order, skipping folder placeholders (``key/``, 0 bytes).
+
+    ``suffix`` keeps only keys ending with it (e.g. ``.tfrecord``). Raises MissingBucketError or
+    EmptyPrefixError rather than returning nothing.
+    """
+    from botocore.exceptions import ClientError
+
+    bucket, prefix = parse_s3_uri(s3_uri)
+    client = client or make_client()
+    paginator = client.get_paginator("list_objects_v2")
+    found: list[S3Object] = []
+    listed = 0
+    try:
+        for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+            for item in page.get("Contents", ()):
+                listed += 1
+                key, size = item["Key"], int(item["Size"])
+                if key.endswith("/") and size == 0:
+                    continue
+                if suffix and not key.endswith(suffix):
+                    continue
+                found.append(S3Object(key, size))
+    except ClientError as exc:
+        raise describe_client_error(exc, bucket, f"list {s3_uri}") from exc
+    if not found:
+        why = f"none of its {listed} key(s) end with {suffix!r}" if suffix and listed else "it is empty"
+        raise EmptyPrefixError(
+            f"no objects to shard under {s3_uri} ({why}); check the prefix"
+            + (" and --suffix" if suffix else "")
+            + " (prefixes match key starts, so end a folder prefix with '/')"
+        )
+    return found

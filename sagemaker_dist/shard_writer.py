@@ -1,0 +1,304 @@
+"""Write a ShardPlan to S3: one ManifestFile per shard (zero copy) or server-side copies per shard.
+
+Output under ``<out>/<role>/``:
+
+- manifest mode: ``<k>.manifest`` (SageMaker's ManifestFile format) for each shard ``k``;
+- copy mode: ``<k>/<key relative to the source folder>`` (the layout of AWS's Horovod Pipe-mode
+  post), copied server-side with boto3's managed transfer (multipart above a threshold).
+
+``_plan.json`` (``COMPLETE_MARKER``) is deleted first and written last, after every manifest or copy
+succeeded, so an interrupted run never looks complete; read it back with ``read_shard_set``.
+Copy mode is idempotent: a destination object with the source's size is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+
+from .layout import check_channel_name
+from .s3_objects import (
+    S3AccessError,
+    describe_client_error,
+    make_client,
+    parse_s3_uri,
+    s3_uri,
+)
+from .sharding import ShardPlan
+
+MANIFEST = "manifest"
+COPY = "copy"
+MODES = (MANIFEST, COPY)
+S3_DATA_TYPES = {MANIFEST: "ManifestFile", COPY: "S3Prefix"}
+COMPLETE_MARKER = "_plan.json"
+MARKER_VERSION = 1
+MiB = 1024 * 1024
+
+
+class ShardWriteError(ValueError):
+    """Shards that could not be written; nothing was marked complete."""
+
+
+class IncompleteShardsError(ValueError):
+    """An output prefix without a complete shard set (never written, or interrupted)."""
+
+
+@dataclass(frozen=True)
+class ShardSet:
+    """Where each shard of one role lives: ``uris[i]`` is the S3 source of channel ``{role}_{i}``."""
+
+    role: str
+    mode: str
+    s3_data_type: str  # 'ManifestFile' or 'S3Prefix'
+    uris: list[str]
+    source_uri: str
+    output_uri: str
+    objects_per_shard: list[int]
+    bytes_per_shard: list[int]
+    copied: int = 0  # objects copied by this run (copy mode)
+    skipped: int = 0  # objects already at the destination with the same size
+    deleted: int = 0  # stale objects of an earlier, different plan removed from the output
+    plan_uri: str = field(default="", compare=False)
+
+    @property
+    def channel_names(self) -> list[str]:
+        return [f"{self.role}_{i}" for i in range(len(self.uris))]
+
+    def to_json(self) -> str:
+        doc = {"version": MARKER_VERSION, "complete": True, **asdict(self)}
+        for run_only in ("copied", "skipped", "deleted", "plan_uri"):
+            doc.pop(run_only)
+        return json.dumps(doc, indent=1, sort_keys=True)
+
+
+def _folder(key_prefix: str) -> str:
+    """The 'folder' part of a key prefix: ``data/part-`` -> ``data/``."""
+    return key_prefix[: key_prefix.rfind("/") + 1]
+
+
+def _output_root(output_uri: str, role: str) -> tuple[str, str]:
+    bucket, prefix = parse_s3_uri(output_uri)
+    if prefix and not prefix.endswith("/"):
+        prefix += "/"
+    return bucket, f"{prefix}{role}/"
+
+
+def _check_request(plan: ShardPlan, source_uri: str, output_uri: str, mode: str, role: str):
+    if mode not in MODES:
+        raise ShardWriteError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+    check_channel_name(role)
+    check_channel_name(f"{role}_{max(plan.num_shards - 1, 0)}")
+    src_bucket, src_prefix = parse_s3_uri(source_uri)
+    out_bucket, out_root = _output_root(output_uri, role)
+    folder = _folder(src_prefix)
+    outside = next((k for _, k, _ in plan.items() if not k.startswith(src_prefix)), None)
+    if outside is not None:
+        raise ShardWriteError(
+            f"key {outside!r} of the plan is not under the source {source_uri}; "
+            "plan the shards from a listing of that same prefix"
+        )
+    if out_bucket == src_bucket and (out_root.startswith(src_prefix) or src_prefix.startswith(out_root)):
+        raise ShardWriteError(
+            f"output s3://{out_bucket}/{out_root} overlaps the source {source_uri}: a later listing "
+            "would shard the outputs too. Choose an output prefix outside the source prefix."
+        )
+    return src_bucket, folder, out_bucket, out_root
+
+
+def _run_all(tasks: list[tuple[str, Callable[[], object]]], workers: int) -> None:
+    """Run (label, callable) tasks concurrently; on the first failure cancel the rest and raise."""
+    if not tasks:
+        return
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(fn): label for label, fn in tasks}
+        _, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        for f in pending:
+            f.cancel()
+        wait(pending)
+    failed = [(label, f.exception()) for f, label in futures.items() if not f.cancelled() and f.exception()]
+    if failed:
+        label, exc = failed[0]
+        finished = sum(1 for f in futures if not f.cancelled() and f.exception() is None)
+        raise ShardWriteError(
+            f"{label} failed: {exc}; {finished} of {len(tasks)} finished, {len(failed)} failed, the rest "
+            "were cancelled. Nothing was marked complete: fix the cause and run again (copies that "
+            "finished are skipped)."
+        ) from exc
+
+
+def write_shards(
+    plan: ShardPlan,
+    source_uri: str,
+    output_uri: str,
+    mode: str = MANIFEST,
+    role: str = "train",
+    client=None,
+    *,
+    workers: int = 16,
+    transfer_config=None,
+    progress: bool | None = None,
+) -> ShardSet:
+    """Write ``plan`` (keys listed from ``source_uri``) under ``output_uri`` and return where it lives.
+
+    ``mode='manifest'`` writes one ManifestFile per shard; ``mode='copy'`` copies each object
+    server-side into ``<out>/<role>/<k>/``. The complete marker is written only after everything else
+    succeeded. ``progress=None`` shows a tqdm bar only on a terminal.
+    """
+    from botocore.exceptions import ClientError
+
+    src_bucket, folder, out_bucket, out_root = _check_request(plan, source_uri, output_uri, mode, role)
+    client = client or make_client(max_pool_connections=max(workers * 4, 10))
+    marker_key = f"{out_root}{COMPLETE_MARKER}"
+    try:
+        client.head_bucket(Bucket=out_bucket)
+        # From here on the output must not look complete until the new marker is written.
+        client.delete_object(Bucket=out_bucket, Key=marker_key)
+    except ClientError as exc:
+        raise describe_client_error(
+            exc, out_bucket, f"write to {output_uri}", missing_codes=("NoSuchBucket", "404")
+        ) from exc
+
+    copied = skipped = deleted = 0
+    if mode == COPY:
+        copied, skipped, deleted = _copy_shards(
+            client, plan, src_bucket, folder, out_bucket, out_root, workers, transfer_config, progress
+        )
+        uris = [s3_uri(out_bucket, f"{out_root}{k}/") for k in range(plan.num_shards)]
+    else:
+        uris = _put_manifests(client, plan, src_bucket, folder, out_bucket, out_root, workers)
+
+    shard_set = ShardSet(
+        role=role,
+        mode=mode,
+        s3_data_type=S3_DATA_TYPES[mode],
+        uris=uris,
+        source_uri=source_uri,
+        output_uri=output_uri,
+        objects_per_shard=plan.objects_per_shard,
+        bytes_per_shard=plan.bytes_per_shard,
+        copied=copied,
+        skipped=skipped,
+        deleted=deleted,
+        plan_uri=s3_uri(out_bucket, marker_key),
+    )
+    try:
+        body = shard_set.to_json().encode()
+        client.put_object(Bucket=out_bucket, Key=marker_key, Body=body, ContentType="application/json")
+    except ClientError as exc:
+        raise describe_client_error(exc, out_bucket, f"write {shard_set.plan_uri}") from exc
+    return shard_set
+
+
+def manifest_document(plan: ShardPlan, shard: int, src_bucket: str, folder: str) -> list:
+    """SageMaker's ManifestFile content: ``[{"prefix": "s3://b/folder/"}, "rel/key", ...]``."""
+    return [{"prefix": s3_uri(src_bucket, folder)}] + [k[len(folder) :] for k in plan.shards[shard]]
+
+
+def _put_manifests(client, plan, src_bucket, folder, out_bucket, out_root, workers) -> list[str]:
+    keys = [f"{out_root}{k}.manifest" for k in range(plan.num_shards)]
+
+    def put(i: int):
+        body = json.dumps(manifest_document(plan, i, src_bucket, folder)).encode()
+        return client.put_object(Bucket=out_bucket, Key=keys[i], Body=body, ContentType="application/json")
+
+    tasks = [(f"writing s3://{out_bucket}/{key}", lambda i=i: put(i)) for i, key in enumerate(keys)]
+    _run_all(tasks, workers)
+    return [s3_uri(out_bucket, key) for key in keys]
+
+
+def _existing_objects(client, bucket: str, prefix: str) -> dict[str, int]:
+    from botocore.exceptions import ClientError
+
+    found: dict[str, int] = {}
+    try:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for item in page.get("Contents", ()):
+                found[item["Key"]] = int(item["Size"])
+    except ClientError as exc:
+        raise describe_client_error(exc, bucket, f"list s3://{bucket}/{prefix}") from exc
+    return found
+
+
+_SHARD_DIR = re.compile(r"^(\d+)/")
+
+
+def _copy_shards(client, plan, src_bucket, folder, out_bucket, out_root, workers, transfer_config, progress):
+    from boto3.s3.transfer import TransferConfig
+    from tqdm.auto import tqdm
+
+    config = transfer_config or TransferConfig(
+        multipart_threshold=64 * MiB, multipart_chunksize=64 * MiB, max_concurrency=4
+    )
+    existing = _existing_objects(client, out_bucket, out_root)
+    wanted: dict[str, int] = {}
+    todo = []
+    for shard, key, size in plan.items():
+        dest = f"{out_root}{shard}/{key[len(folder):]}"
+        wanted[dest] = size
+        if existing.get(dest) != size:
+            todo.append((key, dest, size))
+    skipped = len(wanted) - len(todo)
+    # Objects in our shard folders that this plan does not hold would leak into S3Prefix channels.
+    stale = [k for k in existing if k not in wanted and _SHARD_DIR.match(k[len(out_root) :])]
+
+    total = sum(s for _, _, s in todo)
+    disable = None if progress is None else not progress  # None: tqdm shows it only on a terminal
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"copy {len(todo)} objects", disable=disable)
+
+    def copy(src_key: str, dest: str, size: int):
+        client.copy(
+            CopySource={"Bucket": src_bucket, "Key": src_key}, Bucket=out_bucket, Key=dest, Config=config
+        )
+        bar.update(size)
+
+    tasks = [
+        (f"copying s3://{src_bucket}/{a} to s3://{out_bucket}/{b}", lambda a=a, b=b, n=n: copy(a, b, n))
+        for a, b, n in todo
+    ]
+    try:
+        _run_all(tasks, workers)
+    finally:
+        bar.close()
+    for start in range(0, len(stale), 1000):
+        batch = [{"Key": k} for k in stale[start : start + 1000]]
+        client.delete_objects(Bucket=out_bucket, Delete={"Objects": batch, "Quiet": True})
+    return len(todo), skipped, len(stale)
+
+
+def read_shard_set(output_uri: str, role: str = "train", client=None) -> ShardSet:
+    """Load the shard set a finished ``write_shards`` recorded; IncompleteShardsError if none."""
+    from botocore.exceptions import ClientError
+
+    out_bucket, out_root = _output_root(output_uri, role)
+    key = f"{out_root}{COMPLETE_MARKER}"
+    client = client or make_client()
+    try:
+        body = client.get_object(Bucket=out_bucket, Key=key)["Body"].read()
+    except ClientError as exc:
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if code in ("NoSuchKey", "404"):
+            raise IncompleteShardsError(
+                f"no complete {role!r} shards under {output_uri} (s3://{out_bucket}/{key} is missing: "
+                "never written or interrupted); run 'sagemaker-dist shard' again"
+            ) from exc
+        raise describe_client_error(exc, out_bucket, f"read s3://{out_bucket}/{key}") from exc
+    doc = json.loads(body)
+    if doc.get("version") != MARKER_VERSION or not doc.get("complete"):
+        raise IncompleteShardsError(f"s3://{out_bucket}/{key} is not a complete sagemaker-dist shard plan")
+    fields = {k: doc[k] for k in ShardSet.__dataclass_fields__ if k in doc}
+    return ShardSet(**fields, plan_uri=s3_uri(out_bucket, key))
+
+
+__all__ = [
+    "COPY",
+    "MANIFEST",
+    "IncompleteShardsError",
+    "S3AccessError",
+    "ShardSet",
+    "ShardWriteError",
+    "read_shard_set",
+    "write_shards",
+]
