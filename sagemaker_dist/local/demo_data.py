@@ -1,0 +1,139 @@
+"""A small generated CIFAR-10-shaped TFRecord dataset, so local mode needs no download.
+
+SDK side: no TensorFlow. ``tf.train.Example`` is encoded by hand (its wire format is three nested
+messages) and framed as TFRecord with a C-backed CRC32C. Images get a label-dependent colour so the
+demo model can actually learn something in a few steps.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import crc32c
+
+from sagemaker_dist.local.endpoint import s3_client
+from sagemaker_dist.s3_objects import parse_s3_uri
+
+IMAGE_SHAPE = (32, 32, 3)
+NUM_CLASSES = 10
+IMAGE_KEY = "image"
+LABEL_KEY = "label"
+DEFAULT_PREFIX = "s3://sagemaker-dist-demo/cifar10-demo/"
+
+
+def _varint(value: int) -> bytes:
+    value &= (1 << 64) - 1  # negative int64 values are 10-byte varints, as protobuf encodes them
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def encode_example(features: dict[str, bytes | int | list[int]]) -> bytes:
+    """Serialise a ``tf.train.Example`` whose features are bytes or int64 (lists)."""
+    entries = b""
+    for key in sorted(features):
+        value = features[key]
+        if isinstance(value, bytes):
+            feature = _field(1, _field(1, value))  # Feature.bytes_list(1) -> BytesList.value(1)
+        else:
+            ints = [value] if isinstance(value, int) else list(value)
+            packed = b"".join(_varint(v) for v in ints)
+            feature = _field(3, _field(1, packed))  # Feature.int64_list(3) -> Int64List.value(1), packed
+        entries += _field(1, _field(1, key.encode()) + _field(2, feature))  # Features.feature map entry
+    return _field(1, entries)  # Example.features(1)
+
+
+def _masked_crc(data: bytes) -> int:
+    crc = crc32c.crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def tfrecord_frame(record: bytes) -> bytes:
+    """One TFRecord: length, masked CRC32C of the length, data, masked CRC32C of the data."""
+    header = struct.pack("<Q", len(record))
+    return header + struct.pack("<I", _masked_crc(header)) + record + struct.pack("<I", _masked_crc(record))
+
+
+def generate_examples(count: int, seed: int = 0):
+    """Yield ``count`` (image_bytes, label) pairs: noise plus a per-class colour."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    palette = rng.integers(0, 256, size=(NUM_CLASSES, 3))
+    for _ in range(count):
+        label = int(rng.integers(0, NUM_CLASSES))
+        noise = rng.integers(-48, 49, size=IMAGE_SHAPE)
+        image = np.clip(palette[label] + noise, 0, 255).astype(np.uint8)
+        yield image.tobytes(), label
+
+
+def tfrecord_file(count: int, seed: int) -> bytes:
+    """The bytes of one TFRecord file of ``count`` CIFAR-10-shaped examples."""
+    return b"".join(
+        tfrecord_frame(encode_example({IMAGE_KEY: image, LABEL_KEY: label}))
+        for image, label in generate_examples(count, seed)
+    )
+
+
+@dataclass(frozen=True)
+class DemoDataset:
+    """Where ``write_demo_data`` put the data, and how much."""
+
+    train_uri: str
+    validation_uri: str
+    files: int
+    records: int
+    bytes: int
+
+
+def write_demo_data(
+    prefix: str = DEFAULT_PREFIX,
+    files: int = 8,
+    records_per_file: int = 64,
+    validation_files: int = 2,
+    seed: int = 0,
+    client=None,
+) -> DemoDataset:
+    """Write ``files`` train and ``validation_files`` validation TFRecord files under ``prefix``.
+
+    Creates the bucket when it does not exist (the embedded endpoint starts empty).
+    """
+    if files < 1 or records_per_file < 1 or validation_files < 0:
+        raise ValueError(
+            f"demo data needs files >= 1 and records per file >= 1 (got files={files}, "
+            f"records_per_file={records_per_file}, validation_files={validation_files})"
+        )
+    bucket, key_prefix = parse_s3_uri(prefix)
+    if key_prefix and not key_prefix.endswith("/"):
+        key_prefix += "/"
+    client = client or s3_client()
+    try:
+        client.head_bucket(Bucket=bucket)
+    except client.exceptions.ClientError:
+        client.create_bucket(Bucket=bucket)
+    total = 0
+    for role, count, offset in (("train", files, 0), ("validation", validation_files, 10_000)):
+        for i in range(count):
+            body = tfrecord_file(records_per_file, seed + offset + i)
+            client.put_object(Bucket=bucket, Key=f"{key_prefix}{role}/part-{i:05d}.tfrecord", Body=body)
+            total += len(body)
+    base = f"s3://{bucket}/{key_prefix}"
+    return DemoDataset(
+        train_uri=base + "train/",
+        validation_uri=base + "validation/",
+        files=files + validation_files,
+        records=(files + validation_files) * records_per_file,
+        bytes=total,
+    )

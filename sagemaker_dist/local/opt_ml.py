@@ -1,0 +1,163 @@
+"""One ``/opt/ml`` tree per simulated host (``algo-1`` .. ``algo-H``), as the SageMaker platform
+and the sagemaker-training toolkit present it to the user script: config JSON files, channel
+directories and the ``SM_*`` environment. Pure file writing, no AWS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+OPT_ML_ENV = "SAGEMAKER_DIST_OPT_ML"  # the runtime's override of the /opt/ml root
+LOCAL_INSTANCE_TYPE = "local"
+
+
+def host_names(count: int) -> list[str]:
+    return [f"algo-{i + 1}" for i in range(count)]
+
+
+def hyperparameters_as_strings(hyperparameters: dict) -> dict[str, str]:
+    """SageMaker stores every hyperparameter value as a string; non-strings are JSON-encoded."""
+    return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in (hyperparameters or {}).items()}
+
+
+def decode_hyperparameter(value: str):
+    """The toolkit's reading: ``json.loads`` when it parses, else the raw string."""
+    try:
+        return json.loads(value)
+    except (TypeError, ValueError):
+        return value
+
+
+@dataclass
+class HostTree:
+    """The /opt/ml tree of one simulated host and the environment its ranks get."""
+
+    name: str
+    root: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def data_dir(self) -> Path:
+        return self.root / "input" / "data"
+
+    @property
+    def model_dir(self) -> Path:
+        return self.root / "model"
+
+    @property
+    def output_data_dir(self) -> Path:
+        return self.root / "output" / "data"
+
+    def checkpoint_dir(self, local_path: str | None = None) -> Path:
+        """CheckpointConfig.LocalPath (default /opt/ml/checkpoints) mapped into this tree."""
+        rel = (local_path or "/opt/ml/checkpoints").removeprefix("/opt/ml").strip("/") or "checkpoints"
+        return self.root / rel
+
+
+def input_data_config(channels: list[dict], default_mode: str) -> dict[str, dict]:
+    """inputdataconfig.json from CreateTrainingJob's InputDataConfig (FastFile shows as File)."""
+    doc = {}
+    for ch in channels:
+        s3 = ch["DataSource"]["S3DataSource"]
+        mode = ch.get("InputMode") or default_mode
+        entry = {
+            "TrainingInputMode": "File" if mode == "FastFile" else mode,
+            "S3DistributionType": s3.get("S3DistributionType", "FullyReplicated"),
+            "RecordWrapperType": ch.get("RecordWrapperType", "None"),
+        }
+        if ch.get("ContentType"):
+            entry["ContentType"] = ch["ContentType"]
+        doc[ch["ChannelName"]] = entry
+    return doc
+
+
+def build_host_trees(
+    base_dir: Path,
+    hosts: int,
+    channels: list[dict],
+    hyperparameters: dict,
+    default_mode: str = "Pipe",
+    instance_type: str = LOCAL_INSTANCE_TYPE,
+    num_gpus: int = 0,
+    job_name: str = "local-job",
+    environment: dict | None = None,
+    checkpoint_local_path: str | None = None,
+) -> list[HostTree]:
+    """Create ``base_dir/algo-N`` trees with the three config files and return them with their env."""
+    names = host_names(hosts)
+    hps = hyperparameters_as_strings(hyperparameters)
+    data_config = input_data_config(channels, default_mode)
+    trees = []
+    for name in names:
+        root = Path(base_dir) / name
+        tree = HostTree(name, root)
+        config_dir = root / "input" / "config"
+        for d in (config_dir, tree.data_dir, tree.model_dir, tree.output_data_dir,
+                  root / "output" / "tensorboard", tree.checkpoint_dir(checkpoint_local_path)):
+            d.mkdir(parents=True, exist_ok=True)
+        resource = {
+            "current_host": name,
+            "hosts": names,
+            "network_interface_name": "lo",
+            "current_instance_type": instance_type,
+            "current_group_name": "homogeneousCluster",
+            "instance_groups": [
+                {"instance_group_name": "homogeneousCluster", "instance_type": instance_type, "hosts": names}
+            ],
+        }
+        files = {"resourceconfig.json": resource, "inputdataconfig.json": data_config,
+                 "hyperparameters.json": hps}
+        for filename, doc in files.items():
+            (config_dir / filename).write_text(json.dumps(doc, indent=1))
+        tree.env = sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name)
+        tree.env.update({str(k): str(v) for k, v in (environment or {}).items()})
+        trees.append(tree)
+    return trees
+
+
+def sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name) -> dict[str, str]:
+    """The variables the sagemaker-training toolkit sets for the user script, for this host."""
+    user_hps = {k: decode_hyperparameter(v) for k, v in hps.items() if not k.startswith("sagemaker_")}
+    env = {
+        OPT_ML_ENV: str(tree.root),
+        "TRAINING_JOB_NAME": job_name,
+        "SM_HOSTS": json.dumps(names),
+        "SM_CURRENT_HOST": tree.name,
+        "SM_NUM_GPUS": str(num_gpus),
+        "SM_NUM_CPUS": str(os.cpu_count() or 1),
+        "SM_CHANNELS": json.dumps(sorted(data_config)),
+        "SM_HPS": json.dumps(user_hps),
+        "SM_MODEL_DIR": str(tree.model_dir),
+        "SM_OUTPUT_DATA_DIR": str(tree.output_data_dir),
+        "SM_OUTPUT_DIR": str(tree.root / "output"),
+        "SM_INPUT_DIR": str(tree.root / "input"),
+        "SM_INPUT_CONFIG_DIR": str(tree.root / "input" / "config"),
+        "SM_INPUT_DATA_CONFIG": json.dumps(data_config),
+        "SM_RESOURCE_CONFIG": json.dumps(resource),
+        "SM_NETWORK_INTERFACE_NAME": resource["network_interface_name"],
+        "SM_CURRENT_INSTANCE_TYPE": resource["current_instance_type"],
+        "SM_USER_ARGS": json.dumps(user_args(hps)),
+    }
+    for channel in data_config:
+        env[f"SM_CHANNEL_{channel.upper()}"] = str(tree.data_dir / channel)
+    for key, value in user_hps.items():
+        env[f"SM_HP_{key.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+    env["SM_TRAINING_ENV"] = json.dumps(
+        {"hosts": names, "current_host": tree.name, "channel_input_dirs": {c: env[f"SM_CHANNEL_{c.upper()}"]
+         for c in data_config}, "hyperparameters": user_hps, "job_name": job_name,
+         "model_dir": str(tree.model_dir), "num_gpus": num_gpus}
+    )
+    return env
+
+
+def user_args(hps: dict[str, str]) -> list[str]:
+    """Command-line arguments the toolkit passes to the entry script: ``--key value`` per user hp."""
+    args = []
+    for key, value in hps.items():
+        if key.startswith("sagemaker_"):
+            continue
+        args += [f"--{key}", value]
+    return args
