@@ -1,0 +1,36 @@
+"""Inside the training container: rank -> channel -> FIFO, records as tf.data, Horovod helpers.
+
+Never imports the SageMaker SDK. TensorFlow is imported only when a TF-backed name is first used
+(PEP 562), so ``import sagemaker_dist.runtime`` and the config/rank checks stay cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# public name -> module that defines it
+_LAZY = {
+    "PipeModeDataset": "sagemaker_dist.runtime.pipe_dataset",
+    "PipeModeDatasetError": "sagemaker_dist.runtime.pipe_dataset",
+    "rank_dataset": "sagemaker_dist.runtime.pipe_dataset",
+    "ContainerConfig": "sagemaker_dist.runtime.config",
+    "RankInfo": "sagemaker_dist.runtime.ranks",
+    "RankChannelError": "sagemaker_dist.runtime.ranks",
+    "check_rank_channels": "sagemaker_dist.runtime.ranks",
+    "RecordFormatError": "sagemaker_dist.runtime.records",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

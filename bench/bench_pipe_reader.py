@@ -1,0 +1,159 @@
+"""Pipe-mode reader throughput: PipeModeDataset on a FIFO vs TFRecordDataset on a file vs the raw pipe.
+
+For each record size, the same TFRecord bytes are (a) streamed through a FIFO by a separate writer
+process and read by sagemaker_dist's PipeModeDataset, (b) read from a regular file by
+tf.data.TFRecordDataset, (c) streamed through a FIFO and only counted (raw pipe, no framing).
+Consumers batch by 256 as a training input pipeline would. Prints MB/s and the two ratios.
+
+    .venv/bin/python bench/bench_pipe_reader.py [--mb 256] [--repeats 3] [--sizes 100,1000,100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+
+from sagemaker_dist.runtime import PipeModeDataset  # noqa: E402
+from sagemaker_dist.runtime.records import encode_tfrecord  # noqa: E402
+
+BATCH = 256
+# The writer: a separate process that copies a file into the FIFO in 1 MiB writes.
+WRITER = """
+import os, sys
+src, dst = sys.argv[1], sys.argv[2]
+out = os.open(dst, os.O_WRONLY)
+with open(src, "rb", buffering=0) as f:
+    while True:
+        block = f.read(1 << 20)
+        if not block:
+            break
+        view = memoryview(block)
+        while view:
+            view = view[os.write(out, view):]
+os.close(out)
+"""
+
+
+def make_file(path: Path, record_size: int, total_bytes: int) -> int:
+    """Write about ``total_bytes`` of TFRecords of ``record_size`` bytes; return the record count."""
+    distinct = [encode_tfrecord(os.urandom(record_size)) for _ in range(max(1, (1 << 20) // record_size))]
+    block = b"".join(distinct)
+    repeats = max(1, total_bytes // len(block))
+    with open(path, "wb") as f:
+        for _ in range(repeats):
+            f.write(block)
+    return repeats * len(distinct)
+
+
+def start_writer(src: Path, fifo: Path) -> subprocess.Popen:
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    return subprocess.Popen([sys.executable, "-c", WRITER, str(src), str(fifo)])
+
+
+def count_batches(ds) -> int:
+    n = 0
+    for batch in ds:
+        n += int(batch.shape[0])
+    return n
+
+
+def run_pipe_dataset(src: Path, root: Path, epoch: int) -> tuple[float, int]:
+    data = root / "input" / "data"
+    writer = start_writer(src, data / f"bench_{epoch}")
+    ds = PipeModeDataset(
+        "bench",
+        "TFRecord",
+        state_dir=root / "pipe_state",
+        pipe_dir=data,
+        config_dir=root / "input" / "config",
+    ).batch(BATCH)
+    start = time.perf_counter()
+    n = count_batches(ds)
+    seconds = time.perf_counter() - start
+    writer.wait()
+    return seconds, n
+
+
+def run_file(src: Path) -> tuple[float, int]:
+    ds = tf.data.TFRecordDataset(str(src)).batch(BATCH)
+    start = time.perf_counter()
+    n = count_batches(ds)
+    return time.perf_counter() - start, n
+
+
+def run_raw_pipe(src: Path, fifo: Path) -> tuple[float, int]:
+    writer = start_writer(src, fifo)
+    buf = bytearray(1 << 20)
+    total = 0
+    start = time.perf_counter()
+    fd = os.open(fifo, os.O_RDONLY)
+    try:
+        while True:
+            n = os.readv(fd, [buf])
+            if not n:
+                break
+            total += n
+    finally:
+        os.close(fd)
+    seconds = time.perf_counter() - start
+    writer.wait()
+    return seconds, total
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mb", type=int, default=256, help="stream size per record size (MiB)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per reader; the median is reported")
+    parser.add_argument("--sizes", default="100,1000,100000", help="record sizes in bytes")
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    print(f"TensorFlow {tf.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} CPU(s), "
+          f"{args.mb} MiB per size, median of {args.repeats}, consumer .batch({BATCH})")
+    header = f"{'record':>8} {'ours MB/s':>10} {'file MB/s':>10} {'raw MB/s':>10} {'ours/file':>10} {'ours/raw':>9}"
+    print(header)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-pipe-") as tmp:
+        root = Path(tmp)
+        (root / "input" / "data").mkdir(parents=True)
+        (root / "input" / "config").mkdir(parents=True)
+        (root / "input" / "config" / "inputdataconfig.json").write_text(
+            json.dumps({"bench": {"TrainingInputMode": "Pipe", "RecordWrapperType": "None"}})
+        )
+        epoch = 0
+        for size in sizes:
+            src = root / f"records-{size}.tfrecord"
+            records = make_file(src, size, args.mb << 20)
+            nbytes = src.stat().st_size
+            ours, file_, raw = [], [], []
+            for _ in range(args.repeats):
+                seconds, n = run_pipe_dataset(src, root, epoch)
+                epoch += 1
+                assert n == records, f"PipeModeDataset read {n} records, expected {records}"
+                ours.append(nbytes / seconds / 1e6)
+                seconds, n = run_file(src)
+                assert n == records, f"TFRecordDataset read {n} records, expected {records}"
+                file_.append(nbytes / seconds / 1e6)
+                seconds, n = run_raw_pipe(src, root / "input" / "data" / f"raw_{size}")
+                assert n == nbytes, f"raw pipe read {n} bytes, expected {nbytes}"
+                raw.append(nbytes / seconds / 1e6)
+            o, f, r = (statistics.median(x) for x in (ours, file_, raw))
+            results.append({"record_bytes": size, "ours": o, "file": f, "raw": r})
+            print(f"{size:>8} {o:>10.0f} {f:>10.0f} {r:>10.0f} {o / f:>9.2f}x {o / r:>8.0%}", flush=True)
+            src.unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

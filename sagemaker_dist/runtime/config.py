@@ -1,0 +1,177 @@
+"""The SageMaker container contract: /opt/ml/input/config/*.json and the SM_* variables.
+
+The root (/opt/ml) comes from an explicit argument, else ``$SAGEMAKER_DIST_OPT_ML``, else /opt/ml,
+so tests and local mode can point a training script at a temporary directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sagemaker_dist.layout import LAYOUT_HYPERPARAMETER, ChannelLayout
+
+ROOT_ENV = "SAGEMAKER_DIST_OPT_ML"
+DEFAULT_ROOT = "/opt/ml"
+RESOURCE_CONFIG = "resourceconfig.json"
+INPUT_DATA_CONFIG = "inputdataconfig.json"
+HYPERPARAMETERS = "hyperparameters.json"
+# Where the sagemaker-training toolkit mirrors the files for the user script.
+_ENV_FALLBACKS = {
+    RESOURCE_CONFIG: "SM_RESOURCE_CONFIG",
+    INPUT_DATA_CONFIG: "SM_INPUT_DATA_CONFIG",
+    HYPERPARAMETERS: "SM_HPS",
+}
+
+
+class ContainerConfigError(ValueError):
+    """A container config file or SM_* variable that cannot be read."""
+
+
+def opt_ml_root(root: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None) -> Path:
+    """The /opt/ml root: ``root`` if given, else $SAGEMAKER_DIST_OPT_ML, else /opt/ml."""
+    env = os.environ if environ is None else environ
+    return Path(root if root is not None else env.get(ROOT_ENV) or DEFAULT_ROOT)
+
+
+def decode_hyperparameters(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """SageMaker stores every value as a string; decode JSON where it parses (as the toolkit does)."""
+    out = {}
+    for key, value in raw.items():
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                pass
+        out[key] = value
+    return out
+
+
+def _read_json(path: Path, env_name: str, env: Mapping[str, str]) -> tuple[dict, str]:
+    """Read one config document from its file, else from its SM_* variable; ({} , 'missing') if neither."""
+    try:
+        text = path.read_text()
+        source = str(path)
+    except FileNotFoundError:
+        if env_name not in env:
+            return {}, "missing"
+        text = env[env_name]
+        source = f"${env_name}"
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ContainerConfigError(f"{source} is not valid JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise ContainerConfigError(f"{source} holds a {type(doc).__name__}, expected a JSON object")
+    return doc, source
+
+
+@dataclass(frozen=True)
+class ContainerConfig:
+    """What the container was started with; build it with :meth:`load`."""
+
+    root: Path
+    resource_config: dict = field(default_factory=dict)
+    input_data_config: dict = field(default_factory=dict)
+    hyperparameters: dict = field(default_factory=dict)
+    sources: dict = field(default_factory=dict)  # file name -> path / $SM_* variable / "missing"
+    environ: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def load(
+        cls, root: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None
+    ) -> ContainerConfig:
+        """Read the three config files under ``<root>/input/config`` (SM_* variables as a fallback)."""
+        env = dict(os.environ if environ is None else environ)
+        base = opt_ml_root(root, env)
+        docs, sources = {}, {}
+        for name, env_name in _ENV_FALLBACKS.items():
+            docs[name], sources[name] = _read_json(base / "input" / "config" / name, env_name, env)
+        resource = docs[RESOURCE_CONFIG]
+        if not resource and ("SM_CURRENT_HOST" in env or "SM_HOSTS" in env):
+            resource = {"current_host": env.get("SM_CURRENT_HOST", "algo-1")}
+            if "SM_HOSTS" in env:
+                resource["hosts"] = json.loads(env["SM_HOSTS"])
+            sources[RESOURCE_CONFIG] = "$SM_CURRENT_HOST/$SM_HOSTS"
+        return cls(
+            root=base,
+            resource_config=resource,
+            input_data_config=docs[INPUT_DATA_CONFIG],
+            hyperparameters=decode_hyperparameters(docs[HYPERPARAMETERS]),
+            sources=sources,
+            environ=env,
+        )
+
+    # Paths of the contract.
+    @property
+    def config_dir(self) -> Path:
+        return self.root / "input" / "config"
+
+    @property
+    def data_dir(self) -> Path:
+        """Where the Pipe-mode FIFOs (and File-mode channel directories) are."""
+        return self.root / "input" / "data"
+
+    @property
+    def pipe_state_dir(self) -> Path:
+        return self.root / "pipe_state"
+
+    @property
+    def model_dir(self) -> Path:
+        return Path(self.environ.get("SM_MODEL_DIR") or self.root / "model")
+
+    @property
+    def output_data_dir(self) -> Path:
+        return Path(self.environ.get("SM_OUTPUT_DATA_DIR") or self.root / "output" / "data")
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.root / "checkpoints"
+
+    # Cluster.
+    @property
+    def hosts(self) -> list[str]:
+        return list(self.resource_config.get("hosts") or [self.current_host])
+
+    @property
+    def current_host(self) -> str:
+        return self.resource_config.get("current_host", "algo-1")
+
+    @property
+    def host_index(self) -> int:
+        hosts = self.hosts
+        return hosts.index(self.current_host) if self.current_host in hosts else 0
+
+    @property
+    def num_gpus(self) -> int | None:
+        value = self.environ.get("SM_NUM_GPUS")
+        return int(value) if value not in (None, "") else None
+
+    # Channels.
+    @property
+    def channels(self) -> list[str]:
+        return sorted(self.input_data_config)
+
+    def input_mode(self, channel: str) -> str | None:
+        """TrainingInputMode of ``channel`` ('Pipe', 'File'; FastFile shows as 'File'), None if absent."""
+        entry = self.input_data_config.get(channel)
+        return None if entry is None else entry.get("TrainingInputMode", "File")
+
+    def record_wrapper(self, channel: str) -> str:
+        return (self.input_data_config.get(channel) or {}).get("RecordWrapperType", "None")
+
+    # Hyperparameters.
+    @property
+    def user_hyperparameters(self) -> dict[str, Any]:
+        """Hyperparameters for the script (keys starting with ``sagemaker_`` are framework parameters)."""
+        return {k: v for k, v in self.hyperparameters.items() if not k.startswith("sagemaker_")}
+
+    @property
+    def layout(self) -> ChannelLayout | None:
+        """The channel layout the SDK side wrote, or None if the job was not launched by sagemaker-dist."""
+        raw = self.hyperparameters.get(LAYOUT_HYPERPARAMETER)
+        return None if raw is None else ChannelLayout.from_json(raw)

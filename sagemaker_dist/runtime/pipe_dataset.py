@@ -1,0 +1,201 @@
+"""PipeModeDataset: a tf.data.Dataset over a SageMaker Pipe-mode channel, for any TF 2.x.
+
+Drop-in for ``sagemaker_tensorflow.PipeModeDataset`` (same constructor), built only on stable
+tf.data APIs: Python reads the FIFO in large chunks and frames the records (crc32c in C), each
+chunk crosses into TensorFlow as one string tensor plus record offsets, and the records are cut out
+and unbatched in C++. Every new iteration (epoch, ``.repeat()``, Keras ``fit(epochs=...)``) opens
+the next FIFO ``<channel>_<n>``; ``n`` is kept in ``<state_dir>/<channel>`` under flock, as AWS does.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import tensorflow as tf
+
+from sagemaker_dist.runtime.config import ContainerConfig, opt_ml_root
+from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT, FifoReader, fifo_path, wait_for_fifo
+from sagemaker_dist.runtime.ranks import RankInfo, check_rank_channels
+from sagemaker_dist.runtime.records import DEFAULT_CHUNK, check_record_format, frame_stream, make_framer
+
+log = logging.getLogger(__name__)
+
+
+class PipeModeDatasetError(ValueError):
+    """A PipeModeDataset that cannot read its channel."""
+
+
+def _next_epoch(state_dir: Path, channel: str) -> int:
+    """Take the next epoch number of ``channel`` (shared by every process on the host)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with open(state_dir / channel, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            f.seek(0)
+            text = f.read().strip()
+            epoch = int(text) if text else 0
+            f.seek(0)
+            f.truncate()
+            f.write(str(epoch + 1))
+            f.flush()
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+    return epoch
+
+
+def _check_channel(config_dir: Path, channel: str) -> None:
+    path = config_dir / "inputdataconfig.json"
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise PipeModeDatasetError(
+            f"{path} does not exist; set config_dir= (or $SAGEMAKER_DIST_OPT_ML) to the job's /opt/ml tree"
+        ) from exc
+    if channel not in config:
+        raise PipeModeDatasetError(
+            f"channel {channel!r} is not in {path} (channels: {', '.join(sorted(config)) or 'none'})"
+        )
+    mode = config[channel].get("TrainingInputMode", "File")
+    if mode.lower() != "pipe":
+        raise PipeModeDatasetError(f"channel {channel!r} is in {mode!r} mode, not Pipe ({path})")
+
+
+class _EpochReader:
+    """The Python half: one call per iteration yields (chunk, starts, lengths) from the next FIFO."""
+
+    def __init__(
+        self, channel, record_format, state_dir, pipe_dir, benchmark, interval, max_skip, timeout, chunk_size
+    ):
+        self.channel = channel
+        self.record_format = record_format
+        self.state_dir = Path(state_dir)
+        self.pipe_dir = Path(pipe_dir)
+        self.benchmark = benchmark
+        self.interval = interval
+        self.max_skip = max_skip
+        self.timeout = timeout
+        self.chunk_size = chunk_size
+
+    def __call__(self):
+        epoch = _next_epoch(self.state_dir, self.channel)
+        path = wait_for_fifo(fifo_path(self.pipe_dir, self.channel, epoch), self.timeout)
+        framer = make_framer(self.record_format, self.channel, epoch, self.max_skip)
+        started = time.perf_counter()
+        next_report = self.interval
+        with FifoReader(path) as reader:
+            for item in frame_stream(reader.readinto, framer, self.chunk_size):
+                yield item
+                if self.benchmark and self.interval and framer.records >= next_report:
+                    self._report(framer, reader, started, "progress")
+                    next_report = framer.records - framer.records % self.interval + self.interval
+            if framer.skipped:
+                log.warning(
+                    "channel %r, epoch %d: skipped %d corrupted record(s), read %d",
+                    self.channel,
+                    epoch,
+                    framer.skipped,
+                    framer.records,
+                )
+            if self.benchmark:
+                self._report(framer, reader, started, "epoch end")
+
+    def _report(self, framer, reader, started, what):
+        seconds = max(time.perf_counter() - started, 1e-9)
+        print(
+            f"PipeModeDataset {self.channel}_{framer.epoch} {what}: {framer.records} records, "
+            f"{reader.bytes_read} bytes in {seconds:.3f} s ({framer.records / seconds:.0f} records/s, "
+            f"{reader.bytes_read / seconds / 1e6:.1f} MB/s)",
+            flush=True,
+        )
+
+
+_SIGNATURE = (
+    tf.TensorSpec(shape=(), dtype=tf.string),
+    tf.TensorSpec(shape=(None,), dtype=tf.int64),
+    tf.TensorSpec(shape=(None,), dtype=tf.int64),
+)
+
+
+def _cut_records(chunk, starts, lengths):
+    return tf.strings.substr(chunk, starts, lengths)
+
+
+class PipeModeDataset:
+    """A ``tf.data.Dataset`` of scalar ``tf.string`` records from SageMaker Pipe-mode channel ``channel``.
+
+    Same arguments as ``sagemaker_tensorflow.PipeModeDataset``; directories default to the /opt/ml
+    tree named by ``$SAGEMAKER_DIST_OPT_ML`` (else /opt/ml). Calling the class returns a plain
+    ``tf.data.Dataset``, so ``.map``, ``.batch``, ``.repeat`` and Keras ``fit`` work as usual.
+    ``fifo_timeout`` is how long to wait for each epoch's FIFO to appear.
+    """
+
+    def __new__(
+        cls,
+        channel: str,
+        record_format: str = "RecordIO",
+        state_dir: str | os.PathLike | None = None,
+        pipe_dir: str | os.PathLike | None = None,
+        config_dir: str | os.PathLike | None = None,
+        benchmark: bool = False,
+        benchmark_records_interval: int = 0,
+        max_corrupted_records_to_skip: int = 0,
+        *,
+        fifo_timeout: float = DEFAULT_FIFO_TIMEOUT,
+        chunk_size: int = DEFAULT_CHUNK,
+    ) -> tf.data.Dataset:
+        check_record_format(record_format)
+        if max_corrupted_records_to_skip < 0:
+            raise PipeModeDatasetError(
+                f"max_corrupted_records_to_skip is {max_corrupted_records_to_skip}; use 0 or more"
+            )
+        root = opt_ml_root()
+        state_dir = Path(state_dir) if state_dir is not None else root / "pipe_state"
+        pipe_dir = Path(pipe_dir) if pipe_dir is not None else root / "input" / "data"
+        config_dir = Path(config_dir) if config_dir is not None else root / "input" / "config"
+        _check_channel(config_dir, channel)
+        reader = _EpochReader(
+            channel,
+            record_format,
+            state_dir,
+            pipe_dir,
+            benchmark,
+            benchmark_records_interval,
+            max_corrupted_records_to_skip,
+            fifo_timeout,
+            chunk_size,
+        )
+        chunks = tf.data.Dataset.from_generator(reader, output_signature=_SIGNATURE)
+        return chunks.map(_cut_records).unbatch()
+
+
+def rank_dataset(
+    role: str = "train",
+    record_format: str = "TFRecord",
+    *,
+    root: str | os.PathLike | None = None,
+    rank_info: RankInfo | None = None,
+    **kwargs,
+) -> tf.data.Dataset:
+    """This Horovod rank's own channel for ``role`` as a dataset, after the fail-fast start-up check.
+
+    Call it before ``hvd.init()``'s first collective op (e.g. before broadcasting variables) so a
+    channel/rank mismatch is an immediate error instead of a stall. ``kwargs`` go to PipeModeDataset.
+    """
+    config = ContainerConfig.load(root)
+    info = rank_info or RankInfo.detect()
+    channel = check_rank_channels(config, info, role)
+    wrapper = config.record_wrapper(channel)
+    if wrapper == "RecordIO" and record_format != "RecordIO":
+        raise PipeModeDatasetError(
+            f"channel {channel!r} has RecordWrapperType RecordIO, so its stream is RecordIO frames; "
+            f"pass record_format='RecordIO' (got {record_format!r})"
+        )
+    kwargs.setdefault("state_dir", config.pipe_state_dir)
+    kwargs.setdefault("pipe_dir", config.data_dir)
+    kwargs.setdefault("config_dir", config.config_dir)
+    return PipeModeDataset(channel, record_format, **kwargs)

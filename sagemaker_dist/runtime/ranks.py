@@ -1,0 +1,158 @@
+"""Which Horovod rank this process is, which channel it reads, and a start-up check that fails fast.
+
+Reading the wrong number of channels does not crash Horovod: ranks that find no data (or share a
+FIFO) fall out of step and the job loops on "Stalled ranks" for hours. ``check_rank_channels`` runs
+before any collective op and turns that into an immediate error naming the rank, the channel it
+expected and the channels the job actually has.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sagemaker_dist.layout import LAYOUT_HYPERPARAMETER, PER_RANK, SINGLE, LayoutError
+from sagemaker_dist.runtime.config import ContainerConfig
+
+# (rank, local rank, size, local size) variables, in order of preference.
+_ENV_SOURCES = (
+    (
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+    ),
+    ("HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE"),
+)
+_HOROVOD_MODULES = ("horovod.tensorflow", "horovod.tensorflow.keras", "horovod.keras")
+
+
+class RankChannelError(ValueError):
+    """This rank has no usable channel of its own, or the job's channels do not match its ranks."""
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    local_rank: int
+    size: int
+    local_size: int
+    source: str = "default"  # "horovod", the variable family used, or "default" (one process)
+
+    def __post_init__(self):
+        if not (0 <= self.rank < self.size and 0 <= self.local_rank < self.local_size <= self.size):
+            raise RankChannelError(
+                f"inconsistent rank information from {self.source}: rank {self.rank} of {self.size}, "
+                f"local rank {self.local_rank} of {self.local_size}"
+            )
+
+    @classmethod
+    def detect(cls, environ: Mapping[str, str] | None = None) -> RankInfo:
+        """From Horovod if it is imported and initialised, else OMPI_COMM_WORLD_* / HOROVOD_*, else 0 of 1.
+
+        Never imports Horovod itself (and so never initialises it).
+        """
+        for name in _HOROVOD_MODULES:
+            hvd = sys.modules.get(name)
+            if hvd is None:
+                continue
+            try:
+                if hvd.is_initialized():
+                    return cls(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), "horovod")
+            except (AttributeError, ValueError):
+                pass
+        env = os.environ if environ is None else environ
+        for names in _ENV_SOURCES:
+            if names[0] in env:
+                try:
+                    values = [int(env[n]) for n in names]
+                except KeyError as exc:
+                    raise RankChannelError(f"{names[0]} is set but {exc.args[0]} is not") from exc
+                except ValueError as exc:
+                    raise RankChannelError(f"rank variables {names} are not whole numbers: {exc}") from exc
+                return cls(*values, source=names[0].rsplit("_", 1)[0] + "_*")
+        return cls(0, 0, 1, 1)
+
+
+def _describe(channels) -> str:
+    return ", ".join(channels) if channels else "none"
+
+
+def check_rank_channels(
+    config: ContainerConfig, rank_info: RankInfo | None = None, role: str = "train"
+) -> str:
+    """Return this rank's channel for ``role`` after checking the job can feed every rank; else raise.
+
+    Checks, all local (no collective op, no waiting): the layout hyperparameter is there; the number
+    of ``role`` channels matches the world size (per-rank) or the local size (per-local-rank); this
+    rank's channel is in inputdataconfig.json and in Pipe mode.
+    """
+    info = rank_info or RankInfo.detect(config.environ or None)
+    present = config.channels
+    who = f"rank {info.rank} (local rank {info.local_rank}; {info.size} rank(s), {info.local_size} per host)"
+
+    def fail(expected: str, problem: str, hint: str) -> RankChannelError:
+        return RankChannelError(
+            f"{who}: expected channel {expected!r}: {problem}. Channels present: {_describe(present)}. {hint}"
+        )
+
+    try:
+        layout = config.layout
+    except LayoutError as exc:
+        raise RankChannelError(f"{who}: {exc}") from exc
+    if layout is None:
+        raise fail(
+            f"{role}_{info.rank}",
+            f"hyperparameter {LAYOUT_HYPERPARAMETER!r} is missing "
+            f"(hyperparameters from {config.sources.get('hyperparameters.json', 'missing')})",
+            "Launch the job with sagemaker-dist so it records the channel layout, or use "
+            "PipeModeDataset(channel) directly.",
+        )
+    try:
+        role_layout = layout.role(role)
+    except LayoutError as exc:
+        raise RankChannelError(f"{who}: {exc}") from exc
+
+    if role_layout.spread == SINGLE:
+        expected = role_layout.base
+    else:
+        per_rank = layout.strategy == PER_RANK
+        index, workers, kind = (
+            (info.rank, info.size, "ranks")
+            if per_rank
+            else (info.local_rank, info.local_size, "ranks per host")
+        )
+        expected = f"{role_layout.base}_{index}"
+        if role_layout.count != workers:
+            raise fail(
+                expected,
+                f"the layout ({layout.strategy}) has {role_layout.count} {role} channel(s) "
+                f"({_describe(role_layout.channels)}) for {layout.hosts} host(s) x "
+                f"{layout.processes_per_host} process(es), but the job runs {workers} {kind}",
+                "Launch with as many processes per host as the layout was planned for "
+                "(sagemaker_mpi_num_of_processes_per_host), or plan the layout for this cluster.",
+            )
+        role_present = [c for c in role_layout.channels if c in config.input_data_config]
+        if len(role_present) != role_layout.count:
+            missing = [c for c in role_layout.channels if c not in config.input_data_config]
+            raise fail(
+                expected,
+                f"{len(role_present)} of the layout's {role_layout.count} {role} channel(s) exist "
+                f"(missing: {_describe(missing)})",
+                "Create the job with every channel of the layout (sagemaker-dist does).",
+            )
+    if expected not in config.input_data_config:
+        raise fail(
+            expected, "it is not in inputdataconfig.json", "Add the channel to the job's InputDataConfig."
+        )
+    mode = config.input_mode(expected)
+    if mode != "Pipe":
+        raise fail(
+            expected,
+            f"its TrainingInputMode is {mode!r}, not 'Pipe'",
+            "Create the channel with InputMode 'Pipe' (or read its files from "
+            f"{config.data_dir / expected} instead of a PipeModeDataset).",
+        )
+    return expected

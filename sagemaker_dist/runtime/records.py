@@ -1,0 +1,366 @@
+"""Record framing for Pipe-mode streams: TFRecord, SageMaker RecordIO and text lines.
+
+Framers are incremental: they are handed a buffer of bytes read from a FIFO and return where the
+complete records in it start and how long they are, so that the bytes can cross into TensorFlow in
+one piece (one tensor per chunk, records cut out in C++) instead of one Python object per record.
+Pure Python plus the C-backed ``crc32c`` package; no TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Callable, Iterator
+
+import crc32c
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+RECORD_FORMATS = ("RecordIO", "TFRecord", "TextLine")
+
+_CRC_MASK_DELTA = 0xA282EAD8
+_U32 = 0xFFFFFFFF
+RECORDIO_MAGIC = 0xCED7230A
+_RECORDIO_LENGTH_BITS = 29
+_RECORDIO_LENGTH_MASK = (1 << _RECORDIO_LENGTH_BITS) - 1
+# RecordIO continuation flag (top 3 bits): 0 whole record, 1 first part, 2 middle part, 3 last part.
+RECORDIO_WHOLE, RECORDIO_START, RECORDIO_MIDDLE, RECORDIO_END = 0, 1, 2, 3
+_HEADER_CRC_CACHE_LIMIT = 4096
+
+_crc32c = crc32c.crc32c
+_unpack_from = struct.unpack_from
+
+
+def masked_crc32c(data) -> int:
+    """The masked CRC32C TFRecord stores: rotate right by 15 bits, add a constant, mod 2^32."""
+    crc = _crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + _CRC_MASK_DELTA) & _U32
+
+
+def encode_tfrecord(data: bytes) -> bytes:
+    """One TFRecord frame (used by tests, benchmarks and local mode writers)."""
+    header = struct.pack("<Q", len(data))
+    return header + struct.pack("<I", masked_crc32c(header)) + data + struct.pack("<I", masked_crc32c(data))
+
+
+def encode_recordio(data: bytes, max_part: int | None = None) -> bytes:
+    """One SageMaker RecordIO record, split into multipart frames of at most ``max_part`` bytes."""
+    if max_part is None or len(data) <= max_part:
+        parts = [(RECORDIO_WHOLE, data)]
+    else:
+        chunks = [data[i : i + max_part] for i in range(0, len(data), max_part)]
+        flags = [RECORDIO_START] + [RECORDIO_MIDDLE] * (len(chunks) - 2) + [RECORDIO_END]
+        parts = list(zip(flags, chunks))
+    out = bytearray()
+    for flag, part in parts:
+        out += struct.pack("<II", RECORDIO_MAGIC, (flag << _RECORDIO_LENGTH_BITS) | len(part))
+        out += part
+        out += b"\0" * (-len(part) % 4)
+    return bytes(out)
+
+
+class RecordFormatError(ValueError):
+    """A stream that is not valid in its record format; says where (channel, epoch, byte offset)."""
+
+    def __init__(self, message: str, *, channel: str, epoch: int, offset: int):
+        super().__init__(f"channel {channel!r}, epoch {epoch}, byte offset {offset}: {message}")
+        self.channel = channel
+        self.epoch = epoch
+        self.offset = offset
+
+
+class Framer:
+    """Base of the incremental framers.
+
+    ``frame(buf, end)`` looks at ``buf[:end]`` (the unconsumed bytes of the stream, which start at
+    stream offset ``self.offset``) and returns ``(starts, lengths, consumed, extra)``: records are
+    ``buf[s:s+n]``, except that positions at or past ``consumed`` index into ``b"".join(extra)``
+    appended after ``buf[:consumed]`` (records that are not contiguous in the stream, e.g. RecordIO
+    multipart records). The caller then drops the first ``consumed`` bytes and calls
+    :meth:`advance`. ``need`` is the buffer size the next incomplete record requires.
+    """
+
+    format_name = ""
+
+    def __init__(self, channel: str = "?", epoch: int = 0, max_corrupted_records_to_skip: int = 0):
+        if max_corrupted_records_to_skip < 0:
+            raise ValueError(
+                f"max_corrupted_records_to_skip is {max_corrupted_records_to_skip}; use 0 or more"
+            )
+        self.channel = channel
+        self.epoch = epoch
+        self.max_skip = max_corrupted_records_to_skip
+        self.offset = 0
+        self.records = 0
+        self.skipped = 0
+        self.need = 0
+        self._bad_in_a_row = 0
+
+    def error(self, message: str, pos: int) -> RecordFormatError:
+        return RecordFormatError(
+            f"{self.format_name}: {message}", channel=self.channel, epoch=self.epoch, offset=self.offset + pos
+        )
+
+    def corrupted(self, message: str, pos: int) -> None:
+        """Skip a corrupted record if the limit allows it (as AWS's reader does), else raise."""
+        self._bad_in_a_row += 1
+        if self._bad_in_a_row > self.max_skip:
+            hint = (
+                f" ({self._bad_in_a_row} corrupted records in a row, over "
+                f"max_corrupted_records_to_skip={self.max_skip})"
+                if self.max_skip
+                else "; pass max_corrupted_records_to_skip=N to skip up to N corrupted records in a row"
+            )
+            raise self.error(message + hint, pos)
+        self.skipped += 1
+        log.warning(
+            "channel %r, epoch %d, byte offset %d: skipped corrupted %s record (%s); "
+            "%d skipped so far this epoch",
+            self.channel,
+            self.epoch,
+            self.offset + pos,
+            self.format_name,
+            message,
+            self.skipped,
+        )
+
+    def frame(self, buf, end: int) -> tuple[list[int], list[int], int, list[bytes]]:
+        raise NotImplementedError
+
+    def advance(self, consumed: int, records: int) -> None:
+        self.offset += consumed
+        self.records += records
+
+    def finish(self, leftover: bytes) -> list[bytes]:
+        """End of stream with ``leftover`` unconsumed bytes: a truncated record is an error."""
+        if leftover:
+            raise self.error(
+                f"stream ended inside a record: {len(leftover)} byte(s) after the last complete record "
+                f"(the writer stopped mid-record; {self.records} complete record(s) were read)",
+                0,
+            )
+        return []
+
+
+class TFRecordFramer(Framer):
+    """TFRecord: uint64 length, masked CRC32C of the length, data, masked CRC32C of the data."""
+
+    format_name = "TFRecord"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # The header CRC depends only on the length, so verified (length -> stored CRC) pairs are
+        # cached: the check stays exact and costs a dict lookup for fixed-size records.
+        self._header_crcs: dict[int, int] = {}
+
+    def frame(self, buf, end):
+        starts: list[int] = []
+        lengths: list[int] = []
+        mv = memoryview(buf)
+        header_crcs = self._header_crcs
+        crc = _crc32c
+        unpack = _unpack_from
+        pos = 0
+        self.need = 0
+        try:
+            while pos + 12 <= end:
+                n, stored = unpack("<QI", buf, pos)
+                if header_crcs.get(n) != stored:
+                    if masked_crc32c(mv[pos : pos + 8]) != stored:
+                        raise self.error(
+                            f"length CRC mismatch (length field {n}); the stream is corrupt or not "
+                            "TFRecord (check record_format and RecordWrapperType)",
+                            pos,
+                        )
+                    if len(header_crcs) >= _HEADER_CRC_CACHE_LIMIT:
+                        header_crcs.clear()
+                    header_crcs[n] = stored
+                start = pos + 12
+                stop = start + n
+                if stop + 4 > end:
+                    self.need = stop + 4 - pos
+                    break
+                c = crc(mv[start:stop])
+                if ((((c >> 15) | (c << 17)) + _CRC_MASK_DELTA) & _U32) != unpack("<I", buf, stop)[0]:
+                    self.corrupted(f"data CRC mismatch in a {n}-byte record", pos)
+                else:
+                    self._bad_in_a_row = 0
+                    starts.append(start)
+                    lengths.append(n)
+                pos = stop + 4
+        finally:
+            mv.release()
+        return starts, lengths, pos, []
+
+
+class RecordIOFramer(Framer):
+    """SageMaker/MXNet RecordIO: magic, 29-bit length + 3-bit multipart flag, payload, 4-byte padding.
+
+    Multipart records are joined by concatenating their parts' payloads (as AWS's reader does).
+    """
+
+    format_name = "RecordIO"
+
+    def frame(self, buf, end):
+        starts: list[int] = []
+        lengths: list[int] = []
+        extra: list[bytes] = []
+        extra_at = 0  # length of b"".join(extra)
+        unpack = _unpack_from
+        pos = 0
+        self.need = 0
+        while pos + 8 <= end:
+            record_start = pos
+            parts = []
+            scan = pos
+            complete = False
+            while scan + 8 <= end:
+                magic, word = unpack("<II", buf, scan)
+                if magic != RECORDIO_MAGIC:
+                    raise self.error(
+                        f"bad magic number 0x{magic:08X} (expected 0x{RECORDIO_MAGIC:08X}); the stream "
+                        "is corrupt or not RecordIO (check record_format and RecordWrapperType)",
+                        scan,
+                    )
+                flag = word >> _RECORDIO_LENGTH_BITS
+                n = word & _RECORDIO_LENGTH_MASK
+                expect_first = not parts
+                if flag > RECORDIO_END or (flag in (RECORDIO_WHOLE, RECORDIO_START)) != expect_first:
+                    raise self.error(
+                        f"multipart flag {flag} out of sequence "
+                        f"({'a record must start with flag 0 or 1' if expect_first else 'expected 2 or 3'})",
+                        scan,
+                    )
+                payload = scan + 8
+                padded = payload + n + (-n % 4)
+                if padded > end:
+                    self.need = padded - record_start
+                    break
+                parts.append((payload, n))
+                scan = padded
+                if flag in (RECORDIO_WHOLE, RECORDIO_END):
+                    complete = True
+                    break
+            if not complete:
+                if not self.need:
+                    self.need = scan + 8 - record_start
+                break
+            if len(parts) == 1:
+                starts.append(parts[0][0])
+                lengths.append(parts[0][1])
+            else:
+                joined = b"".join(bytes(buf[p : p + n]) for p, n in parts)
+                starts.append(-1 - extra_at)  # placeholder, resolved once `consumed` is known
+                lengths.append(len(joined))
+                extra.append(joined)
+                extra_at += len(joined)
+            pos = scan
+        starts = [s if s >= 0 else pos + (-1 - s) for s in starts]
+        return starts, lengths, pos, extra
+
+
+class TextLineFramer(Framer):
+    """Text lines split on b"\\n" (a trailing b"\\r" is dropped); the last line may lack its newline."""
+
+    format_name = "TextLine"
+
+    def frame(self, buf, end):
+        arr = np.frombuffer(buf, dtype=np.uint8, count=end)
+        newlines = np.flatnonzero(arr == 10)
+        if not len(newlines):
+            self.need = end + 1
+            return [], [], 0, []
+        starts = np.empty(len(newlines), dtype=np.int64)
+        starts[0] = 0
+        starts[1:] = newlines[:-1] + 1
+        stops = newlines.copy()
+        has_cr = stops > starts
+        has_cr[has_cr] = arr[stops[has_cr] - 1] == 13
+        stops -= has_cr
+        self.need = 0
+        return starts, stops - starts, int(newlines[-1]) + 1, []
+
+    def finish(self, leftover: bytes) -> list[bytes]:
+        if not leftover:
+            return []
+        return [leftover[:-1] if leftover.endswith(b"\r") else leftover]
+
+
+FRAMERS: dict[str, type[Framer]] = {
+    "TFRecord": TFRecordFramer,
+    "RecordIO": RecordIOFramer,
+    "TextLine": TextLineFramer,
+}
+
+
+def check_record_format(record_format: str) -> str:
+    if record_format not in FRAMERS:
+        raise ValueError(f"record_format {record_format!r} is not one of {', '.join(RECORD_FORMATS)}")
+    return record_format
+
+
+def make_framer(record_format: str, channel: str = "?", epoch: int = 0, max_corrupted_records_to_skip=0):
+    return FRAMERS[check_record_format(record_format)](channel, epoch, max_corrupted_records_to_skip)
+
+
+DEFAULT_CHUNK = 4 << 20
+
+
+def frame_stream(
+    readinto: Callable[[memoryview], int], framer: Framer, chunk_size: int = DEFAULT_CHUNK
+) -> Iterator[tuple[bytes, np.ndarray, np.ndarray]]:
+    """Read a stream with ``readinto`` and yield ``(blob, starts, lengths)`` per chunk of records.
+
+    Record i of a chunk is ``blob[starts[i]:starts[i]+lengths[i]]``. The buffer grows when one
+    record is larger than ``chunk_size``. Raises RecordFormatError on bad framing or a truncated
+    last record.
+    """
+    buf = bytearray(chunk_size)
+    filled = 0
+    eof = False
+    while not eof:
+        target = max(chunk_size // 2, framer.need)
+        if target > len(buf):
+            buf.extend(bytes(max(target, 2 * len(buf)) - len(buf)))
+        while filled < target:
+            with memoryview(buf) as mv:
+                n = readinto(mv[filled:])
+            if not n:
+                eof = True
+                break
+            filled += n
+        starts, lengths, consumed, extra = framer.frame(buf, filled)
+        if len(starts):
+            blob = bytes(buf[:consumed])
+            if extra:
+                blob += b"".join(extra)
+            yield blob, np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+        framer.advance(consumed, len(starts))
+        if consumed:
+            buf[: filled - consumed] = buf[consumed:filled]
+            filled -= consumed
+        # What is left is an incomplete record: never frame it again without at least one more byte.
+        framer.need = max(framer.need, filled + 1)
+    tail = framer.finish(bytes(buf[:filled]))
+    if tail:
+        framer.advance(filled, len(tail))
+        blob = b"".join(tail)
+        lengths = np.asarray([len(t) for t in tail], dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        yield blob, starts, lengths
+
+
+def iter_records(
+    readinto: Callable[[memoryview], int],
+    record_format: str,
+    channel: str = "?",
+    epoch: int = 0,
+    max_corrupted_records_to_skip: int = 0,
+    chunk_size: int = DEFAULT_CHUNK,
+) -> Iterator[bytes]:
+    """Plain-Python record iterator over a stream (no TensorFlow): one ``bytes`` per record."""
+    framer = make_framer(record_format, channel, epoch, max_corrupted_records_to_skip)
+    for blob, starts, lengths in frame_stream(readinto, framer, chunk_size):
+        for s, n in zip(starts.tolist(), lengths.tolist()):
+            yield blob[s : s + n]
