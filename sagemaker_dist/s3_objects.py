@@ -92,17 +92,17 @@ def list_objects(s3_uri: str, suffix: str | None = None, client=None) -> list[S3
     try:
         for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
             for item in page.get("Contents", ()):
-                listed += 1
                 key, size = item["Key"], int(item["Size"])
                 if key.endswith("/") and size == 0:
                     continue
+                listed += 1
                 if suffix and not key.endswith(suffix):
                     continue
                 found.append(S3Object(key, size))
     except ClientError as exc:
         raise describe_client_error(exc, bucket, f"list {s3_uri}") from exc
     if not found:
-        why = f"none of its {listed} key(s) end with {suffix!r}" if suffix and listed else "it is empty"
+        why = f"none of its {listed} object(s) end with {suffix!r}" if suffix and listed else "it is empty"
         raise EmptyPrefixError(
             f"no objects to shard under {s3_uri} ({why}); check the prefix"
             + (" and --suffix" if suffix else "")
