@@ -1,0 +1,771 @@
+"""Launch a Horovod + Pipe-mode training job on SageMaker in a few lines.
+
+``HorovodPipeEstimator`` turns an entry script, an instance type and count, and S3 inputs into one
+CreateTrainingJob request (a plain boto3-shaped dict that local mode runs too): one Pipe channel per
+worker from the channel layout, MPI configured the way the sagemaker-training toolkit in AWS images
+expects it (hosts x processes ranks), the layout passed as a hyperparameter. The whole request is
+validated before any AWS call; the job is created through SDK v3's ``sagemaker.core`` resources.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from sagemaker_dist.instances import UnknownInstanceTypeError, gpus_per_instance, normalize_instance_type
+from sagemaker_dist.layout import (
+    INPUT_MODES,
+    LAYOUT_HYPERPARAMETER,
+    PER_WORKER,
+    SINGLE,
+    ChannelLayout,
+    check_channel_name,
+    plan_layout,
+)
+from sagemaker_dist.request_validation import MAX_JOB_NAME, validate_request
+from sagemaker_dist.source_package import (
+    MAX_SOURCE_BYTES,
+    TARBALL_NAME,
+    SourcePackage,
+    pack_source,
+    resolve_entry_point,
+    upload_source,
+)
+
+CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"
+LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+TERMINAL_STATUSES = ("Completed", "Failed", "Stopped")
+LAYOUT_ROLES = ("train", "validation", "eval")
+
+# Added after the toolkit's own mpirun options (NCCL_SOCKET_IFNAME, -bind-to none, -map-by slot).
+DEFAULT_MPI_OPTIONS = (
+    # Containers lack CAP_SYS_PTRACE, so Open MPI's CMA single-copy fails; plain shared memory works.
+    "-x OMPI_MCA_btl_vader_single_copy_mechanism=none",
+    # A stalled rank (e.g. one short of data) ends the job after 15 minutes instead of hanging it.
+    "-x HOROVOD_STALL_CHECK_TIME_SECONDS=60",
+    "-x HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=900",
+    "-x NCCL_DEBUG=WARN",
+)
+FRAMEWORK_HYPERPARAMETERS = (
+    "sagemaker_program",
+    "sagemaker_submit_directory",
+    "sagemaker_mpi_enabled",
+    "sagemaker_mpi_num_of_processes_per_host",
+    "sagemaker_mpi_custom_mpi_options",
+    LAYOUT_HYPERPARAMETER,
+)
+_PLACEHOLDER_ACCOUNT = "000000000000"
+_PLACEHOLDER_OUTPUT = "s3://output-bucket-not-yet-resolved"
+
+
+class EstimatorError(ValueError):
+    """A job description that cannot become a valid Horovod training job."""
+
+
+class TrainingJobFailed(RuntimeError):
+    """The training job ended Failed or Stopped."""
+
+
+@dataclass(frozen=True)
+class ChannelSource:
+    """Where the channels of one role read from: one URI per channel, all of one S3DataType."""
+
+    uris: tuple[str, ...]
+    s3_data_type: str = "S3Prefix"  # or ManifestFile
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    """What ``prepare`` produced: the validated request, the layout and the uploaded source package.
+
+    ``source.path`` was a temporary file and is gone; the tarball lives at the request's
+    ``sagemaker_submit_directory``.
+    """
+
+    request: dict
+    layout: ChannelLayout
+    source: SourcePackage
+
+    @property
+    def job_name(self) -> str:
+        return self.request["TrainingJobName"]
+
+
+def _is_shard_set(spec) -> bool:
+    return hasattr(spec, "uris") and hasattr(spec, "s3_data_type")
+
+
+def _check_s3_uri(uri, what: str) -> str:
+    if not isinstance(uri, str) or not re.match(r"^s3://[^/]+(/.*)?$", uri):
+        raise EstimatorError(f"{what} is {uri!r}; give an S3 URI like 's3://bucket/prefix/'")
+    return uri
+
+
+def _as_source(spec, what: str) -> ChannelSource | str:
+    """A ShardSet or a list of URIs becomes a ChannelSource; a bare S3 URI stays a str (to shard or share)."""
+    if _is_shard_set(spec):
+        return ChannelSource(tuple(_check_s3_uri(u, what) for u in spec.uris), spec.s3_data_type)
+    if isinstance(spec, ChannelSource):
+        return spec
+    if isinstance(spec, str):
+        return _check_s3_uri(spec, what)
+    if isinstance(spec, Sequence) and spec:
+        return ChannelSource(tuple(_check_s3_uri(u, f"{what} entry") for u in spec))
+    raise EstimatorError(
+        f"{what} is {spec!r}; give an S3 prefix, a list of S3 URIs (one per channel) or the ShardSet "
+        "from sagemaker_dist.shard_writer.write_shards"
+    )
+
+
+def _hyperparameter_value(value) -> str:
+    """Strings as they are; anything else as JSON (the toolkit json-decodes every value it can)."""
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+def _tags(tags) -> list[dict]:
+    if tags is None:
+        return []
+    if isinstance(tags, Mapping):
+        return [{"Key": str(k), "Value": str(v)} for k, v in tags.items()]
+    return [dict(t) for t in tags]
+
+
+def _join(*parts: str) -> str:
+    return "/".join(p.strip("/") if i else p.rstrip("/") for i, p in enumerate(parts))
+
+
+def default_job_name(base: str, now: datetime | None = None) -> str:
+    """``base-YYYYmmdd-HHMMSS-mmm``, with ``base`` cut so the whole stays within 63 characters."""
+    now = now or datetime.now(timezone.utc)
+    stamp = now.strftime("%Y%m%d-%H%M%S-") + f"{now.microsecond // 1000:03d}"
+    base = re.sub(r"[^A-Za-z0-9-]", "-", base)[: MAX_JOB_NAME - len(stamp) - 1].strip("-") or "job"
+    return f"{base}-{stamp}"
+
+
+def role_arn(role: str, region: str | None = None, account: str | None = None, boto_session=None) -> str:
+    """``role`` if it is an ARN, else ``arn:<partition>:iam::<account>:role/<role>`` (account via STS)."""
+    if not isinstance(role, str) or not role.strip():
+        raise EstimatorError("role is empty; give the IAM role SageMaker assumes, as an ARN or a role name")
+    role = role.strip()
+    if role.startswith("arn:"):
+        if not re.match(r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+$", role):
+            raise EstimatorError(f"role {role!r} is not an IAM role ARN (arn:aws:iam::<account>:role/<name>)")
+        return role
+    if not re.match(r"^[\w+=,.@/-]{1,512}$", role):
+        raise EstimatorError(f"role {role!r} is neither an IAM role ARN nor a role name")
+    if account is None:
+        import boto3
+
+        sts = (boto_session or boto3.Session()).client("sts", region_name=region)
+        account = sts.get_caller_identity()["Account"]
+    partition = (
+        "aws-cn"
+        if (region or "").startswith("cn-")
+        else ("aws-us-gov" if (region or "").startswith("us-gov-") else "aws")
+    )
+    return f"arn:{partition}:iam::{account}:role/{role.lstrip('/')}"
+
+
+class HorovodPipeEstimator:
+    """Describe a Horovod job once; ``launch(inputs)`` (alias ``fit``) shards, uploads and creates it.
+
+    ``inputs`` maps ``train`` (required), ``validation`` and ``eval`` to S3 prefixes, URI lists or
+    ShardSets; other keys become extra channels every rank shares. A bare prefix for a per-worker
+    role is sharded into balanced manifests (no copying) under the job's output path.
+    """
+
+    def __init__(
+        self,
+        entry_point: str,
+        role: str,
+        instance_type: str,
+        instance_count: int = 1,
+        *,
+        source_dir: str | None = None,
+        image_uri: str | None = None,
+        processes_per_host: int | None = None,
+        hyperparameters: Mapping | None = None,
+        input_mode: str = "Pipe",
+        strategy: str = "auto",
+        validation: str | None = SINGLE,
+        shared_channel_input_mode: str | None = "File",
+        record_wrapper: str = "None",
+        shuffle_seed: int | None = None,
+        content_type: str | None = None,
+        output_path: str | None = None,
+        code_location: str | None = None,
+        checkpoint_s3_uri: str | None = None,
+        checkpoints: bool = True,
+        tensorboard_s3_uri: str | None = None,
+        tensorboard: bool = True,
+        max_run: int = 24 * 3600,
+        use_spot: bool = False,
+        max_wait: int | None = None,
+        volume_size: int = 30,
+        volume_kms_key: str | None = None,
+        output_kms_key: str | None = None,
+        subnets: Sequence[str] | None = None,
+        security_group_ids: Sequence[str] | None = None,
+        enable_network_isolation: bool = False,
+        encrypt_inter_container_traffic: bool = False,
+        tags: Mapping | Sequence[Mapping] | None = None,
+        environment: Mapping[str, str] | None = None,
+        mpi_options: str | Sequence[str] = (),
+        default_mpi_options: bool = True,
+        base_job_name: str = "sagemaker-dist",
+        max_source_bytes: int = MAX_SOURCE_BYTES,
+        sagemaker_session=None,
+    ):
+        """Check everything that needs no AWS call; raise EstimatorError (a ValueError) on bad input.
+
+        ``processes_per_host`` defaults to the GPUs of ``instance_type``; give it for CPU types or
+        to run fewer processes than GPUs. ``validation`` is how a validation *prefix* is used:
+        ``'single'`` (one channel every rank reads in full) or ``'per-worker'`` (sharded).
+        ``shared_channel_input_mode`` is the input mode of channels all ranks share (single roles,
+        extra channels): File by default, since a Pipe FIFO can have only one reader.
+        """
+        self.entry_point = entry_point
+        self.source_dir = source_dir
+        self.role = role
+        self.instance_type = normalize_instance_type(instance_type)
+        if isinstance(instance_count, bool) or not isinstance(instance_count, int) or instance_count < 1:
+            raise EstimatorError(f"instance_count={instance_count!r}; it must be a whole number >= 1")
+        self.instance_count = instance_count
+        self.processes_per_host = self._processes_per_host(processes_per_host)
+        if input_mode not in INPUT_MODES:
+            raise EstimatorError(f"input_mode={input_mode!r}; use one of {', '.join(INPUT_MODES)}")
+        if shared_channel_input_mode not in (None, *INPUT_MODES):
+            raise EstimatorError(
+                f"shared_channel_input_mode={shared_channel_input_mode!r}; use None or "
+                f"one of {', '.join(INPUT_MODES)}"
+            )
+        if validation not in (SINGLE, PER_WORKER):
+            raise EstimatorError(f"validation={validation!r}; use 'single' or 'per-worker'")
+        self.input_mode = input_mode
+        self.shared_channel_input_mode = shared_channel_input_mode or input_mode
+        self.strategy = strategy
+        self.validation = validation
+        self.record_wrapper = record_wrapper
+        self.shuffle_seed = shuffle_seed
+        self.content_type = content_type
+        self.image_uri = image_uri
+        self.hyperparameters = self._user_hyperparameters(hyperparameters)
+        for what, uri in (
+            ("output_path", output_path),
+            ("code_location", code_location),
+            ("checkpoint_s3_uri", checkpoint_s3_uri),
+            ("tensorboard_s3_uri", tensorboard_s3_uri),
+        ):
+            if uri is not None:
+                _check_s3_uri(uri, what)
+        self.output_path = output_path
+        self.code_location = code_location
+        self.checkpoint_s3_uri = checkpoint_s3_uri
+        self.checkpoints = checkpoints
+        self.tensorboard_s3_uri = tensorboard_s3_uri
+        self.tensorboard = tensorboard
+        self.max_run = max_run
+        self.use_spot = use_spot
+        self.max_wait = max_wait
+        self.volume_size = volume_size
+        self.volume_kms_key = volume_kms_key
+        self.output_kms_key = output_kms_key
+        if bool(subnets) != bool(security_group_ids):
+            raise EstimatorError("VPC config needs both subnets= and security_group_ids= (or neither)")
+        self.subnets = list(subnets or [])
+        self.security_group_ids = list(security_group_ids or [])
+        self.enable_network_isolation = enable_network_isolation
+        self.encrypt_inter_container_traffic = encrypt_inter_container_traffic
+        self.tags = _tags(tags)
+        self.environment = {str(k): str(v) for k, v in (environment or {}).items()}
+        extra = [mpi_options] if isinstance(mpi_options, str) else list(mpi_options)
+        self.mpi_options = " ".join([*(DEFAULT_MPI_OPTIONS if default_mpi_options else ()), *extra]).strip()
+        self.base_job_name = base_job_name
+        self.max_source_bytes = max_source_bytes
+        self.sagemaker_session = sagemaker_session
+
+    # ----- local planning (no AWS) -----
+
+    def _processes_per_host(self, override: int | None) -> int:
+        if override is not None:
+            if isinstance(override, bool) or not isinstance(override, int) or override < 1:
+                raise EstimatorError(f"processes_per_host={override!r}; it must be a whole number >= 1")
+            try:
+                gpus = gpus_per_instance(self.instance_type)
+            except UnknownInstanceTypeError:
+                return override  # CPU or unlisted type: the caller knows best
+            if override > gpus:
+                raise EstimatorError(
+                    f"processes_per_host={override} but {self.instance_type} has {gpus} GPU(s); Horovod "
+                    f"runs one process per GPU, so use at most {gpus}"
+                )
+            return override
+        try:
+            return gpus_per_instance(self.instance_type)
+        except UnknownInstanceTypeError as exc:
+            raise UnknownInstanceTypeError(
+                f"{exc} With HorovodPipeEstimator pass processes_per_host=N."
+            ) from None
+
+    @staticmethod
+    def _user_hyperparameters(hyperparameters: Mapping | None) -> dict[str, str]:
+        hps = {}
+        for key, value in (hyperparameters or {}).items():
+            if not isinstance(key, str) or not key:
+                raise EstimatorError(f"hyperparameter key {key!r} must be a non-empty string")
+            if key in FRAMEWORK_HYPERPARAMETERS:
+                raise EstimatorError(
+                    f"hyperparameter {key!r} is set by sagemaker-dist; use the estimator's arguments "
+                    "(entry_point, processes_per_host, mpi_options) instead"
+                )
+            hps[key] = _hyperparameter_value(value)
+        return hps
+
+    @property
+    def world_size(self) -> int:
+        """Total Horovod ranks: hosts x processes per host."""
+        return self.instance_count * self.processes_per_host
+
+    def _split_inputs(self, inputs) -> tuple[dict, dict]:
+        if isinstance(inputs, str) or _is_shard_set(inputs):
+            inputs = {"train": inputs}
+        if not isinstance(inputs, Mapping) or "train" not in inputs:
+            raise EstimatorError(
+                "inputs need a 'train' entry: launch({'train': 's3://bucket/prefix/'}) or launch('s3://...')"
+            )
+        roles = {k: _as_source(v, f"inputs[{k!r}]") for k, v in inputs.items() if k in LAYOUT_ROLES}
+        extras = {}
+        for name, spec in inputs.items():
+            if name not in LAYOUT_ROLES:
+                check_channel_name(name)
+                if not isinstance(spec, str):
+                    raise EstimatorError(f"extra channel {name!r} takes one S3 URI, not {spec!r}")
+                extras[name] = _check_s3_uri(spec, f"inputs[{name!r}]")
+        return roles, extras
+
+    def plan(self, inputs) -> ChannelLayout:
+        """The channel layout for these inputs (pure: no AWS call)."""
+        roles, extras = self._split_inputs(inputs)
+        validation = None
+        if "validation" in roles:
+            spec = roles["validation"]
+            per_worker = isinstance(spec, ChannelSource) and len(spec.uris) > 1
+            validation = (
+                PER_WORKER
+                if per_worker or (isinstance(spec, str) and self.validation == PER_WORKER)
+                else SINGLE
+            )
+        return plan_layout(
+            self.instance_count,
+            self.processes_per_host,
+            strategy=self.strategy,
+            validation=validation,
+            eval_channel="eval" in roles,
+            extra_channels=tuple(extras),
+            input_mode=self.input_mode,
+            record_wrapper=self.record_wrapper,
+            shuffle_seed=self.shuffle_seed,
+        )
+
+    def _check_sources(self, layout: ChannelLayout, sources: Mapping[str, ChannelSource | str]) -> None:
+        for r in layout.roles:
+            src = sources[r.role]
+            if r.spread == PER_WORKER and not isinstance(src, ChannelSource):
+                raise EstimatorError(
+                    f"{r.role} input {src!r} is a bare prefix; build_request needs it sharded into "
+                    f"{r.count} parts: use prepare()/launch(), or pass write_shards(...) output"
+                )
+            n = len(src.uris) if isinstance(src, ChannelSource) else 1
+            if n != r.count:
+                raise EstimatorError(
+                    f"{r.role} input has {n} shard(s) but the layout needs {r.count} channel(s) "
+                    f"({layout.hosts} host(s) x {layout.processes_per_host} process(es), strategy "
+                    f"{layout.strategy}); shard it into num_shards={r.count}"
+                )
+
+    def _channel(self, name: str, uri: str, data_type: str, distribution: str, mode: str) -> dict:
+        channel = {
+            "ChannelName": name,
+            "DataSource": {
+                "S3DataSource": {
+                    "S3DataType": data_type,
+                    "S3Uri": uri,
+                    "S3DataDistributionType": distribution,
+                }
+            },
+            "InputMode": mode,
+        }
+        if self.content_type:
+            channel["ContentType"] = self.content_type
+        if mode == "Pipe":
+            channel["RecordWrapperType"] = self.record_wrapper
+        if self.shuffle_seed is not None:
+            channel["ShuffleConfig"] = {"Seed": self.shuffle_seed}
+        return channel
+
+    def _channels(self, layout: ChannelLayout, sources, extras: Mapping[str, str]) -> list[dict]:
+        self._check_sources(layout, sources)
+        channels = []
+        for r in layout.roles:
+            src = sources[r.role]
+            uris, data_type = (
+                (src.uris, src.s3_data_type) if isinstance(src, ChannelSource) else ((src,), "S3Prefix")
+            )
+            mode = self.input_mode if r.spread == PER_WORKER else self.shared_channel_input_mode
+            channels += [
+                self._channel(n, u, data_type, r.distribution, mode) for n, u in zip(r.channels, uris)
+            ]
+        channels += [
+            self._channel(n, extras[n], "S3Prefix", "FullyReplicated", self.shared_channel_input_mode)
+            for n in layout.extra_channels
+        ]
+        return channels
+
+    def framework_hyperparameters(self, layout: ChannelLayout, program: str, submit_directory: str) -> dict:
+        """The hyperparameters the sagemaker-training toolkit reads to run mpirun on every host."""
+        return {
+            "sagemaker_program": program,
+            "sagemaker_submit_directory": submit_directory,
+            "sagemaker_mpi_enabled": "true",
+            "sagemaker_mpi_num_of_processes_per_host": str(layout.processes_per_host),
+            "sagemaker_mpi_custom_mpi_options": self.mpi_options,
+            LAYOUT_HYPERPARAMETER: layout.to_json(),
+        }
+
+    def _image(self) -> str:
+        if self.image_uri:
+            return self.image_uri
+        from sagemaker_dist.images import container_image_uri
+
+        return container_image_uri(region=self._region())
+
+    def _region(self) -> str | None:
+        if self.sagemaker_session is not None:
+            return self.sagemaker_session.boto_region_name
+        import boto3
+
+        return boto3.session.Session().region_name
+
+    def _request(
+        self, layout, sources, extras, job_name, program, submit_directory, role, output_path
+    ) -> dict:
+        request = {
+            "TrainingJobName": job_name,
+            "RoleArn": role,
+            "AlgorithmSpecification": {"TrainingImage": self._image(), "TrainingInputMode": self.input_mode},
+            "HyperParameters": {
+                **self.hyperparameters,
+                **self.framework_hyperparameters(layout, program, submit_directory),
+            },
+            "InputDataConfig": self._channels(layout, sources, extras),
+            "OutputDataConfig": {"S3OutputPath": output_path},
+            "ResourceConfig": {
+                "InstanceType": self.instance_type,
+                "InstanceCount": self.instance_count,
+                "VolumeSizeInGB": self.volume_size,
+            },
+            "StoppingCondition": {"MaxRuntimeInSeconds": self.max_run},
+            "EnableNetworkIsolation": bool(self.enable_network_isolation),
+            "EnableInterContainerTrafficEncryption": bool(self.encrypt_inter_container_traffic),
+            "EnableManagedSpotTraining": bool(self.use_spot),
+        }
+        if self.output_kms_key:
+            request["OutputDataConfig"]["KmsKeyId"] = self.output_kms_key
+        if self.volume_kms_key:
+            request["ResourceConfig"]["VolumeKmsKeyId"] = self.volume_kms_key
+        if self.max_wait is not None:
+            request["StoppingCondition"]["MaxWaitTimeInSeconds"] = self.max_wait
+        if self.checkpoints:
+            request["CheckpointConfig"] = {
+                "S3Uri": self.checkpoint_s3_uri or _join(output_path, job_name, "checkpoints"),
+                "LocalPath": CHECKPOINT_LOCAL_PATH,
+            }
+        if self.tensorboard:
+            request["TensorBoardOutputConfig"] = {
+                "S3OutputPath": self.tensorboard_s3_uri or _join(output_path, job_name, "tensorboard"),
+                "LocalPath": TENSORBOARD_LOCAL_PATH,
+            }
+        if self.subnets:
+            request["VpcConfig"] = {"Subnets": self.subnets, "SecurityGroupIds": self.security_group_ids}
+        if self.tags:
+            request["Tags"] = self.tags
+        if self.environment:
+            request["Environment"] = dict(self.environment)
+        return request
+
+    def source_uri(self, output_path: str, job_name: str) -> str:
+        """Where the job's ``sourcedir.tar.gz`` goes: ``<code_location or output_path>/<job>/source/``."""
+        return _join(self.code_location or output_path, job_name, "source", TARBALL_NAME)
+
+    def build_request(
+        self,
+        inputs,
+        job_name: str | None = None,
+        *,
+        submit_directory: str | None = None,
+        role: str | None = None,
+    ) -> dict:
+        """The CreateTrainingJob request for already-sharded inputs, validated; no S3 writes.
+
+        Per-worker roles need one URI per channel (a ShardSet or a list). ``role`` overrides the
+        resolved role ARN; a role *name* is turned into an ARN with one STS call.
+        """
+        layout = self.plan(inputs)
+        roles, extras = self._split_inputs(inputs)
+        job_name = job_name or default_job_name(self.base_job_name)
+        output_path = self._output_path()
+        program = self._program()
+        request = self._request(
+            layout,
+            roles,
+            extras,
+            job_name,
+            program,
+            submit_directory or self.source_uri(output_path, job_name),
+            role or role_arn(self.role, self._region()),
+            output_path,
+        )
+        validate_request(request)
+        return request
+
+    def _program(self) -> str:
+        return resolve_entry_point(self.entry_point, self.source_dir)[1]
+
+    def draft_request(self, inputs, job_name: str | None = None) -> dict:
+        """The request with stand-ins for what needs AWS, validated; makes no AWS call.
+
+        A bare prefix stands in for each shard manifest, account 000000000000 for a role name's
+        account and a placeholder bucket for an unset output path; everything else is final.
+        """
+        layout = self.plan(inputs)
+        roles, extras = self._split_inputs(inputs)
+        job_name = job_name or default_job_name(self.base_job_name)
+        sources = {
+            r.role: ChannelSource((roles[r.role],) * r.count)
+            if isinstance(roles[r.role], str)
+            else roles[r.role]
+            for r in layout.roles
+        }
+        output = self._output_path(resolve=False)
+        request = self._request(
+            layout,
+            sources,
+            extras,
+            job_name,
+            self._program(),
+            self.source_uri(output, job_name),
+            role_arn(self.role, account=_PLACEHOLDER_ACCOUNT),
+            output,
+        )
+        validate_request(request)
+        return request
+
+    # ----- AWS edges -----
+
+    def _output_path(self, resolve: bool = True) -> str:
+        if self.output_path:
+            return self.output_path.rstrip("/")
+        if not resolve:
+            return _PLACEHOLDER_OUTPUT
+        if self.sagemaker_session is None:
+            raise EstimatorError(
+                "no output_path and no sagemaker_session; pass output_path='s3://bucket/prefix' or "
+                "sagemaker_session=Session(default_bucket=...)"
+            )
+        return f"s3://{self.sagemaker_session.default_bucket()}/{self.base_job_name}"
+
+    def _s3_client(self):
+        import boto3
+
+        if self.sagemaker_session is not None:
+            return self.sagemaker_session.boto_session.client("s3")
+        return boto3.client("s3")
+
+    def _shard(self, prefix: str, count: int, role: str, output_uri: str, client) -> ChannelSource:
+        from sagemaker_dist.s3_objects import list_objects
+        from sagemaker_dist.shard_writer import write_shards
+        from sagemaker_dist.sharding import plan_shards
+
+        objects = list_objects(prefix, client=client)  # raises EmptyPrefixError if there are none
+        plan = plan_shards([(o.key, o.size) for o in objects], count)
+        shard_set = write_shards(plan, prefix, output_uri, mode="manifest", role=role, client=client)
+        return ChannelSource(tuple(shard_set.uris), shard_set.s3_data_type)
+
+    def prepare(
+        self, inputs, job_name: str | None = None, *, printer: Callable[[str], None] | None = print
+    ) -> PreparedJob:
+        """Everything up to CreateTrainingJob: check, shard, upload the source, return the request.
+
+        All local checks (layout, entry script, source size, the whole request with placeholders for
+        what needs AWS) run before the first AWS call, so bad input leaves nothing behind.
+        """
+        say = printer or (lambda _line: None)
+        job_name = job_name or default_job_name(self.base_job_name)
+        with tempfile.TemporaryDirectory(prefix="sagemaker-dist-src-") as tmp:
+            package = pack_source(
+                self.entry_point, self.source_dir, dest_dir=tmp, max_bytes=self.max_source_bytes
+            )
+            self.draft_request(inputs, job_name)
+            request, layout = self._prepare_on_aws(inputs, job_name, package, say)
+        return PreparedJob(request, layout, package)
+
+    def _prepare_on_aws(
+        self, inputs, job_name: str, package: SourcePackage, say
+    ) -> tuple[dict, ChannelLayout]:
+        """The AWS part of ``prepare``: resolve output and role, shard bare prefixes, upload the source."""
+        layout = self.plan(inputs)
+        roles, extras = self._split_inputs(inputs)
+        output_path = self._output_path()
+        role = role_arn(self.role, self._region(), boto_session=self._boto_session())
+        client = self._s3_client()
+        sources = {}
+        for r in layout.roles:
+            spec = roles[r.role]
+            if isinstance(spec, str) and r.spread == PER_WORKER:
+                say(f"sharding {spec} into {r.count} manifest(s) for {r.role}")
+                spec = self._shard(
+                    spec, r.count, r.role, _join(output_path, job_name, "shards") + "/", client
+                )
+            sources[r.role] = spec
+        submit = self.source_uri(output_path, job_name)
+        request = self._request(
+            layout, sources, extras, job_name, package.entry_point, submit, role, output_path
+        )
+        validate_request(request)
+        upload_source(package, submit, client=client)
+        say(f"uploaded {len(package.files)} source file(s) ({package.source_bytes} bytes) to {submit}")
+        return request, layout
+
+    def launch(
+        self,
+        inputs,
+        job_name: str | None = None,
+        *,
+        wait: bool = True,
+        poll: float = 30.0,
+        timeout: float | None = None,
+        printer: Callable[[str], None] | None = print,
+    ) -> TrainingJobHandle:
+        """Create the training job; with ``wait`` print its progress until it ends. Returns a handle."""
+        say = printer or (lambda _line: None)
+        prepared = self.prepare(inputs, job_name, printer=printer)
+        for line in prepared.layout.explain():
+            say(line)
+        job = create_training_job(prepared.request, self._boto_session())
+        handle = TrainingJobHandle(job, self._boto_session())
+        say(
+            f"created training job {handle.name} ({self.instance_count} x {self.instance_type}, "
+            f"{self.world_size} Horovod ranks)"
+        )
+        if wait:
+            handle.wait(poll=poll, timeout=timeout, printer=printer)
+        return handle
+
+    fit = launch
+
+    def _boto_session(self):
+        import boto3
+
+        if self.sagemaker_session is not None:
+            return self.sagemaker_session.boto_session
+        return boto3.Session()
+
+
+def create_training_job(request: Mapping, boto_session=None):
+    """CreateTrainingJob through SDK v3: ``sagemaker.core.resources.TrainingJob.create``."""
+    from sagemaker.core.resources import TrainingJob
+    from sagemaker.core.utils.code_injection.codec import transform
+
+    return TrainingJob.create(**transform(dict(request), "CreateTrainingJobRequest"), session=boto_session)
+
+
+def sdk_channels(request: Mapping) -> list:
+    """The request's channels as ``sagemaker.core.shapes.Channel`` objects, for SDK v3 users."""
+    from sagemaker.core.shapes import Channel
+    from sagemaker.core.utils.code_injection.codec import transform
+
+    return [Channel(**transform(c, "Channel")) for c in request["InputDataConfig"]]
+
+
+class TrainingJobHandle:
+    """A launched job: status, CloudWatch log streams, ``wait()`` and ``stop()``."""
+
+    def __init__(self, training_job, boto_session=None):
+        self.training_job = training_job  # sagemaker.core.resources.TrainingJob
+        self._boto_session = boto_session
+
+    @property
+    def name(self) -> str:
+        return self.training_job.training_job_name
+
+    @property
+    def arn(self) -> str:
+        return self.training_job.training_job_arn
+
+    def _client(self, service: str):
+        import boto3
+
+        return (self._boto_session or boto3.Session()).client(service)
+
+    def describe(self) -> dict:
+        """DescribeTrainingJob, as boto3 returns it."""
+        response = self._client("sagemaker").describe_training_job(TrainingJobName=self.name)
+        response.pop("ResponseMetadata", None)
+        return response
+
+    def log_stream_names(self) -> list[str]:
+        """The job's CloudWatch log streams (``<job>/algo-N-<epoch>``); empty until instances start."""
+        logs = self._client("logs")
+        try:
+            pages = logs.get_paginator("describe_log_streams").paginate(
+                logGroupName=LOG_GROUP, logStreamNamePrefix=f"{self.name}/"
+            )
+            return [s["logStreamName"] for page in pages for s in page.get("logStreams", [])]
+        except logs.exceptions.ResourceNotFoundException:
+            return []
+
+    def wait(
+        self, poll: float = 30.0, timeout: float | None = None, printer: Callable[[str], None] | None = print
+    ) -> str:
+        """Poll until the job ends, printing each status transition and new log stream; return the status.
+
+        Raises TrainingJobFailed with the failure reason if the job fails or is stopped.
+        """
+        say = printer or (lambda _line: None)
+        say(f"CloudWatch logs: group {LOG_GROUP}, streams {self.name}/algo-<n>-<time>")
+        start = time.monotonic()
+        seen_transitions, seen_streams, last = 0, set(), None
+        while True:
+            info = self.describe()
+            transitions = info.get("SecondaryStatusTransitions", [])
+            for t in transitions[seen_transitions:]:
+                say(f"{self.name}: {t['Status']} - {t.get('StatusMessage', '')}".rstrip(" -"))
+            seen_transitions = len(transitions)
+            status = (info["TrainingJobStatus"], info.get("SecondaryStatus"))
+            if status != last:
+                say(f"{self.name}: status {status[0]} ({status[1]})")
+                last = status
+            for stream in self.log_stream_names():
+                if stream not in seen_streams:
+                    seen_streams.add(stream)
+                    say(f"{self.name}: log stream {LOG_GROUP}/{stream}")
+            if status[0] in TERMINAL_STATUSES:
+                if status[0] != "Completed":
+                    raise TrainingJobFailed(
+                        f"training job {self.name} ended {status[0]}: "
+                        f"{info.get('FailureReason', 'no reason given')}"
+                    )
+                return status[0]
+            if timeout is not None and time.monotonic() - start > timeout:
+                say(f"{self.name}: still {status[0]} after {timeout:.0f} s; call wait() again to watch on")
+                return status[0]
+            time.sleep(poll)
+
+    def stop(self) -> None:
+        self.training_job.stop()

@@ -1,0 +1,255 @@
+"""Check a whole CreateTrainingJob request before any AWS call.
+
+Two layers: botocore's own SageMaker service model (types, required members, and the min/max/pattern
+constraints botocore ships but does not enforce), then the limits that make jobs fail late or hang
+(channel cap, names, hyperparameter counts, spot timing, secrets in hyperparameters). All problems
+are reported at once, each saying what to change.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterator, Mapping
+
+from sagemaker_dist.layout import CHANNEL_NAME_RE, MAX_CHANNEL_NAME, MAX_CHANNELS
+
+OPERATION = "CreateTrainingJob"
+MAX_JOB_NAME = 63
+JOB_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+MAX_HYPERPARAMETERS = 100
+MAX_HYPERPARAMETER_KEY = 256
+MAX_HYPERPARAMETER_VALUE = 2500
+INPUT_MODES = ("Pipe", "File", "FastFile")
+
+ACCESS_KEY_ID_RE = re.compile(r"(?<![A-Z0-9])(AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Z0-9])")
+SECRET_KEY_NAME_RE = re.compile(
+    r"(secret|password|passwd|session[_-]?token|security[_-]?token|access[_-]?key|private[_-]?key|api[_-]?key)",
+    re.IGNORECASE,
+)
+# 40 base64 characters standing alone: the shape of an AWS secret access key.
+SECRET_VALUE_RE = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
+
+
+class RequestValidationError(ValueError):
+    """A CreateTrainingJob request SageMaker would reject, or one that would fail or hang later."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"the training job request has {len(self.problems)} problem(s):\n{lines}")
+
+
+@functools.lru_cache(maxsize=1)
+def _input_shape():
+    """CreateTrainingJob's input shape from botocore's bundled model (loaded from disk, no network)."""
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    return model.operation_model(OPERATION).input_shape
+
+
+@functools.lru_cache(maxsize=256)
+def _pattern(pattern: str) -> re.Pattern | None:
+    try:
+        return re.compile(pattern, re.DOTALL)
+    except re.error:  # Java-only syntax (e.g. \p{L}); the service checks it
+        return None
+
+
+def _constraint_problems(value, shape, path: str) -> Iterator[str]:
+    """The max-length, max-value and pattern constraints of the model that botocore does not check."""
+    meta = shape.metadata
+    kind = shape.type_name
+    if kind == "structure" and isinstance(value, Mapping):
+        for name, member in shape.members.items():
+            if name in value:
+                yield from _constraint_problems(value[name], member, f"{path}.{name}")
+    elif kind == "list" and isinstance(value, list):
+        if "max" in meta and len(value) > meta["max"]:
+            yield f"{path} has {len(value)} entries; at most {meta['max']} allowed"
+        for i, item in enumerate(value):
+            yield from _constraint_problems(item, shape.member, f"{path}[{i}]")
+    elif kind == "map" and isinstance(value, Mapping):
+        if "max" in meta and len(value) > meta["max"]:
+            yield f"{path} has {len(value)} entries; at most {meta['max']} allowed"
+        for k, v in value.items():
+            yield from _constraint_problems(k, shape.key, f"{path} key {k!r}")
+            yield from _constraint_problems(v, shape.value, f"{path}[{k!r}]")
+    elif kind == "string" and isinstance(value, str):
+        if "max" in meta and len(value) > meta["max"]:
+            yield f"{path} is {len(value)} characters; at most {meta['max']} allowed"
+        if shape.enum and value not in shape.enum:
+            allowed = ", ".join(shape.enum[:12]) + (" ..." if len(shape.enum) > 12 else "")
+            yield f"{path} is {value!r}; allowed: {allowed}"
+        pattern = _pattern(meta["pattern"]) if "pattern" in meta else None
+        if pattern is not None and not pattern.fullmatch(value):
+            yield f"{path} {value!r} does not match the pattern {meta['pattern']!r}"
+    elif kind in ("integer", "long") and isinstance(value, int):
+        if "max" in meta and value > meta["max"]:
+            yield f"{path} is {value}; at most {meta['max']} allowed"
+
+
+def service_model_problems(request: Mapping) -> list[str]:
+    """Problems botocore's SageMaker model finds: types and required members, then max and pattern."""
+    from botocore.validate import ParamValidator
+
+    shape = _input_shape()
+    report = ParamValidator().validate(dict(request), shape)
+    problems = []
+    if report.has_errors():
+        problems += [line.strip() for line in report.generate_report().splitlines() if line.strip()]
+    problems += list(_constraint_problems(request, shape, OPERATION))
+    return problems
+
+
+def _job_name_problems(request: Mapping) -> list[str]:
+    name = request.get("TrainingJobName")
+    if not isinstance(name, str) or not name:
+        return ["TrainingJobName is missing; give job_name= or base_job_name="]
+    if len(name) > MAX_JOB_NAME or not JOB_NAME_RE.match(name):
+        return [
+            f"job name {name!r} is not valid: SageMaker allows 1-{MAX_JOB_NAME} letters, digits and "
+            "hyphens, starting and ending with a letter or digit (no '_' or '.')"
+        ]
+    return []
+
+
+def _channel_problems(request: Mapping) -> list[str]:
+    channels = request.get("InputDataConfig") or []
+    problems = []
+    if not channels:
+        problems.append("InputDataConfig has no channels; give at least the training data")
+    if len(channels) > MAX_CHANNELS:
+        problems.append(
+            f"the job has {len(channels)} channels; SageMaker allows at most {MAX_CHANNELS}. Use the "
+            "per-local-rank layout (ShardedByS3Key across hosts), validation='single', or fewer "
+            "extra channels"
+        )
+    names = [c.get("ChannelName") for c in channels if isinstance(c, Mapping)]
+    for name in names:
+        if (
+            not isinstance(name, str)
+            or not name
+            or len(name) > MAX_CHANNEL_NAME
+            or not CHANNEL_NAME_RE.match(name)
+        ):
+            problems.append(
+                f"channel name {name!r} is not valid: 1-{MAX_CHANNEL_NAME} letters, digits, '.', '-' or '_'"
+            )
+    dupes = sorted({n for n in names if isinstance(n, str) and names.count(n) > 1})
+    if dupes:
+        problems.append(f"channel names repeat: {', '.join(dupes)}")
+    mode = (request.get("AlgorithmSpecification") or {}).get("TrainingInputMode")
+    for c in channels:
+        if not isinstance(c, Mapping):
+            continue
+        s3 = (c.get("DataSource") or {}).get("S3DataSource") or {}
+        uri = s3.get("S3Uri", "")
+        if isinstance(uri, str) and uri and not uri.startswith(("s3://", "https://")):
+            problems.append(f"channel {c.get('ChannelName')!r} S3Uri {uri!r} is not an s3:// URI")
+        channel_mode = c.get("InputMode", mode)
+        if c.get("RecordWrapperType") == "RecordIO" and channel_mode != "Pipe":
+            problems.append(
+                f"channel {c.get('ChannelName')!r} uses RecordWrapperType RecordIO in {channel_mode} mode; "
+                "SageMaker applies it in Pipe mode only"
+            )
+    if mode not in INPUT_MODES:
+        problems.append(f"TrainingInputMode is {mode!r}; use one of {', '.join(INPUT_MODES)}")
+    return problems
+
+
+def _hyperparameter_problems(request: Mapping) -> list[str]:
+    hps = request.get("HyperParameters") or {}
+    problems = []
+    if len(hps) > MAX_HYPERPARAMETERS:
+        problems.append(
+            f"{len(hps)} hyperparameters; SageMaker allows at most {MAX_HYPERPARAMETERS} (sagemaker-dist "
+            "uses 6 of them). Put the rest in a config file in source_dir"
+        )
+    for key, value in hps.items():
+        if not isinstance(value, str):
+            problems.append(f"hyperparameter {key!r} is a {type(value).__name__}; values must be strings")
+            continue
+        if len(key) > MAX_HYPERPARAMETER_KEY:
+            problems.append(
+                f"hyperparameter key {key[:40]!r}... is {len(key)} characters; at most "
+                f"{MAX_HYPERPARAMETER_KEY}"
+            )
+        if len(value) > MAX_HYPERPARAMETER_VALUE:
+            problems.append(
+                f"hyperparameter {key!r} is {len(value)} characters; at most {MAX_HYPERPARAMETER_VALUE}. "
+                "Pass large values as a file in source_dir or an input channel"
+            )
+    return problems
+
+
+def _credential_problems(request: Mapping) -> list[str]:
+    """Keys or values that look like AWS credentials, in hyperparameters and environment (never echoed)."""
+    problems = []
+    for field in ("HyperParameters", "Environment"):
+        for key, value in (request.get(field) or {}).items():
+            text = value if isinstance(value, str) else ""
+            if SECRET_KEY_NAME_RE.search(key) or ACCESS_KEY_ID_RE.search(key):
+                problems.append(
+                    f"{field} key {key!r} looks like a credential; never pass secrets this way (they are "
+                    "visible in DescribeTrainingJob). The job's IAM role gives the container its AWS access"
+                )
+            elif ACCESS_KEY_ID_RE.search(text) or SECRET_VALUE_RE.search(text):
+                problems.append(
+                    f"{field} value of {key!r} looks like an AWS access key or secret (value not shown); "
+                    "remove it and let the job's IAM role provide access"
+                )
+    return problems
+
+
+def _spot_problems(request: Mapping) -> list[str]:
+    stop = request.get("StoppingCondition") or {}
+    runtime = stop.get("MaxRuntimeInSeconds")
+    wait = stop.get("MaxWaitTimeInSeconds")
+    if request.get("EnableManagedSpotTraining"):
+        if wait is None:
+            return [
+                "managed spot training needs MaxWaitTimeInSeconds; pass max_wait= (seconds, at least "
+                f"max_run={runtime})"
+            ]
+        if isinstance(runtime, int) and isinstance(wait, int) and wait < runtime:
+            return [f"max_wait={wait} is less than max_run={runtime}; spot jobs need max_wait >= max_run"]
+    elif wait is not None:
+        return [
+            "MaxWaitTimeInSeconds is set but managed spot training is off; pass use_spot=True or "
+            "drop max_wait"
+        ]
+    return []
+
+
+def _vpc_problems(request: Mapping) -> list[str]:
+    vpc = request.get("VpcConfig")
+    if vpc is not None and not (vpc.get("Subnets") and vpc.get("SecurityGroupIds")):
+        return ["VpcConfig needs both subnets and security_group_ids"]
+    return []
+
+
+def limit_problems(request: Mapping) -> list[str]:
+    """Our checks on top of the model: the limits botocore and moto do not enforce."""
+    return (
+        _job_name_problems(request)
+        + _channel_problems(request)
+        + _hyperparameter_problems(request)
+        + _credential_problems(request)
+        + _spot_problems(request)
+        + _vpc_problems(request)
+    )
+
+
+def validate_request(request: Mapping) -> Mapping:
+    """Raise RequestValidationError listing every problem in ``request``; return it unchanged if none."""
+    problems = limit_problems(request)
+    # Our messages on names say more than the model's bare pattern; keep the model's for the rest.
+    covered = (f"{OPERATION}.TrainingJobName ", ".ChannelName ")
+    problems += [
+        p for p in service_model_problems(request) if not (problems and any(c in p for c in covered))
+    ]
+    if problems:
+        raise RequestValidationError(problems)
+    return request

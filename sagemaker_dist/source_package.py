@@ -1,0 +1,172 @@
+"""Pack the user's source directory as ``sourcedir.tar.gz`` and upload it for ``sagemaker_submit_directory``.
+
+The sagemaker-training toolkit in the container downloads that tarball, unpacks it and runs
+``sagemaker_program`` from it. Packing is deterministic (sorted names, zeroed times and owners), so
+the same sources give the same bytes and the same digest; every check runs before anything is uploaded.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from sagemaker_dist.s3_objects import parse_s3_uri
+
+TARBALL_NAME = "sourcedir.tar.gz"
+MAX_SOURCE_BYTES = 500 * 1024 * 1024  # 500 MiB: more than this is data or a virtualenv, not code
+EXCLUDED_DIRS = frozenset({"__pycache__", ".git", ".ipynb_checkpoints", ".mypy_cache", ".pytest_cache"})
+EXCLUDED_SUFFIXES = (".pyc", ".pyo")
+
+
+class SourcePackageError(ValueError):
+    """The entry script or source directory cannot be packed for the training job."""
+
+
+@dataclass(frozen=True)
+class SourcePackage:
+    """A packed source directory: where the tarball is, what it holds and its digest."""
+
+    path: Path
+    entry_point: str  # relative to the tarball root, as sagemaker_program expects
+    files: tuple[str, ...]
+    source_bytes: int
+    sha256: str
+
+
+def _included(rel: PurePosixPath) -> bool:
+    return not (
+        set(rel.parts[:-1]) & EXCLUDED_DIRS
+        or rel.name in EXCLUDED_DIRS
+        or rel.name.endswith(EXCLUDED_SUFFIXES)
+    )
+
+
+def collect_source_files(source_dir: Path) -> list[tuple[str, Path]]:
+    """(archive name, path) of every file to pack, sorted by name; symlinked files are followed."""
+    found = []
+    for root, dirs, files in os.walk(source_dir, followlinks=False):
+        dirs[:] = sorted(d for d in dirs if d not in EXCLUDED_DIRS)
+        for name in files:
+            path = Path(root, name)
+            rel = PurePosixPath(path.relative_to(source_dir).as_posix())
+            if _included(rel) and path.is_file():
+                found.append((str(rel), path))
+    return sorted(found)
+
+
+def resolve_entry_point(
+    entry_point: str | os.PathLike, source_dir: str | os.PathLike | None
+) -> tuple[Path, str]:
+    """Return (source directory, entry script relative to it); raise if the script is not there.
+
+    With no ``source_dir`` the script's own directory is packed, as the SageMaker SDK does.
+    """
+    entry = Path(entry_point)
+    if source_dir is None:
+        if not entry.is_file():
+            raise SourcePackageError(
+                f"entry script {str(entry)!r} does not exist; pass the path of your training script "
+                "(or source_dir= and the script's path inside it)"
+            )
+        return entry.resolve().parent, entry.name
+    src = Path(source_dir)
+    if not src.is_dir():
+        raise SourcePackageError(
+            f"source_dir {str(src)!r} is not a directory; pass the folder holding your code"
+        )
+    if entry.is_absolute():
+        try:
+            entry = entry.resolve().relative_to(src.resolve())
+        except ValueError:
+            raise SourcePackageError(
+                f"entry script {str(entry_point)!r} is outside source_dir {str(src)!r}; give its path "
+                "relative to source_dir"
+            ) from None
+    rel = PurePosixPath(entry.as_posix())
+    if ".." in rel.parts or not (src / rel).is_file():
+        present = [name for name, _ in collect_source_files(src) if name.endswith(".py")][:10]
+        raise SourcePackageError(
+            f"entry script {str(rel)!r} does not exist in source_dir {str(src)!r} "
+            f"(Python files there: {', '.join(present) or 'none'}); give the script's path relative "
+            "to source_dir"
+        )
+    if not _included(rel):
+        raise SourcePackageError(f"entry script {str(rel)!r} is in an excluded location; move it")
+    return src, str(rel)
+
+
+def _size(n: int) -> str:
+    return f"{n} bytes" if n < 1024 * 1024 else f"{n / (1024 * 1024):.1f} MiB"
+
+
+def check_source_size(files: list[tuple[str, Path]], source_dir: Path, max_bytes: int) -> int:
+    """Total bytes of the files; raise before packing if over ``max_bytes`` (sizes from stat only)."""
+    sizes = [(path.stat().st_size, name) for name, path in files]
+    total = sum(size for size, _ in sizes)
+    if total > max_bytes:
+        largest = ", ".join(f"{name} ({_size(size)})" for size, name in sorted(sizes, reverse=True)[:3])
+        raise SourcePackageError(
+            f"source_dir {str(source_dir)!r} holds {_size(total)}, over the {_size(max_bytes)} "
+            f"limit for code (largest: {largest}). Put data in S3 and pass it as input channels, or "
+            "point source_dir at a folder with just your code."
+        )
+    return total
+
+
+def _normalized(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.mtime = 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.mode = 0o755 if info.mode & 0o111 else 0o644
+    return info
+
+
+def pack_source(
+    entry_point: str | os.PathLike,
+    source_dir: str | os.PathLike | None = None,
+    *,
+    dest_dir: str | os.PathLike | None = None,
+    max_bytes: int = MAX_SOURCE_BYTES,
+) -> SourcePackage:
+    """Pack ``source_dir`` (or just the entry script's folder) into ``dest_dir/sourcedir.tar.gz``.
+
+    Checks the entry script and the size first; writes to a temporary name and renames, so a
+    half-written tarball never exists under the final name.
+    """
+    src, entry = resolve_entry_point(entry_point, source_dir)
+    files = collect_source_files(src) if source_dir is not None else [(entry, src / entry)]
+    total = check_source_size(files, src, max_bytes)
+    dest = Path(dest_dir) if dest_dir is not None else Path(tempfile.mkdtemp(prefix="sagemaker-dist-src-"))
+    dest.mkdir(parents=True, exist_ok=True)
+    final = dest / TARBALL_NAME
+    fd, tmp_name = tempfile.mkstemp(prefix=".sourcedir-", suffix=".tmp", dir=dest)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            # mtime=0 and no file name in the gzip header keep the bytes reproducible.
+            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+                with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                    for name, path in files:
+                        tar.add(str(path), arcname=name, recursive=False, filter=_normalized)
+        os.replace(tmp_name, final)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    digest = hashlib.sha256(final.read_bytes()).hexdigest()
+    return SourcePackage(final, entry, tuple(name for name, _ in files), total, digest)
+
+
+def upload_source(package: SourcePackage, s3_uri: str, client=None) -> str:
+    """Upload the tarball to ``s3_uri`` (the full object URI) with the transfer manager; return the URI."""
+    import boto3
+
+    bucket, key = parse_s3_uri(s3_uri)
+    if not key or key.endswith("/"):
+        raise SourcePackageError(f"{s3_uri!r} names a prefix; give the object URI ending in {TARBALL_NAME}")
+    client = client or boto3.client("s3")
+    client.upload_file(str(package.path), bucket, key, ExtraArgs={"Metadata": {"sha256": package.sha256}})
+    return s3_uri

@@ -1,0 +1,466 @@
+"""HorovodPipeEstimator against a moto server over HTTP: real S3 objects, real CreateTrainingJob calls."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+
+import boto3
+import pytest
+
+from sagemaker_dist.estimator import (
+    DEFAULT_MPI_OPTIONS,
+    ChannelSource,
+    EstimatorError,
+    HorovodPipeEstimator,
+    default_job_name,
+    role_arn,
+    sdk_channels,
+)
+from sagemaker_dist.images import ImageError, container_image_uri, dlc_tensorflow_image_uri
+from sagemaker_dist.instances import UnknownInstanceTypeError
+from sagemaker_dist.layout import ChannelLayout, LayoutError
+from sagemaker_dist.request_validation import RequestValidationError
+from sagemaker_dist.source_package import SourcePackageError
+
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/sagemaker-dist:0.1.0"
+ROLE_ARN = "arn:aws:iam::123456789012:role/SageMakerRole"
+
+
+@pytest.fixture
+def session(aws_env, bucket):
+    """An SDK v3 session whose default bucket exists (so the SDK makes no STS/bucket-creation calls)."""
+    from sagemaker.core.helper.session_helper import Session
+
+    return Session(boto_session=boto3.Session(region_name="us-east-1"), default_bucket=bucket)
+
+
+@pytest.fixture
+def sagemaker(aws_env):
+    return boto3.client("sagemaker", region_name="us-east-1")
+
+
+def job_names(sagemaker) -> set[str]:
+    pages = sagemaker.get_paginator("list_training_jobs").paginate()
+    return {j["TrainingJobName"] for page in pages for j in page["TrainingJobSummaries"]}
+
+
+@pytest.fixture
+def assert_no_job(sagemaker):
+    """Checks that ListTrainingJobs shows no job beyond those that existed when the test began.
+
+    The moto server lives for the whole session, so earlier tests' jobs are still listed.
+    """
+    before = job_names(sagemaker)
+
+    def check():
+        assert job_names(sagemaker) == before
+
+    return check
+
+
+@pytest.fixture
+def source_dir(tmp_path):
+    src = tmp_path / "src"
+    (src / "lib").mkdir(parents=True)
+    (src / "train.py").write_text("import lib.model\nprint('training')\n")
+    (src / "lib" / "__init__.py").write_text("")
+    (src / "lib" / "model.py").write_text("LAYERS = 3\n")
+    (src / "lib" / "__pycache__").mkdir()
+    (src / "lib" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"\0" * 10)
+    return src
+
+
+def put_objects(s3, bucket: str, prefix: str, sizes: list[int]) -> list[str]:
+    keys = []
+    for i, size in enumerate(sizes):
+        key = f"{prefix}part-{i:05d}.tfrecord"
+        s3.put_object(Bucket=bucket, Key=key, Body=b"x" * size)
+        keys.append(key)
+    return keys
+
+
+def read_object(s3, uri: str) -> bytes:
+    bucket, _, key = uri[len("s3://") :].partition("/")
+    return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def manifest_keys(s3, uri: str) -> list[str]:
+    doc = json.loads(read_object(s3, uri))
+    prefix = doc[0]["prefix"]
+    return [prefix + rel for rel in doc[1:]]
+
+
+def all_keys(s3, bucket: str) -> list[str]:
+    return [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
+
+
+def test_two_p3_16xlarge_hosts_give_16_ranks_with_one_pipe_channel_each(
+    session, sagemaker, s3, bucket, source_dir
+):
+    train_keys = put_objects(s3, bucket, "data/train/", [1000 + 37 * i for i in range(40)])
+    put_objects(s3, bucket, "data/val/", [500, 600])
+    est = HorovodPipeEstimator(
+        "train.py",
+        role="SageMakerRole",  # a name: the account comes from STS (moto's 123456789012)
+        instance_type="ml.p3.16xlarge",
+        instance_count=2,
+        source_dir=str(source_dir),
+        image_uri=IMAGE,
+        hyperparameters={"epochs": 3, "learning_rate": 0.1, "optimizer": "adam"},
+        shuffle_seed=7,
+        use_spot=True,
+        max_run=3600,
+        max_wait=7200,
+        subnets=["subnet-0abc"],
+        security_group_ids=["sg-0abc"],
+        volume_kms_key="alias/volume",
+        output_kms_key="alias/output",
+        encrypt_inter_container_traffic=True,
+        tags={"team": "ml"},
+        environment={"TF_CPP_MIN_LOG_LEVEL": "1"},
+        mpi_options="-x HOROVOD_FUSION_THRESHOLD=33554432",
+        sagemaker_session=session,
+    )
+    lines = []
+    handle = est.launch(
+        {"train": f"s3://{bucket}/data/train/", "validation": f"s3://{bucket}/data/val/"},
+        job_name="resnet-2x-p3",
+        wait=True,
+        poll=0.1,
+        printer=lines.append,
+    )
+    assert handle.name == "resnet-2x-p3"
+    job = sagemaker.describe_training_job(TrainingJobName="resnet-2x-p3")
+
+    assert job["AlgorithmSpecification"]["TrainingImage"] == IMAGE
+    assert job["AlgorithmSpecification"]["TrainingInputMode"] == "Pipe"
+    assert job["RoleArn"] == ROLE_ARN
+    assert job["ResourceConfig"]["InstanceType"] == "ml.p3.16xlarge"
+    assert job["ResourceConfig"]["InstanceCount"] == 2
+    assert job["ResourceConfig"]["VolumeKmsKeyId"] == "alias/volume"
+    assert job["OutputDataConfig"] == {
+        "S3OutputPath": f"s3://{bucket}/sagemaker-dist",
+        "KmsKeyId": "alias/output",
+    }
+    assert job["EnableManagedSpotTraining"] is True
+    assert job["StoppingCondition"] == {"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 7200}
+    assert job["EnableInterContainerTrafficEncryption"] is True
+    assert job["EnableNetworkIsolation"] is False
+    assert job["VpcConfig"] == {"SecurityGroupIds": ["sg-0abc"], "Subnets": ["subnet-0abc"]}
+    assert job["CheckpointConfig"] == {
+        "S3Uri": f"s3://{bucket}/sagemaker-dist/resnet-2x-p3/checkpoints",
+        "LocalPath": "/opt/ml/checkpoints",
+    }
+    assert (
+        job["TensorBoardOutputConfig"]["S3OutputPath"]
+        == f"s3://{bucket}/sagemaker-dist/resnet-2x-p3/tensorboard"
+    )
+
+    channels = {c["ChannelName"]: c for c in job["InputDataConfig"]}
+    assert list(channels) == [f"train_{i}" for i in range(16)] + ["validation"]
+    for i in range(16):
+        c = channels[f"train_{i}"]
+        assert c["InputMode"] == "Pipe"
+        assert c["RecordWrapperType"] == "None"
+        assert c["ShuffleConfig"] == {"Seed": 7}
+        assert c["DataSource"]["S3DataSource"]["S3DataType"] == "ManifestFile"
+        assert c["DataSource"]["S3DataSource"]["S3DataDistributionType"] == "FullyReplicated"
+    val = channels["validation"]
+    assert val["InputMode"] == "File"  # shared by every rank: a FIFO would allow one reader only
+    assert val["DataSource"]["S3DataSource"] == {
+        "S3DataType": "S3Prefix",
+        "S3Uri": f"s3://{bucket}/data/val/",
+        "S3DataDistributionType": "FullyReplicated",
+    }
+    # The 16 manifests hold every training object exactly once.
+    listed = [
+        k
+        for i in range(16)
+        for k in manifest_keys(s3, channels[f"train_{i}"]["DataSource"]["S3DataSource"]["S3Uri"])
+    ]
+    assert sorted(listed) == sorted(f"s3://{bucket}/{k}" for k in train_keys)
+
+    hps = job["HyperParameters"]
+    assert hps["epochs"] == "3" and hps["learning_rate"] == "0.1" and hps["optimizer"] == "adam"
+    assert hps["sagemaker_mpi_enabled"] == "true"
+    assert hps["sagemaker_program"] == "train.py"
+    per_host = int(hps["sagemaker_mpi_num_of_processes_per_host"])
+    assert per_host == 8 and per_host * job["ResourceConfig"]["InstanceCount"] == 16
+    for option in (*DEFAULT_MPI_OPTIONS, "-x HOROVOD_FUSION_THRESHOLD=33554432"):
+        assert option in hps["sagemaker_mpi_custom_mpi_options"]
+    layout = ChannelLayout.from_json(hps["sagemaker_dist_layout"])
+    assert layout.world_size == 16 and layout.strategy == "per-rank"
+    assert layout.channel_for("train", rank=13, local_rank=5) == "train_13"
+
+    # The source tarball is in S3 and holds the entry script (and not the bytecode cache).
+    assert (
+        hps["sagemaker_submit_directory"]
+        == f"s3://{bucket}/sagemaker-dist/resnet-2x-p3/source/sourcedir.tar.gz"
+    )
+    blob = read_object(s3, hps["sagemaker_submit_directory"])
+    with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+        assert sorted(tar.getnames()) == ["lib/__init__.py", "lib/model.py", "train.py"]
+        assert tar.extractfile("train.py").read() == b"import lib.model\nprint('training')\n"
+
+    tags = sagemaker.list_tags(ResourceArn=job["TrainingJobArn"])["Tags"]
+    assert {"Key": "team", "Value": "ml"} in tags
+    # wait=True printed the status transitions and where the logs go; never a credential.
+    text = "\n".join(lines)
+    assert "resnet-2x-p3: status Completed" in text
+    assert "/aws/sagemaker/TrainingJobs" in text and "resnet-2x-p3/algo-" in text
+    assert "16 Horovod rank(s)" in text
+    assert "testing" not in text
+
+
+def test_three_g5_12xlarge_hosts_give_12_ranks_per_local_rank_sharded_by_key(
+    session, sagemaker, s3, bucket, source_dir
+):
+    put_objects(s3, bucket, "cifar/train/", [2000 + i for i in range(30)])
+    shard_uris = [f"s3://{bucket}/cifar/train/"]  # eval shares one prefix
+    est = HorovodPipeEstimator(
+        "train.py",
+        role=ROLE_ARN,
+        instance_type="ml.g5.12xlarge",
+        instance_count=3,
+        source_dir=str(source_dir),
+        image_uri=IMAGE,
+        strategy="per-local-rank",
+        record_wrapper="RecordIO",
+        shuffle_seed=11,
+        checkpoint_s3_uri=f"s3://{bucket}/ckpt/",
+        enable_network_isolation=True,
+        sagemaker_session=session,
+    )
+    handle = est.launch(
+        {"train": f"s3://{bucket}/cifar/train/", "eval": shard_uris[0]},
+        wait=False,
+        printer=None,
+    )
+    assert handle.name.startswith("sagemaker-dist-")
+    job = handle.describe()
+    assert job["TrainingJobName"] == handle.name
+    assert job["ResourceConfig"]["InstanceCount"] == 3
+    assert job["EnableNetworkIsolation"] is True
+    assert job["CheckpointConfig"]["S3Uri"] == f"s3://{bucket}/ckpt/"
+    channels = {c["ChannelName"]: c for c in job["InputDataConfig"]}
+    assert list(channels) == ["train_0", "train_1", "train_2", "train_3", "eval"]
+    for i in range(4):
+        c = channels[f"train_{i}"]
+        assert c["DataSource"]["S3DataSource"]["S3DataDistributionType"] == "ShardedByS3Key"
+        assert c["DataSource"]["S3DataSource"]["S3DataType"] == "ManifestFile"
+        assert c["InputMode"] == "Pipe" and c["RecordWrapperType"] == "RecordIO"
+        assert c["ShuffleConfig"] == {"Seed": 11}
+    assert channels["eval"]["DataSource"]["S3DataSource"]["S3DataDistributionType"] == "FullyReplicated"
+    assert channels["eval"]["InputMode"] == "File" and "RecordWrapperType" not in channels["eval"]
+    hps = job["HyperParameters"]
+    per_host = int(hps["sagemaker_mpi_num_of_processes_per_host"])
+    assert per_host == 4 and per_host * job["ResourceConfig"]["InstanceCount"] == 12
+    layout = ChannelLayout.from_json(hps["sagemaker_dist_layout"])
+    assert (layout.world_size, layout.strategy) == (12, "per-local-rank")
+    assert layout.channel_for("train", rank=9, local_rank=1) == "train_1"
+    with tarfile.open(fileobj=io.BytesIO(read_object(s3, hps["sagemaker_submit_directory"]))) as tar:
+        assert "train.py" in tar.getnames()
+    assert handle.wait(poll=0.1, printer=None) == "Completed"
+
+
+def test_build_request_takes_presharded_inputs_and_needs_no_aws(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens: any AWS call fails
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    est = HorovodPipeEstimator(
+        str(script), ROLE_ARN, "ml.g5.2xlarge", 2, image_uri=IMAGE, output_path="s3://out-bucket/jobs"
+    )
+    uris = ["s3://data-bucket/shards/train/0.manifest", "s3://data-bucket/shards/train/1.manifest"]
+    request = est.build_request(
+        {"train": ChannelSource(tuple(uris), "ManifestFile"), "labels": "s3://data-bucket/labels/"},
+        job_name="presharded",
+    )
+    assert [c["ChannelName"] for c in request["InputDataConfig"]] == ["train_0", "train_1", "labels"]
+    assert [c["DataSource"]["S3DataSource"]["S3Uri"] for c in request["InputDataConfig"][:2]] == uris
+    assert request["HyperParameters"]["sagemaker_submit_directory"] == (
+        "s3://out-bucket/jobs/presharded/source/sourcedir.tar.gz"
+    )
+    assert request["HyperParameters"]["sagemaker_mpi_num_of_processes_per_host"] == "1"
+    # The same channels as SDK v3 shapes.
+    from sagemaker.core.shapes import Channel
+
+    sdk = sdk_channels(request)
+    assert all(isinstance(c, Channel) for c in sdk)
+    assert sdk[1].data_source.s3_data_source.s3_uri == uris[1]
+    assert sdk[0].shuffle_config is None or not getattr(sdk[0].shuffle_config, "seed", None)
+    # A bare prefix for a per-worker role must be sharded first.
+    with pytest.raises(EstimatorError, match="sharded into 2 parts"):
+        est.build_request({"train": "s3://data-bucket/train/"}, job_name="unsharded")
+    with pytest.raises(EstimatorError, match="needs 2 channel"):
+        est.build_request({"train": [uris[0]]}, job_name="short")
+
+
+def test_cpu_instances_need_processes_per_host_and_fewer_than_gpus_is_allowed(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    with pytest.raises(UnknownInstanceTypeError, match="processes_per_host=N"):
+        HorovodPipeEstimator(str(script), ROLE_ARN, "ml.c5.18xlarge", 2)
+    cpu = HorovodPipeEstimator(str(script), ROLE_ARN, "ml.c5.18xlarge", 2, processes_per_host=4)
+    assert (cpu.processes_per_host, cpu.world_size) == (4, 8)
+    fewer = HorovodPipeEstimator(str(script), ROLE_ARN, "ml.p3.16xlarge", 2, processes_per_host=4)
+    assert fewer.world_size == 8
+    with pytest.raises(EstimatorError, match="has 8 GPU"):
+        HorovodPipeEstimator(str(script), ROLE_ARN, "ml.p3.16xlarge", 1, processes_per_host=9)
+    with pytest.raises(EstimatorError, match="sagemaker_program"):
+        HorovodPipeEstimator(
+            str(script), ROLE_ARN, "ml.p3.2xlarge", hyperparameters={"sagemaker_program": "x"}
+        )
+
+
+# ----- bad inputs: a clear error and no job (and nothing uploaded) -----
+
+
+def make(source_dir, session, **kw):
+    args = dict(
+        entry_point="train.py",
+        role=ROLE_ARN,
+        instance_type="ml.p3.16xlarge",
+        instance_count=1,
+        source_dir=str(source_dir),
+        image_uri=IMAGE,
+        sagemaker_session=session,
+    )
+    args.update(kw)
+    return HorovodPipeEstimator(**args)
+
+
+def test_21_channels_are_refused(session, assert_no_job, s3, bucket, source_dir):
+    est = make(source_dir, session)  # 8 train + 8 validation + eval + 4 extras = 21
+    inputs = {
+        "train": [f"s3://{bucket}/t/{i}" for i in range(8)],
+        "validation": [f"s3://{bucket}/v/{i}" for i in range(8)],
+        "eval": f"s3://{bucket}/e/",
+        **{f"extra{i}": f"s3://{bucket}/x{i}/" for i in range(4)},
+    }
+    with pytest.raises(LayoutError, match="21 channels.*cap of 20"):
+        est.launch(inputs, printer=None)
+    assert_no_job()
+    assert all_keys(s3, bucket) == []
+
+
+def test_unknown_instance_type_is_refused(session, assert_no_job, source_dir):
+    with pytest.raises(UnknownInstanceTypeError, match="ml.p3.16xlarge"):
+        make(source_dir, session, instance_type="ml.p3.17xlarge")
+    assert_no_job()
+
+
+def test_missing_entry_script_is_refused(session, assert_no_job, s3, bucket, source_dir):
+    put_objects(s3, bucket, "d/", [10] * 8)
+    est = make(source_dir, session, entry_point="trian.py")
+    with pytest.raises(SourcePackageError, match="'trian.py' does not exist.*train.py"):
+        est.launch(f"s3://{bucket}/d/", printer=None)
+    assert_no_job()
+    assert all_keys(s3, bucket) == [f"d/part-{i:05d}.tfrecord" for i in range(8)]
+
+
+def test_too_big_source_dir_is_refused(session, assert_no_job, s3, bucket, source_dir):
+    put_objects(s3, bucket, "d/", [10] * 8)
+    (source_dir / "weights.bin").write_bytes(b"\0" * 5000)
+    est = make(source_dir, session, max_source_bytes=4096)
+    with pytest.raises(SourcePackageError, match="holds 5.* bytes, over the 4096 bytes limit.*weights.bin"):
+        est.launch(f"s3://{bucket}/d/", printer=None)
+    assert_no_job()
+    assert len(all_keys(s3, bucket)) == 8
+
+
+def test_source_dir_over_the_real_500_mb_limit_is_refused(session, assert_no_job, source_dir):
+    with open(source_dir / "data.bin", "wb") as f:  # sparse: 501 MB apparent size, no disk used
+        f.truncate(501 * 1024 * 1024)
+    est = make(source_dir, session)
+    with pytest.raises(SourcePackageError, match="over the 500.0 MiB limit.*data.bin"):
+        est.launch({"train": [f"s3://b-x/{i}" for i in range(8)]}, printer=None)
+    assert_no_job()
+
+
+def test_spot_without_max_wait_is_refused(session, assert_no_job, s3, bucket, source_dir):
+    put_objects(s3, bucket, "d/", [10] * 8)
+    est = make(source_dir, session, use_spot=True)
+    with pytest.raises(RequestValidationError, match="managed spot training needs MaxWaitTimeInSeconds"):
+        est.launch(f"s3://{bucket}/d/", printer=None)
+    est = make(source_dir, session, use_spot=True, max_run=7200, max_wait=3600)
+    with pytest.raises(RequestValidationError, match="max_wait=3600 is less than max_run=7200"):
+        est.launch(f"s3://{bucket}/d/", printer=None)
+    assert_no_job()
+    assert len(all_keys(s3, bucket)) == 8  # no manifests, no source tarball
+
+
+@pytest.mark.parametrize("name", ["bad_name", "-leading", "x" * 64, "trailing-"])
+def test_bad_job_name_is_refused(session, assert_no_job, s3, bucket, source_dir, name):
+    put_objects(s3, bucket, "d/", [10] * 8)
+    with pytest.raises(RequestValidationError, match="job name .* is not valid"):
+        make(source_dir, session).launch(f"s3://{bucket}/d/", job_name=name, printer=None)
+    assert_no_job()
+    assert len(all_keys(s3, bucket)) == 8
+
+
+def test_credentials_in_hyperparameters_are_refused_without_echoing_them(session, assert_no_job, source_dir):
+    secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+    est = make(
+        source_dir, session, hyperparameters={"aws_secret_access_key": secret, "key": "AKIAIOSFODNN7EXAMPLE"}
+    )
+    with pytest.raises(RequestValidationError) as err:
+        est.launch({"train": [f"s3://b-x/{i}" for i in range(8)]}, printer=None)
+    message = str(err.value)
+    assert "'aws_secret_access_key' looks like a credential" in message
+    assert "value of 'key' looks like an AWS access key" in message
+    assert secret not in message and "AKIAIOSFODNN7EXAMPLE" not in message
+    assert_no_job()
+
+
+def test_empty_training_prefix_is_refused_before_any_job(session, assert_no_job, bucket, source_dir):
+    with pytest.raises(ValueError, match="no objects to shard"):
+        make(source_dir, session).launch(f"s3://{bucket}/nothing-here/", printer=None)
+    assert_no_job()
+
+
+# ----- helpers -----
+
+
+def test_role_name_becomes_an_arn_with_the_callers_account(aws_env):
+    assert (
+        role_arn("service-role/MyRole", "us-east-1") == "arn:aws:iam::123456789012:role/service-role/MyRole"
+    )
+    assert (
+        role_arn("MyRole", "cn-north-1", account="111122223333") == "arn:aws-cn:iam::111122223333:role/MyRole"
+    )
+    assert role_arn(ROLE_ARN) == ROLE_ARN
+    with pytest.raises(EstimatorError, match="not an IAM role ARN"):
+        role_arn("arn:aws:iam::123:user/me")
+
+
+def test_default_job_name_fits_63_characters():
+    name = default_job_name("a-very-long-base-name-" * 5)
+    assert len(name) <= 63 and name[0].isalnum() and name[-1].isalnum()
+    assert default_job_name("my_job.v2").startswith("my-job-v2-")
+
+
+def test_image_uris(aws_env):
+    assert container_image_uri("eu-west-1", "123456789012", tag="1.2") == (
+        "123456789012.dkr.ecr.eu-west-1.amazonaws.com/sagemaker-dist:1.2"
+    )
+    assert container_image_uri("cn-north-1", "123456789012").endswith(
+        ".amazonaws.com.cn/sagemaker-dist:0.1.0"
+    )
+    assert container_image_uri().startswith("123456789012.dkr.ecr.us-east-1.amazonaws.com/")  # STS on moto
+    with pytest.raises(ImageError, match="12-digit"):
+        container_image_uri("us-east-1", "12345")
+    gpu = dlc_tensorflow_image_uri("us-west-2", "ml.p3.16xlarge")
+    assert gpu == "763104351884.dkr.ecr.us-west-2.amazonaws.com/tensorflow-training:2.14-gpu-py310"
+    assert dlc_tensorflow_image_uri("us-west-2", "ml.c5.xlarge").endswith(":2.14-cpu-py310")
+
+
+def test_source_size_check_uses_apparent_size_only(source_dir):
+    # Guard for the sparse-file test above: truncate really made a big file without writing it.
+    path = source_dir / "sparse.bin"
+    with open(path, "wb") as f:
+        f.truncate(10 * 1024 * 1024)
+    assert os.stat(path).st_size == 10 * 1024 * 1024
