@@ -1,0 +1,219 @@
+"""Upload TensorBoard logs from rank 0 to S3 while training runs, so curves show up before the job ends.
+
+A daemon thread scans the log directory every ``interval`` seconds and uploads files that are new or
+changed (size or mtime) with boto3. botocore retries each call; a round that still fails is logged and
+tried again next round. Nothing here raises into the training loop and the training thread never waits
+on S3, except for the final flush, which is bounded by ``flush_timeout``. The client is built by boto3
+itself, so ``AWS_ENDPOINT_URL`` (local mode, tests) and the usual credential chain apply.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL = 30.0
+DEFAULT_FLUSH_TIMEOUT = 60.0
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """``s3://bucket/some/prefix`` -> ``("bucket", "some/prefix")``; a clear ValueError otherwise."""
+    if not isinstance(uri, str) or not uri.startswith("s3://") or len(uri) <= 5:
+        raise ValueError(f"TensorBoard S3 location {uri!r} is not an s3://bucket/prefix URI")
+    bucket, _, prefix = uri[5:].partition("/")
+    if not bucket:
+        raise ValueError(f"TensorBoard S3 location {uri!r} has no bucket name")
+    return bucket, prefix.strip("/")
+
+
+class TensorBoardSyncer:
+    """Mirror ``log_dir`` to ``s3_uri`` from a background thread (start it on rank 0 only).
+
+    ``start()`` begins periodic uploads and registers a final flush at interpreter exit; ``sync_now()``
+    asks for an upload round without waiting; ``stop()`` uploads what is left and waits at most
+    ``flush_timeout`` seconds. Counters ``uploads`` and ``failures`` and ``last_error`` say how it went.
+    """
+
+    def __init__(
+        self,
+        log_dir: str | os.PathLike,
+        s3_uri: str,
+        *,
+        interval: float = DEFAULT_INTERVAL,
+        flush_timeout: float = DEFAULT_FLUSH_TIMEOUT,
+        max_attempts: int = 5,
+        client=None,
+    ):
+        if interval <= 0:
+            raise ValueError(f"TensorBoard sync interval is {interval!r}; give a number of seconds > 0")
+        self.log_dir = Path(log_dir)
+        self.s3_uri = s3_uri
+        self.bucket, self.prefix = split_s3_uri(s3_uri)
+        self.interval = float(interval)
+        self.flush_timeout = float(flush_timeout)
+        self.max_attempts = int(max_attempts)
+        self.uploads = 0
+        self.failures = 0
+        self.last_error: BaseException | None = None
+        self._client = client
+        self._uploaded: dict[Path, tuple[int, int]] = {}
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._round_lock = threading.Lock()
+
+    # -- public API -------------------------------------------------------------------------------
+    def start(self) -> TensorBoardSyncer:
+        """Start the background thread (idempotent) and register the final flush at exit."""
+        if self._thread is None:
+            self._s3()  # build the client now: at interpreter exit boto3 can no longer be set up
+            self._thread = threading.Thread(target=self._run, name="tensorboard-s3-sync", daemon=True)
+            self._thread.start()
+            atexit.register(self.stop)
+            log.info("TensorBoard sync: %s -> %s every %.0fs", self.log_dir, self.s3_uri, self.interval)
+        return self
+
+    def sync_now(self) -> None:
+        """Ask the thread for an upload round now; returns at once."""
+        self._wake.set()
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Final upload round, bounded by ``timeout`` (default ``flush_timeout``); True if it finished."""
+        thread = self._thread
+        if thread is None:
+            return True
+        self._stopping = True
+        self._wake.set()
+        thread.join(self.flush_timeout if timeout is None else timeout)
+        finished = not thread.is_alive()
+        if finished:
+            atexit.unregister(self.stop)
+            self._thread = None
+        else:
+            log.warning(
+                "TensorBoard sync: final upload to %s did not finish within %.0fs; "
+                "training goes on without it",
+                self.s3_uri,
+                self.flush_timeout if timeout is None else timeout,
+            )
+        return finished
+
+    def sync_once(self) -> int:
+        """Upload every new or changed file once; returns how many were uploaded. Raises on S3 errors."""
+        with self._round_lock:
+            count = 0
+            for path, signature in self._changed_files():
+                key = self._key_for(path)
+                # no transfer threads: the final flush may run at interpreter exit, when new ones are refused
+                self._s3().upload_file(str(path), self.bucket, key, Config=self._transfer_config())
+                self._uploaded[path] = signature
+                count += 1
+            self.uploads += count
+            return count
+
+    def keras_callback(self, tensorboard=None):
+        """A Keras callback: sync at each epoch end (flushing ``tensorboard``'s writers first), stop at
+        train end. Pass the ``tf.keras.callbacks.TensorBoard`` instance so epoch scalars reach disk."""
+        import tensorflow as tf
+
+        syncer = self
+
+        class TensorBoardSyncCallback(tf.keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                _flush_writers(tensorboard)
+                syncer.sync_now()
+
+            def on_train_end(self, logs=None):
+                _flush_writers(tensorboard)
+                syncer.stop()
+
+        return TensorBoardSyncCallback()
+
+    def __enter__(self) -> TensorBoardSyncer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- internals --------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            final = self._stopping
+            self._sync_logged()
+            if final:
+                return
+
+    def _sync_logged(self) -> None:
+        try:
+            self.sync_once()
+        except Exception as exc:  # S3 trouble must never reach the training loop
+            self.failures += 1
+            self.last_error = exc
+            log.error(
+                "TensorBoard sync to %s failed (%s: %s); will try again in %.0fs",
+                self.s3_uri,
+                type(exc).__name__,
+                exc,
+                self.interval,
+            )
+
+    def _changed_files(self):
+        if not self.log_dir.is_dir():
+            return
+        for path in sorted(p for p in self.log_dir.rglob("*") if p.is_file()):
+            try:
+                st = path.stat()
+            except FileNotFoundError:  # removed between listing and stat
+                continue
+            signature = (st.st_size, st.st_mtime_ns)
+            if self._uploaded.get(path) != signature:
+                yield path, signature
+
+    def _key_for(self, path: Path) -> str:
+        relative = path.relative_to(self.log_dir).as_posix()
+        return f"{self.prefix}/{relative}" if self.prefix else relative
+
+    @staticmethod
+    def _transfer_config():
+        from boto3.s3.transfer import TransferConfig
+
+        return TransferConfig(use_threads=False)
+
+    def _s3(self):
+        if self._client is None:
+            import boto3
+            from botocore.config import Config
+
+            config = Config(
+                retries={"max_attempts": self.max_attempts, "mode": "standard"},
+                connect_timeout=5,
+                read_timeout=30,
+            )
+            self._client = boto3.session.Session().client("s3", config=config)
+        return self._client
+
+
+def _flush_writers(tensorboard) -> None:
+    """Flush a Keras TensorBoard callback's summary writers (Keras only flushes them at train end)."""
+    writers = getattr(tensorboard, "_writers", None) or {}
+    for writer in list(writers.values()):
+        try:
+            writer.flush()
+        except Exception as exc:  # a flush problem must not stop training
+            log.debug("could not flush TensorBoard writer: %s", exc)
+
+
+def start_tensorboard_sync(
+    log_dir: str | os.PathLike, s3_uri: str | None, *, rank: int, **kwargs
+) -> TensorBoardSyncer | None:
+    """Start a syncer on rank 0 when ``s3_uri`` is set; None elsewhere (other ranks write no logs)."""
+    if rank != 0 or not s3_uri:
+        return None
+    return TensorBoardSyncer(log_dir, s3_uri, **kwargs).start()
