@@ -245,11 +245,13 @@ def limit_problems(request: Mapping) -> list[str]:
 def validate_request(request: Mapping) -> Mapping:
     """Raise RequestValidationError listing every problem in ``request``; return it unchanged if none."""
     problems = limit_problems(request)
-    # Our messages on names say more than the model's bare pattern; keep the model's for the rest.
-    covered = (f"{OPERATION}.TrainingJobName ", ".ChannelName ")
-    problems += [
-        p for p in service_model_problems(request) if not (problems and any(c in p for c in covered))
+    # On names our messages say more than the model's bare length or pattern: keep one per subject.
+    covered = [
+        field
+        for field, ours in (("TrainingJobName", "job name"), ("ChannelName", "channel name"))
+        if any(p.startswith(ours) or p.startswith(field) for p in problems)
     ]
+    problems += [p for p in service_model_problems(request) if not any(f in p for f in covered)]
     if problems:
         raise RequestValidationError(problems)
     return request

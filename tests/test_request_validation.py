@@ -1,0 +1,225 @@
+"""validate_request: botocore's SageMaker model plus our limits, all problems reported at once."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from sagemaker_dist.request_validation import (
+    RequestValidationError,
+    limit_problems,
+    service_model_problems,
+    validate_request,
+)
+
+BASE = {
+    "TrainingJobName": "horovod-pipe-1",
+    "RoleArn": "arn:aws:iam::123456789012:role/SageMakerRole",
+    "AlgorithmSpecification": {
+        "TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/sagemaker-dist:0.1.0",
+        "TrainingInputMode": "Pipe",
+    },
+    "HyperParameters": {"epochs": "3", "sagemaker_mpi_enabled": "true"},
+    "InputDataConfig": [
+        {
+            "ChannelName": f"train_{i}",
+            "DataSource": {
+                "S3DataSource": {
+                    "S3DataType": "ManifestFile",
+                    "S3Uri": f"s3://bucket/shards/train/{i}.manifest",
+                    "S3DataDistributionType": "FullyReplicated",
+                }
+            },
+            "InputMode": "Pipe",
+            "RecordWrapperType": "None",
+            "ShuffleConfig": {"Seed": 7},
+        }
+        for i in range(2)
+    ],
+    "OutputDataConfig": {"S3OutputPath": "s3://bucket/out"},
+    "ResourceConfig": {"InstanceType": "ml.p3.16xlarge", "InstanceCount": 2, "VolumeSizeInGB": 30},
+    "StoppingCondition": {"MaxRuntimeInSeconds": 3600},
+    "EnableManagedSpotTraining": False,
+}
+
+
+def changed(**edits):
+    request = copy.deepcopy(BASE)
+    for path, value in edits.items():
+        *parents, leaf = path.split("__")
+        node = request
+        for p in parents:
+            node = node[p]
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return request
+
+
+def problems_of(request) -> list[str]:
+    with pytest.raises(RequestValidationError) as err:
+        validate_request(request)
+    return err.value.problems
+
+
+def test_a_good_request_passes_unchanged():
+    assert validate_request(BASE) is BASE
+    assert service_model_problems(BASE) == [] and limit_problems(BASE) == []
+
+
+def test_21_channels_are_refused_with_a_way_out():
+    channel = BASE["InputDataConfig"][0]
+    channels = [dict(channel, ChannelName=f"train_{i}") for i in range(21)]
+    problems = problems_of(changed(InputDataConfig=channels))
+    assert any("21 channels; SageMaker allows at most 20" in p and "per-local-rank" in p for p in problems)
+    # botocore's model says the same through its max of 20, which botocore itself never checks.
+    assert any(
+        "InputDataConfig has 21 entries; at most 20" in p
+        for p in service_model_problems(changed(InputDataConfig=channels))
+    )
+
+
+@pytest.mark.parametrize("name", ["train 0", "train/0", "x" * 65, ""])
+def test_bad_channel_names(name):
+    channels = copy.deepcopy(BASE["InputDataConfig"])
+    channels[0]["ChannelName"] = name
+    assert any(
+        "channel name" in p and "not valid" in p for p in problems_of(changed(InputDataConfig=channels))
+    )
+
+
+def test_repeated_channel_names():
+    channels = copy.deepcopy(BASE["InputDataConfig"])
+    channels[1]["ChannelName"] = "train_0"
+    assert any("channel names repeat: train_0" in p for p in problems_of(changed(InputDataConfig=channels)))
+
+
+@pytest.mark.parametrize("name", ["job_1", "job.1", "-job", "job-", "j" * 64, ""])
+def test_bad_job_names(name):
+    problems = problems_of(changed(TrainingJobName=name))
+    assert len([p for p in problems if "TrainingJobName" in p or "job name" in p]) == 1, problems
+
+
+def test_job_name_of_63_characters_passes():
+    validate_request(changed(TrainingJobName="a" * 30 + "-" * 3 + "b" * 30))
+
+
+def test_hyperparameter_limits():
+    many = {f"k{i}": "v" for i in range(101)}
+    assert any(
+        "101 hyperparameters; SageMaker allows at most 100" in p
+        for p in problems_of(changed(HyperParameters=many))
+    )
+    long_value = problems_of(changed(HyperParameters__layout="x" * 2501))
+    assert any("'layout' is 2501 characters; at most 2500" in p for p in long_value)
+    long_key = problems_of(changed(HyperParameters={"k" * 257: "v"}))
+    assert any("257 characters; at most 256" in p for p in long_key)
+    not_str = problems_of(changed(HyperParameters={"epochs": 3}))
+    assert any("'epochs' is a int; values must be strings" in p for p in not_str)
+    validate_request(changed(HyperParameters__layout="x" * 2500))
+
+
+@pytest.mark.parametrize(
+    "hps",
+    [
+        {"aws_secret_access_key": "abc"},
+        {"AWS_ACCESS_KEY_ID": "x"},
+        {"db_password": "hunter2"},
+        {"session_token": "t"},
+        {"creds": "AKIAIOSFODNN7EXAMPLE"},
+        {"creds": "ASIAIOSFODNN7EXAMPLE"},
+        {"creds": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"},
+    ],
+)
+def test_credential_like_hyperparameters_are_refused_and_not_echoed(hps):
+    problems = problems_of(changed(HyperParameters=hps))
+    text = "\n".join(problems)
+    assert "looks like" in text
+    for value in hps.values():
+        if len(value) > 8:
+            assert value not in text
+
+
+def test_credentials_in_environment_are_refused_too():
+    problems = problems_of(changed(Environment={"AWS_SECRET_ACCESS_KEY": "x" * 40}))
+    assert any("Environment key 'AWS_SECRET_ACCESS_KEY' looks like a credential" in p for p in problems)
+
+
+def test_ordinary_hyperparameters_are_not_mistaken_for_secrets():
+    validate_request(
+        changed(
+            HyperParameters={
+                "learning_rate": "0.001",
+                "model_dir": "s3://bucket/models/resnet50/2024-01-01/checkpoints/latest",
+                "sagemaker_dist_layout": '{"hosts":2,"processes_per_host":8,"roles":[]}',
+                "sagemaker_mpi_custom_mpi_options": "-x NCCL_DEBUG=WARN -x HOROVOD_CYCLE_TIME=5",
+                "token_limit": "512",
+            }
+        )
+    )
+
+
+def test_spot_needs_max_wait_at_least_max_run():
+    problems = problems_of(changed(EnableManagedSpotTraining=True))
+    assert any("managed spot training needs MaxWaitTimeInSeconds" in p for p in problems)
+    short = changed(
+        EnableManagedSpotTraining=True,
+        StoppingCondition={"MaxRuntimeInSeconds": 7200, "MaxWaitTimeInSeconds": 3600},
+    )
+    assert any("max_wait=3600 is less than max_run=7200" in p for p in problems_of(short))
+    ok = changed(
+        EnableManagedSpotTraining=True,
+        StoppingCondition={"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 3600},
+    )
+    validate_request(ok)
+    no_spot = changed(StoppingCondition={"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 7200})
+    assert any("managed spot training is off" in p for p in problems_of(no_spot))
+
+
+def test_service_model_catches_types_unknown_members_enums_and_required():
+    problems = problems_of(
+        changed(
+            RoleArn=None,
+            ResourceConfig={
+                "InstanceType": "ml.p3.17xlarge",
+                "InstanceCount": "2",
+                "VolumeSizeInGB": 30,
+                "Foo": 1,
+            },
+        )
+    )
+    text = "\n".join(problems)
+    assert 'Missing required parameter in input: "RoleArn"' in text
+    assert 'Unknown parameter in ResourceConfig: "Foo"' in text
+    assert "Invalid type for parameter ResourceConfig.InstanceCount" in text
+    assert "ResourceConfig.InstanceType is 'ml.p3.17xlarge'; allowed:" in text
+
+
+def test_service_model_checks_max_and_patterns_botocore_skips():
+    problems = problems_of(changed(RoleArn="not-an-arn-but-long-enough"))
+    assert any("RoleArn 'not-an-arn-but-long-enough' does not match the pattern" in p for p in problems)
+    tags = [{"Key": f"k{i}", "Value": "v"} for i in range(51)]
+    assert any("Tags has 51 entries; at most 50" in p for p in problems_of(changed(Tags=tags)))
+    uri = changed(OutputDataConfig={"S3OutputPath": "ftp://bucket/out"})
+    assert any("S3OutputPath 'ftp://bucket/out' does not match" in p for p in problems_of(uri))
+
+
+def test_vpc_needs_subnets_and_security_groups():
+    problems = problems_of(changed(VpcConfig={"Subnets": ["subnet-1"], "SecurityGroupIds": []}))
+    assert any("VpcConfig needs both" in p for p in problems)
+
+
+def test_recordio_wrapper_only_in_pipe_mode():
+    channels = copy.deepcopy(BASE["InputDataConfig"])
+    channels[0].update(InputMode="File", RecordWrapperType="RecordIO")
+    assert any("RecordIO in File mode" in p for p in problems_of(changed(InputDataConfig=channels)))
+
+
+def test_all_problems_are_reported_at_once():
+    problems = problems_of(
+        changed(TrainingJobName="bad_name", EnableManagedSpotTraining=True, HyperParameters={"secret": "x"})
+    )
+    assert len(problems) == 3
+    assert str(RequestValidationError(problems)).startswith("the training job request has 3 problem(s):")

@@ -1,0 +1,121 @@
+"""Packing source_dir as sourcedir.tar.gz: deterministic, checked before anything is written or uploaded."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+
+import pytest
+
+from sagemaker_dist.source_package import (
+    MAX_SOURCE_BYTES,
+    TARBALL_NAME,
+    SourcePackageError,
+    pack_source,
+    upload_source,
+)
+
+
+@pytest.fixture
+def src(tmp_path):
+    root = tmp_path / "code"
+    (root / "pkg").mkdir(parents=True)
+    (root / "train.py").write_text("from pkg import net\n")
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "net.py").write_text("WIDTH = 64\n")
+    (root / "run.sh").write_text("#!/bin/sh\n")
+    os.chmod(root / "run.sh", 0o750)
+    for junk in ("__pycache__", ".git", ".ipynb_checkpoints"):
+        (root / junk).mkdir()
+        (root / junk / "x").write_text("junk")
+    (root / "pkg" / "net.pyc").write_bytes(b"\0")
+    return root
+
+
+def names(path) -> list[str]:
+    with tarfile.open(path) as tar:
+        return sorted(tar.getnames())
+
+
+def test_packs_code_without_caches_and_with_normalized_metadata(src, tmp_path):
+    package = pack_source("train.py", src, dest_dir=tmp_path / "out")
+    assert package.path == tmp_path / "out" / TARBALL_NAME
+    assert package.entry_point == "train.py"
+    assert names(package.path) == ["pkg/__init__.py", "pkg/net.py", "run.sh", "train.py"]
+    assert list(package.files) == ["pkg/__init__.py", "pkg/net.py", "run.sh", "train.py"]
+    with tarfile.open(package.path) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        assert {m.mtime for m in members.values()} == {0}
+        assert {(m.uid, m.gid, m.uname, m.gname) for m in members.values()} == {(0, 0, "", "")}
+        assert members["run.sh"].mode == 0o755 and members["train.py"].mode == 0o644
+        assert tar.extractfile("pkg/net.py").read() == b"WIDTH = 64\n"
+    assert list((tmp_path / "out").iterdir()) == [package.path]  # no temporary file left behind
+
+
+def test_same_sources_give_the_same_bytes(src, tmp_path):
+    first = pack_source("train.py", src, dest_dir=tmp_path / "a")
+    os.utime(src / "train.py", (1_000_000, 1_000_000))  # touching a file must not change the tarball
+    second = pack_source("train.py", src, dest_dir=tmp_path / "b")
+    assert first.sha256 == second.sha256
+    assert first.path.read_bytes() == second.path.read_bytes()
+    (src / "train.py").write_text("changed\n")
+    assert pack_source("train.py", src, dest_dir=tmp_path / "c").sha256 != first.sha256
+
+
+def test_entry_point_in_a_subfolder_and_absolute_inside_source_dir(src, tmp_path):
+    assert pack_source("pkg/net.py", src, dest_dir=tmp_path).entry_point == "pkg/net.py"
+    assert pack_source(str(src / "pkg" / "net.py"), src, dest_dir=tmp_path).entry_point == "pkg/net.py"
+
+
+def test_without_source_dir_only_the_entry_script_is_packed(src, tmp_path):
+    package = pack_source(str(src / "train.py"), dest_dir=tmp_path)
+    assert names(package.path) == ["train.py"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "source_dir", "message"),
+    [
+        ("trian.py", "code", "'trian.py' does not exist in source_dir.*Python files there: .*train.py"),
+        ("../train.py", "code", "does not exist in source_dir"),
+        ("pkg", "code", "'pkg' does not exist in source_dir"),
+        ("train.py", "missing-dir", "is not a directory"),
+        ("/elsewhere/train.py", "code", "is outside source_dir"),
+        ("nowhere.py", None, "entry script 'nowhere.py' does not exist"),
+        ("__pycache__/x", "code", "excluded location"),
+    ],
+)
+def test_bad_entry_points_are_refused_before_writing(src, tmp_path, entry, source_dir, message):
+    out = tmp_path / "out"
+    source = None if source_dir is None else tmp_path / source_dir
+    with pytest.raises(SourcePackageError, match=message):
+        pack_source(entry, source, dest_dir=out)
+    assert not out.exists()
+
+
+def test_size_limit_is_checked_before_packing(src, tmp_path):
+    (src / "big.bin").write_bytes(b"\1" * 3000)
+    out = tmp_path / "out"
+    with pytest.raises(SourcePackageError, match=r"over the 2048 bytes limit for code \(largest: big.bin"):
+        pack_source("train.py", src, dest_dir=out, max_bytes=2048)
+    assert not out.exists()
+    assert pack_source("train.py", src, dest_dir=out, max_bytes=4096).source_bytes > 3000
+
+
+def test_the_real_500_mib_limit_with_a_sparse_file(src, tmp_path):
+    with open(src / "huge.ckpt", "wb") as f:  # sparse: apparent size only, nothing read or written
+        f.truncate(MAX_SOURCE_BYTES + 1)
+    with pytest.raises(SourcePackageError, match="over the 500.0 MiB limit.*huge.ckpt.*Put data in S3"):
+        pack_source("train.py", src, dest_dir=tmp_path / "out")
+
+
+def test_upload_puts_the_tarball_at_the_given_uri(src, tmp_path, s3, bucket):
+    package = pack_source("train.py", src, dest_dir=tmp_path)
+    uri = f"s3://{bucket}/jobs/j1/source/{TARBALL_NAME}"
+    assert upload_source(package, uri, client=s3) == uri
+    obj = s3.get_object(Bucket=bucket, Key=f"jobs/j1/source/{TARBALL_NAME}")
+    assert obj["Metadata"]["sha256"] == package.sha256
+    with tarfile.open(fileobj=io.BytesIO(obj["Body"].read())) as tar:
+        assert tar.extractfile("train.py").read() == b"from pkg import net\n"
+    with pytest.raises(SourcePackageError, match="names a prefix"):
+        upload_source(package, f"s3://{bucket}/jobs/j1/source/", client=s3)
