@@ -58,9 +58,10 @@ class ShardSet:
     output_uri: str
     objects_per_shard: list[int]
     bytes_per_shard: list[int]
-    copied: int = 0  # objects copied by this run (copy mode)
-    skipped: int = 0  # objects already at the destination with the same size
-    deleted: int = 0  # stale objects of an earlier, different plan removed from the output
+    # What this run did (not part of the recorded set, so not compared):
+    copied: int = field(default=0, compare=False)  # objects copied (copy mode)
+    skipped: int = field(default=0, compare=False)  # objects already there with the same size
+    deleted: int = field(default=0, compare=False)  # stale objects of an earlier plan removed
     plan_uri: str = field(default="", compare=False)
 
     @property
