@@ -682,7 +682,14 @@ def create_training_job(request: Mapping, boto_session=None):
     from sagemaker.core.resources import TrainingJob
     from sagemaker.core.utils.code_injection.codec import transform
 
-    return TrainingJob.create(**transform(dict(request), "CreateTrainingJobRequest"), session=boto_session)
+    import boto3
+
+    boto_session = boto_session or boto3.Session()
+    return TrainingJob.create(
+        **transform(dict(request), "CreateTrainingJobRequest"),
+        session=boto_session,
+        region=boto_session.region_name,
+    )
 
 
 def sdk_channels(request: Mapping) -> list:

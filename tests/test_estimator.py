@@ -464,3 +464,36 @@ def test_source_size_check_uses_apparent_size_only(source_dir):
     with open(path, "wb") as f:
         f.truncate(10 * 1024 * 1024)
     assert os.stat(path).st_size == 10 * 1024 * 1024
+
+
+# ----- CLI -----
+
+
+def test_cli_dry_run_prints_the_request_and_creates_nothing(aws_env, assert_no_job, source_dir, capsys):
+    from sagemaker_dist.cli import main
+
+    argv = ["launch", "train.py", "--source-dir", str(source_dir), "--role", ROLE_ARN]
+    argv += ["--instance-type", "ml.g5.12xlarge", "--instance-count", "3", "--image-uri", IMAGE]
+    argv += ["--train", "s3://data-bucket/train/", "--hp", "epochs=2", "--dry-run"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    request = json.loads(out[out.index("{") :])
+    assert len(request["InputDataConfig"]) == 12
+    assert request["HyperParameters"]["epochs"] == "2"
+    assert "12 Horovod rank(s)" in out
+    assert_no_job()
+
+
+def test_cli_launch_creates_the_job_and_bad_input_exits_2(aws_env, sagemaker, s3, bucket, source_dir, capsys):
+    from sagemaker_dist.cli import main
+
+    put_objects(s3, bucket, "d/", [100] * 4)
+    argv = ["launch", "train.py", "--source-dir", str(source_dir), "--role", ROLE_ARN, "--image-uri", IMAGE]
+    argv += ["--instance-type", "ml.g5.12xlarge", "--train", f"s3://{bucket}/d/", "--output-path"]
+    argv += [f"s3://{bucket}/out", "--job-name", "cli-job", "--no-wait"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.strip().endswith("training-job/cli-job")
+    job = sagemaker.describe_training_job(TrainingJobName="cli-job")
+    assert job["HyperParameters"]["sagemaker_mpi_num_of_processes_per_host"] == "4"
+    assert main([*argv[:-3], "--job-name", "cli-job-2", "--spot"]) == 2
+    assert "managed spot training needs MaxWaitTimeInSeconds" in capsys.readouterr().err

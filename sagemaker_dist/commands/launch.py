@@ -1,0 +1,109 @@
+"""``sagemaker-dist launch``: create a Horovod + Pipe-mode training job from the command line.
+
+A thin front for HorovodPipeEstimator; ``--dry-run`` prints the validated request (bare prefixes stand
+in for the shard manifests) without creating anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..estimator import HorovodPipeEstimator
+
+
+def _pairs(values: list[str], what: str) -> dict[str, str]:
+    pairs = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{what} {item!r} is not KEY=VALUE")
+        pairs[key] = value
+    return pairs
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "launch",
+        help="create a Horovod + Pipe-mode SageMaker training job",
+        description="Shard the inputs per worker, pack and upload source_dir, and create the training job.",
+    )
+    p.add_argument("entry_point", help="training script, relative to --source-dir if given")
+    p.add_argument("--source-dir", help="folder to pack as sourcedir.tar.gz (default: the script's folder)")
+    p.add_argument("--role", required=True, help="IAM role ARN or name SageMaker assumes")
+    p.add_argument("--instance-type", required=True, help="e.g. ml.p3.16xlarge")
+    p.add_argument("--instance-count", type=int, default=1)
+    p.add_argument("--processes-per-host", type=int, help="default: the instance type's GPU count")
+    p.add_argument("--train", required=True, help="S3 prefix of the training data (sharded per worker)")
+    p.add_argument("--validation", help="S3 prefix of validation data")
+    p.add_argument("--validation-spread", default="single", choices=("single", "per-worker"))
+    p.add_argument("--eval", help="S3 prefix of an eval channel every rank reads")
+    p.add_argument("--channel", action="append", default=[], metavar="NAME=S3URI", help="extra channel")
+    p.add_argument("--hp", action="append", default=[], metavar="KEY=VALUE", help="hyperparameter")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="container environment")
+    p.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="job tag")
+    p.add_argument("--image-uri", help="training image (default: sagemaker-dist in your ECR)")
+    p.add_argument("--output-path", help="S3 prefix for outputs (default: the SDK session's default bucket)")
+    p.add_argument("--job-name")
+    p.add_argument("--strategy", default="auto", choices=("auto", "per-rank", "per-local-rank"))
+    p.add_argument("--input-mode", default="Pipe", choices=("Pipe", "File", "FastFile"))
+    p.add_argument("--record-wrapper", default="None", choices=("None", "RecordIO"))
+    p.add_argument("--shuffle-seed", type=int)
+    p.add_argument("--max-run", type=int, default=24 * 3600, help="seconds")
+    p.add_argument("--spot", action="store_true", help="managed spot training (needs --max-wait)")
+    p.add_argument("--max-wait", type=int, help="seconds, >= --max-run")
+    p.add_argument("--subnet", action="append", default=[])
+    p.add_argument("--security-group", action="append", default=[])
+    p.add_argument("--mpi-option", action="append", default=[], help="extra mpirun option (repeatable)")
+    p.add_argument("--dry-run", action="store_true", help="print the validated request; create nothing")
+    p.add_argument("--no-wait", action="store_true", help="return once the job is created")
+    p.set_defaults(func=run)
+
+
+def _estimator(args) -> HorovodPipeEstimator:
+    session = None
+    if not args.output_path and not args.dry_run:
+        from sagemaker.core.helper.session_helper import Session
+
+        session = Session()
+    return HorovodPipeEstimator(
+        args.entry_point,
+        args.role,
+        args.instance_type,
+        args.instance_count,
+        source_dir=args.source_dir,
+        image_uri=args.image_uri,
+        processes_per_host=args.processes_per_host,
+        hyperparameters=_pairs(args.hp, "--hp"),
+        input_mode=args.input_mode,
+        strategy=args.strategy,
+        validation=args.validation_spread,
+        record_wrapper=args.record_wrapper,
+        shuffle_seed=args.shuffle_seed,
+        output_path=args.output_path,
+        max_run=args.max_run,
+        use_spot=args.spot,
+        max_wait=args.max_wait,
+        subnets=args.subnet,
+        security_group_ids=args.security_group,
+        tags=_pairs(args.tag, "--tag"),
+        environment=_pairs(args.env, "--env"),
+        mpi_options=args.mpi_option,
+        sagemaker_session=session,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    inputs = {"train": args.train, **_pairs(args.channel, "--channel")}
+    for role in ("validation", "eval"):
+        if getattr(args, role):
+            inputs[role] = getattr(args, role)
+    est = _estimator(args)
+    if args.dry_run:
+        for line in est.plan(inputs).explain():
+            print(line)
+        print(json.dumps(est.draft_request(inputs, args.job_name), indent=2))
+        return 0
+    handle = est.launch(inputs, args.job_name, wait=not args.no_wait)
+    print(handle.arn)
+    return 0
