@@ -7,6 +7,7 @@ objects and a rerun finds the checkpoints the previous run synced.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -95,6 +96,7 @@ def embedded_s3(state_dir: str | Path | None = DEFAULT_STATE_DIR, set_env: bool 
     """
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
     port = _free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
@@ -109,8 +111,11 @@ def embedded_s3(state_dir: str | Path | None = DEFAULT_STATE_DIR, set_env: bool 
         import boto3
 
         client = boto3.client(
-            "s3", endpoint_url=url, region_name="us-east-1",
-            aws_access_key_id="local", aws_secret_access_key="local",
+            "s3",
+            endpoint_url=url,
+            region_name="us-east-1",
+            aws_access_key_id="local",
+            aws_secret_access_key="local",
         )
         if state_dir is not None:
             _load_state(client, Path(state_dir))

@@ -65,7 +65,7 @@ class ChannelSpec:
             name=channel["ChannelName"],
             s3_uri=s3["S3Uri"],
             data_type=s3.get("S3DataType", "S3Prefix"),
-            distribution=s3.get("S3DistributionType", "FullyReplicated"),
+            distribution=s3.get("S3DataDistributionType") or s3.get("S3DistributionType", "FullyReplicated"),
             record_wrapper=channel.get("RecordWrapperType", "None") or "None",
             shuffle_seed=shuffle.get("Seed"),
             input_mode="File" if mode == "FastFile" else mode,
@@ -98,7 +98,7 @@ def resolve_objects(spec: ChannelSpec, client) -> list[S3Item]:
     for obj in sorted(list_objects(spec.s3_uri, client=client), key=lambda o: o.key):
         if obj.key.endswith("/"):
             continue
-        rel = obj.key[len(prefix):].lstrip("/") or obj.key.rsplit("/", 1)[-1]
+        rel = obj.key[len(prefix) :].lstrip("/") or obj.key.rsplit("/", 1)[-1]
         items.append(S3Item(bucket, obj.key, obj.size, rel))
     if not items:
         raise FeedError(f"channel {spec.name!r}: no objects under {spec.s3_uri}")
@@ -146,7 +146,7 @@ class TFRecordCounter:
                 i += step
                 continue
             take = min(12 - len(self._header), n - i)
-            self._header += bytes(view[i:i + take])
+            self._header += bytes(view[i : i + take])
             i += take
             if len(self._header) == 12:
                 (length,) = struct.unpack("<Q", self._header[:8])
@@ -281,8 +281,20 @@ def _wait_reader_closed(path: Path, stop: threading.Event) -> None:
 class ChannelFeeder(threading.Thread):
     """Feeds one channel of one simulated host, one FIFO per epoch, until stopped."""
 
-    def __init__(self, spec, items, data_dir, host_index, hosts, client, stop, on_error, host_name=None,
-                 attempts=5, max_epochs=None):
+    def __init__(
+        self,
+        spec,
+        items,
+        data_dir,
+        host_index,
+        hosts,
+        client,
+        stop,
+        on_error,
+        host_name=None,
+        attempts=5,
+        max_epochs=None,
+    ):
         super().__init__(name=f"feed-{host_name or host_index}-{spec.name}", daemon=True)
         self.spec, self.items, self.data_dir = spec, items, Path(data_dir)
         self.host_index, self.hosts, self.client = host_index, hosts, client
@@ -379,7 +391,7 @@ def _stream_wrapped(client, item: S3Item, target: StreamTarget, attempts: int) -
             piece = view[:limit]
             target.write(bytes(piece))
             state["pos"] += len(piece)
-            view = view[len(piece):]
+            view = view[len(piece) :]
 
     size = stream_object(client, item, write, attempts, on_size=on_size)
     if size == 0:

@@ -65,7 +65,7 @@ def input_data_config(channels: list[dict], default_mode: str) -> dict[str, dict
         mode = ch.get("InputMode") or default_mode
         entry = {
             "TrainingInputMode": "File" if mode == "FastFile" else mode,
-            "S3DistributionType": s3.get("S3DistributionType", "FullyReplicated"),
+            "S3DistributionType": s3.get("S3DataDistributionType", "FullyReplicated"),
             "RecordWrapperType": ch.get("RecordWrapperType", "None"),
         }
         if ch.get("ContentType"):
@@ -95,8 +95,14 @@ def build_host_trees(
         root = Path(base_dir) / name
         tree = HostTree(name, root)
         config_dir = root / "input" / "config"
-        for d in (config_dir, tree.data_dir, tree.model_dir, tree.output_data_dir,
-                  root / "output" / "tensorboard", tree.checkpoint_dir(checkpoint_local_path)):
+        for d in (
+            config_dir,
+            tree.data_dir,
+            tree.model_dir,
+            tree.output_data_dir,
+            root / "output" / "tensorboard",
+            tree.checkpoint_dir(checkpoint_local_path),
+        ):
             d.mkdir(parents=True, exist_ok=True)
         resource = {
             "current_host": name,
@@ -108,8 +114,11 @@ def build_host_trees(
                 {"instance_group_name": "homogeneousCluster", "instance_type": instance_type, "hosts": names}
             ],
         }
-        files = {"resourceconfig.json": resource, "inputdataconfig.json": data_config,
-                 "hyperparameters.json": hps}
+        files = {
+            "resourceconfig.json": resource,
+            "inputdataconfig.json": data_config,
+            "hyperparameters.json": hps,
+        }
         for filename, doc in files.items():
             (config_dir / filename).write_text(json.dumps(doc, indent=1))
         tree.env = sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name)
@@ -146,9 +155,15 @@ def sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name) 
     for key, value in user_hps.items():
         env[f"SM_HP_{key.upper()}"] = value if isinstance(value, str) else json.dumps(value)
     env["SM_TRAINING_ENV"] = json.dumps(
-        {"hosts": names, "current_host": tree.name, "channel_input_dirs": {c: env[f"SM_CHANNEL_{c.upper()}"]
-         for c in data_config}, "hyperparameters": user_hps, "job_name": job_name,
-         "model_dir": str(tree.model_dir), "num_gpus": num_gpus}
+        {
+            "hosts": names,
+            "current_host": tree.name,
+            "channel_input_dirs": {c: env[f"SM_CHANNEL_{c.upper()}"] for c in data_config},
+            "hyperparameters": user_hps,
+            "job_name": job_name,
+            "model_dir": str(tree.model_dir),
+            "num_gpus": num_gpus,
+        }
     )
     return env
 

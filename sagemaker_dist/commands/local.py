@@ -1,0 +1,192 @@
+"""``sagemaker-dist local`` (run a job here, as SageMaker would) and ``sagemaker-dist demo-data``."""
+
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack, nullcontext
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "local",
+        help="run a Pipe-mode Horovod job on this machine (real FIFOs, real horovodrun ranks)",
+        description=(
+            "Run a training job here exactly as SageMaker would run it: an /opt/ml tree per simulated "
+            "host, Pipe-mode FIFOs fed from S3, Horovod ranks, model.tar.gz in the output path. "
+            "S3 is an embedded moto server unless --bucket (real S3) or --endpoint-url is given."
+        ),
+    )
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--demo", action="store_true", help="the CIFAR-10-shaped demo job (writes its data)")
+    what.add_argument(
+        "--request", type=Path, help="a CreateTrainingJob request as JSON (e.g. from launch --dry-run)"
+    )
+    what.add_argument("--entry-point", help="training script (relative to --source-dir)")
+    p.add_argument("--source-dir", type=Path, help="directory with the entry script")
+    p.add_argument("--train", help="s3:// prefix of the training data (sharded per rank into manifests)")
+    p.add_argument("--validation", help="s3:// prefix of the validation data (one channel all ranks read)")
+    p.add_argument("--output-path", help="s3:// prefix for model.tar.gz, checkpoints, TensorBoard logs")
+    p.add_argument("--checkpoint-s3-uri", help="s3:// prefix for checkpoints (reuse it to resume a job)")
+    p.add_argument(
+        "--hosts",
+        "--instance-count",
+        dest="hosts",
+        type=int,
+        default=2,
+        help="simulated hosts algo-1..algo-H (default 2)",
+    )
+    p.add_argument("--processes-per-host", type=int, default=1, help="ranks per simulated host (default 1)")
+    p.add_argument("--input-mode", choices=("Pipe", "File"), default="Pipe")
+    p.add_argument(
+        "--hyperparameter",
+        "-p",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="hyperparameter for the entry script (repeatable)",
+    )
+    p.add_argument("--epochs", type=int, help="shorthand for -p epochs=N")
+    p.add_argument("--launcher", choices=("horovodrun", "mpirun"), default="horovodrun")
+    _add_endpoint_args(p)
+    p.add_argument("--work-dir", type=Path, help="where the per-host /opt/ml trees go (default: a temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the /opt/ml trees after the job")
+    p.add_argument("--timeout", type=float, help="stop the job after this many seconds")
+    p.set_defaults(func=run_local_command)
+
+    d = subparsers.add_parser(
+        "demo-data",
+        help="write a small generated CIFAR-10-shaped TFRecord dataset to the S3 endpoint",
+        description="Generated data (no download): 32x32x3 uint8 images, int64 labels, tf.train.Example.",
+    )
+    d.add_argument("--prefix", help="s3:// prefix (default s3://<bucket>/cifar10-demo/)")
+    d.add_argument("--files", type=int, default=8)
+    d.add_argument("--records-per-file", type=int, default=64)
+    d.add_argument("--validation-files", type=int, default=2)
+    d.add_argument("--seed", type=int, default=0)
+    _add_endpoint_args(d)
+    d.set_defaults(func=demo_data_command)
+
+
+def _add_endpoint_args(p) -> None:
+    from sagemaker_dist.local.demo import DEMO_BUCKET
+    from sagemaker_dist.local.endpoint import DEFAULT_STATE_DIR
+
+    p.add_argument(
+        "--bucket",
+        help=f"use real S3 (your credentials) and this bucket (default {DEMO_BUCKET} "
+        "on the embedded endpoint)",
+    )
+    p.add_argument("--endpoint-url", help="an S3 endpoint that is already running (e.g. a moto server)")
+    p.add_argument(
+        "--s3-state-dir",
+        type=Path,
+        default=DEFAULT_STATE_DIR,
+        help=f"where the embedded endpoint keeps its buckets between commands (default {DEFAULT_STATE_DIR})",
+    )
+
+
+def _endpoint(args):
+    """The embedded moto server unless a real bucket or an endpoint URL was given."""
+    import os
+
+    from sagemaker_dist.local.endpoint import embedded_s3
+
+    if args.bucket:
+        return nullcontext(None)
+    if args.endpoint_url:
+        os.environ["AWS_ENDPOINT_URL"] = args.endpoint_url
+        return nullcontext(args.endpoint_url)
+    return embedded_s3(args.s3_state_dir)
+
+
+def _hyperparameters(args) -> dict:
+    hps = {}
+    for item in args.hyperparameter:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"hyperparameter {item!r} is not KEY=VALUE")
+        hps[key] = value
+    if args.epochs is not None:
+        hps["epochs"] = str(args.epochs)
+    return hps
+
+
+def run_local_command(args) -> int:
+    from sagemaker_dist.local import run_local
+    from sagemaker_dist.local.demo import DEMO_BUCKET, demo_estimator, prepare_demo_job
+
+    bucket = args.bucket or DEMO_BUCKET
+    with ExitStack() as stack:
+        url = stack.enter_context(_endpoint(args))
+        if url:
+            print(
+                f"S3 endpoint: {url}"
+                + ("" if args.endpoint_url else f" (embedded; state in {args.s3_state_dir})")
+            )
+        else:
+            print(f"S3: real S3, bucket {bucket}")
+        if args.demo:
+            job = prepare_demo_job(
+                bucket, args.hosts, args.processes_per_host, args.input_mode, _hyperparameters(args)
+            )
+            request, source_dir = job.request, job.source_dir
+            for line in job.layout_lines:
+                print(line)
+        elif args.request:
+            request = json.loads(args.request.read_text())
+            source_dir = args.source_dir
+        else:
+            if not args.train:
+                raise ValueError("--entry-point needs --train s3://bucket/prefix/ (the training data)")
+            estimator = demo_estimator(
+                bucket,
+                args.hosts,
+                args.processes_per_host,
+                args.input_mode,
+                _hyperparameters(args),
+                source_dir=args.source_dir or Path.cwd(),
+                entry_point=args.entry_point,
+                **({"checkpoint_s3_uri": args.checkpoint_s3_uri} if args.checkpoint_s3_uri else {}),
+            )
+            if args.output_path:
+                estimator.output_path = args.output_path
+            inputs = {"train": args.train}
+            if args.validation:
+                inputs["validation"] = args.validation
+            prepared = estimator.prepare(inputs)
+            request, source_dir = prepared.request, Path(estimator.source_dir)
+            for line in prepared.layout.explain():
+                print(line)
+        if args.demo and args.checkpoint_s3_uri:
+            request.setdefault("CheckpointConfig", {})["S3Uri"] = args.checkpoint_s3_uri
+        run_local(
+            request,
+            source_dir,
+            launcher=args.launcher,
+            work_dir=args.work_dir,
+            keep_work_dir=args.keep,
+            timeout=args.timeout,
+        )
+    return 0
+
+
+def demo_data_command(args) -> int:
+    from sagemaker_dist.local.demo import DEMO_BUCKET
+    from sagemaker_dist.local.demo_data import write_demo_data
+
+    prefix = args.prefix or f"s3://{args.bucket or DEMO_BUCKET}/cifar10-demo/"
+    with _endpoint(args) as url:
+        data = write_demo_data(
+            prefix,
+            files=args.files,
+            records_per_file=args.records_per_file,
+            validation_files=args.validation_files,
+            seed=args.seed,
+        )
+        where = url or "real S3"
+        print(
+            f"wrote {data.files} TFRecord files ({data.records} records, {data.bytes / 1e6:.1f} MB) "
+            f"to {where}: train {data.train_uri}, validation {data.validation_uri}"
+        )
+    return 0

@@ -1,0 +1,192 @@
+"""Start the ranks (``horovodrun --gloo`` or ``mpirun``) in their own process group, relay their
+output line by line with the rank in front, notice a dead rank at once, and kill everything.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+LAUNCHERS = ("horovodrun", "mpirun")
+_PREFIX = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
+_HOROVOD_FAILED = re.compile(r"Process name: (\d+)\s*\n\s*Exit code: (-?\d+)")
+
+
+class LaunchError(ValueError):
+    """The ranks could not be started as asked."""
+
+
+def _tool(name: str) -> str | None:
+    here = str(Path(sys.executable).parent)
+    return shutil.which(name, path=here + os.pathsep + os.environ.get("PATH", ""))
+
+
+def rank_command(launcher: str, world_size: int, python: str = sys.executable) -> list[str]:
+    """The command that starts ``world_size`` ranks of the local rank entry on this machine."""
+    entry = [python, "-u", "-m", "sagemaker_dist.local.rank_entry"]
+    if launcher == "horovodrun":
+        tool = _tool("horovodrun")
+        if not tool:
+            raise LaunchError("horovodrun is not installed; run scripts/setup.sh (it builds Horovod 0.28.1)")
+        return [tool, "--gloo", "-np", str(world_size), "-H", f"localhost:{world_size}", *entry]
+    if launcher == "mpirun":
+        tool = _tool("mpirun")
+        if not tool:
+            raise LaunchError(
+                "mpirun is not installed; install Open MPI (apt-get install openmpi-bin) and a Horovod "
+                "built with MPI, or use launcher='horovodrun'"
+            )
+        return [
+            tool,
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            str(world_size),
+            "--host",
+            f"localhost:{world_size}",
+            "-bind-to",
+            "none",
+            "-map-by",
+            "slot",
+            "--tag-output",
+            "-x",
+            "SAGEMAKER_DIST_LOCAL_JOB",
+            "-x",
+            "PATH",
+            "-x",
+            "PYTHONPATH",
+            *entry,
+        ]
+    raise LaunchError(f"launcher {launcher!r} is not one of {', '.join(LAUNCHERS)}")
+
+
+def describe_exit(code: int) -> str:
+    if code < 0 or code > 128:
+        num = -code if code < 0 else code - 128
+        try:
+            return f"code {code} (killed by {signal.Signals(num).name})"
+        except ValueError:
+            pass
+    return f"code {code}"
+
+
+class RankGroup:
+    """The running ranks: one launcher process in a new session, plus the rank pids they report."""
+
+    def __init__(self, command: list[str], env: dict[str, str], pid_dir: Path, world_size: int, on_line):
+        self.command, self.env, self.pid_dir = command, env, Path(pid_dir)
+        self.world_size, self.on_line = world_size, on_line
+        self.proc: subprocess.Popen | None = None
+        self.output: list[str] = []
+        self.rank_lines: dict[int, list[str]] = {}
+        self._reader: threading.Thread | None = None
+        self.known_pids: dict[int, int] = {}
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            self.command,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+            errors="replace",
+        )
+        self._reader = threading.Thread(target=self._relay, name="rank-output", daemon=True)
+        self._reader.start()
+
+    def _relay(self) -> None:
+        tag = re.compile(r"^\[1,(\d+)\]<(stdout|stderr)>:(.*)$")  # mpirun --tag-output
+        for raw in self.proc.stdout:
+            line = raw.rstrip("\n")
+            self.output.append(line)
+            match = _PREFIX.match(line) or tag.match(line)
+            if match:
+                rank, text = int(match.group(1)), match.group(3)
+                self.rank_lines.setdefault(rank, []).append(text)
+                self.on_line(rank, text)
+            else:
+                self.on_line(None, line)
+
+    def _read_pids(self) -> None:
+        for path in self.pid_dir.glob("*.pid"):
+            rank = int(path.stem)
+            if rank not in self.known_pids:
+                try:
+                    self.known_pids[rank] = int(path.read_text())
+                except ValueError:
+                    pass  # being written
+
+    def dead_rank(self) -> int | None:
+        """A rank whose process is gone without having reported its exit (killed, crashed hard)."""
+        self._read_pids()
+        for rank, pid in sorted(self.known_pids.items()):
+            if (self.pid_dir / f"{rank}.exit").exists():
+                continue
+            if not _alive(pid) and not (self.pid_dir / f"{rank}.exit").exists():
+                return rank
+        return None
+
+    def failed_rank(self) -> tuple[int, int] | None:
+        """(rank, exit code) of the first failed rank: horovodrun's report, else the ranks' exit files."""
+        match = _HOROVOD_FAILED.search("\n".join(self.output))
+        if match:
+            return int(match.group(1)), int(match.group(2))
+        for path in sorted(self.pid_dir.glob("*.exit"), key=lambda p: p.stat().st_mtime_ns):
+            code = int(path.read_text() or 1)
+            if code:
+                return int(path.stem), code
+        return None
+
+    def poll(self) -> int | None:
+        return self.proc.poll() if self.proc else None
+
+    def finish_output(self, timeout: float = 5.0) -> None:
+        if self._reader:
+            self._reader.join(timeout)
+
+    def kill(self, grace: float = 3.0) -> None:
+        """SIGTERM the launcher's process group and every rank, then SIGKILL what is left."""
+        self._read_pids()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            targets = [self.proc.pid] if self.proc and self.proc.poll() is None else []
+            targets += [pid for pid in self.known_pids.values() if _alive(pid)]
+            if not targets:
+                break
+            for pid in targets:
+                for kill in (os.killpg, os.kill):
+                    try:
+                        kill(pid, sig)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and (
+                (self.proc and self.proc.poll() is None) or any(_alive(p) for p in self.known_pids.values())
+            ):
+                time.sleep(0.05)
+        if self.proc:
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def alive_pids(self) -> list[int]:
+        self._read_pids()
+        return [pid for pid in self.known_pids.values() if _alive(pid)]
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
