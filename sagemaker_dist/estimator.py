@@ -14,8 +14,10 @@ import re
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime, timezone
+
+import boto3
 
 from sagemaker_dist.instances import UnknownInstanceTypeError, gpus_per_instance, normalize_instance_type
 from sagemaker_dist.layout import (
@@ -160,8 +162,6 @@ def role_arn(role: str, region: str | None = None, account: str | None = None, b
     if not re.match(r"^[\w+=,.@/-]{1,512}$", role):
         raise EstimatorError(f"role {role!r} is neither an IAM role ARN nor a role name")
     if account is None:
-        import boto3
-
         sts = (boto_session or boto3.Session()).client("sts", region_name=region)
         account = sts.get_caller_identity()["Account"]
     partition = (
@@ -172,123 +172,92 @@ def role_arn(role: str, region: str | None = None, account: str | None = None, b
     return f"arn:{partition}:iam::{account}:role/{role.lstrip('/')}"
 
 
+@dataclass
 class HorovodPipeEstimator:
     """Describe a Horovod job once; ``launch(inputs)`` (alias ``fit``) shards, uploads and creates it.
 
     ``inputs`` maps ``train`` (required), ``validation`` and ``eval`` to S3 prefixes, URI lists or
     ShardSets; other keys become extra channels every rank shares. A bare prefix for a per-worker
     role is sharded into balanced manifests (no copying) under the job's output path.
+
+    Construction checks everything that needs no AWS call and raises EstimatorError (a ValueError).
+    ``processes_per_host`` defaults to the GPUs of ``instance_type``; give it for CPU types or to run
+    fewer processes than GPUs. ``validation`` is how a validation *prefix* is used: ``'single'`` (one
+    channel every rank reads in full) or ``'per-worker'`` (sharded). ``shared_channel_input_mode`` is
+    the input mode of channels all ranks share (single roles, extra channels): File by default,
+    since a Pipe FIFO can have only one reader. ``mpi_options`` extend ``DEFAULT_MPI_OPTIONS``
+    (drop those with ``default_mpi_options=False``).
     """
 
-    def __init__(
-        self,
-        entry_point: str,
-        role: str,
-        instance_type: str,
-        instance_count: int = 1,
-        *,
-        source_dir: str | None = None,
-        image_uri: str | None = None,
-        processes_per_host: int | None = None,
-        hyperparameters: Mapping | None = None,
-        input_mode: str = "Pipe",
-        strategy: str = "auto",
-        validation: str | None = SINGLE,
-        shared_channel_input_mode: str | None = "File",
-        record_wrapper: str = "None",
-        shuffle_seed: int | None = None,
-        content_type: str | None = None,
-        output_path: str | None = None,
-        code_location: str | None = None,
-        checkpoint_s3_uri: str | None = None,
-        checkpoints: bool = True,
-        tensorboard_s3_uri: str | None = None,
-        tensorboard: bool = True,
-        max_run: int = 24 * 3600,
-        use_spot: bool = False,
-        max_wait: int | None = None,
-        volume_size: int = 30,
-        volume_kms_key: str | None = None,
-        output_kms_key: str | None = None,
-        subnets: Sequence[str] | None = None,
-        security_group_ids: Sequence[str] | None = None,
-        enable_network_isolation: bool = False,
-        encrypt_inter_container_traffic: bool = False,
-        tags: Mapping | Sequence[Mapping] | None = None,
-        environment: Mapping[str, str] | None = None,
-        mpi_options: str | Sequence[str] = (),
-        default_mpi_options: bool = True,
-        base_job_name: str = "sagemaker-dist",
-        max_source_bytes: int = MAX_SOURCE_BYTES,
-        sagemaker_session=None,
-    ):
-        """Check everything that needs no AWS call; raise EstimatorError (a ValueError) on bad input.
+    entry_point: str
+    role: str
+    instance_type: str
+    instance_count: int = 1
+    _: KW_ONLY
+    source_dir: str | None = None
+    image_uri: str | None = None
+    processes_per_host: int | None = None
+    hyperparameters: Mapping | None = None
+    input_mode: str = "Pipe"
+    strategy: str = "auto"
+    validation: str = SINGLE
+    shared_channel_input_mode: str | None = "File"
+    record_wrapper: str = "None"
+    shuffle_seed: int | None = None
+    content_type: str | None = None
+    output_path: str | None = None
+    code_location: str | None = None
+    checkpoint_s3_uri: str | None = None
+    checkpoints: bool = True
+    tensorboard_s3_uri: str | None = None
+    tensorboard: bool = True
+    max_run: int = 24 * 3600
+    use_spot: bool = False
+    max_wait: int | None = None
+    volume_size: int = 30
+    volume_kms_key: str | None = None
+    output_kms_key: str | None = None
+    subnets: Sequence[str] | None = None
+    security_group_ids: Sequence[str] | None = None
+    enable_network_isolation: bool = False
+    encrypt_inter_container_traffic: bool = False
+    tags: Mapping | Sequence[Mapping] | None = None
+    environment: Mapping[str, str] | None = None
+    mpi_options: str | Sequence[str] = ()
+    default_mpi_options: bool = True
+    base_job_name: str = "sagemaker-dist"
+    max_source_bytes: int = MAX_SOURCE_BYTES
+    sagemaker_session: object = field(default=None, repr=False)
 
-        ``processes_per_host`` defaults to the GPUs of ``instance_type``; give it for CPU types or
-        to run fewer processes than GPUs. ``validation`` is how a validation *prefix* is used:
-        ``'single'`` (one channel every rank reads in full) or ``'per-worker'`` (sharded).
-        ``shared_channel_input_mode`` is the input mode of channels all ranks share (single roles,
-        extra channels): File by default, since a Pipe FIFO can have only one reader.
-        """
-        self.entry_point = entry_point
-        self.source_dir = source_dir
-        self.role = role
-        self.instance_type = normalize_instance_type(instance_type)
-        if isinstance(instance_count, bool) or not isinstance(instance_count, int) or instance_count < 1:
-            raise EstimatorError(f"instance_count={instance_count!r}; it must be a whole number >= 1")
-        self.instance_count = instance_count
-        self.processes_per_host = self._processes_per_host(processes_per_host)
-        if input_mode not in INPUT_MODES:
-            raise EstimatorError(f"input_mode={input_mode!r}; use one of {', '.join(INPUT_MODES)}")
-        if shared_channel_input_mode not in (None, *INPUT_MODES):
+    def __post_init__(self):
+        self.instance_type = normalize_instance_type(self.instance_type)
+        count = self.instance_count
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise EstimatorError(f"instance_count={count!r}; it must be a whole number >= 1")
+        self.processes_per_host = self._processes_per_host(self.processes_per_host)
+        if self.input_mode not in INPUT_MODES:
+            raise EstimatorError(f"input_mode={self.input_mode!r}; use one of {', '.join(INPUT_MODES)}")
+        if self.shared_channel_input_mode not in (None, *INPUT_MODES):
             raise EstimatorError(
-                f"shared_channel_input_mode={shared_channel_input_mode!r}; use None or "
+                f"shared_channel_input_mode={self.shared_channel_input_mode!r}; use None or "
                 f"one of {', '.join(INPUT_MODES)}"
             )
-        if validation not in (SINGLE, PER_WORKER):
-            raise EstimatorError(f"validation={validation!r}; use 'single' or 'per-worker'")
-        self.input_mode = input_mode
-        self.shared_channel_input_mode = shared_channel_input_mode or input_mode
-        self.strategy = strategy
-        self.validation = validation
-        self.record_wrapper = record_wrapper
-        self.shuffle_seed = shuffle_seed
-        self.content_type = content_type
-        self.image_uri = image_uri
-        self.hyperparameters = self._user_hyperparameters(hyperparameters)
-        for what, uri in (
-            ("output_path", output_path),
-            ("code_location", code_location),
-            ("checkpoint_s3_uri", checkpoint_s3_uri),
-            ("tensorboard_s3_uri", tensorboard_s3_uri),
-        ):
-            if uri is not None:
-                _check_s3_uri(uri, what)
-        self.output_path = output_path
-        self.code_location = code_location
-        self.checkpoint_s3_uri = checkpoint_s3_uri
-        self.checkpoints = checkpoints
-        self.tensorboard_s3_uri = tensorboard_s3_uri
-        self.tensorboard = tensorboard
-        self.max_run = max_run
-        self.use_spot = use_spot
-        self.max_wait = max_wait
-        self.volume_size = volume_size
-        self.volume_kms_key = volume_kms_key
-        self.output_kms_key = output_kms_key
-        if bool(subnets) != bool(security_group_ids):
+        self.shared_channel_input_mode = self.shared_channel_input_mode or self.input_mode
+        if self.validation not in (SINGLE, PER_WORKER):
+            raise EstimatorError(f"validation={self.validation!r}; use 'single' or 'per-worker'")
+        self.hyperparameters = self._user_hyperparameters(self.hyperparameters)
+        for what in ("output_path", "code_location", "checkpoint_s3_uri", "tensorboard_s3_uri"):
+            if getattr(self, what) is not None:
+                _check_s3_uri(getattr(self, what), what)
+        if bool(self.subnets) != bool(self.security_group_ids):
             raise EstimatorError("VPC config needs both subnets= and security_group_ids= (or neither)")
-        self.subnets = list(subnets or [])
-        self.security_group_ids = list(security_group_ids or [])
-        self.enable_network_isolation = enable_network_isolation
-        self.encrypt_inter_container_traffic = encrypt_inter_container_traffic
-        self.tags = _tags(tags)
-        self.environment = {str(k): str(v) for k, v in (environment or {}).items()}
-        extra = [mpi_options] if isinstance(mpi_options, str) else list(mpi_options)
-        self.mpi_options = " ".join([*(DEFAULT_MPI_OPTIONS if default_mpi_options else ()), *extra]).strip()
-        self.base_job_name = base_job_name
-        self.max_source_bytes = max_source_bytes
-        self.sagemaker_session = sagemaker_session
+        self.subnets = list(self.subnets or [])
+        self.security_group_ids = list(self.security_group_ids or [])
+        self.tags = _tags(self.tags)
+        self.environment = {str(k): str(v) for k, v in (self.environment or {}).items()}
+        extra = [self.mpi_options] if isinstance(self.mpi_options, str) else list(self.mpi_options)
+        defaults = DEFAULT_MPI_OPTIONS if self.default_mpi_options else ()
+        self.mpi_options = " ".join([*defaults, *extra]).strip()
 
     # ----- local planning (no AWS) -----
 
@@ -448,8 +417,6 @@ class HorovodPipeEstimator:
     def _region(self) -> str | None:
         if self.sagemaker_session is not None:
             return self.sagemaker_session.boto_region_name
-        import boto3
-
         return boto3.session.Session().region_name
 
     def _request(
@@ -581,8 +548,6 @@ class HorovodPipeEstimator:
         return f"s3://{self.sagemaker_session.default_bucket()}/{self.base_job_name}"
 
     def _s3_client(self):
-        import boto3
-
         if self.sagemaker_session is not None:
             return self.sagemaker_session.boto_session.client("s3")
         return boto3.client("s3")
@@ -670,8 +635,6 @@ class HorovodPipeEstimator:
     fit = launch
 
     def _boto_session(self):
-        import boto3
-
         if self.sagemaker_session is not None:
             return self.sagemaker_session.boto_session
         return boto3.Session()
@@ -681,8 +644,6 @@ def create_training_job(request: Mapping, boto_session=None):
     """CreateTrainingJob through SDK v3: ``sagemaker.core.resources.TrainingJob.create``."""
     from sagemaker.core.resources import TrainingJob
     from sagemaker.core.utils.code_injection.codec import transform
-
-    import boto3
 
     boto_session = boto_session or boto3.Session()
     return TrainingJob.create(
@@ -716,8 +677,6 @@ class TrainingJobHandle:
         return self.training_job.training_job_arn
 
     def _client(self, service: str):
-        import boto3
-
         return (self._boto_session or boto3.Session()).client(service)
 
     def describe(self) -> dict:

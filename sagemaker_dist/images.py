@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import boto3
+
 from sagemaker_dist import __version__
 
 DEFAULT_REPOSITORY = "sagemaker-dist"
@@ -25,8 +27,6 @@ def ecr_domain(region: str) -> str:
 
 def _region(region: str | None) -> str:
     if region is None:
-        import boto3
-
         region = boto3.session.Session().region_name
     if not region or not _REGION_RE.match(region):
         raise ImageError(f"region {region!r} is not an AWS region name; pass region='us-east-1' or similar")
@@ -35,8 +35,6 @@ def _region(region: str | None) -> str:
 
 def _account(account: str | None) -> str:
     if account is None:
-        import boto3
-
         account = boto3.client("sts").get_caller_identity()["Account"]
     account = str(account)
     if not _ACCOUNT_RE.match(account):
