@@ -18,6 +18,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime, timezone
 
 import boto3
+from botocore.exceptions import ClientError
 
 from sagemaker_dist.instances import UnknownInstanceTypeError, gpus_per_instance, normalize_instance_type
 from sagemaker_dist.layout import (
@@ -577,6 +578,8 @@ class HorovodPipeEstimator:
                 self.entry_point, self.source_dir, dest_dir=tmp, max_bytes=self.max_source_bytes
             )
             self.draft_request(inputs, job_name)
+            for line in self.plan(inputs).explain():
+                say(line)
             request, layout = self._prepare_on_aws(inputs, job_name, package, say)
         return PreparedJob(request, layout, package)
 
@@ -620,8 +623,6 @@ class HorovodPipeEstimator:
         """Create the training job; with ``wait`` print its progress until it ends. Returns a handle."""
         say = printer or (lambda _line: None)
         prepared = self.prepare(inputs, job_name, printer=printer)
-        for line in prepared.layout.explain():
-            say(line)
         job = create_training_job(prepared.request, self._boto_session())
         handle = TrainingJobHandle(job, self._boto_session())
         say(
@@ -693,7 +694,7 @@ class TrainingJobHandle:
                 logGroupName=LOG_GROUP, logStreamNamePrefix=f"{self.name}/"
             )
             return [s["logStreamName"] for page in pages for s in page.get("logStreams", [])]
-        except logs.exceptions.ResourceNotFoundException:
+        except ClientError:  # no log group yet, or no logs:DescribeLogStreams permission
             return []
 
     def wait(

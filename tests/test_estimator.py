@@ -263,7 +263,22 @@ def test_three_g5_12xlarge_hosts_give_12_ranks_per_local_rank_sharded_by_key(
     assert layout.channel_for("train", rank=9, local_rank=1) == "train_1"
     with tarfile.open(fileobj=io.BytesIO(read_object(s3, hps["sagemaker_submit_directory"]))) as tar:
         assert "train.py" in tar.getnames()
-    assert handle.wait(poll=0.1, printer=None) == "Completed"
+    logs = boto3.client("logs", region_name="us-east-1")
+    logs.create_log_group(logGroupName="/aws/sagemaker/TrainingJobs")
+    for host in (1, 2, 3):
+        logs.create_log_stream(
+            logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=f"{handle.name}/algo-{host}-1700000000"
+        )
+    logs.create_log_stream(
+        logGroupName="/aws/sagemaker/TrainingJobs", logStreamName="other-job/algo-1-1700000000"
+    )
+    lines = []
+    assert handle.wait(poll=0.1, printer=lines.append) == "Completed"
+    streams = [line for line in lines if "log stream" in line]
+    assert streams == [
+        f"{handle.name}: log stream /aws/sagemaker/TrainingJobs/{handle.name}/algo-{host}-1700000000"
+        for host in (1, 2, 3)
+    ]
 
 
 def test_build_request_takes_presharded_inputs_and_needs_no_aws(tmp_path, monkeypatch):
