@@ -43,7 +43,7 @@ def check_channel_name(name: str) -> str:
             f"channel name {name!r} is {len(name)} characters; SageMaker allows at most "
             f"{MAX_CHANNEL_NAME}. Choose a shorter name."
         )
-    if not CHANNEL_NAME_RE.match(name):
+    if not CHANNEL_NAME_RE.fullmatch(name):  # fullmatch: '$' alone would accept a trailing newline
         bad = sorted({c for c in name if not re.match(r"[A-Za-z0-9.\-_]", c)})
         raise LayoutError(
             f"channel name {name!r} has characters SageMaker rejects ({''.join(bad)!r}); "
@@ -179,6 +179,8 @@ class ChannelLayout:
                     f"layout version {doc.get('version')!r} is not {LAYOUT_VERSION}; "
                     "use the same sagemaker-dist version on the SDK side and in the container"
                 )
+            if doc["strategy"] not in STRATEGIES:
+                raise ValueError(f"unknown strategy {doc['strategy']!r}")
             roles = tuple(RoleLayout(**r) for r in doc["roles"])
             return cls(
                 strategy=doc["strategy"],
@@ -192,7 +194,7 @@ class ChannelLayout:
             )
         except LayoutError:
             raise
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise LayoutError(
                 f"hyperparameter {LAYOUT_HYPERPARAMETER!r} is not a sagemaker-dist layout ({exc}); "
                 "launch the job with sagemaker-dist so it writes one"
@@ -238,7 +240,7 @@ def plan_layout(
     ``validation`` is None, ``'single'`` or ``'per-worker'``. ``reserved_channels`` counts channels
     a launcher adds on its own (e.g. a code channel).
     """
-    if not isinstance(hosts, int) or hosts < 1:
+    if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 1:
         raise LayoutError(f"instance count is {hosts!r}; it must be a whole number >= 1")
     if not isinstance(processes_per_host, int) or processes_per_host < 1:
         raise LayoutError(
@@ -253,6 +255,8 @@ def plan_layout(
         raise LayoutError(f"record wrapper {record_wrapper!r} is not one of {RECORD_WRAPPERS}")
     if shuffle_seed is not None and (not isinstance(shuffle_seed, int) or shuffle_seed < 0):
         raise LayoutError(f"shuffle seed {shuffle_seed!r} must be a whole number >= 0")
+    if isinstance(reserved_channels, bool) or not isinstance(reserved_channels, int) or reserved_channels < 0:
+        raise LayoutError(f"reserved channels {reserved_channels!r} must be a whole number >= 0")
     extra = tuple(check_channel_name(n) for n in extra_channels)
     extra_count = len(extra) + reserved_channels
 

@@ -41,7 +41,7 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     if not isinstance(uri, str) or not uri.startswith(S3_SCHEME):
         raise S3UriError(f"{uri!r} is not an S3 URI; write it as s3://bucket/prefix/")
     bucket, _, key = uri[len(S3_SCHEME) :].partition("/")
-    if not _BUCKET_RE.match(bucket) or ".." in bucket:
+    if not _BUCKET_RE.fullmatch(bucket) or ".." in bucket:
         raise S3UriError(
             f"{uri!r} names bucket {bucket!r}, which is not a valid S3 bucket name "
             "(3-63 characters: lowercase letters, digits, '.', '-'); write it as s3://bucket/prefix/"

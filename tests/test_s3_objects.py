@@ -52,6 +52,7 @@ def test_parse_s3_uri(uri, expected):
         ("s3://Bucket/x", "not a valid S3 bucket name"),
         ("s3://ab/x", "not a valid S3 bucket name"),
         ("s3://a..b/x", "not a valid S3 bucket name"),
+        ("s3://bucket\n/x", "not a valid S3 bucket name"),
         (None, "not an S3 URI"),
     ],
 )
