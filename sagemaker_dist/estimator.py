@@ -408,12 +408,13 @@ class HorovodPipeEstimator:
             LAYOUT_HYPERPARAMETER: layout.to_json(),
         }
 
-    def _image(self) -> str:
+    def _image(self, account: str | None = None) -> str:
+        """``image_uri``, else our container in the caller's ECR (``account`` given: no STS call)."""
         if self.image_uri:
             return self.image_uri
         from sagemaker_dist.images import container_image_uri
 
-        return container_image_uri(region=self._region())
+        return container_image_uri(region=self._region(), account=account)
 
     def _region(self) -> str | None:
         if self.sagemaker_session is not None:
@@ -421,12 +422,15 @@ class HorovodPipeEstimator:
         return boto3.session.Session().region_name
 
     def _request(
-        self, layout, sources, extras, job_name, program, submit_directory, role, output_path
+        self, layout, sources, extras, job_name, program, submit_directory, role, output_path, image=None
     ) -> dict:
         request = {
             "TrainingJobName": job_name,
             "RoleArn": role,
-            "AlgorithmSpecification": {"TrainingImage": self._image(), "TrainingInputMode": self.input_mode},
+            "AlgorithmSpecification": {
+                "TrainingImage": image or self._image(),
+                "TrainingInputMode": self.input_mode,
+            },
             "HyperParameters": {
                 **self.hyperparameters,
                 **self.framework_hyperparameters(layout, program, submit_directory),
@@ -508,8 +512,9 @@ class HorovodPipeEstimator:
     def draft_request(self, inputs, job_name: str | None = None) -> dict:
         """The request with stand-ins for what needs AWS, validated; makes no AWS call.
 
-        A bare prefix stands in for each shard manifest, account 000000000000 for a role name's
-        account and a placeholder bucket for an unset output path; everything else is final.
+        A bare prefix stands in for each shard manifest, account 000000000000 for the caller's
+        account (role name, default image) and a placeholder bucket for an unset output path;
+        everything else is final.
         """
         layout = self.plan(inputs)
         roles, extras = self._split_inputs(inputs)
@@ -530,6 +535,7 @@ class HorovodPipeEstimator:
             self.source_uri(output, job_name),
             role_arn(self.role, account=_PLACEHOLDER_ACCOUNT),
             output,
+            image=self._image(account=_PLACEHOLDER_ACCOUNT),
         )
         validate_request(request)
         return request

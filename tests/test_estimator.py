@@ -512,3 +512,22 @@ def test_cli_launch_creates_the_job_and_bad_input_exits_2(aws_env, sagemaker, s3
     assert job["HyperParameters"]["sagemaker_mpi_num_of_processes_per_host"] == "4"
     assert main([*argv[:-3], "--job-name", "cli-job-2", "--spot"]) == 2
     assert "managed spot training needs MaxWaitTimeInSeconds" in capsys.readouterr().err
+
+
+def test_bad_input_is_caught_before_any_aws_call(tmp_path, monkeypatch):
+    # Nothing listens on this endpoint: an AWS call would fail with a connection error instead.
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    script = tmp_path / "train.py"
+    script.write_text("")
+    est = HorovodPipeEstimator(str(script), "MyRole", "ml.p3.16xlarge", 2, use_spot=True)
+    with pytest.raises(RequestValidationError, match="managed spot training needs"):
+        est.launch("s3://data-bucket/train/", printer=None)
+    ok = HorovodPipeEstimator(str(script), "MyRole", "ml.p3.16xlarge", 2)
+    draft = ok.draft_request("s3://data-bucket/train/", job_name="offline")
+    assert draft["RoleArn"] == "arn:aws:iam::000000000000:role/MyRole"
+    assert draft["AlgorithmSpecification"]["TrainingImage"] == (
+        "000000000000.dkr.ecr.us-east-1.amazonaws.com/sagemaker-dist:0.1.0"
+    )
+    assert len(draft["InputDataConfig"]) == 16
