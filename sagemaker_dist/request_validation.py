@@ -31,6 +31,14 @@ SECRET_KEY_NAME_RE = re.compile(
 SECRET_VALUE_RE = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
 
 
+def looks_like_secret_key(text: str) -> bool:
+    """A standalone 40-character base64 run with upper case, lower case and digits (not a hex SHA-1)."""
+    return any(
+        re.search("[A-Z]", m) and re.search("[a-z]", m) and re.search("[0-9]", m)
+        for m in SECRET_VALUE_RE.findall(text)
+    )
+
+
 class RequestValidationError(ValueError):
     """A CreateTrainingJob request SageMaker would reject, or one that would fail or hang later."""
 
@@ -81,7 +89,7 @@ def _constraint_problems(value, shape, path: str) -> Iterator[str]:
             yield f"{path} is {len(value)} characters; at most {meta['max']} allowed"
         if shape.enum and value not in shape.enum:
             allowed = ", ".join(shape.enum[:12]) + (" ..." if len(shape.enum) > 12 else "")
-            yield f"{path} is {value!r}; allowed: {allowed}"
+            yield f"{path} is {value!r}; allowed: {allowed} (if it is new, upgrade botocore)"
         pattern = _pattern(meta["pattern"]) if "pattern" in meta else None
         if pattern is not None and not pattern.fullmatch(value):
             yield f"{path} {value!r} does not match the pattern {meta['pattern']!r}"
@@ -195,7 +203,7 @@ def _credential_problems(request: Mapping) -> list[str]:
                     f"{field} key {key!r} looks like a credential; never pass secrets this way (they are "
                     "visible in DescribeTrainingJob). The job's IAM role gives the container its AWS access"
                 )
-            elif ACCESS_KEY_ID_RE.search(text) or SECRET_VALUE_RE.search(text):
+            elif ACCESS_KEY_ID_RE.search(text) or looks_like_secret_key(text):
                 problems.append(
                     f"{field} value of {key!r} looks like an AWS access key or secret (value not shown); "
                     "remove it and let the job's IAM role provide access"

@@ -149,7 +149,8 @@ def pack_source(
         with os.fdopen(fd, "wb") as raw:
             # mtime=0 and no file name in the gzip header keep the bytes reproducible.
             with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
-                with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                # dereference: a symlinked file is packed as its content, valid in the container.
+                with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT, dereference=True) as tar:
                     for name, path in files:
                         tar.add(str(path), arcname=name, recursive=False, filter=_normalized)
         os.replace(tmp_name, final)

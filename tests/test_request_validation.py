@@ -156,6 +156,7 @@ def test_ordinary_hyperparameters_are_not_mistaken_for_secrets():
                 "sagemaker_dist_layout": '{"hosts":2,"processes_per_host":8,"roles":[]}',
                 "sagemaker_mpi_custom_mpi_options": "-x NCCL_DEBUG=WARN -x HOROVOD_CYCLE_TIME=5",
                 "token_limit": "512",
+                "git_commit": "3f2a9c0e5b7d41a8e6f9b2c4d1e0a7b6c5d4e3f2",  # 40 hex: not a secret key
             }
         )
     )

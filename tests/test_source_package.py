@@ -53,6 +53,15 @@ def test_packs_code_without_caches_and_with_normalized_metadata(src, tmp_path):
     assert list((tmp_path / "out").iterdir()) == [package.path]  # no temporary file left behind
 
 
+def test_symlinked_files_are_packed_as_their_content(src, tmp_path):
+    shared = tmp_path / "shared.py"
+    shared.write_text("SHARED = 1\n")
+    (src / "pkg" / "shared.py").symlink_to(shared)
+    with tarfile.open(pack_source("train.py", src, dest_dir=tmp_path / "out").path) as tar:
+        member = tar.getmember("pkg/shared.py")
+        assert member.isfile() and tar.extractfile(member).read() == b"SHARED = 1\n"
+
+
 def test_same_sources_give_the_same_bytes(src, tmp_path):
     first = pack_source("train.py", src, dest_dir=tmp_path / "a")
     os.utime(src / "train.py", (1_000_000, 1_000_000))  # touching a file must not change the tarball
