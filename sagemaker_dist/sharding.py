@@ -10,8 +10,10 @@ index packed in one int), so a million objects plan in well under a second.
 from __future__ import annotations
 
 import heapq
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 import numpy as np
 
@@ -105,16 +107,15 @@ def _check_objects(objects: Sequence[tuple[str, int]], num_shards: int) -> tuple
     if sizes.min() < 0:
         i = int(np.argmin(sizes))
         raise ShardingError(f"object {keys[i]!r} has a negative size ({raw_sizes[i]}); sizes are bytes >= 0")
-    ordered = sorted(keys)  # near O(n) on S3 listings, which come sorted
-    if ordered != keys:
-        index = {k: i for i, k in enumerate(keys)}
-        order = np.fromiter((index[k] for k in ordered), dtype=np.int64, count=len(ordered))
-        keys, sizes = ordered, sizes[order]
-    dupes = sorted({a for a, b in zip(keys, keys[1:]) if a == b})
-    if dupes:
-        raise ShardingError(
-            f"{len(dupes)} key(s) appear more than once (first: {dupes[0]!r}); list each object once"
-        )
+    if not all(map(operator.lt, keys, islice(keys, 1, None))):  # S3 listings come sorted: O(n)
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+        keys = [keys[i] for i in order]
+        sizes = sizes[np.array(order, dtype=np.int64)]
+        if any(map(operator.eq, keys, islice(keys, 1, None))):
+            dupes = sorted({a for a, b in zip(keys, keys[1:]) if a == b})
+            raise ShardingError(
+                f"{len(dupes)} key(s) appear more than once (first: {dupes[0]!r}); list each object once"
+            )
     return keys, sizes
 
 
