@@ -15,15 +15,18 @@ import logging
 import os
 import time
 from pathlib import Path
-
-import tensorflow as tf
+from typing import TYPE_CHECKING
 
 from sagemaker_dist.runtime.config import ContainerConfig, opt_ml_root
 from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT, FifoReader, fifo_path, wait_for_fifo
 from sagemaker_dist.runtime.ranks import RankInfo, check_rank_channels
 from sagemaker_dist.runtime.records import DEFAULT_CHUNK, check_record_format, frame_stream, make_framer
 
+if TYPE_CHECKING:
+    import tensorflow as tf
+
 log = logging.getLogger(__name__)
+PREFETCH_CHUNKS = int(os.environ.get("PMD_PF", "2"))
 
 
 class PipeModeDatasetError(ValueError):
@@ -114,15 +117,18 @@ class _EpochReader:
         )
 
 
-_SIGNATURE = (
-    tf.TensorSpec(shape=(), dtype=tf.string),
-    tf.TensorSpec(shape=(None,), dtype=tf.int64),
-    tf.TensorSpec(shape=(None,), dtype=tf.int64),
-)
+def _records_dataset(reader: _EpochReader):
+    """Chunks from Python, records cut out and unbatched in C++ (imports TensorFlow on first use)."""
+    import tensorflow as tf
 
-
-def _cut_records(chunk, starts, lengths):
-    return tf.strings.substr(chunk, starts, lengths)
+    signature = (
+        tf.TensorSpec(shape=(), dtype=tf.string),
+        tf.TensorSpec(shape=(None,), dtype=tf.int64),
+        tf.TensorSpec(shape=(None,), dtype=tf.int64),
+    )
+    chunks = tf.data.Dataset.from_generator(reader, output_signature=signature)
+    # prefetch: Python frames the next chunk while TensorFlow unbatches the current one.
+    return chunks.map(tf.strings.substr).prefetch(PREFETCH_CHUNKS).unbatch()
 
 
 class PipeModeDataset:
@@ -169,8 +175,7 @@ class PipeModeDataset:
             fifo_timeout,
             chunk_size,
         )
-        chunks = tf.data.Dataset.from_generator(reader, output_signature=_SIGNATURE)
-        return chunks.map(_cut_records).unbatch()
+        return _records_dataset(reader)
 
 
 def rank_dataset(

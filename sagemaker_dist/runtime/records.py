@@ -135,63 +135,132 @@ class Framer:
     def finish(self, leftover: bytes) -> list[bytes]:
         """End of stream with ``leftover`` unconsumed bytes: a truncated record is an error."""
         if leftover:
+            frame = f" of a {self.need}-byte frame" if self.need > len(leftover) else ""
             raise self.error(
-                f"stream ended inside a record: {len(leftover)} byte(s) after the last complete record "
-                f"(the writer stopped mid-record; {self.records} complete record(s) were read)",
+                f"stream ended inside a record: {len(leftover)} byte(s){frame} after the last complete "
+                f"record (the writer stopped mid-record; {self.records} complete record(s) were read)",
                 0,
             )
         return []
 
 
 class TFRecordFramer(Framer):
-    """TFRecord: uint64 length, masked CRC32C of the length, data, masked CRC32C of the data."""
+    """TFRecord: uint64 length, masked CRC32C of the length, data, masked CRC32C of the data.
+
+    Two passes per buffer: a scan that only follows the length fields (vectorised with a strided
+    numpy view while records keep the same length), then vectorised checks of both CRCs, with the
+    data CRCs computed by crc32c's C code. A bad record ends the batch before it, so the records
+    ahead of it are still delivered and the error (or skip) happens when it comes first.
+    """
 
     format_name = "TFRecord"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # The header CRC depends only on the length, so verified (length -> stored CRC) pairs are
-        # cached: the check stays exact and costs a dict lookup for fixed-size records.
-        self._header_crcs: dict[int, int] = {}
+        self._header_crcs: dict[int, int] = {}  # length -> masked CRC32C of its 8 bytes
 
-    def frame(self, buf, end):
-        starts: list[int] = []
-        lengths: list[int] = []
-        mv = memoryview(buf)
-        header_crcs = self._header_crcs
-        crc = _crc32c
+    def _header_crc(self, n: int) -> int:
+        value = self._header_crcs.get(n)
+        if value is None:
+            if len(self._header_crcs) >= _HEADER_CRC_CACHE_LIMIT:
+                self._header_crcs.clear()
+            value = self._header_crcs[n] = masked_crc32c(struct.pack("<Q", n))
+        return value
+
+    def _bad_header(self, n: int, pos: int) -> RecordFormatError:
+        return self.error(
+            f"length CRC mismatch (length field {n}); the stream is corrupt or not TFRecord "
+            "(check record_format and RecordWrapperType)",
+            pos,
+        )
+
+    def _scan(self, buf, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """Positions and lengths of the complete records in buf[:end], following length fields only."""
+        blocks_pos, blocks_len = [], []
+        single_pos, single_len = [], []
         unpack = _unpack_from
         pos = 0
+        while pos + 12 <= end:
+            n = unpack("<Q", buf, pos)[0]
+            stride = n + 16
+            if pos + stride > end:
+                if unpack("<I", buf, pos + 8)[0] != self._header_crc(n):
+                    if single_pos or blocks_pos:
+                        break  # deliver the records before it first
+                    raise self._bad_header(n, pos)
+                self.need = stride
+                break
+            run = (end - pos) // stride
+            if run >= 16:
+                lens = np.ndarray((run,), dtype="<u8", buffer=buf, offset=pos, strides=(stride,))
+                differ = np.flatnonzero(lens != n)
+                del lens
+                if len(differ):
+                    run = max(int(differ[0]), 1)
+                if run >= 16:
+                    if single_pos:
+                        blocks_pos.append(np.asarray(single_pos, dtype=np.int64))
+                        blocks_len.append(np.asarray(single_len, dtype=np.int64))
+                        single_pos, single_len = [], []
+                    blocks_pos.append(np.arange(pos, pos + run * stride, stride, dtype=np.int64))
+                    blocks_len.append(np.full(run, n, dtype=np.int64))
+                    pos += run * stride
+                    continue
+            single_pos.append(pos)
+            single_len.append(n)
+            pos += stride
+        if single_pos:
+            blocks_pos.append(np.asarray(single_pos, dtype=np.int64))
+            blocks_len.append(np.asarray(single_len, dtype=np.int64))
+        if not blocks_pos:
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        if len(blocks_pos) == 1:
+            return blocks_pos[0], blocks_len[0]
+        return np.concatenate(blocks_pos), np.concatenate(blocks_len)
+
+    def frame(self, buf, end):
         self.need = 0
+        positions, lengths = self._scan(buf, end)
+        if not len(positions):
+            return [], [], 0, []
+        arr = np.frombuffer(buf, dtype=np.uint8, count=end)
         try:
-            while pos + 12 <= end:
-                n, stored = unpack("<QI", buf, pos)
-                if header_crcs.get(n) != stored:
-                    if masked_crc32c(mv[pos : pos + 8]) != stored:
-                        raise self.error(
-                            f"length CRC mismatch (length field {n}); the stream is corrupt or not "
-                            "TFRecord (check record_format and RecordWrapperType)",
-                            pos,
-                        )
-                    if len(header_crcs) >= _HEADER_CRC_CACHE_LIMIT:
-                        header_crcs.clear()
-                    header_crcs[n] = stored
-                start = pos + 12
-                stop = start + n
-                if stop + 4 > end:
-                    self.need = stop + 4 - pos
-                    break
-                c = crc(mv[start:stop])
-                if ((((c >> 15) | (c << 17)) + _CRC_MASK_DELTA) & _U32) != unpack("<I", buf, stop)[0]:
-                    self.corrupted(f"data CRC mismatch in a {n}-byte record", pos)
-                else:
-                    self._bad_in_a_row = 0
-                    starts.append(start)
-                    lengths.append(n)
-                pos = stop + 4
+            stored_header = _gather_u32(arr, positions + 8)
+            if lengths[0] == lengths[-1] and (lengths == lengths[0]).all():
+                header_ok = stored_header == self._header_crc(int(lengths[0]))
+            else:
+                uniq, inverse = np.unique(lengths, return_inverse=True)
+                expected = np.asarray([self._header_crc(int(n)) for n in uniq.tolist()], dtype=np.uint32)
+                header_ok = stored_header == expected[inverse]
+            starts = positions + 12
+            stops = starts + lengths
+            stored_data = _gather_u32(arr, stops)
+            with memoryview(buf) as mv:
+                crc = _crc32c
+                computed = np.array(
+                    [crc(mv[a:b]) for a, b in zip(starts.tolist(), stops.tolist())], dtype=np.uint64
+                )
+            masked = (((computed >> 15) | (computed << 17)) + _CRC_MASK_DELTA) & _U32
+            ok = header_ok & (masked == stored_data)
         finally:
-            mv.release()
-        return starts, lengths, pos, []
+            del arr
+        if ok.all():
+            self._bad_in_a_row = 0
+            return starts, lengths, int(stops[-1]) + 4, []
+        bad = int(np.flatnonzero(~ok)[0])
+        if bad:
+            self._bad_in_a_row = 0
+            return starts[:bad], lengths[:bad], int(positions[bad]), []
+        if not header_ok[0]:
+            raise self._bad_header(int(lengths[0]), 0)
+        self.corrupted(f"data CRC mismatch in a {int(lengths[0])}-byte record", 0)
+        return [], [], int(stops[0]) + 4, []
+
+
+def _gather_u32(arr: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Little-endian uint32 values at arbitrary (unaligned) byte offsets of a uint8 array."""
+    b = arr[offsets[:, None] + np.arange(4)].astype(np.uint32)
+    return b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16) | (b[:, 3] << 24)
 
 
 class RecordIOFramer(Framer):
@@ -304,7 +373,7 @@ def make_framer(record_format: str, channel: str = "?", epoch: int = 0, max_corr
     return FRAMERS[check_record_format(record_format)](channel, epoch, max_corrupted_records_to_skip)
 
 
-DEFAULT_CHUNK = 4 << 20
+DEFAULT_CHUNK = int(__import__("os").environ.get("PMD_CHUNK", 1 << 20))
 
 
 def frame_stream(
@@ -319,27 +388,32 @@ def frame_stream(
     buf = bytearray(chunk_size)
     filled = 0
     eof = False
-    while not eof:
+    while True:
         target = max(chunk_size // 2, framer.need)
         if target > len(buf):
             buf.extend(bytes(max(target, 2 * len(buf)) - len(buf)))
-        while filled < target:
+        while filled < target and not eof:
             with memoryview(buf) as mv:
                 n = readinto(mv[filled:])
-            if not n:
+            if n:
+                filled += n
+            else:
                 eof = True
+        while filled:  # frame until no progress: a framer may stop early at a bad record
+            starts, lengths, consumed, extra = framer.frame(buf, filled)
+            if len(starts):
+                with memoryview(buf) as mv:
+                    blob = bytes(mv[:consumed])
+                if extra:
+                    blob += b"".join(extra)
+                yield blob, np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+            framer.advance(consumed, len(starts))
+            if not consumed:
                 break
-            filled += n
-        starts, lengths, consumed, extra = framer.frame(buf, filled)
-        if len(starts):
-            blob = bytes(buf[:consumed])
-            if extra:
-                blob += b"".join(extra)
-            yield blob, np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
-        framer.advance(consumed, len(starts))
-        if consumed:
             buf[: filled - consumed] = buf[consumed:filled]
             filled -= consumed
+        if eof:
+            break
         # What is left is an incomplete record: never frame it again without at least one more byte.
         framer.need = max(framer.need, filled + 1)
     tail = framer.finish(bytes(buf[:filled]))

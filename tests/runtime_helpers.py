@@ -1,0 +1,71 @@
+"""Test helpers for the container runtime: a fake /opt/ml tree and a SageMaker-like FIFO feeder."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+from sagemaker_dist.layout import LAYOUT_HYPERPARAMETER, ChannelLayout
+
+
+def write_opt_ml(
+    root: Path,
+    channels: dict[str, str] | list[str],
+    layout: ChannelLayout | None = None,
+    hyperparameters: dict | None = None,
+    hosts: tuple[str, ...] = ("algo-1",),
+    wrapper: str = "None",
+) -> Path:
+    """Write <root>/input/config/*.json as SageMaker does (hyperparameter values as strings)."""
+    if isinstance(channels, list):
+        channels = {name: "Pipe" for name in channels}
+    config = root / "input" / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    (root / "input" / "data").mkdir(parents=True, exist_ok=True)
+    data_config = {
+        name: {
+            "TrainingInputMode": mode,
+            "S3DistributionType": "FullyReplicated",
+            "RecordWrapperType": wrapper,
+        }
+        for name, mode in channels.items()
+    }
+    hps = {k: json.dumps(v) for k, v in (hyperparameters or {}).items()}
+    if layout is not None:
+        hps[LAYOUT_HYPERPARAMETER] = layout.to_json()
+    resource = {"current_host": hosts[0], "hosts": list(hosts), "network_interface_name": "eth0"}
+    (config / "inputdataconfig.json").write_text(json.dumps(data_config))
+    (config / "hyperparameters.json").write_text(json.dumps(hps))
+    (config / "resourceconfig.json").write_text(json.dumps(resource))
+    return root
+
+
+class FifoFeeder(threading.Thread):
+    """Plays SageMaker's part for one channel: creates <channel>_<n>, writes epoch n, closes, repeats.
+
+    Like SageMaker, the next FIFO appears only after the previous one was closed by the writer.
+    """
+
+    def __init__(self, data_dir: Path, channel: str, epochs: list[bytes]):
+        super().__init__(daemon=True)
+        self.data_dir = Path(data_dir)
+        self.channel = channel
+        self.epochs = epochs
+        self.served = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for n, payload in enumerate(self.epochs):
+                path = self.data_dir / f"{self.channel}_{n}"
+                os.mkfifo(path)
+                with open(path, "wb") as f:  # blocks until the reader opens its end
+                    try:
+                        f.write(payload)
+                    except BrokenPipeError:  # reader closed early: fine, as with SageMaker
+                        pass
+                self.served += 1
+        except BaseException as exc:  # surfaced by the test through .error
+            self.error = exc

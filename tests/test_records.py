@@ -1,0 +1,197 @@
+"""Record framers: TFRecord (masked CRC32C), SageMaker RecordIO (multipart, padding), text lines.
+
+Pure Python (no TensorFlow): streams are in-memory or real FIFOs fed by a separate process.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import struct
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sagemaker_dist.runtime.fifo import FifoReader
+from sagemaker_dist.runtime.records import (
+    RECORDIO_MAGIC,
+    RecordFormatError,
+    encode_recordio,
+    encode_tfrecord,
+    iter_records,
+    make_framer,
+    masked_crc32c,
+)
+
+
+def read_all(data: bytes, record_format: str, chunk_size: int = 64, **kw) -> list[bytes]:
+    return list(iter_records(io.BytesIO(data).readinto, record_format, chunk_size=chunk_size, **kw))
+
+
+def corrupt(data: bytes, at: int) -> bytes:
+    return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :]
+
+
+payloads = st.lists(st.binary(min_size=0, max_size=300), max_size=40)
+
+
+def test_masked_crc32c_matches_the_tfrecord_spec():
+    # Known value: CRC32C("123456789") = 0xE3069283, then masked as TFRecord does.
+    crc = 0xE3069283
+    assert masked_crc32c(b"123456789") == (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+@settings(max_examples=60, deadline=None)
+@given(records=payloads, chunk=st.integers(min_value=1, max_value=700))
+def test_tfrecord_round_trip_at_any_chunk_size(records, chunk):
+    data = b"".join(encode_tfrecord(r) for r in records)
+    assert read_all(data, "TFRecord", chunk) == records
+
+
+def test_tfrecord_fixed_size_records_take_the_vectorised_path_and_still_verify():
+    records = [os.urandom(100) for _ in range(500)] + [b"odd length"] + [os.urandom(100) for _ in range(50)]
+    data = b"".join(encode_tfrecord(r) for r in records)
+    assert read_all(data, "TFRecord", 1 << 16) == records
+    bad_at = 300 * 116 + 12 + 5  # inside the data of record 300
+    with pytest.raises(RecordFormatError, match=f"byte offset {300 * 116}.*data CRC mismatch"):
+        read_all(corrupt(data, bad_at), "TFRecord", 1 << 16)
+
+
+def test_records_larger_than_the_buffer_grow_it():
+    records = [os.urandom(5000), b"", os.urandom(70_000)]
+    data = b"".join(encode_tfrecord(r) for r in records)
+    assert read_all(data, "TFRecord", 1024) == records
+
+
+def test_truncated_last_record_is_an_error_with_its_offset():
+    records = [b"a" * 10, b"b" * 20, b"c" * 30]
+    data = b"".join(encode_tfrecord(r) for r in records)
+    last = len(encode_tfrecord(records[0])) + len(encode_tfrecord(records[1]))
+    with pytest.raises(RecordFormatError) as info:
+        read_all(data[:-5], "TFRecord", channel="train_3", epoch=2)
+    err = info.value
+    assert (err.channel, err.epoch, err.offset) == ("train_3", 2, last)
+    assert f"channel 'train_3', epoch 2, byte offset {last}" in str(err)
+    assert "ended inside a record: 41 byte(s) of a 46-byte frame" in str(err)
+
+
+def test_corrupt_data_crc_is_an_error_naming_the_offset():
+    data = b"".join(encode_tfrecord(bytes([i]) * 40) for i in range(5))
+    bad_record_at = 2 * 56
+    with pytest.raises(RecordFormatError, match=f"byte offset {bad_record_at}: TFRecord: data CRC mismatch"):
+        read_all(corrupt(data, bad_record_at + 20), "TFRecord")
+
+
+def test_corrupt_records_are_skipped_within_the_limit_and_counted(caplog):
+    records = [bytes([i]) * 40 for i in range(6)]
+    data = b"".join(encode_tfrecord(r) for r in records)
+    data = corrupt(corrupt(data, 1 * 56 + 20), 4 * 56 + 20)  # records 1 and 4
+    framer = make_framer("TFRecord", "train_0", 0, max_corrupted_records_to_skip=1)
+    from sagemaker_dist.runtime.records import frame_stream
+
+    with caplog.at_level(logging.WARNING, logger="sagemaker_dist.runtime.records"):
+        out = []
+        for blob, starts, lengths in frame_stream(io.BytesIO(data).readinto, framer, 64):
+            out += [blob[s : s + n] for s, n in zip(starts, lengths)]
+    assert out == [records[i] for i in (0, 2, 3, 5)]
+    assert framer.skipped == 2
+    assert "2 skipped so far" in caplog.text and "byte offset 224" in caplog.text
+
+
+def test_skip_limit_counts_corrupted_records_in_a_row():
+    data = b"".join(encode_tfrecord(bytes([i]) * 40) for i in range(5))
+    data = corrupt(corrupt(data, 1 * 56 + 20), 2 * 56 + 20)  # two in a row
+    with pytest.raises(RecordFormatError, match="2 corrupted records in a row, over max_corrupted"):
+        read_all(data, "TFRecord", max_corrupted_records_to_skip=1)
+
+
+def test_corrupt_length_is_never_skipped():
+    data = b"".join(encode_tfrecord(b"x" * 40) for _ in range(3))
+    with pytest.raises(RecordFormatError, match="byte offset 56: TFRecord: length CRC mismatch"):
+        read_all(corrupt(data, 56 + 1), "TFRecord", max_corrupted_records_to_skip=5)
+
+
+def test_wrong_format_is_reported_early():
+    data = b"".join(encode_recordio(b"x" * 40) for _ in range(3))
+    match = "byte offset 0: TFRecord: length CRC mismatch.*record_format"
+    with pytest.raises(RecordFormatError, match=match):
+        read_all(data, "TFRecord")
+
+
+@settings(max_examples=60, deadline=None)
+@given(records=payloads, chunk=st.integers(min_value=1, max_value=700), part=st.integers(1, 64))
+def test_recordio_round_trip_with_multipart_records(records, chunk, part):
+    data = b"".join(encode_recordio(r, max_part=part) for r in records)
+    assert read_all(data, "RecordIO", chunk) == records
+
+
+def test_recordio_frames_are_padded_to_four_bytes():
+    frame = encode_recordio(b"abcde")
+    magic, word = struct.unpack_from("<II", frame)
+    assert (magic, word, len(frame)) == (RECORDIO_MAGIC, 5, 8 + 8)
+    assert frame[8:] == b"abcde\0\0\0"
+    multi = encode_recordio(b"abcdefghij", max_part=4)
+    flags = []
+    pos = 0
+    while pos < len(multi):
+        _, word = struct.unpack_from("<II", multi, pos)
+        flags.append(word >> 29)
+        pos += 8 + (word & 0x1FFFFFFF) + (-(word & 0x1FFFFFFF) % 4)
+    assert flags == [1, 2, 3]
+
+
+def test_recordio_bad_magic_and_flag_sequence_are_errors():
+    data = encode_recordio(b"a" * 12) + encode_recordio(b"b" * 12)
+    with pytest.raises(RecordFormatError, match="byte offset 20: RecordIO: bad magic number"):
+        read_all(corrupt(data, 20), "RecordIO")
+    middle_first = struct.pack("<II", RECORDIO_MAGIC, (2 << 29) | 4) + b"abcd"
+    with pytest.raises(RecordFormatError, match="byte offset 0: RecordIO: multipart flag 2 out of sequence"):
+        read_all(middle_first, "RecordIO")
+    unfinished = encode_recordio(b"abcdefgh", max_part=4)[:12]
+    with pytest.raises(RecordFormatError, match="ended inside a record"):
+        read_all(unfinished, "RecordIO")
+
+
+def test_text_lines():
+    data = b"first\nsecond\r\n\nlast without newline"
+    assert read_all(data, "TextLine", 4) == [b"first", b"second", b"", b"last without newline"]
+    assert read_all(b"a\nb\n", "TextLine") == [b"a", b"b"]
+    assert read_all(b"", "TextLine") == []
+
+
+def test_unknown_format_and_negative_skip_are_rejected():
+    with pytest.raises(ValueError, match="'Parquet' is not one of RecordIO, TFRecord, TextLine"):
+        make_framer("Parquet")
+    with pytest.raises(ValueError, match="max_corrupted_records_to_skip is -1"):
+        make_framer("TFRecord", max_corrupted_records_to_skip=-1)
+
+
+WRITER_DIES = """
+import os, sys
+out = os.open(sys.argv[1], os.O_WRONLY)
+data = open(sys.argv[2], "rb").read()
+os.write(out, data)
+os._exit(3)  # dies mid-record: no flush, no close
+"""
+
+
+def test_writer_process_dying_mid_record_on_a_real_fifo(tmp_path):
+    records = [os.urandom(1000) for _ in range(10)]
+    data = b"".join(encode_tfrecord(r) for r in records)
+    cut = 7 * 1016 + 500  # in the middle of record 7
+    (tmp_path / "partial").write_bytes(data[:cut])
+    fifo = tmp_path / "train_0_0"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen([sys.executable, "-c", WRITER_DIES, str(fifo), str(tmp_path / "partial")])
+    got = []
+    with FifoReader(fifo) as reader, pytest.raises(RecordFormatError) as info:
+        for record in iter_records(reader.readinto, "TFRecord", channel="train_0", epoch=0):
+            got.append(record)
+    assert writer.wait(timeout=30) == 3
+    assert got == records[:7]
+    assert info.value.offset == 7 * 1016
+    assert "channel 'train_0', epoch 0, byte offset 7112" in str(info.value)
