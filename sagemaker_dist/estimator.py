@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 import boto3
 from botocore.exceptions import ClientError
 
+from sagemaker_dist.images import container_image_uri
 from sagemaker_dist.instances import UnknownInstanceTypeError, gpus_per_instance, normalize_instance_type
 from sagemaker_dist.layout import (
     INPUT_MODES,
@@ -412,8 +413,6 @@ class HorovodPipeEstimator:
         """``image_uri``, else our container in the caller's ECR (``account`` given: no STS call)."""
         if self.image_uri:
             return self.image_uri
-        from sagemaker_dist.images import container_image_uri
-
         return container_image_uri(region=self._region(), account=account)
 
     def _region(self) -> str | None:

@@ -15,6 +15,8 @@ from sagemaker_dist.estimator import (
     ChannelSource,
     EstimatorError,
     HorovodPipeEstimator,
+    TrainingJobFailed,
+    TrainingJobHandle,
     default_job_name,
     role_arn,
     sdk_channels,
@@ -531,3 +533,76 @@ def test_bad_input_is_caught_before_any_aws_call(tmp_path, monkeypatch):
         "000000000000.dkr.ecr.us-east-1.amazonaws.com/sagemaker-dist:0.1.0"
     )
     assert len(draft["InputDataConfig"]) == 16
+
+
+class ScriptedHandle(TrainingJobHandle):
+    """A handle whose DescribeTrainingJob answers follow a script: moto marks every job Completed at once,
+    so the in-between statuses and a failure can only be played back."""
+
+    def __init__(self, answers):
+        super().__init__(training_job=None)
+        self.answers = list(answers)
+
+    @property
+    def name(self):
+        return "scripted"
+
+    def describe(self):
+        self.last = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        return self.last
+
+    def log_stream_names(self):  # the instance's stream appears once it trains
+        return ["scripted/algo-1-1"] if self.last["SecondaryStatus"] != "Starting" else []
+
+
+def test_wait_prints_each_transition_once_and_raises_on_failure():
+    starting = {"Status": "Starting", "StatusMessage": "Launching requested ML instances"}
+    training = {"Status": "Training", "StatusMessage": "Training image download completed"}
+    failed = {"Status": "Failed", "StatusMessage": "Training job failed"}
+    answers = [
+        {
+            "TrainingJobStatus": "InProgress",
+            "SecondaryStatus": "Starting",
+            "SecondaryStatusTransitions": [starting],
+        },
+        {
+            "TrainingJobStatus": "InProgress",
+            "SecondaryStatus": "Starting",
+            "SecondaryStatusTransitions": [starting],
+        },
+        {
+            "TrainingJobStatus": "InProgress",
+            "SecondaryStatus": "Training",
+            "SecondaryStatusTransitions": [starting, training],
+        },
+        {
+            "TrainingJobStatus": "Failed",
+            "SecondaryStatus": "Failed",
+            "SecondaryStatusTransitions": [starting, training, failed],
+            "FailureReason": "AlgorithmError: rank 3 stalled",
+        },
+    ]
+    lines = []
+    with pytest.raises(TrainingJobFailed, match="scripted ended Failed: AlgorithmError: rank 3 stalled"):
+        ScriptedHandle(answers).wait(poll=0, printer=lines.append)
+    assert lines == [
+        "CloudWatch logs: group /aws/sagemaker/TrainingJobs, streams scripted/algo-<n>-<time>",
+        "scripted: Starting - Launching requested ML instances",
+        "scripted: status InProgress (Starting)",
+        "scripted: Training - Training image download completed",
+        "scripted: status InProgress (Training)",
+        "scripted: log stream /aws/sagemaker/TrainingJobs/scripted/algo-1-1",
+        "scripted: Failed - Training job failed",
+        "scripted: status Failed (Failed)",
+    ]
+
+
+def test_wait_returns_the_status_on_timeout():
+    running = {
+        "TrainingJobStatus": "InProgress",
+        "SecondaryStatus": "Training",
+        "SecondaryStatusTransitions": [],
+    }
+    lines = []
+    assert ScriptedHandle([running]).wait(poll=0.01, timeout=0.05, printer=lines.append) == "InProgress"
+    assert "call wait() again" in lines[-1]

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
-from ..estimator import HorovodPipeEstimator
+from ..estimator import HorovodPipeEstimator, TrainingJobFailed
 
 
 def _pairs(values: list[str], what: str) -> dict[str, str]:
@@ -104,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
             print(line)
         print(json.dumps(est.draft_request(inputs, args.job_name), indent=2))
         return 0
-    handle = est.launch(inputs, args.job_name, wait=not args.no_wait)
+    try:
+        handle = est.launch(inputs, args.job_name, wait=not args.no_wait)
+    except TrainingJobFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(handle.arn)
     return 0
