@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import http.client
-import http.server
 import json
 import struct
 import threading
@@ -11,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from local_s3_proxy import cutting_proxy
 
 from sagemaker_dist.local.demo_data import tfrecord_frame
 from sagemaker_dist.local.endpoint import s3_client
@@ -56,8 +55,9 @@ class _Feed:
         self.errors: list[str] = []
         self.stop = threading.Event()
         items = resolve_objects(spec, client)
-        self.feeder = ChannelFeeder(spec, items, tmp_path, host_index, hosts, client, self.stop,
-                                    self.errors.append, attempts=attempts)
+        self.feeder = ChannelFeeder(
+            spec, items, tmp_path, host_index, hosts, client, self.stop, self.errors.append, attempts=attempts
+        )
 
     def __enter__(self):
         self.feeder.start()
@@ -163,82 +163,23 @@ def test_file_mode_downloads_this_hosts_objects(s3, bucket, tmp_path):
     assert total == sum(p.stat().st_size for p in (tmp_path / "train").rglob("*") if p.is_file())
 
 
-class _CuttingProxy(http.server.ThreadingHTTPServer):
-    """Forwards to moto; GETs of keys containing 'broken' send half the body and drop the connection."""
-
-    daemon_threads = True
-
-    def __init__(self, upstream: str, fail_times: int):
-        self.upstream = upstream.removeprefix("http://")
-        self.fail_times = fail_times
-        self.cut = 0
-        super().__init__(("127.0.0.1", 0), _ProxyHandler)
-
-
-class _ProxyHandler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args):
-        pass
-
-    def _forward(self):
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        conn = http.client.HTTPConnection(self.server.upstream, timeout=10)
-        headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
-        headers["Host"] = self.server.upstream
-        conn.request(self.command, self.path, body=body, headers=headers)
-        resp = conn.getresponse()
-        data = resp.read()
-        cut = self.command == "GET" and "broken" in self.path and self.server.cut < self.server.fail_times
-        self.send_response(resp.status)
-        for k, v in resp.getheaders():
-            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                self.send_header(k, v)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if cut:
-            self.server.cut += 1
-            self.wfile.write(data[: len(data) // 2])
-            self.wfile.flush()
-            self.close_connection = True
-            self.connection.shutdown(2)
-            return
-        self.wfile.write(data)
-
-    do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _forward
-
-
-@pytest.fixture
-def cutting_proxy(aws_env):
-    def start(fail_times):
-        proxy = _CuttingProxy(aws_env["AWS_ENDPOINT_URL"], fail_times)
-        threading.Thread(target=proxy.serve_forever, daemon=True).start()
-        started.append(proxy)
-        return proxy, f"http://127.0.0.1:{proxy.server_address[1]}"
-
-    started = []
-    yield start
-    for proxy in started:
-        proxy.shutdown()
-
-
-def test_endpoint_failing_mid_stream_is_resumed_when_it_recovers(s3, bucket, tmp_path, cutting_proxy):
+def test_endpoint_failing_mid_stream_is_resumed_when_it_recovers(s3, bucket, tmp_path, aws_env):
     _put_objects(s3, bucket, "data/", ["a", "broken", "c"])
-    proxy, url = cutting_proxy(fail_times=1)
     spec = ChannelSpec("train_0", f"s3://{bucket}/data/")
-    with _Feed(spec, s3_client(url), tmp_path) as feeder:
-        assert _names_from_tfrecords(_read_fifo(tmp_path / "train_0_0")) == ["a", "broken", "c"]
+    with cutting_proxy(aws_env["AWS_ENDPOINT_URL"], fail_times=1) as (proxy, url):
+        with _Feed(spec, s3_client(url), tmp_path) as feeder:
+            assert _names_from_tfrecords(_read_fifo(tmp_path / "train_0_0")) == ["a", "broken", "c"]
     assert proxy.cut == 1 and not feeder.stats.errors
 
 
-def test_endpoint_failing_mid_stream_fails_naming_the_object(s3, bucket, tmp_path, cutting_proxy):
+def test_endpoint_failing_mid_stream_fails_naming_the_object(s3, bucket, tmp_path, aws_env):
     _put_objects(s3, bucket, "data/", ["a", "broken"])
-    _, url = cutting_proxy(fail_times=100)
     spec = ChannelSpec("train_0", f"s3://{bucket}/data/")
-    feed = _Feed(spec, s3_client(url), tmp_path, attempts=3)
-    with feed:
-        data = _read_fifo(tmp_path / "train_0_0")  # EOF after the feeder gives up: a short stream
-        feed.feeder.join(10)
+    with cutting_proxy(aws_env["AWS_ENDPOINT_URL"], fail_times=100) as (_, url):
+        feed = _Feed(spec, s3_client(url), tmp_path, attempts=3)
+        with feed:
+            data = _read_fifo(tmp_path / "train_0_0")  # EOF after the feeder gives up: a short stream
+            feed.feeder.join(10)
     full = s3.get_object(Bucket=bucket, Key="data/a")["ContentLength"] * 2 + 9
     assert len(data) < full
     assert len(feed.errors) == 1

@@ -92,12 +92,23 @@ def _endpoint(args):
 
     from sagemaker_dist.local.endpoint import embedded_s3
 
-    if args.bucket:
-        return nullcontext(None)
     if args.endpoint_url:
         os.environ["AWS_ENDPOINT_URL"] = args.endpoint_url
         return nullcontext(args.endpoint_url)
+    if args.bucket:
+        return nullcontext(None)
     return embedded_s3(args.s3_state_dir)
+
+
+def _ensure_bucket(bucket: str) -> None:
+    """On a local endpoint the output bucket may not exist yet; create it (never on real S3)."""
+    from sagemaker_dist.local.endpoint import s3_client
+
+    client = s3_client()
+    try:
+        client.head_bucket(Bucket=bucket)
+    except client.exceptions.ClientError:
+        client.create_bucket(Bucket=bucket)
 
 
 def _hyperparameters(args) -> dict:
@@ -126,6 +137,8 @@ def run_local_command(args) -> int:
             )
         else:
             print(f"S3: real S3, bucket {bucket}")
+        if url:
+            _ensure_bucket(bucket)
         if args.demo:
             job = prepare_demo_job(
                 bucket, args.hosts, args.processes_per_host, args.input_mode, _hyperparameters(args)
@@ -147,10 +160,9 @@ def run_local_command(args) -> int:
                 _hyperparameters(args),
                 source_dir=args.source_dir or Path.cwd(),
                 entry_point=args.entry_point,
+                output_path=args.output_path,
                 **({"checkpoint_s3_uri": args.checkpoint_s3_uri} if args.checkpoint_s3_uri else {}),
             )
-            if args.output_path:
-                estimator.output_path = args.output_path
             inputs = {"train": args.train}
             if args.validation:
                 inputs["validation"] = args.validation

@@ -54,6 +54,7 @@ def demo_estimator(
     hyperparameters: dict | None = None,
     source_dir: str | Path = EXAMPLES_DIR,
     entry_point: str = DEMO_ENTRY_POINT,
+    output_path: str | None = None,
     **kwargs,
 ):
     """The estimator of the demo job (the same object that would launch it on SageMaker)."""
@@ -70,7 +71,7 @@ def demo_estimator(
         hyperparameters=hps,
         input_mode=input_mode,
         validation="per-worker",
-        output_path=f"s3://{bucket}/jobs",
+        output_path=output_path or f"s3://{bucket}/jobs",
         base_job_name="sagemaker-dist-demo",
         **kwargs,
     )
@@ -86,8 +87,12 @@ def prepare_demo_job(
     printer=print,
 ) -> DemoJob:
     """Write the data if missing, shard it into per-rank manifests and build the request."""
-    dataset = ensure_demo_data(bucket, files=DEMO_FILES, records_per_file=DEMO_RECORDS_PER_FILE,
-                               validation_files=DEMO_VALIDATION_FILES)
+    dataset = ensure_demo_data(
+        bucket,
+        files=DEMO_FILES,
+        records_per_file=DEMO_RECORDS_PER_FILE,
+        validation_files=DEMO_VALIDATION_FILES,
+    )
     if dataset and printer:
         printer(
             f"wrote demo data: {dataset.files} TFRecord files, {dataset.records} records, "

@@ -154,22 +154,26 @@ class RankGroup:
             self._reader.join(timeout)
 
     def kill(self, grace: float = 3.0) -> None:
-        """SIGTERM the launcher's process group and every rank, then SIGKILL what is left."""
+        """SIGTERM every process of the job (the launcher, its helpers in their own sessions, the
+        ranks), then SIGKILL what is left after ``grace`` seconds."""
         self._read_pids()
+        tree: set[int] = set()
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            targets = [self.proc.pid] if self.proc and self.proc.poll() is None else []
-            targets += [pid for pid in self.known_pids.values() if _alive(pid)]
+            roots = [self.proc.pid] if self.proc else []
+            tree |= _descendants([*roots, *self.known_pids.values()]) | set(self.known_pids.values())
+            targets = [pid for pid in tree if _alive(pid)]
+            if self.proc and self.proc.poll() is None:
+                targets.append(self.proc.pid)
             if not targets:
                 break
             for pid in targets:
-                for kill in (os.killpg, os.kill):
-                    try:
-                        kill(pid, sig)
-                    except (ProcessLookupError, PermissionError):
-                        pass
+                try:
+                    os.kill(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
             deadline = time.monotonic() + grace
             while time.monotonic() < deadline and (
-                (self.proc and self.proc.poll() is None) or any(_alive(p) for p in self.known_pids.values())
+                (self.proc and self.proc.poll() is None) or any(_alive(p) for p in tree)
             ):
                 time.sleep(0.05)
         if self.proc:
@@ -190,3 +194,21 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
+
+
+def _descendants(roots: list[int]) -> set[int]:
+    """Every live descendant of ``roots`` (from /proc; helpers that called setsid included)."""
+    children: dict[int, list[int]] = {}
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat_file.parent.name))
+    found, todo = set(), list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found

@@ -1,0 +1,222 @@
+"""Local mode end to end: real horovodrun ranks, real FIFOs, S3 on a moto server over HTTP.
+
+Few and small on purpose: each job pays TensorFlow start-up per rank.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from local_s3_proxy import cutting_proxy
+
+from sagemaker_dist.local import LocalJobError, run_local
+from sagemaker_dist.local.demo import demo_estimator
+from sagemaker_dist.local.demo_data import write_demo_data
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "tests" / "local_scripts"
+CLI = [sys.executable, "-m", "sagemaker_dist.cli"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _job_processes(work: Path) -> list[int]:
+    """Pids of live processes whose environment points at a local job under ``work``."""
+    found = []
+    for proc_dir in Path("/proc").glob("[0-9]*"):
+        try:
+            if str(work).encode() in (proc_dir / "environ").read_bytes() and _alive(int(proc_dir.name)):
+                found.append(int(proc_dir.name))
+        except OSError:
+            continue
+    return found
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _small_data(s3, bucket, files=4, records=16):
+    data = write_demo_data(
+        f"s3://{bucket}/data/", files=files, records_per_file=records, validation_files=2, client=s3
+    )
+    return data
+
+
+def test_demo_runs_end_to_end_on_the_embedded_endpoint(tmp_path):
+    """`sagemaker-dist local --demo` with nothing else: embedded S3, demo data, 2 ranks, artefacts."""
+    state = tmp_path / "s3"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    proc = subprocess.run(
+        [*CLI, "local", "--demo", "--s3-state-dir", str(state)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "[rank 0 algo-1]" in out and "[rank 1 algo-2]" in out
+    summary = out[out.index("finished in") :]
+    rows = [line.split() for line in summary.splitlines() if line.strip().startswith(("0 ", "1 "))]
+    assert [r[2] for r in rows] == ["train_0", "train_1"]
+    assert [int(r[3]) for r in rows] == [512, 512]  # 256 records per rank's shard x 2 epochs
+    assert "final metrics (rank 0): loss=" in out
+    # the embedded endpoint saved its buckets on exit: model, checkpoints and TensorBoard logs are there
+    jobs = state / "sagemaker-dist-demo" / "jobs"
+    (job,) = [p for p in jobs.iterdir() if (p / "output").exists()]
+    with tarfile.open(job / "output" / "model.tar.gz") as tar:
+        assert any(name.startswith("1/saved_model.pb") for name in tar.getnames())
+    assert list((job / "checkpoints").glob("epoch-00002/meta.json"))
+    assert list((job / "tensorboard").rglob("events.out.tfevents.*"))
+
+
+def _request(bucket, entry_point, hps, epochs=2, checkpoint=None, hosts=2, per_host=1):
+    estimator = demo_estimator(
+        bucket,
+        hosts,
+        per_host,
+        "Pipe",
+        {"epochs": epochs, **hps},
+        source_dir=SCRIPTS if entry_point != "train_cifar10.py" else REPO / "examples",
+        entry_point=entry_point,
+        **({"checkpoint_s3_uri": checkpoint} if checkpoint else {}),
+    )
+    return estimator.prepare({"train": f"s3://{bucket}/data/train/"}, printer=None).request
+
+
+def test_rank_killed_mid_run_stops_the_job_and_a_rerun_resumes(s3, bucket, tmp_path):
+    _small_data(s3, bucket, files=4, records=16)
+    ckpt = f"s3://{bucket}/ckpt/job"
+    hps = {"batch_size": 8, "total_train_records": 64}
+    request = _request(bucket, "train_cifar10.py", hps, epochs=30, checkpoint=ckpt)
+    killed = {}
+
+    def kill_rank_1_after_second_checkpoint():
+        _wait_for(
+            lambda: s3.list_objects_v2(Bucket=bucket, Prefix="ckpt/job/epoch-00002/meta.json").get(
+                "KeyCount"
+            ),
+            120,
+            "the epoch-2 checkpoint in S3",
+        )
+        pid_file = _wait_for(lambda: next(tmp_path.glob("*/ranks/1.pid"), None), 10, "rank 1's pid")
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        killed["at"] = time.monotonic()
+
+    killer = threading.Thread(target=kill_rank_1_after_second_checkpoint, daemon=True)
+    killer.start()
+    lines = []
+    with pytest.raises(LocalJobError) as failure:
+        run_local(request, REPO / "examples", work_dir=tmp_path, echo=lines.append, timeout=200)
+    stopped_after = time.monotonic() - killed["at"]
+    assert "rank 1 (host algo-2)" in str(failure.value)
+    assert stopped_after < 10, f"the job took {stopped_after:.1f} s to stop after the kill"
+    assert not [p for p in tmp_path.rglob("*") if p.exists() and stat.S_ISFIFO(p.stat().st_mode)]
+    assert not list(tmp_path.iterdir())  # temp trees removed
+
+    # the newest checkpoint in S3 is complete: every file meta.json lists has its size
+    keys = {o["Key"]: o["Size"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="ckpt/job/")["Contents"]}
+    epochs = sorted({int(k.split("/")[2].split("-")[1]) for k in keys if k.endswith("meta.json")})
+    newest = epochs[-1]
+    meta = json.loads(
+        s3.get_object(Bucket=bucket, Key=f"ckpt/job/epoch-{newest:05d}/meta.json")["Body"].read()
+    )
+    for name, size in meta["files"].items():
+        assert keys[f"ckpt/job/epoch-{newest:05d}/{name}"] == size
+
+    # rerun (fewer epochs than trained + 2): resumes from the newest checkpoint and finishes
+    rerun = _request(bucket, "train_cifar10.py", hps, epochs=newest + 2, checkpoint=ckpt)
+    lines = []
+    result = run_local(rerun, REPO / "examples", work_dir=tmp_path, echo=lines.append, timeout=200)
+    out = "\n".join(lines)
+    assert "restored" in out
+    assert f"Epoch {newest + 1}/{newest + 2}" in out and "Epoch 1/" not in out
+    assert result.model_uri
+
+
+def test_s3_failing_mid_job_stops_it_naming_the_object(s3, bucket, tmp_path, monkeypatch, aws_env):
+    _small_data(s3, bucket, files=2, records=8)
+    request = _request(bucket, "count_records.py", {}, hosts=1, per_host=1)
+    started = time.monotonic()
+    with cutting_proxy(aws_env["AWS_ENDPOINT_URL"], fail_times=1000, match="part-00001") as (_, url):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+        with pytest.raises(LocalJobError) as failure:
+            run_local(request, SCRIPTS, work_dir=tmp_path, echo=lambda line: None, timeout=120)
+    message = str(failure.value)
+    assert f"s3://{bucket}/data/train/part-00001.tfrecord" in message and "attempts" in message
+    assert time.monotonic() - started < 60
+    assert not list(tmp_path.iterdir())
+
+
+def test_ctrl_c_cleans_up_every_process_and_fifo(s3, bucket, tmp_path, aws_env):
+    _small_data(s3, bucket, files=2, records=200)
+    work = tmp_path / "work"
+    cmd = [
+        *CLI,
+        "local",
+        "--entry-point",
+        "count_records.py",
+        "--source-dir",
+        str(SCRIPTS),
+        "--train",
+        f"s3://{bucket}/data/train/",
+        "--output-path",
+        f"s3://{bucket}/jobs",
+        "--endpoint-url",
+        aws_env["AWS_ENDPOINT_URL"],
+        "-p",
+        "delay=0.05",
+        "--work-dir",
+        str(work),
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    output = io.StringIO()
+    reader = threading.Thread(target=lambda: [output.write(line) for line in proc.stdout], daemon=True)
+    reader.start()
+    try:
+        pid_files = _wait_for(
+            lambda: len(list(work.glob("*/ranks/*.pid"))) == 2 and list(work.glob("*/ranks/*.pid")),
+            120,
+            "both ranks to start",
+        )
+        pids = [int(p.read_text()) for p in pid_files]
+        _wait_for(lambda: output.getvalue().count("first record") == 2, 60, "both ranks reading")
+        assert [p for p in work.rglob("train_*") if stat.S_ISFIFO(p.stat().st_mode)]
+        assert len(_job_processes(work)) >= 3  # horovodrun and the two ranks (plus helpers)
+        os.kill(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    reader.join(5)
+    assert code == 130, output.getvalue()[-3000:]
+    assert not [pid for pid in pids if _alive(pid)]
+    assert not _job_processes(work)
+    assert not list(work.iterdir())  # FIFOs and /opt/ml trees removed
