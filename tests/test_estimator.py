@@ -606,3 +606,24 @@ def test_wait_returns_the_status_on_timeout():
     lines = []
     assert ScriptedHandle([running]).wait(poll=0.01, timeout=0.05, printer=lines.append) == "InProgress"
     assert "call wait() again" in lines[-1]
+
+
+def test_a_shard_set_written_earlier_is_reused_as_is(session, sagemaker, s3, bucket, source_dir):
+    from sagemaker_dist.s3_objects import list_objects
+    from sagemaker_dist.shard_writer import read_shard_set, write_shards
+    from sagemaker_dist.sharding import plan_shards
+
+    put_objects(s3, bucket, "raw/", [300 + 10 * i for i in range(12)])
+    objects = [(o.key, o.size) for o in list_objects(f"s3://{bucket}/raw/", client=s3)]
+    write_shards(
+        plan_shards(objects, 4), f"s3://{bucket}/raw/", f"s3://{bucket}/sharded/", mode="copy", client=s3
+    )
+    shard_set = read_shard_set(f"s3://{bucket}/sharded/", client=s3)  # e.g. in a later session
+    est = make(source_dir, session, instance_type="ml.g5.12xlarge", instance_count=1)
+    handle = est.launch({"train": shard_set}, job_name="reuse-shards", wait=False, printer=None)
+    channels = handle.describe()["InputDataConfig"]
+    assert [c["DataSource"]["S3DataSource"]["S3Uri"] for c in channels] == list(shard_set.uris)
+    assert {c["DataSource"]["S3DataSource"]["S3DataType"] for c in channels} == {"S3Prefix"}
+    assert not [k for k in all_keys(s3, bucket) if "/shards/" in k]  # nothing sharded again
+    with pytest.raises(EstimatorError, match="has 4 shard.*needs 8 channel.*num_shards=8"):
+        make(source_dir, session, instance_count=1).build_request({"train": shard_set})
