@@ -1,0 +1,207 @@
+"""PipeModeDataset and rank_dataset on real FIFOs with real TensorFlow."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from runtime_helpers import FifoFeeder, write_opt_ml
+
+from sagemaker_dist.layout import plan_layout
+from sagemaker_dist.runtime.config import ROOT_ENV
+from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo
+from sagemaker_dist.runtime.records import encode_recordio, encode_tfrecord
+
+tf = pytest.importorskip("tensorflow")
+
+from sagemaker_dist.runtime import PipeModeDataset, rank_dataset  # noqa: E402
+from sagemaker_dist.runtime.pipe_dataset import PipeModeDatasetError  # noqa: E402
+
+
+@pytest.fixture
+def opt_ml(tmp_path, monkeypatch):
+    write_opt_ml(tmp_path, ["train_0", "train_1", "text", "rio"])
+    monkeypatch.setenv(ROOT_ENV, str(tmp_path))
+    return tmp_path
+
+
+def feed(root, channel, epochs) -> FifoFeeder:
+    feeder = FifoFeeder(root / "input" / "data", channel, epochs)
+    feeder.start()
+    return feeder
+
+
+def records_of(ds) -> list[bytes]:
+    return [x.numpy() for x in ds]
+
+
+def tf_written_records(path, records) -> bytes:
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for r in records:
+            writer.write(r)
+    return path.read_bytes()
+
+
+def test_reads_what_tensorflow_wrote_through_a_fifo(opt_ml):
+    records = [os.urandom(n) for n in (0, 1, 100, 5000, 200_000)] + [b"x" * 100] * 300
+    feeder = feed(opt_ml, "train_0", [tf_written_records(opt_ml / "w.tfrecord", records)])
+    ds = PipeModeDataset("train_0", record_format="TFRecord", chunk_size=4096)
+    assert ds.element_spec == tf.TensorSpec(shape=(), dtype=tf.string)
+    assert records_of(ds) == records
+    feeder.join(10)
+    assert feeder.served == 1 and feeder.error is None
+
+
+def test_each_iteration_opens_the_next_fifo(opt_ml):
+    epochs = [b"".join(encode_tfrecord(f"e{e}r{i}".encode()) for i in range(50)) for e in range(3)]
+    feeder = feed(opt_ml, "train_1", epochs)
+    ds = PipeModeDataset("train_1", "TFRecord")
+    first = records_of(ds)
+    second = records_of(ds)
+    assert first == [f"e0r{i}".encode() for i in range(50)]
+    assert second == [f"e1r{i}".encode() for i in range(50)]
+    # A new dataset object on the same channel continues the count (state is kept in state_dir).
+    third = records_of(PipeModeDataset("train_1", "TFRecord").take(5))
+    assert third == [f"e2r{i}".encode() for i in range(5)]
+    feeder.join(10)
+    assert feeder.served == 3
+    assert (opt_ml / "pipe_state" / "train_1").read_text() == "3"
+
+
+def test_repeat_batch_and_map_read_epoch_after_epoch(opt_ml):
+    epochs = [
+        b"".join(encode_tfrecord(np.int64(e * 1000 + i).tobytes()) for i in range(10)) for e in range(3)
+    ]
+    feeder = feed(opt_ml, "train_0", epochs)
+    ds = (
+        PipeModeDataset("train_0", "TFRecord")
+        .map(lambda r: tf.io.decode_raw(r, tf.int64)[0])
+        .repeat(3)
+        .batch(4)
+    )
+    values = np.concatenate([b.numpy() for b in ds]).tolist()
+    assert values == [e * 1000 + i for e in range(3) for i in range(10)]
+    feeder.join(10)
+    assert feeder.served == 3
+
+
+def test_keras_fit_epochs_each_read_their_own_fifo(opt_ml):
+    rng = np.random.default_rng(0)
+
+    def epoch_bytes():
+        out = []
+        for _ in range(32):
+            x = rng.normal(size=4).astype(np.float32)
+            out.append(encode_tfrecord(np.append(x, x.sum()).astype(np.float32).tobytes()))
+        return b"".join(out)
+
+    feeder = feed(opt_ml, "train_0", [epoch_bytes() for _ in range(3)])
+
+    def parse(record):
+        v = tf.io.decode_raw(record, tf.float32)
+        return v[:4], v[4:]
+
+    ds = PipeModeDataset("train_0", "TFRecord").map(parse).batch(8)
+    model = tf.keras.Sequential([tf.keras.layers.Input(shape=(4,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    history = model.fit(ds, epochs=3, verbose=0)
+    assert len(history.history["loss"]) == 3
+    feeder.join(10)
+    assert feeder.served == 3
+
+
+def test_recordio_and_text_lines(opt_ml):
+    rio = [b"a" * 3, os.urandom(1000), b""]
+    feeder1 = feed(opt_ml, "rio", [b"".join(encode_recordio(r, max_part=256) for r in rio)])
+    assert records_of(PipeModeDataset("rio")) == rio  # RecordIO is the default, as in AWS's
+    feeder2 = feed(opt_ml, "text", [b"one\ntwo\r\n\nlast"])
+    assert records_of(PipeModeDataset("text", "TextLine")) == [b"one", b"two", b"", b"last"]
+    feeder1.join(10)
+    feeder2.join(10)
+
+
+WRITER_DIES = """
+import os, sys
+out = os.open(sys.argv[1], os.O_WRONLY)
+os.write(out, open(sys.argv[2], "rb").read())
+os._exit(3)
+"""
+
+
+def test_writer_dying_mid_record_fails_the_iteration_with_the_offset(opt_ml):
+    data = b"".join(encode_tfrecord(b"r" * 100) for _ in range(20))
+    (opt_ml / "partial").write_bytes(data[: 12 * 116 + 60])
+    fifo = opt_ml / "input" / "data" / "train_0_0"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen([sys.executable, "-c", WRITER_DIES, str(fifo), str(opt_ml / "partial")])
+    ds = PipeModeDataset("train_0", "TFRecord")
+    got = 0
+    with pytest.raises(
+        tf.errors.OpError, match="channel 'train_0', epoch 0, byte offset 1392.*ended inside a record"
+    ):
+        for _ in ds:
+            got += 1
+    assert writer.wait(30) == 3
+    assert got == 12
+
+
+def test_corrupt_crc_fails_or_is_skipped_and_counted(opt_ml, caplog):
+    records = [bytes([i]) * 64 for i in range(8)]
+    data = bytearray(b"".join(encode_tfrecord(r) for r in records))
+    data[3 * 80 + 30] ^= 0x01  # flip one bit in record 3's data
+    feeder = feed(opt_ml, "train_0", [bytes(data), bytes(data)])
+    with pytest.raises(tf.errors.OpError, match="epoch 0, byte offset 240: TFRecord: data CRC mismatch"):
+        records_of(PipeModeDataset("train_0", "TFRecord"))
+    with caplog.at_level(logging.WARNING):
+        got = records_of(PipeModeDataset("train_0", "TFRecord", max_corrupted_records_to_skip=1))
+    assert got == records[:3] + records[4:]
+    assert "epoch 1, byte offset 240: skipped corrupted TFRecord record" in caplog.text
+    assert "channel 'train_0', epoch 1: skipped 1 corrupted record(s), read 7" in caplog.text
+    feeder.join(10)
+
+
+def test_missing_fifo_times_out_with_a_clear_error(opt_ml):
+    ds = PipeModeDataset("train_0", "TFRecord", fifo_timeout=0.3)
+    with pytest.raises(tf.errors.OpError, match=r"train_0_0 did not appear within 0.3 s .*Pipe mode"):
+        records_of(ds)
+
+
+def test_benchmark_prints_throughput(opt_ml, capfd):
+    feeder = feed(opt_ml, "train_0", [b"".join(encode_tfrecord(b"z" * 10) for _ in range(100))])
+    records_of(PipeModeDataset("train_0", "TFRecord", benchmark=True, benchmark_records_interval=50))
+    feeder.join(10)
+    out = capfd.readouterr().out
+    assert "PipeModeDataset train_0_0 epoch end: 100 records, 2600 bytes" in out
+
+
+def test_constructor_checks_like_aws(opt_ml):
+    with pytest.raises(ValueError, match="'CSV' is not one of"):
+        PipeModeDataset("train_0", "CSV")
+    with pytest.raises(PipeModeDatasetError, match="channel 'nope' is not in .*inputdataconfig.json"):
+        PipeModeDataset("nope")
+    write_opt_ml(opt_ml, {"train_0": "File"})
+    with pytest.raises(PipeModeDatasetError, match="channel 'train_0' is in 'File' mode, not Pipe"):
+        PipeModeDataset("train_0", "TFRecord")
+
+
+def test_rank_dataset_reads_this_ranks_channel(tmp_path):
+    layout = plan_layout(1, 2)
+    write_opt_ml(tmp_path, layout.channel_names, layout=layout)
+    feeder = feed(tmp_path, "train_1", [b"".join(encode_tfrecord(b"rank-1 data") for _ in range(3))])
+    ds = rank_dataset(root=tmp_path, rank_info=RankInfo(1, 1, 2, 2))
+    assert records_of(ds) == [b"rank-1 data"] * 3
+    feeder.join(10)
+    with pytest.raises(RankChannelError, match="expected channel 'train_2'"):
+        rank_dataset(root=tmp_path, rank_info=RankInfo(2, 2, 3, 3))
+
+
+def test_rank_dataset_insists_on_recordio_for_wrapped_channels(tmp_path):
+    layout = plan_layout(1, 1, record_wrapper="RecordIO")
+    write_opt_ml(tmp_path, layout.channel_names, layout=layout, wrapper="RecordIO")
+    with pytest.raises(PipeModeDatasetError, match="RecordWrapperType RecordIO.*record_format='RecordIO'"):
+        rank_dataset(root=tmp_path, rank_info=RankInfo(0, 0, 1, 1))
+    assert rank_dataset("train", "RecordIO", root=tmp_path, rank_info=RankInfo(0, 0, 1, 1)) is not None
