@@ -128,11 +128,14 @@ def _lpt_assign(sizes: np.ndarray, num_shards: int) -> np.ndarray:
     # Heap entries are (load << bits) | shard: the smallest int is the lightest shard, the lowest
     # index on ties. Adding (size << bits) to an entry adds size to that shard's load.
     steps = [int(s) << bits for s in sizes[order].tolist()]
-    heap = list(range(num_shards))
-    picked = []
+    # The largest num_shards objects open one shard each (what LPT does anyway for positive sizes);
+    # this keeps every shard non-empty even when objects have zero bytes.
+    picked = list(range(num_shards))
+    heap = [step | i for i, step in enumerate(steps[:num_shards])]
+    heapq.heapify(heap)
     append = picked.append
     replace = heapq.heapreplace
-    for step in steps:
+    for step in islice(steps, num_shards, None):
         top = heap[0]
         append(top)
         replace(heap, top + step)

@@ -119,6 +119,8 @@ def test_ties_are_broken_by_name_and_table_adds_up():
 
 def test_zero_byte_objects_and_huge_sizes():
     assert plan_shards([("a", 0), ("b", 0)], 2).table()[0][3] == 0.5
+    empties = plan_shards([(f"e{i}", 0) for i in range(10)] + [("x", 7)], 4)
+    assert all(empties.shards), "zero-byte objects still give every worker something to read"
     huge = [("a", 2**70), ("b", 2**70 + 1), ("c", 3)]  # beyond int64: still exact
     plan = plan_shards(huge, 2)
     assert sorted(plan.bytes_per_shard) == [2**70 + 1, 2**70 + 3]
