@@ -76,13 +76,21 @@ def describe_client_error(exc, bucket: str, action: str, missing_codes=("NoSuchB
     )
 
 
+def unreachable(exc, action: str) -> S3AccessError:
+    """No answer from S3 at all (no credentials, endpoint down or misspelt)."""
+    return S3AccessError(
+        f"could not {action}: {exc}; check AWS_ENDPOINT_URL (if you use one), your network and "
+        "your AWS credentials"
+    )
+
+
 def list_objects(s3_uri: str, suffix: str | None = None, client=None) -> list[S3Object]:
     """Every object under ``s3_uri`` in key order, skipping folder placeholders (``key/``, 0 bytes).
 
     ``suffix`` keeps only keys ending with it (e.g. ``.tfrecord``). Raises MissingBucketError or
     EmptyPrefixError rather than returning nothing.
     """
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, prefix = parse_s3_uri(s3_uri)
     client = client or make_client()
@@ -101,6 +109,8 @@ def list_objects(s3_uri: str, suffix: str | None = None, client=None) -> list[S3
                 found.append(S3Object(key, size))
     except ClientError as exc:
         raise describe_client_error(exc, bucket, f"list {s3_uri}") from exc
+    except BotoCoreError as exc:
+        raise unreachable(exc, f"list {s3_uri}") from exc
     if not found:
         why = f"none of its {listed} object(s) end with {suffix!r}" if suffix and listed else "it is empty"
         raise EmptyPrefixError(

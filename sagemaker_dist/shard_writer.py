@@ -26,6 +26,7 @@ from .s3_objects import (
     make_client,
     parse_s3_uri,
     s3_uri,
+    unreachable,
 )
 from .sharding import ShardPlan
 
@@ -148,7 +149,7 @@ def write_shards(
     server-side into ``<out>/<role>/<k>/``. The complete marker is written only after everything else
     succeeded. ``progress=None`` shows a tqdm bar only on a terminal.
     """
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import BotoCoreError, ClientError
 
     src_bucket, folder, out_bucket, out_root = _check_request(plan, source_uri, output_uri, mode, role)
     client = client or make_client(max_pool_connections=max(workers * 4, 10))
@@ -161,6 +162,8 @@ def write_shards(
         raise describe_client_error(
             exc, out_bucket, f"write to {output_uri}", missing_codes=("NoSuchBucket", "404")
         ) from exc
+    except BotoCoreError as exc:
+        raise unreachable(exc, f"write to {output_uri}") from exc
 
     copied = skipped = deleted = 0
     if mode == COPY:

@@ -10,6 +10,7 @@ from s3_data import ODD_NAMES, body_of, dataset, filled_bucket
 from sagemaker_dist.s3_objects import (
     EmptyPrefixError,
     MissingBucketError,
+    S3AccessError,
     S3Object,
     S3UriError,
     list_objects,
@@ -109,3 +110,18 @@ def test_only_placeholders_is_empty(s3, data_bucket):
 def test_suffix_matching_nothing_says_so(s3, data_bucket):
     with pytest.raises(EmptyPrefixError, match=r"none of its 1211 object\(s\) end with '.parquet'.*--suffix"):
         list_objects(f"s3://{data_bucket}/data/", suffix=".parquet", client=s3)
+
+
+def test_unreachable_endpoint_is_a_named_error(aws_env, monkeypatch):
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    import boto3
+    from botocore.config import Config
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    client = boto3.client("s3", config=Config(retries={"mode": "standard", "max_attempts": 1}))
+    with pytest.raises(S3AccessError, match="could not list s3://bucket/data/.*check AWS_ENDPOINT_URL"):
+        list_objects("s3://bucket/data/", client=client)
