@@ -90,11 +90,12 @@ def small_source(s3, bucket):
     return f"s3://{bucket}/in/", objects
 
 
-def test_copy_mode_copies_once_then_skips(s3, bucket, small_source):
+def test_copy_mode_copies_once_then_skips(s3, bucket, small_source, capsys):
     source, objects = small_source
     plan = _plan(s3, source, 4)
     out = f"s3://{bucket}/copies"
-    first = write_shards(plan, source, out, mode="copy", client=s3, progress=False)
+    first = write_shards(plan, source, out, mode="copy", client=s3, progress=True)
+    assert f"copy {len(objects)} objects: 100%" in capsys.readouterr().err  # the tqdm bar
     assert first.s3_data_type == "S3Prefix"
     assert first.uris == [f"s3://{bucket}/copies/train/{i}/" for i in range(4)]
     assert (first.copied, first.skipped) == (len(objects), 0)
