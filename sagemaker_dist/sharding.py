@@ -26,12 +26,20 @@ class NotEnoughObjectsError(ShardingError):
     """Fewer objects than shards: some worker would get no data and stall the others."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ShardPlan:
     """Which keys each shard holds; ``shards[i]`` feeds worker ``i``'s channel."""
 
     shards: list[list[str]]
     sizes: list[list[int]]  # parallel to ``shards``: bytes of each key
+
+    def __repr__(self) -> str:  # a million keys would drown a traceback
+        if self.num_objects <= 20:
+            return f"ShardPlan(shards={self.shards!r}, sizes={self.sizes!r})"
+        return (
+            f"ShardPlan({self.num_shards} shards, {self.num_objects} objects, {self.total_bytes} bytes, "
+            f"imbalance {self.imbalance:.6f})"
+        )
 
     @property
     def num_shards(self) -> int:
