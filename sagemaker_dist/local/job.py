@@ -27,8 +27,7 @@ from sagemaker_dist.local.feeder import (
     resolve_objects,
 )
 from sagemaker_dist.local.launcher import RankGroup, describe_exit, rank_command
-from sagemaker_dist.local.opt_ml import build_host_trees, decode_hyperparameter, user_args
-from sagemaker_dist.local.rank_entry import JOB_ENV
+from sagemaker_dist.local.opt_ml import JOB_ENV, build_host_trees, decode_hyperparameter, user_args
 from sagemaker_dist.s3_objects import parse_s3_uri
 
 CHECKPOINT_SYNC_S = 2.0

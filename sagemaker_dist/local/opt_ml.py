@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 OPT_ML_ENV = "SAGEMAKER_DIST_OPT_ML"  # the runtime's override of the /opt/ml root
+JOB_ENV = "SAGEMAKER_DIST_LOCAL_JOB"  # tells each rank's entry where the job description is
 LOCAL_INSTANCE_TYPE = "local"
 
 

@@ -16,7 +16,7 @@ import runpy
 import sys
 from pathlib import Path
 
-JOB_ENV = "SAGEMAKER_DIST_LOCAL_JOB"
+from sagemaker_dist.local.opt_ml import JOB_ENV
 
 
 def world_rank() -> tuple[int, int]:
@@ -57,6 +57,12 @@ def main() -> None:
     os.environ.update(simulated_rank_env(rank, size, per_host, host["name"]))
     pid_dir = Path(job["pid_dir"])
     (pid_dir / f"{rank}.pid").write_text(str(os.getpid()))
+    local = os.environ["HOROVOD_LOCAL_RANK"]
+    print(
+        f"rank {rank}/{size} on {host['name']} (local rank {local} of {per_host}): "
+        f"{job['entry_point']} {' '.join(job['args'])}",
+        flush=True,
+    )
     code = 1
     try:
         os.chdir(job["source_dir"])
@@ -69,6 +75,7 @@ def main() -> None:
         raise
     finally:
         (pid_dir / f"{rank}.exit").write_text(str(code))
+        print(f"rank {rank} exits with code {code}", flush=True)
 
 
 if __name__ == "__main__":
