@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -62,6 +63,21 @@ def start_writer(src: Path, fifo: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", WRITER, str(src), str(fifo)])
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process and its finished children (the writers), user + system."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def timed(fn, *args) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds, result) of fn(*args)."""
+    cpu = cpu_seconds()
+    start = time.perf_counter()
+    result = fn(*args)
+    return time.perf_counter() - start, cpu_seconds() - cpu, result
+
+
 def count_batches(ds) -> int:
     n = 0
     for batch in ds:
@@ -69,7 +85,7 @@ def count_batches(ds) -> int:
     return n
 
 
-def run_pipe_dataset(src: Path, root: Path, epoch: int) -> tuple[float, int]:
+def run_pipe_dataset(src: Path, root: Path, epoch: int) -> int:
     data = root / "input" / "data"
     writer = start_writer(src, data / f"bench_{epoch}")
     ds = PipeModeDataset(
@@ -79,25 +95,19 @@ def run_pipe_dataset(src: Path, root: Path, epoch: int) -> tuple[float, int]:
         pipe_dir=data,
         config_dir=root / "input" / "config",
     ).batch(BATCH)
-    start = time.perf_counter()
     n = count_batches(ds)
-    seconds = time.perf_counter() - start
     writer.wait()
-    return seconds, n
+    return n
 
 
-def run_file(src: Path) -> tuple[float, int]:
-    ds = tf.data.TFRecordDataset(str(src)).batch(BATCH)
-    start = time.perf_counter()
-    n = count_batches(ds)
-    return time.perf_counter() - start, n
+def run_file(src: Path) -> int:
+    return count_batches(tf.data.TFRecordDataset(str(src)).batch(BATCH))
 
 
-def run_raw_pipe(src: Path, fifo: Path) -> tuple[float, int]:
+def run_raw_pipe(src: Path, fifo: Path) -> int:
     writer = start_writer(src, fifo)
     buf = bytearray(1 << 20)
     total = 0
-    start = time.perf_counter()
     fd = os.open(fifo, os.O_RDONLY)
     try:
         while True:
@@ -107,23 +117,26 @@ def run_raw_pipe(src: Path, fifo: Path) -> tuple[float, int]:
             total += n
     finally:
         os.close(fd)
-    seconds = time.perf_counter() - start
     writer.wait()
-    return seconds, total
+    return total
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=int, default=256, help="stream size per record size (MiB)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per reader; the median is reported")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per reader; medians are reported")
     parser.add_argument("--sizes", default="100,1000,100000", help="record sizes in bytes")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
-    print(f"TensorFlow {tf.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} CPU(s), "
-          f"{args.mb} MiB per size, median of {args.repeats}, consumer .batch({BATCH})")
-    header = f"{'record':>8} {'ours MB/s':>10} {'file MB/s':>10} {'raw MB/s':>10} {'ours/file':>10} {'ours/raw':>9}"
-    print(header)
-    results = []
+    print(
+        f"TensorFlow {tf.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} CPU(s), "
+        f"{args.mb} MiB per size, consumer .batch({BATCH}), median of {args.repeats} interleaved runs "
+        f"(ratios are medians of per-run ratios), load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"{'record':>8} {'ours MB/s':>10} {'file MB/s':>10} {'raw MB/s':>10} {'ours/file':>10}"
+        f" {'ours/raw':>9} {'ours MB/cpu-s':>14} {'file MB/cpu-s':>14}"
+    )
     with tempfile.TemporaryDirectory(prefix="bench-pipe-") as tmp:
         root = Path(tmp)
         (root / "input" / "data").mkdir(parents=True)
@@ -136,21 +149,27 @@ def main(argv=None) -> int:
             src = root / f"records-{size}.tfrecord"
             records = make_file(src, size, args.mb << 20)
             nbytes = src.stat().st_size
-            ours, file_, raw = [], [], []
+            runs = {"ours": [], "file": [], "raw": []}
             for _ in range(args.repeats):
-                seconds, n = run_pipe_dataset(src, root, epoch)
+                wall, cpu, n = timed(run_pipe_dataset, src, root, epoch)
                 epoch += 1
                 assert n == records, f"PipeModeDataset read {n} records, expected {records}"
-                ours.append(nbytes / seconds / 1e6)
-                seconds, n = run_file(src)
+                runs["ours"].append((wall, cpu))
+                wall, cpu, n = timed(run_file, src)
                 assert n == records, f"TFRecordDataset read {n} records, expected {records}"
-                file_.append(nbytes / seconds / 1e6)
-                seconds, n = run_raw_pipe(src, root / "input" / "data" / f"raw_{size}")
+                runs["file"].append((wall, cpu))
+                wall, cpu, n = timed(run_raw_pipe, src, root / "input" / "data" / f"raw_{size}")
                 assert n == nbytes, f"raw pipe read {n} bytes, expected {nbytes}"
-                raw.append(nbytes / seconds / 1e6)
-            o, f, r = (statistics.median(x) for x in (ours, file_, raw))
-            results.append({"record_bytes": size, "ours": o, "file": f, "raw": r})
-            print(f"{size:>8} {o:>10.0f} {f:>10.0f} {r:>10.0f} {o / f:>9.2f}x {o / r:>8.0%}", flush=True)
+                runs["raw"].append((wall, cpu))
+            mbps = {k: statistics.median(nbytes / w / 1e6 for w, _ in v) for k, v in runs.items()}
+            cpu_mbps = {k: statistics.median(nbytes / c / 1e6 for _, c in v) for k, v in runs.items()}
+            vs_file = statistics.median(f[0] / o[0] for o, f in zip(runs["ours"], runs["file"]))
+            vs_raw = statistics.median(r[0] / o[0] for o, r in zip(runs["ours"], runs["raw"]))
+            print(
+                f"{size:>8} {mbps['ours']:>10.0f} {mbps['file']:>10.0f} {mbps['raw']:>10.0f} "
+                f"{vs_file:>9.2f}x {vs_raw:>8.0%} {cpu_mbps['ours']:>14.0f} {cpu_mbps['file']:>14.0f}",
+                flush=True,
+            )
             src.unlink()
     return 0
 
