@@ -1,0 +1,125 @@
+"""Local mode's pure parts: /opt/ml trees, simulated rank variables, demo records, request checks."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from sagemaker_dist.layout import plan_layout
+from sagemaker_dist.local import LocalJobError, run_local
+from sagemaker_dist.local.demo_data import encode_example, generate_examples, tfrecord_file
+from sagemaker_dist.local.job import _final_metrics
+from sagemaker_dist.local.launcher import LaunchError, describe_exit, rank_command
+from sagemaker_dist.local.opt_ml import build_host_trees, hyperparameters_as_strings, user_args
+from sagemaker_dist.local.rank_entry import simulated_rank_env
+
+
+def _channel(name, mode="Pipe", distribution="FullyReplicated"):
+    return {
+        "ChannelName": name,
+        "InputMode": mode,
+        "DataSource": {
+            "S3DataSource": {
+                "S3DataType": "S3Prefix",
+                "S3Uri": "s3://b/p/",
+                "S3DataDistributionType": distribution,
+            }
+        },
+    }
+
+
+def test_host_trees_follow_the_container_contract(tmp_path):
+    layout = plan_layout(2, 2)
+    hps = {"epochs": 3, "lr": 0.1, "name": "x", "sagemaker_dist_layout": layout.to_json()}
+    trees = build_host_trees(tmp_path, 2, [_channel("train_0"), _channel("eval", "FastFile")], hps)
+    assert [t.name for t in trees] == ["algo-1", "algo-2"]
+    config = trees[1].root / "input" / "config"
+    resource = json.loads((config / "resourceconfig.json").read_text())
+    assert resource["current_host"] == "algo-2" and resource["hosts"] == ["algo-1", "algo-2"]
+    stored = json.loads((config / "hyperparameters.json").read_text())
+    assert (
+        stored["epochs"] == "3" and stored["name"] == "x" and all(isinstance(v, str) for v in stored.values())
+    )
+    data = json.loads((config / "inputdataconfig.json").read_text())
+    assert data["train_0"]["TrainingInputMode"] == "Pipe" and data["eval"]["TrainingInputMode"] == "File"
+    env = trees[1].env
+    assert env["SAGEMAKER_DIST_OPT_ML"] == str(trees[1].root)
+    assert env["SM_CURRENT_HOST"] == "algo-2" and json.loads(env["SM_HOSTS"]) == ["algo-1", "algo-2"]
+    assert env["SM_CHANNEL_TRAIN_0"] == str(trees[1].root / "input" / "data" / "train_0")
+    assert env["SM_HP_EPOCHS"] == "3" and "SM_HP_SAGEMAKER_DIST_LAYOUT" not in env
+    assert json.loads(env["SM_HPS"]) == {"epochs": 3, "lr": 0.1, "name": "x"}
+    assert user_args(hyperparameters_as_strings(hps)) == ["--epochs", "3", "--lr", "0.1", "--name", "x"]
+
+
+@pytest.mark.parametrize(("rank", "local", "cross"), [(0, 0, 0), (1, 1, 0), (2, 0, 1), (5, 1, 2)])
+def test_simulated_rank_env_fills_hosts_in_order(rank, local, cross):
+    env = simulated_rank_env(rank, 6, 2, f"algo-{cross + 1}")
+    assert env["HOROVOD_LOCAL_RANK"] == str(local) and env["HOROVOD_LOCAL_SIZE"] == "2"
+    assert env["HOROVOD_CROSS_RANK"] == str(cross) and env["HOROVOD_CROSS_SIZE"] == "3"
+    assert env["HOROVOD_HOSTNAME"] == f"algo-{cross + 1}"
+
+
+def test_demo_records_are_tf_examples_in_valid_tfrecord_framing(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    path = tmp_path / "demo.tfrecord"
+    path.write_bytes(tfrecord_file(5, seed=3))
+    expected = list(generate_examples(5, seed=3))
+    records = list(tf.data.TFRecordDataset(str(path)))  # checks both CRCs of every record
+    assert len(records) == 5
+    for raw, (image, label) in zip(records, expected):
+        example = tf.train.Example.FromString(raw.numpy())
+        assert example.features.feature["image"].bytes_list.value == [image]
+        assert example.features.feature["label"].int64_list.value == [label]
+        assert len(image) == 32 * 32 * 3
+    negative = tf.train.Example.FromString(encode_example({"v": [-1, 2**40]}))
+    assert list(negative.features.feature["v"].int64_list.value) == [-1, 2**40]
+
+
+def test_final_metrics_from_keras_lines_or_metric_definitions():
+    lines = [
+        "Epoch 1/2",
+        "8/8 - 3s - loss: 2.29 - accuracy: 0.10 - val_loss: 2.28",
+        "Epoch 2/2",
+        "8/8 - 0s - loss: 2.24 - accuracy: 0.12 - val_loss: 2.30 - 445ms/epoch",
+    ]
+    assert _final_metrics(lines, []) == {"loss": 2.24, "accuracy": 0.12, "val_loss": 2.30}
+    definitions = [{"Name": "train:loss", "Regex": r"loss: ([0-9.]+) -"}]
+    assert _final_metrics(lines, definitions) == {"train:loss": 2.24}
+
+
+def test_launcher_commands_and_exit_descriptions():
+    cmd = rank_command("horovodrun", 4)
+    assert cmd[1:6] == ["--gloo", "-np", "4", "-H", "localhost:4"]
+    assert cmd[-2:] == ["-m", "sagemaker_dist.local.rank_entry"]
+    with pytest.raises(LaunchError, match="one of"):
+        rank_command("srun", 2)
+    assert describe_exit(137) == "code 137 (killed by SIGKILL)"
+    assert describe_exit(-15) == "code -15 (killed by SIGTERM)"
+
+
+def _request(**hps):
+    return {
+        "TrainingJobName": "j",
+        "AlgorithmSpecification": {"TrainingInputMode": "Pipe"},
+        "ResourceConfig": {"InstanceCount": 2, "InstanceType": "ml.c5.xlarge"},
+        "HyperParameters": hps,
+        "InputDataConfig": [],
+    }
+
+
+def test_bad_requests_fail_before_anything_starts(tmp_path):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    layout = plan_layout(1, 2).to_json()
+    with pytest.raises(LocalJobError, match="layout hyperparameter is for 1 host"):
+        run_local(_request(sagemaker_program="train.py", sagemaker_dist_layout=layout), tmp_path)
+    with pytest.raises(LocalJobError, match="sagemaker_program"):
+        run_local(_request(), tmp_path)
+    with pytest.raises(LocalJobError, match="'missing.py' is not in the source dir"):
+        run_local(_request(sagemaker_program="missing.py"), tmp_path, work_dir=tmp_path / "w")
+    assert not os.listdir(tmp_path / "w")  # nothing left behind
+    with pytest.raises(LocalJobError, match="whole number"):
+        run_local(
+            _request(sagemaker_program="train.py", sagemaker_mpi_num_of_processes_per_host="two"), tmp_path
+        )
