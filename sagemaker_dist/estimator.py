@@ -46,6 +46,8 @@ TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 TERMINAL_STATUSES = ("Completed", "Failed", "Stopped")
 LAYOUT_ROLES = ("train", "validation", "eval")
+CODE_CHANNEL = "code"
+CODE_CHANNEL_DIR = f"/opt/ml/input/data/{CODE_CHANNEL}"
 
 # Added after the toolkit's own mpirun options (NCCL_SOCKET_IFNAME, -bind-to none, -map-by slot).
 DEFAULT_MPI_OPTIONS = (
@@ -339,6 +341,7 @@ class HorovodPipeEstimator:
             validation=validation,
             eval_channel="eval" in roles,
             extra_channels=tuple(extras),
+            reserved_channels=1 if self.enable_network_isolation else 0,  # the code channel
             input_mode=self.input_mode,
             record_wrapper=self.record_wrapper,
             shuffle_seed=self.shuffle_seed,
@@ -420,6 +423,19 @@ class HorovodPipeEstimator:
             return self.sagemaker_session.boto_region_name
         return boto3.session.Session().region_name
 
+    def _submit_directory(self, source_uri: str) -> str:
+        """Where the toolkit gets the source: S3, or with network isolation the ``code`` channel's file."""
+        if self.enable_network_isolation:
+            return f"{CODE_CHANNEL_DIR}/{TARBALL_NAME}"
+        return source_uri
+
+    def _code_channel(self, source_uri: str) -> list[dict]:
+        """With network isolation the container cannot reach S3, so the tarball comes in as a File channel."""
+        if not self.enable_network_isolation:
+            return []
+        source = {"S3DataType": "S3Prefix", "S3Uri": source_uri, "S3DataDistributionType": "FullyReplicated"}
+        return [{"ChannelName": CODE_CHANNEL, "DataSource": {"S3DataSource": source}, "InputMode": "File"}]
+
     def _request(
         self, layout, sources, extras, job_name, program, submit_directory, role, output_path, image=None
     ) -> dict:
@@ -432,9 +448,9 @@ class HorovodPipeEstimator:
             },
             "HyperParameters": {
                 **self.hyperparameters,
-                **self.framework_hyperparameters(layout, program, submit_directory),
+                **self.framework_hyperparameters(layout, program, self._submit_directory(submit_directory)),
             },
-            "InputDataConfig": self._channels(layout, sources, extras),
+            "InputDataConfig": self._channels(layout, sources, extras) + self._code_channel(submit_directory),
             "OutputDataConfig": {"S3OutputPath": output_path},
             "ResourceConfig": {
                 "InstanceType": self.instance_type,

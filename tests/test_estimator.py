@@ -248,7 +248,7 @@ def test_three_g5_12xlarge_hosts_give_12_ranks_per_local_rank_sharded_by_key(
     assert job["EnableNetworkIsolation"] is True
     assert job["CheckpointConfig"]["S3Uri"] == f"s3://{bucket}/ckpt/"
     channels = {c["ChannelName"]: c for c in job["InputDataConfig"]}
-    assert list(channels) == ["train_0", "train_1", "train_2", "train_3", "eval"]
+    assert list(channels) == ["train_0", "train_1", "train_2", "train_3", "eval", "code"]
     for i in range(4):
         c = channels[f"train_{i}"]
         assert c["DataSource"]["S3DataSource"]["S3DataDistributionType"] == "ShardedByS3Key"
@@ -263,7 +263,13 @@ def test_three_g5_12xlarge_hosts_give_12_ranks_per_local_rank_sharded_by_key(
     layout = ChannelLayout.from_json(hps["sagemaker_dist_layout"])
     assert (layout.world_size, layout.strategy) == (12, "per-local-rank")
     assert layout.channel_for("train", rank=9, local_rank=1) == "train_1"
-    with tarfile.open(fileobj=io.BytesIO(read_object(s3, hps["sagemaker_submit_directory"]))) as tar:
+    # Network isolation: the container cannot reach S3, so the source comes in as a File channel.
+    assert hps["sagemaker_submit_directory"] == "/opt/ml/input/data/code/sourcedir.tar.gz"
+    code = channels["code"]
+    assert code["InputMode"] == "File" and "ShuffleConfig" not in code
+    source_uri = code["DataSource"]["S3DataSource"]["S3Uri"]
+    assert source_uri == f"s3://{bucket}/sagemaker-dist/{handle.name}/source/sourcedir.tar.gz"
+    with tarfile.open(fileobj=io.BytesIO(read_object(s3, source_uri))) as tar:
         assert "train.py" in tar.getnames()
     logs = boto3.client("logs", region_name="us-east-1")
     logs.create_log_group(logGroupName="/aws/sagemaker/TrainingJobs")
