@@ -231,6 +231,29 @@ def _spot_problems(request: Mapping) -> list[str]:
     return []
 
 
+# Families with local NVMe instance storage, which SageMaker encrypts in hardware and for which it
+# refuses VolumeKmsKeyId: the 'd' families (p4d, g4dn, m5d, ...) and these.
+_LOCAL_NVME_FAMILIES = frozenset({"p5", "p5e", "p5en", "g5", "g6", "g6e", "trn1", "trn1n", "trn2"})
+
+
+def has_local_nvme(instance_type: str) -> bool:
+    """Whether ``instance_type`` (ml.<family>.<size>) has local instance storage."""
+    parts = instance_type.split(".")
+    family = parts[1] if len(parts) == 3 else ""
+    return family in _LOCAL_NVME_FAMILIES or bool(re.match(r"^[a-z]+\d+[a-z]*d[a-z]*$", family))
+
+
+def _volume_key_problems(request: Mapping) -> list[str]:
+    resources = request.get("ResourceConfig") or {}
+    instance_type = resources.get("InstanceType")
+    if resources.get("VolumeKmsKeyId") and isinstance(instance_type, str) and has_local_nvme(instance_type):
+        return [
+            f"{instance_type} has local NVMe storage, which SageMaker encrypts in hardware and for which "
+            "it refuses VolumeKmsKeyId; drop volume_kms_key"
+        ]
+    return []
+
+
 def _vpc_problems(request: Mapping) -> list[str]:
     vpc = request.get("VpcConfig")
     if vpc is not None and not (vpc.get("Subnets") and vpc.get("SecurityGroupIds")):
@@ -247,6 +270,7 @@ def limit_problems(request: Mapping) -> list[str]:
         + _credential_problems(request)
         + _spot_problems(request)
         + _vpc_problems(request)
+        + _volume_key_problems(request)
     )
 
 

@@ -212,6 +212,35 @@ def test_vpc_needs_subnets_and_security_groups():
     assert any("VpcConfig needs both" in p for p in problems)
 
 
+@pytest.mark.parametrize(
+    ("instance_type", "local"),
+    [
+        ("ml.p3.16xlarge", False),
+        ("ml.p3dn.24xlarge", True),
+        ("ml.p4d.24xlarge", True),
+        ("ml.g4dn.12xlarge", True),
+        ("ml.g5.12xlarge", True),
+        ("ml.p5.48xlarge", True),
+        ("ml.m5.xlarge", False),
+        ("ml.c5n.18xlarge", False),
+        ("ml.m5d.4xlarge", True),
+    ],
+)
+def test_volume_kms_key_is_refused_on_instances_with_local_nvme(instance_type, local):
+    request = changed(
+        ResourceConfig={
+            "InstanceType": instance_type,
+            "InstanceCount": 1,
+            "VolumeSizeInGB": 30,
+            "VolumeKmsKeyId": "alias/volume",
+        }
+    )
+    problems = limit_problems(request)
+    assert bool(problems) == local, problems
+    if local:
+        assert "local NVMe storage" in problems[0] and "drop volume_kms_key" in problems[0]
+
+
 def test_recordio_wrapper_only_in_pipe_mode():
     channels = copy.deepcopy(BASE["InputDataConfig"])
     channels[0].update(InputMode="File", RecordWrapperType="RecordIO")
