@@ -515,7 +515,7 @@ class HorovodPipeEstimator:
             job_name,
             program,
             submit_directory or self.source_uri(output_path, job_name),
-            role or role_arn(self.role, self._region()),
+            role or role_arn(self.role, self._region(), boto_session=self._boto_session()),
             output_path,
         )
         validate_request(request)
@@ -548,7 +548,7 @@ class HorovodPipeEstimator:
             job_name,
             self._program(),
             self.source_uri(output, job_name),
-            role_arn(self.role, account=_PLACEHOLDER_ACCOUNT),
+            role_arn(self.role, self._region(), account=_PLACEHOLDER_ACCOUNT),
             output,
             image=self._image(account=_PLACEHOLDER_ACCOUNT),
         )
