@@ -1,11 +1,12 @@
 """Balance S3 objects into one shard per worker by bytes: a pure planning core (no I/O, no AWS).
 
 The algorithm is LPT (longest processing time first): objects sorted by size, largest first, each
-goes to the shard with the fewest bytes so far. Its largest shard is within one small object of the
-lower bound max(total / shards, largest object) whenever there are many objects per shard. The sort
-runs in numpy and the greedy loop keeps the shard loads in a heap of plain integers (load and shard
-index packed in one int), so a million objects plan in well under a second.
-"""
+goes to the shard with the fewest bytes so far. The largest shard exceeds total / shards by at most
+the object placed on it last, and LPT is within 4/3 of the best possible split; with many objects
+per shard it lands within a millionth of the lower bound max(total / shards, largest object). The
+sort runs in numpy and the greedy loop keeps each shard's load and index packed in one Python int,
+so the heap compares plain integers: a million objects plan in about a second on two cores
+(bench/bench_sharding.py)."""
 
 from __future__ import annotations
 
