@@ -30,7 +30,7 @@ class EmptyPrefixError(ValueError):
     """No objects (after the suffix filter) under a prefix."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a million of them stay small
 class S3Object:
     key: str
     size: int
