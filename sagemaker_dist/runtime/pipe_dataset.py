@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 log = logging.getLogger(__name__)
-PREFETCH_CHUNKS = int(os.environ.get("PMD_PF", "2"))
+PREFETCH_CHUNKS = 2
 
 
 class PipeModeDatasetError(ValueError):

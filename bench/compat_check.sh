@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Optional, not part of CI: run the record/dataset tests and a short pipe-reader benchmark against other
+# TensorFlow versions, each in a throwaway virtual environment (downloads tensorflow-cpu each time).
+# Usage: bench/compat_check.sh [TF_VERSION ...]     default: 2.14.1 2.21.0 (TF 2.14 needs Python <= 3.11)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+if [ "$#" -eq 0 ]; then
+  set -- 2.14.1 2.21.0
+fi
+
+status=0
+for version in "$@"; do
+  tmp=$(mktemp -d)
+  echo "== tensorflow-cpu $version ($("$PYTHON" --version)) in $tmp"
+  "$PYTHON" -m venv "$tmp/venv"
+  "$tmp/venv/bin/python" -m pip install -q --upgrade pip
+  "$tmp/venv/bin/python" -m pip install -q "tensorflow-cpu==$version" "crc32c>=2.4,<3" \
+    "pytest>=8,<10" "pytest-timeout>=2.3,<3" "hypothesis>=6.100,<7"
+  if PYTHONPATH=$PWD "$tmp/venv/bin/python" -m pytest -q -p no:cacheprovider \
+      tests/test_records.py tests/test_pipe_dataset.py tests/test_runtime_config.py; then
+    PYTHONPATH=$PWD "$tmp/venv/bin/python" bench/bench_pipe_reader.py --mb 64 --repeats 3 || status=1
+  else
+    status=1
+  fi
+  rm -rf "$tmp"
+done
+exit "$status"
