@@ -33,7 +33,11 @@ _EXPORTS = {
     # launching
     "HorovodPipeEstimator": "estimator",
     "TrainingJobHandle": "estimator",
+    "ChannelSource": "estimator",
+    "sdk_channels": "estimator",
     "validate_request": "request_validation",
+    "RequestValidationError": "request_validation",
+    "pack_source": "source_package",
     "container_image_uri": "images",
     "dlc_tensorflow_image_uri": "images",
     # local mode
