@@ -169,6 +169,7 @@ def test_mismatch_under_horovodrun_fails_fast_instead_of_stalling(tmp_path):
     elapsed = time.monotonic() - start
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
-    assert "expected channel 'train_0'" in output and "expected channel 'train_1'" in output
+    # horovodrun kills the other rank as soon as one fails, so at least one of them reports.
+    assert "expected channel 'train_0'" in output or "expected channel 'train_1'" in output
     assert "has 3 train channel(s) (train_0, train_1, train_2)" in output
     assert elapsed < 10, f"took {elapsed:.1f} s"
