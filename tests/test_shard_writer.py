@@ -138,25 +138,34 @@ def test_copy_failure_half_way_leaves_nothing_complete(s3, bucket, small_source)
     write_shards(plan, source, out, mode="copy", client=s3, progress=False)
     assert read_shard_set(out, client=s3)  # complete before
 
-    # New data arrives, is planned, then one source object disappears before the copy.
+    # New data arrives and is planned; then the last new object in copy order disappears, so the
+    # copies before it succeed (one worker: they run in plan order) and that one fails.
     extra = {f"in/new-{i:02d}.tfrecord": b"n" * (10 + i) for i in range(12)}
     put_objects(s3, bucket, extra)
     replan = _plan(s3, source, 3)
-    s3.delete_object(Bucket=bucket, Key="in/new-05.tfrecord")
+    order = [(shard, key) for shard, key, _ in replan.items() if key in extra]
+    victim_shard, victim = order[-1]
+    s3.delete_object(Bucket=bucket, Key=victim)
     with pytest.raises(ShardWriteError) as info:
-        write_shards(replan, source, out, mode="copy", client=s3, progress=False, workers=2)
+        write_shards(replan, source, out, mode="copy", client=s3, progress=False, workers=1)
     message = str(info.value)
-    assert "in/new-05.tfrecord" in message and "Nothing was marked complete" in message
+    assert f"copying s3://{bucket}/{victim}" in message and "Nothing was marked complete" in message
+    copied_so_far = all_keys(s3, bucket, "copies/train/")
+    for shard, key in order[:-1]:  # half-way: the earlier copies are there ...
+        assert f"copies/train/{shard}/{key[len('in/'):]}" in copied_so_far
     with pytest.raises(IncompleteShardsError, match="run 'sagemaker-dist shard' again"):
-        read_shard_set(out, client=s3)
-    assert f"copies/train/{COMPLETE_MARKER}" not in all_keys(s3, bucket, "copies/")
+        read_shard_set(out, client=s3)  # ... but nothing looks complete
+    assert f"copies/train/{COMPLETE_MARKER}" not in copied_so_far
 
-    # Put it back: the re-run copies only what is missing and marks the set complete.
-    s3.put_object(Bucket=bucket, Key="in/new-05.tfrecord", Body=b"n" * 15)
+    # Put it back: the re-run copies what is missing (not the new objects already copied).
+    s3.put_object(Bucket=bucket, Key=victim, Body=extra[victim])
     done = write_shards(replan, source, out, mode="copy", client=s3, progress=False)
-    assert 1 <= done.copied <= len(extra)
+    assert done.copied >= 1
+    assert done.skipped >= len(order) - 1
     assert done.copied + done.skipped == len(objects) + len(extra)
     assert read_shard_set(out, client=s3) == done
+    dest = f"copies/train/{victim_shard}/{victim[len('in/'):]}"
+    assert s3.get_object(Bucket=bucket, Key=dest)["Body"].read() == extra[victim]
 
 
 def test_big_objects_copy_multipart(s3, bucket):
