@@ -1,0 +1,60 @@
+"""The embedded S3 endpoint keeps its buckets between commands; demo-data writes to the endpoint."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from sagemaker_dist.cli import main
+
+PUT = """
+from sagemaker_dist.local import embedded_s3
+from sagemaker_dist.local.endpoint import s3_client
+with embedded_s3({state!r}):
+    c = s3_client()
+    c.create_bucket(Bucket="kept-bucket")
+    c.put_object(Bucket="kept-bucket", Key="a/b.txt", Body=b"hello")
+"""
+GET = """
+from sagemaker_dist.local import embedded_s3
+from sagemaker_dist.local.endpoint import s3_client
+with embedded_s3({state!r}):
+    print(s3_client().get_object(Bucket="kept-bucket", Key="a/b.txt")["Body"].read().decode())
+"""
+
+
+def _python(code: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_embedded_endpoint_state_survives_between_processes(tmp_path):
+    state = str(tmp_path / "state")
+    _python(PUT.format(state=state))
+    assert (tmp_path / "state" / "kept-bucket" / "a" / "b.txt").read_bytes() == b"hello"
+    assert _python(GET.format(state=state)).strip() == "hello"  # a fresh server loaded it back
+
+
+def test_demo_data_command_writes_tfrecords_to_the_endpoint(aws_env, s3, bucket, capsys):
+    code = main(
+        [
+            "demo-data",
+            "--endpoint-url",
+            aws_env["AWS_ENDPOINT_URL"],
+            "--prefix",
+            f"s3://{bucket}/d/",
+            "--files",
+            "3",
+            "--records-per-file",
+            "4",
+            "--validation-files",
+            "1",
+        ]
+    )
+    assert code == 0
+    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"])
+    assert keys == [f"d/train/part-0000{i}.tfrecord" for i in range(3)] + ["d/validation/part-00000.tfrecord"]
+    assert "16 records" in capsys.readouterr().out
