@@ -123,3 +123,26 @@ def test_bad_requests_fail_before_anything_starts(tmp_path):
         run_local(
             _request(sagemaker_program="train.py", sagemaker_mpi_num_of_processes_per_host="two"), tmp_path
         )
+
+
+def test_source_comes_from_the_submit_directory_tarball_without_a_source_dir(s3, bucket, tmp_path):
+    import io
+    import tarfile
+
+    from sagemaker_dist.local.endpoint import s3_client
+    from sagemaker_dist.local.job import _source_dir
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("train.py")
+        info.size = 12
+        tar.addfile(info, io.BytesIO(b"print('hi')\n"))
+    s3.put_object(Bucket=bucket, Key="src/sourcedir.tar.gz", Body=buf.getvalue())
+    hps = {"sagemaker_submit_directory": f"s3://{bucket}/src/sourcedir.tar.gz"}
+    code = _source_dir(None, hps, tmp_path, s3_client())
+    assert (code / "train.py").read_text() == "print('hi')\n"
+    (tmp_path / "x").mkdir()
+    with pytest.raises(LocalJobError, match="cannot download the source package"):
+        _source_dir(
+            None, {"sagemaker_submit_directory": f"s3://{bucket}/nope.tar.gz"}, tmp_path / "x", s3_client()
+        )

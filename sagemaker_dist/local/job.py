@@ -297,6 +297,8 @@ def run_local(
     if not entry_point:
         raise LocalJobError("hyperparameter sagemaker_program (the entry script) is missing")
     job_name = request.get("TrainingJobName", "local-job")
+    if timeout is None:  # SageMaker stops a job at MaxRuntimeInSeconds; so does local mode
+        timeout = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
     command = rank_command(launcher, world)
     channels = list(request.get("InputDataConfig") or [])
     specs = [ChannelSpec.from_request(ch, default_mode) for ch in channels]
@@ -491,7 +493,10 @@ def _supervise(
             return _rank_failure(group, dead, "died (killed or crashed without exiting)", trees, per_host)
         if timeout is not None and time.monotonic() - started > timeout:
             group.kill()
-            return f"the job ran past its {timeout:.0f} s limit and was stopped"
+            return (
+                f"the job ran past its {timeout:.0f} s limit (StoppingCondition.MaxRuntimeInSeconds or "
+                "timeout=) and was stopped"
+            )
         time.sleep(0.1)
 
 
