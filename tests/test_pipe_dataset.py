@@ -168,6 +168,10 @@ def test_missing_fifo_times_out_with_a_clear_error(opt_ml):
     ds = PipeModeDataset("train_0", "TFRecord", fifo_timeout=0.3)
     with pytest.raises(tf.errors.OpError, match=r"train_0_0 did not appear within 0.3 s .*Pipe mode"):
         records_of(ds)
+    # The epoch was given back: once the FIFO appears, the next iteration reads train_0_0.
+    feeder = feed(opt_ml, "train_0", [encode_tfrecord(b"late")])
+    assert records_of(ds) == [b"late"]
+    feeder.join(10)
 
 
 def test_benchmark_prints_throughput(opt_ml, capfd):

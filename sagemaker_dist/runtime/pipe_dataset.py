@@ -33,22 +33,29 @@ class PipeModeDatasetError(ValueError):
     """A PipeModeDataset that cannot read its channel."""
 
 
-def _next_epoch(state_dir: Path, channel: str) -> int:
-    """Take the next epoch number of ``channel`` (shared by every process on the host)."""
+def _update_epoch(state_dir: Path, channel: str, undo: int | None = None) -> int:
+    """Take the next epoch number of ``channel`` (shared by every process on the host, under flock).
+
+    With ``undo=n``, give epoch ``n`` back if it is still the last one taken (its FIFO never came).
+    """
     state_dir.mkdir(parents=True, exist_ok=True)
     with open(state_dir / channel, "a+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             f.seek(0)
             text = f.read().strip()
-            epoch = int(text) if text else 0
+            current = int(text) if text else 0
+            if undo is None:
+                new = current + 1
+            else:
+                new = undo if current == undo + 1 else current
             f.seek(0)
             f.truncate()
-            f.write(str(epoch + 1))
+            f.write(str(new))
             f.flush()
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
-    return epoch
+    return current
 
 
 def _check_channel(config_dir: Path, channel: str) -> None:
@@ -85,8 +92,12 @@ class _EpochReader:
         self.chunk_size = chunk_size
 
     def __call__(self):
-        epoch = _next_epoch(self.state_dir, self.channel)
-        path = wait_for_fifo(fifo_path(self.pipe_dir, self.channel, epoch), self.timeout)
+        epoch = _update_epoch(self.state_dir, self.channel)
+        try:
+            path = wait_for_fifo(fifo_path(self.pipe_dir, self.channel, epoch), self.timeout)
+        except Exception:
+            _update_epoch(self.state_dir, self.channel, undo=epoch)  # a retry waits for the same FIFO
+            raise
         framer = make_framer(self.record_format, self.channel, epoch, self.max_skip)
         started = time.perf_counter()
         next_report = self.interval
