@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -219,3 +220,18 @@ def test_ctrl_c_cleans_up_every_process_and_fifo(s3, bucket, tmp_path, aws_env):
     assert not [pid for pid in pids if _alive(pid)]
     assert not _job_processes(work)
     assert not list(work.iterdir())  # FIFOs and /opt/ml trees removed
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI (mpirun) is not installed")
+def test_mpirun_launcher_gives_each_rank_its_simulated_host(s3, bucket, tmp_path):
+    _small_data(s3, bucket, files=2, records=4)
+    request = _request(bucket, "print_rank_env.py", {}, hosts=2, per_host=1)
+    lines = []
+    result = run_local(request, SCRIPTS, launcher="mpirun", work_dir=tmp_path, echo=lines.append, timeout=60)
+    seen = sorted(line.split("] ", 1)[1] for line in lines if "env rank=" in line)
+    fed = {(s.host, s.channel): s.bytes for s in result.feed_stats}
+    assert seen == [
+        f"env rank=0 local=0 host=algo-1 bytes={fed['algo-1', 'train_0']}",
+        f"env rank=1 local=0 host=algo-2 bytes={fed['algo-2', 'train_1']}",
+    ]
+    assert fed["algo-1", "train_0"] > 0

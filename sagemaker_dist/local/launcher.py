@@ -16,6 +16,7 @@ from pathlib import Path
 
 LAUNCHERS = ("horovodrun", "mpirun")
 _PREFIX = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
+_MPI_TRAILING_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:$")  # mpirun --tag-output glitch
 _HOROVOD_FAILED = re.compile(r"Process name: (\d+)\s*\n\s*Exit code: (-?\d+)")
 
 
@@ -110,7 +111,7 @@ class RankGroup:
             self.output.append(line)
             match = _PREFIX.match(line) or tag.match(line)
             if match:
-                rank, text = int(match.group(1)), match.group(3)
+                rank, text = int(match.group(1)), _MPI_TRAILING_TAG.sub("", match.group(3))
                 self.rank_lines.setdefault(rank, []).append(text)
                 self.on_line(rank, text)
             else:

@@ -1,0 +1,14 @@
+"""Test entry script without Horovod: print what this rank sees, read its channel's first FIFO."""
+
+import os
+import time
+
+root = os.environ["SAGEMAKER_DIST_OPT_ML"]
+rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("HOROVOD_RANK", "-1")))
+local = os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("HOROVOD_LOCAL_RANK"))
+fifo = f"{root}/input/data/train_{rank}_0"
+while not os.path.exists(fifo):
+    time.sleep(0.01)
+with open(fifo, "rb") as f:
+    size = len(f.read())
+print(f"env rank={rank} local={local} host={os.environ['SM_CURRENT_HOST']} bytes={size}", flush=True)
