@@ -83,6 +83,10 @@ class LocalJobResult:
                 f"  {r.rank:>4}  {r.host:<7} {r.channel or '-':<12} {rec:>9} {r.bytes / 1e6:>8.2f} "
                 f"{first:>10} {rate:>10}"
             )
+        lines.append(
+            "  (records: streamed into the rank's train FIFOs, tf.data read-ahead included; 1st record: "
+            "seconds from starting the ranks to the first bytes the rank read; records/s: over its stream)"
+        )
         if self.metrics:
             shown = ", ".join(f"{k}={v:.4g}" for k, v in self.metrics.items())
             lines.append(f"final metrics (rank 0): {shown}")
@@ -445,6 +449,7 @@ def run_local(
         return result
     finally:
         stop.set()
+        held_sigint = _hold_sigint()  # a second Ctrl-C must not cut the clean-up short
         if group is not None:
             group.kill()
         for f in feeders:
@@ -453,10 +458,19 @@ def run_local(
                 f.remove_fifos()
         if ckpt is not None:
             ckpt.stop()  # also after a failure: the last complete checkpoint reaches S3 for a rerun
-        if previous_handler is not None:
-            signal.signal(signal.SIGTERM, previous_handler)
         if not keep_work_dir:
             shutil.rmtree(work, ignore_errors=True)
+        if previous_handler is not None:
+            signal.signal(signal.SIGTERM, previous_handler)
+        if held_sigint is not None:
+            signal.signal(signal.SIGINT, held_sigint)
+
+
+def _hold_sigint():
+    """Ignore SIGINT (main thread only); returns the handler to put back, or None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class _DoneFeed:
