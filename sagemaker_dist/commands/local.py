@@ -143,9 +143,7 @@ def run_local_command(args) -> int:
             job = prepare_demo_job(
                 bucket, args.hosts, args.processes_per_host, args.input_mode, _hyperparameters(args)
             )
-            request, source_dir = job.request, job.source_dir
-            for line in job.layout_lines:
-                print(line)
+            request, source_dir = job.request, job.source_dir  # prepare() printed the layout
         elif args.request:
             request = json.loads(args.request.read_text())
             source_dir = args.source_dir
@@ -168,8 +166,6 @@ def run_local_command(args) -> int:
                 inputs["validation"] = args.validation
             prepared = estimator.prepare(inputs)
             request, source_dir = prepared.request, Path(estimator.source_dir)
-            for line in prepared.layout.explain():
-                print(line)
         if args.demo and args.checkpoint_s3_uri:
             request.setdefault("CheckpointConfig", {})["S3Uri"] = args.checkpoint_s3_uri
         run_local(
