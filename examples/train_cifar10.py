@@ -1,0 +1,128 @@
+"""Train a small CNN on CIFAR-10-shaped TFRecords with Horovod, each rank reading its own Pipe-mode channel.
+
+Records are ``tf.train.Example`` with ``image`` (32x32x3 uint8, raw bytes) and ``label`` (int64, 0-9).
+The sagemaker-training toolkit runs this as ``sagemaker_program`` under mpirun and passes the user
+hyperparameters as ``--name value`` (``sagemaker-dist local`` does the same):
+
+    --epochs 2 --batch-size 32 --learning-rate 0.001 --train-records 256 [--validation-records 64]
+    [--warmup-epochs 1] [--tensorboard-s3-uri s3://bucket/tb/job] [--tensorboard-interval 30]
+
+``--train-records`` is the number of records in each rank's shard (``--total-train-records`` for the
+whole set); every rank runs the steps of the smallest shard, so no rank waits on another. The model
+goes to ``$SM_MODEL_DIR`` (else ``<root>/model``) from rank 0; checkpoints to ``<root>/checkpoints``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import tensorflow as tf
+
+from sagemaker_dist.runtime import horovod_keras, rank_dataset
+from sagemaker_dist.runtime.config import opt_ml_root
+
+IMAGE_SHAPE = (32, 32, 3)
+NUM_CLASSES = 10
+FEATURES = {
+    "image": tf.io.FixedLenFeature([], tf.string),
+    "label": tf.io.FixedLenFeature([], tf.int64),
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+
+    def arg(name, **kw):  # the toolkit passes hyperparameter names as written: accept - and _
+        p.add_argument(f"--{name}", f"--{name.replace('-', '_')}", dest=name.replace("-", "_"), **kw)
+
+    arg("epochs", type=int, default=2)
+    arg("batch-size", type=int, default=32, help="per rank")
+    arg("learning-rate", type=float, default=0.001, help="single-worker rate; scaled by the rank count")
+    arg("warmup-epochs", type=float, default=0)
+    arg("train-records", type=int, default=None, help="records in each rank's train shard")
+    arg("total-train-records", type=int, default=None)
+    arg("validation-records", type=int, default=None, help="records in each rank's validation shard")
+    arg("total-validation-records", type=int, default=None)
+    arg("tensorboard-s3-uri", default=None)
+    arg("tensorboard-interval", type=float, default=30.0)
+    arg("model-dir", default=None, help="default $SM_MODEL_DIR, else <root>/model")
+    args, unknown = p.parse_known_args(argv)  # e.g. the TF toolkit's --model_dir s3://... is not ours
+    if args.train_records is None and args.total_train_records is None:
+        p.error("give --train-records (records per rank) or --total-train-records")
+    if unknown:
+        logging.getLogger(__name__).info("ignoring arguments %s", unknown)
+    return args
+
+
+def parse_record(serialized):
+    """One serialized Example -> (float image in [0, 1], int label)."""
+    parsed = tf.io.parse_single_example(serialized, FEATURES)
+    image = tf.reshape(tf.io.decode_raw(parsed["image"], tf.uint8), IMAGE_SHAPE)
+    return tf.cast(image, tf.float32) / 255.0, parsed["label"]
+
+
+def batches(role: str, batch_size: int, parse=parse_record) -> tf.data.Dataset:
+    """This rank's own channel for ``role`` as batches; each new iterator (each epoch) reads the next FIFO."""
+    ds = rank_dataset(role, "TFRecord").map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def build_model() -> tf.keras.Model:
+    """A small ResNet-ish CNN: fast on CPU with tiny data, still a real conv net."""
+    inputs = tf.keras.Input(shape=IMAGE_SHAPE)
+    x = tf.keras.layers.Conv2D(16, 3, padding="same", activation="relu")(inputs)
+    shortcut = x
+    x = tf.keras.layers.Conv2D(16, 3, padding="same", activation="relu")(x)
+    x = tf.keras.layers.Conv2D(16, 3, padding="same")(x)
+    x = tf.keras.layers.ReLU()(tf.keras.layers.Add()([x, shortcut]))
+    x = tf.keras.layers.MaxPooling2D()(x)
+    x = tf.keras.layers.Conv2D(32, 3, padding="same", activation="relu")(x)
+    x = tf.keras.layers.GlobalAveragePooling2D()(x)
+    outputs = tf.keras.layers.Dense(NUM_CLASSES)(x)
+    return tf.keras.Model(inputs, outputs, name="cifar10_small_resnet")
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    validate = args.validation_records is not None or args.total_validation_records is not None
+    log_dir = os.path.join(os.environ.get("SM_OUTPUT_DATA_DIR") or opt_ml_root() / "output" / "data", "tb")
+
+    hv = horovod_keras.setup(
+        tf.keras.optimizers.legacy.Adam,
+        learning_rate=args.learning_rate,
+        batch_size=args.batch_size,
+        train_records=args.train_records,
+        total_train_records=args.total_train_records,
+        validation_records=args.validation_records,
+        total_validation_records=args.total_validation_records,
+        warmup_epochs=args.warmup_epochs,
+        tensorboard_dir=log_dir if args.tensorboard_s3_uri else None,
+        tensorboard_s3_uri=args.tensorboard_s3_uri,
+        tensorboard_interval=args.tensorboard_interval,
+    )
+    model = build_model()
+    model.compile(
+        optimizer=hv.optimizer,
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    model.fit(
+        hv.train_epoch(batches("train", args.batch_size)),
+        validation_data=hv.validation_epoch(batches("validation", args.batch_size)) if validate else None,
+        epochs=args.epochs,
+        **hv.fit_kwargs(),
+    )
+    if hv.is_chief:
+        model_dir = args.model_dir or os.environ.get("SM_MODEL_DIR") or str(opt_ml_root() / "model")
+        export = os.path.join(model_dir, "1")  # TensorFlow Serving wants a numbered version directory
+        model.save(export, include_optimizer=False)
+        print(f"model saved to {export}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

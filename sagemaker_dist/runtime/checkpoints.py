@@ -1,0 +1,208 @@
+"""Rank-0 checkpoints in ``<root>/checkpoints`` (which SageMaker syncs to S3) and resume from the newest.
+
+Each checkpoint is a directory ``epoch-NNNNN`` (NNNNN = epochs completed) holding a TensorFlow checkpoint
+of the model and optimizer plus ``meta.json`` listing every file and its size. It is written under a
+``.tmp-*`` name and renamed into place, so a crash or a half-synced S3 copy never looks complete: a
+checkpoint counts only if its ``meta.json`` parses and every listed file has the listed size. Only rank 0
+writes; at start-up rank 0 picks the newest complete checkpoint and broadcasts its epoch so every rank
+passes the same ``initial_epoch`` to ``fit`` (the weights follow through the usual Horovod broadcast).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sagemaker_dist.runtime.config import opt_ml_root
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_SUBDIR = "checkpoints"
+META_FILE = "meta.json"
+TF_PREFIX = "ckpt"
+FORMAT_VERSION = 1
+_NAME_RE = re.compile(r"^epoch-(\d{5,})$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint: ``epoch`` epochs were done when it was written."""
+
+    epoch: int
+    path: Path
+
+    @property
+    def tf_prefix(self) -> str:
+        """The prefix ``tf.train.Checkpoint.restore`` takes."""
+        return str(self.path / TF_PREFIX)
+
+
+def checkpoint_dir(root: str | os.PathLike | None = None) -> Path:
+    """``<root>/checkpoints``; root is the argument, else ``$SAGEMAKER_DIST_OPT_ML``, else ``/opt/ml``."""
+    return opt_ml_root(root) / CHECKPOINT_SUBDIR
+
+
+def _complete(path: Path) -> Checkpoint | None:
+    match = _NAME_RE.match(path.name)
+    if not match or not path.is_dir():
+        return None
+    try:
+        meta = json.loads((path / META_FILE).read_text())
+        files = meta["files"]
+        epoch = int(meta["epoch"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if epoch != int(match.group(1)) or not files:
+        return None
+    for name, size in files.items():
+        try:
+            if (path / name).stat().st_size != size:
+                return None
+        except OSError:
+            return None
+    return Checkpoint(epoch=epoch, path=path)
+
+
+def list_checkpoints(directory: str | os.PathLike) -> list[Checkpoint]:
+    """Complete checkpoints under ``directory``, oldest first (incomplete ones are skipped)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [c for c in (_complete(p) for p in directory.iterdir()) if c is not None]
+    return sorted(found, key=lambda c: c.epoch)
+
+
+def latest_checkpoint(directory: str | os.PathLike) -> Checkpoint | None:
+    """The newest complete checkpoint, or None."""
+    found = list_checkpoints(directory)
+    return found[-1] if found else None
+
+
+def _fsync_tree(path: Path) -> None:
+    for item in path.iterdir():
+        with open(item, "rb") as fh:
+            os.fsync(fh.fileno())
+
+
+def save_checkpoint(
+    model, directory: str | os.PathLike, epoch: int, *, optimizer=None, keep: int | None = 3, rank: int = 0
+) -> Checkpoint:
+    """Write model (and optimizer) state for ``epoch`` completed epochs atomically; prune to ``keep``.
+    ``rank`` is recorded in ``meta.json`` so a run can be audited for rank-0-only writes."""
+    import tensorflow as tf
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"epoch-{epoch:05d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=directory))
+    try:
+        optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+        trackables = {"model": model} if optimizer is None else {"model": model, "optimizer": optimizer}
+        tf.train.Checkpoint(**trackables).write(str(tmp / TF_PREFIX))
+        files = {p.name: p.stat().st_size for p in tmp.iterdir()}
+        meta = {
+            "format": FORMAT_VERSION,
+            "epoch": epoch,
+            "files": files,
+            "written_at": time.time(),
+            "host": socket.gethostname(),
+            "rank": rank,
+            "pid": os.getpid(),
+        }
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True))
+        _fsync_tree(tmp)
+        if final.exists():  # same epoch written again (e.g. after a resume): swap, then drop the old one
+            old = Path(tempfile.mkdtemp(prefix=f".old-{final.name}-", dir=directory))
+            os.rename(final, old / final.name)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if keep is not None and keep > 0:
+        for old_ckpt in list_checkpoints(directory)[:-keep]:
+            shutil.rmtree(old_ckpt.path, ignore_errors=True)
+    log.info("checkpoint for epoch %d written to %s", epoch, final)
+    return Checkpoint(epoch=epoch, path=final)
+
+
+def restore_checkpoint(model, checkpoint: Checkpoint, *, optimizer=None) -> None:
+    """Load ``checkpoint`` into ``model`` (and its optimizer; slot variables restore when created)."""
+    import tensorflow as tf
+
+    optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+    trackables = {"model": model} if optimizer is None else {"model": model, "optimizer": optimizer}
+    tf.train.Checkpoint(**trackables).restore(checkpoint.tf_prefix).expect_partial()
+    log.info("resumed from %s (epoch %d)", checkpoint.path, checkpoint.epoch)
+
+
+def remove_stale_temporaries(directory: str | os.PathLike) -> None:
+    """Delete ``.tmp-*``/``.old-*`` leftovers of a crashed writer (call on rank 0 before training)."""
+    directory = Path(directory)
+    if directory.is_dir():
+        for p in directory.iterdir():
+            if p.name.startswith((".tmp-epoch-", ".old-epoch-")):
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def _broadcast_from_rank0(value):
+    """Rank 0's ``value`` on every rank when Horovod runs with more than one process; else ``value``."""
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError:
+        return value
+    if not hvd.is_initialized() or hvd.size() == 1:
+        return value
+    return hvd.broadcast_object(value, root_rank=0, name="sagemaker_dist_resume_epoch")
+
+
+def resume_point(directory: str | os.PathLike, *, rank: int) -> tuple[int, Checkpoint | None]:
+    """``(initial_epoch, checkpoint)``: rank 0 picks the newest complete checkpoint and every rank gets
+    its epoch (a collective when Horovod is initialised, so call it on all ranks). Other ranks get no
+    checkpoint: they receive rank 0's weights by broadcast."""
+    found = latest_checkpoint(directory) if rank == 0 else None
+    epoch = _broadcast_from_rank0(found.epoch if found else 0)
+    return int(epoch), found
+
+
+def checkpoint_callback(
+    directory: str | os.PathLike,
+    *,
+    rank: int,
+    resume_from: Checkpoint | None = None,
+    keep: int | None = 3,
+    every: int = 1,
+):
+    """A Keras callback that restores ``resume_from`` at train begin and saves every ``every`` epochs,
+    on rank 0 only (on other ranks it does nothing)."""
+    import tensorflow as tf
+
+    if every < 1:
+        raise ValueError(f"checkpoint every={every!r} epochs; give a whole number >= 1")
+    directory = Path(directory)
+
+    class RankZeroCheckpoint(tf.keras.callbacks.Callback):
+        """Restore at train begin, save at epoch end; rank 0 only."""
+
+        def on_train_begin(self, logs=None):
+            if rank != 0:
+                return
+            remove_stale_temporaries(directory)
+            if resume_from is not None:
+                restore_checkpoint(self.model, resume_from)
+
+        def on_epoch_end(self, epoch, logs=None):
+            if rank == 0 and (epoch + 1) % every == 0:
+                save_checkpoint(self.model, directory, epoch + 1, keep=keep, rank=rank)
+
+    return RankZeroCheckpoint()
