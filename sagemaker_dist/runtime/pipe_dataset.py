@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 log = logging.getLogger(__name__)
-PREFETCH_CHUNKS = 2
+PREFETCH_CHUNKS = 2  # measured: 0 or 1 is slower; Python frames chunk n+1 while C++ unbatches chunk n
 
 
 class PipeModeDatasetError(ValueError):
@@ -138,7 +138,6 @@ def _records_dataset(reader: _EpochReader):
         tf.TensorSpec(shape=(None,), dtype=tf.int64),
     )
     chunks = tf.data.Dataset.from_generator(reader, output_signature=signature)
-    # prefetch: Python frames the next chunk while TensorFlow unbatches the current one.
     return chunks.map(tf.strings.substr).prefetch(PREFETCH_CHUNKS).unbatch()
 
 
