@@ -1,0 +1,145 @@
+"""Rank-0 checkpoints: atomic writes, only complete ones resumed, pruning, restore at train begin.
+
+Single process with real TensorFlow (Horovod not initialised, so the epoch broadcast is the identity);
+the two-rank broadcast is covered by tests/test_horovod_training.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from sagemaker_dist.runtime import checkpoints as ckpt
+
+
+def _model(seed=0):
+    import tensorflow as tf
+
+    tf.keras.utils.set_random_seed(seed)
+    model = tf.keras.Sequential(
+        [tf.keras.Input(shape=(3,)), tf.keras.layers.Dense(2), tf.keras.layers.Dense(1)]
+    )
+    model.compile(optimizer=tf.keras.optimizers.legacy.Adam(0.01), loss="mse")
+    return model
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 3)).astype("float32")
+    return x, x.sum(axis=1, keepdims=True)
+
+
+def _same(a, b):
+    return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_checkpoint_dir_from_argument_environment_or_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("SAGEMAKER_DIST_OPT_ML", raising=False)
+    assert str(ckpt.checkpoint_dir()) == "/opt/ml/checkpoints"
+    monkeypatch.setenv("SAGEMAKER_DIST_OPT_ML", str(tmp_path / "env"))
+    assert ckpt.checkpoint_dir() == tmp_path / "env" / "checkpoints"
+    assert ckpt.checkpoint_dir(tmp_path / "arg") == tmp_path / "arg" / "checkpoints"
+
+
+def test_save_then_restore_model_and_optimizer_state(tmp_path):
+    x, y = _data()
+    model = _model(0)
+    model.fit(x, y, epochs=2, batch_size=8, verbose=0)
+    saved = ckpt.save_checkpoint(model, tmp_path, 2)
+    assert saved == ckpt.latest_checkpoint(tmp_path)
+    meta = json.loads((saved.path / "meta.json").read_text())
+    assert (
+        meta["epoch"] == 2
+        and meta["rank"] == 0
+        and set(meta["files"]) == {p.name for p in saved.path.iterdir() if p.name != "meta.json"}
+    )
+
+    fresh = _model(1)
+    assert not _same(fresh.get_weights(), model.get_weights())
+    ckpt.restore_checkpoint(fresh, saved)
+    assert _same(fresh.get_weights(), model.get_weights())
+    # optimizer slots and step count come back when the optimizer creates them (deferred restore)
+    model.fit(x, y, epochs=1, batch_size=8, verbose=0, shuffle=False)
+    fresh.fit(x, y, epochs=1, batch_size=8, verbose=0, shuffle=False)
+    assert int(fresh.optimizer.iterations.numpy()) == int(model.optimizer.iterations.numpy()) == 12
+    for a, b in zip(fresh.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_only_complete_checkpoints_count(tmp_path):
+    model = _model()
+    good = ckpt.save_checkpoint(model, tmp_path, 1, keep=None)
+    truncated = ckpt.save_checkpoint(model, tmp_path, 2, keep=None)
+    data_file = next(p for p in truncated.path.iterdir() if p.name.startswith("ckpt.data"))
+    data_file.write_bytes(data_file.read_bytes()[:-1])  # e.g. a half-synced copy from S3
+    no_meta = ckpt.save_checkpoint(model, tmp_path, 3, keep=None)
+    (no_meta.path / "meta.json").unlink()
+    wrong_name = ckpt.save_checkpoint(model, tmp_path, 4, keep=None)
+    wrong_name.path.rename(tmp_path / "epoch-00005")  # meta says 4: not trusted
+    (tmp_path / ".tmp-epoch-00009-abc").mkdir()
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    assert ckpt.list_checkpoints(tmp_path) == [good]
+    assert ckpt.latest_checkpoint(tmp_path) == good
+    assert ckpt.resume_point(tmp_path, rank=0) == (1, good)
+    assert ckpt.latest_checkpoint(tmp_path / "missing") is None
+    assert ckpt.resume_point(tmp_path / "missing", rank=0) == (0, None)
+
+
+def test_failed_write_leaves_no_trace(tmp_path):
+    with pytest.raises(ValueError):
+        ckpt.save_checkpoint(object(), tmp_path, 1)  # not trackable: tf.train.Checkpoint refuses it
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rewriting_an_epoch_replaces_it(tmp_path):
+    x, y = _data()
+    model = _model()
+    ckpt.save_checkpoint(model, tmp_path, 3)
+    model.fit(x, y, epochs=1, verbose=0)
+    again = ckpt.save_checkpoint(model, tmp_path, 3)
+    fresh = _model(5)
+    ckpt.restore_checkpoint(fresh, again)
+    assert _same(fresh.get_weights(), model.get_weights())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-00003"]
+
+
+def test_callback_writes_on_rank0_only_every_n_epochs_and_prunes(tmp_path):
+    x, y = _data()
+    rank1_dir, rank0_dir = tmp_path / "r1", tmp_path / "r0"
+    _model().fit(x, y, epochs=3, verbose=0, callbacks=[ckpt.checkpoint_callback(rank1_dir, rank=1)])
+    assert not rank1_dir.exists()
+    callback = ckpt.checkpoint_callback(rank0_dir, rank=0, keep=2, every=2)
+    _model().fit(x, y, epochs=7, verbose=0, callbacks=[callback])
+    assert [c.epoch for c in ckpt.list_checkpoints(rank0_dir)] == [4, 6]
+    with pytest.raises(ValueError, match="every"):
+        ckpt.checkpoint_callback(rank0_dir, rank=0, every=0)
+
+
+def test_resume_restores_at_train_begin_and_clears_crashed_writes(tmp_path):
+    x, y = _data()
+    first = _model(0)
+    first.fit(x, y, epochs=2, verbose=0, callbacks=[ckpt.checkpoint_callback(tmp_path, rank=0)])
+    (tmp_path / ".tmp-epoch-00003-crashed").mkdir()
+    initial_epoch, found = ckpt.resume_point(tmp_path, rank=0)
+    assert (initial_epoch, found.epoch) == (2, 2)
+    assert ckpt.resume_point(tmp_path, rank=1) == (0, None)  # no Horovod: other ranks never read
+
+    import tensorflow as tf
+
+    second = _model(3)
+    seen = []
+
+    class Look(tf.keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            seen.append(_same(self.model.get_weights(), first.get_weights()))
+
+        def on_epoch_begin(self, epoch, logs=None):
+            seen.append(epoch)
+
+    callback = ckpt.checkpoint_callback(tmp_path, rank=0, resume_from=found)
+    second.fit(x, y, epochs=3, initial_epoch=initial_epoch, verbose=0, callbacks=[callback, Look()])
+    assert seen == [True, 2]
+    assert [c.epoch for c in ckpt.list_checkpoints(tmp_path)] == [1, 2, 3]
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())

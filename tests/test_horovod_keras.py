@@ -1,0 +1,118 @@
+"""horovod_keras.setup() in one process (Horovod size 1, real TF): errors before any collective,
+learning-rate scaling, exact epochs; two ranks are covered by tests/test_horovod_training.py."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from sagemaker_dist.layout import LAYOUT_HYPERPARAMETER, plan_layout
+from sagemaker_dist.runtime import horovod_keras
+from sagemaker_dist.runtime.horovod_keras import HorovodSetupError, build_scaled_optimizer
+from sagemaker_dist.runtime.ranks import RankChannelError
+
+
+def write_job(root, layout, channels=None):
+    config = root / "input" / "config"
+    config.mkdir(parents=True)
+    names = layout.channel_names if channels is None else channels
+    (config / "inputdataconfig.json").write_text(
+        json.dumps({n: {"TrainingInputMode": "Pipe"} for n in names})
+    )
+    (config / "hyperparameters.json").write_text(json.dumps({LAYOUT_HYPERPARAMETER: layout.to_json()}))
+    (config / "resourceconfig.json").write_text(json.dumps({"current_host": "algo-1", "hosts": ["algo-1"]}))
+
+
+def test_scaled_optimizer_from_instance_or_factory():
+    import tensorflow as tf
+
+    opt, base, scaled = build_scaled_optimizer(tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9), 4)
+    assert (type(opt), base, scaled) == (tf.keras.optimizers.legacy.SGD, 0.1, pytest.approx(0.4))
+    assert opt.get_config()["learning_rate"] == pytest.approx(0.4) and opt.get_config()["momentum"] == 0.9
+    opt, base, scaled = build_scaled_optimizer(tf.keras.optimizers.legacy.Adam, 3, learning_rate=0.01)
+    assert isinstance(opt, tf.keras.optimizers.legacy.Adam) and scaled == pytest.approx(0.03)
+    with pytest.raises(HorovodSetupError, match="learning_rate="):
+        build_scaled_optimizer(tf.keras.optimizers.legacy.Adam, 2)
+    schedule = tf.keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)
+    with pytest.raises(HorovodSetupError, match="not a number"):
+        build_scaled_optimizer(tf.keras.optimizers.legacy.SGD(schedule), 2)
+    with pytest.raises(HorovodSetupError, match="neither"):
+        build_scaled_optimizer("adam", 2)
+
+
+def test_channel_mismatch_fails_before_horovod_starts(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "2")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "2")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "3")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "3")
+    write_job(tmp_path, plan_layout(1, 2))  # planned for 2 ranks, launched with 3
+    with pytest.raises(RankChannelError, match=r"rank 2 .*'train_2'.*train_0, train_1"):
+        horovod_keras.setup(lambda lr: None, learning_rate=0.1, root=tmp_path)
+
+
+def test_shared_validation_channel_is_refused_for_several_ranks(tmp_path, monkeypatch):
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("SIZE", "2"), ("LOCAL_SIZE", "2")):
+        monkeypatch.setenv(f"OMPI_COMM_WORLD_{name}", value)
+    write_job(tmp_path, plan_layout(1, 2, validation="single"))
+    with pytest.raises(HorovodSetupError, match="horovod#600"):
+        horovod_keras.setup(
+            lambda lr: None, learning_rate=0.1, validation_records=10, batch_size=2, root=tmp_path
+        )
+
+
+@pytest.fixture
+def single_rank_job(tmp_path, monkeypatch):
+    for name in ("RANK", "LOCAL_RANK", "SIZE", "LOCAL_SIZE"):
+        monkeypatch.delenv(f"OMPI_COMM_WORLD_{name}", raising=False)
+    write_job(tmp_path, plan_layout(1, 1))
+    return tmp_path
+
+
+def test_shard_smaller_than_a_batch_is_named(single_rank_job):
+    import tensorflow as tf
+
+    with pytest.raises(HorovodSetupError, match=r"rank 0 has 3 train record\(s\), fewer than one batch of 8"):
+        horovod_keras.setup(
+            tf.keras.optimizers.legacy.SGD,
+            learning_rate=0.1,
+            batch_size=8,
+            train_records=3,
+            root=single_rank_job,
+        )
+
+
+def test_setup_trains_exact_epochs_and_checkpoints(single_rank_job):
+    import tensorflow as tf
+
+    hv = horovod_keras.setup(
+        tf.keras.optimizers.legacy.SGD,
+        learning_rate=0.05,
+        batch_size=4,
+        train_records=18,
+        warmup_epochs=1,
+        root=single_rank_job,
+    )
+    assert (hv.rank, hv.size, hv.is_chief, hv.steps_per_epoch, hv.initial_epoch) == (0, 1, True, 4, 0)
+    assert hv.learning_rate == pytest.approx(0.05) and hv.gpu is None  # CPU host: nothing pinned
+    names = [type(c).__name__ for c in hv.callbacks]
+    assert names.index("RankZeroCheckpoint") < names.index("BroadcastGlobalVariablesCallback")
+    assert names.index("BroadcastGlobalVariablesCallback") < names.index("MetricAverageCallback")
+    assert "LearningRateWarmupCallback" in names
+
+    x = np.arange(40, dtype="float32").reshape(20, 2) / 40
+    batches = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(4)  # 5 batches, 4 per epoch
+    model = tf.keras.Sequential([tf.keras.Input(shape=(2,)), tf.keras.layers.Dense(1)])
+    model.compile(hv.optimizer, "mse")
+    history = model.fit(hv.train_epoch(batches), epochs=2, **hv.fit_kwargs())
+    assert len(history.history["loss"]) == 2
+    assert int(model.optimizer.iterations.numpy()) == 8  # exactly 4 steps per epoch
+    assert sorted(p.name for p in (single_rank_job / "checkpoints").iterdir()) == [
+        "epoch-00001",
+        "epoch-00002",
+    ]
+
+    short = tf.data.Dataset.from_tensor_slices((x[:12], x[:12, :1])).batch(4)  # 3 batches, not 4
+    with pytest.raises(tf.errors.FailedPreconditionError, match="expected to contain 4 elements"):
+        model.fit(hv.train_epoch(short), epochs=1, verbose=0)
