@@ -2,7 +2,15 @@
 
 from setuptools import find_packages, setup
 
-SDK = ["sagemaker>=3.0,<4", "sagemaker-core>=2.0,<3", "boto3>=1.34,<2", "tqdm>=4.66,<5"]
+SDK = [
+    "sagemaker>=3.0,<4",
+    "sagemaker-core>=2.0,<3",
+    "boto3>=1.34,<2",
+    "numpy>=1.23,<3",
+    "tqdm>=4.66,<5",
+]
+# Local mode: an embedded S3 endpoint and the record framing of the demo data.
+LOCAL = ["moto[server,s3]>=5.1,<6", "crc32c>=2.4,<3"]
 RUNTIME = ["crc32c>=2.4,<3", "boto3>=1.34,<2"]
 TENSORFLOW = ["tensorflow-cpu==2.15.1"]
 HOROVOD = ["horovod==0.28.1"]
@@ -31,6 +39,7 @@ setup(
         "runtime": RUNTIME,
         "tensorflow": TENSORFLOW + RUNTIME,
         "horovod": HOROVOD,
+        "local": SDK + LOCAL,
         "dev": DEV + RUNTIME,
     },
     entry_points={"console_scripts": ["sagemaker-dist=sagemaker_dist.cli:main"]},

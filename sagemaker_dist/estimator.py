@@ -640,10 +640,27 @@ class HorovodPipeEstimator:
         poll: float = 30.0,
         timeout: float | None = None,
         printer: Callable[[str], None] | None = print,
-    ) -> TrainingJobHandle:
-        """Create the training job; with ``wait`` print its progress until it ends. Returns a handle."""
+        local: bool = False,
+        **local_options,
+    ):
+        """Create the training job; with ``wait`` print its progress until it ends. Returns a handle.
+
+        ``local=True`` runs the very same request on this machine instead (real FIFOs, real
+        ``horovodrun`` ranks; see ``sagemaker_dist.local.run_local``, which takes ``local_options``)
+        and returns its ``LocalJobResult``.
+        """
+        if local_options and not local:
+            raise EstimatorError(
+                f"{', '.join(sorted(local_options))} only apply with local=True; "
+                "drop them to launch on SageMaker"
+            )
         say = printer or (lambda _line: None)
         prepared = self.prepare(inputs, job_name, printer=printer)
+        if local:
+            from sagemaker_dist.local import run_local
+
+            source_dir = resolve_entry_point(self.entry_point, self.source_dir)[0]
+            return run_local(prepared.request, source_dir, echo=say, timeout=timeout, **local_options)
         job = create_training_job(prepared.request, self._boto_session())
         handle = TrainingJobHandle(job, self._boto_session())
         say(

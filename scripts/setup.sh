@@ -35,5 +35,5 @@ if ! "$PY" -c 'import horovod.tensorflow' 2>/dev/null; then
   "$PY" -m pip install -q "$WHEELS"/horovod-*.whl
 fi
 
-"$PY" -m pip install -q -e ".[sdk,tensorflow,horovod,dev]"
+"$PY" -m pip install -q -e ".[sdk,tensorflow,horovod,local,dev]"
 echo "sagemaker-dist is installed in $VENV"

@@ -235,3 +235,34 @@ def test_mpirun_launcher_gives_each_rank_its_simulated_host(s3, bucket, tmp_path
         f"env rank=1 local=0 host=algo-2 bytes={fed['algo-2', 'train_1']}",
     ]
     assert fed["algo-1", "train_0"] > 0
+
+
+def test_estimator_fit_local_runs_the_same_request_here(s3, bucket, tmp_path):
+    """`fit(local=True)`: the estimator a SageMaker launch uses, run here on 1 host x 2 processes."""
+    _small_data(s3, bucket, files=4, records=8)
+    estimator = demo_estimator(
+        bucket, 1, 2, "Pipe", {"epochs": 2}, source_dir=SCRIPTS, entry_point="count_records.py"
+    )
+    lines = []
+    result = estimator.fit(
+        {"train": f"s3://{bucket}/data/train/"}, printer=lines.append, local=True, work_dir=tmp_path
+    )
+    out = "\n".join(lines)
+    assert (result.hosts, result.processes_per_host, len(result.ranks)) == (1, 2, 2)
+    # 4 files x 8 records split over 2 ranks by bytes: 16 records each, per epoch
+    assert sorted(line.split("] ", 1)[1] for line in out.splitlines() if "] epoch " in line) == [
+        "epoch 0 records 16",
+        "epoch 0 records 16",
+        "epoch 1 records 16",
+        "epoch 1 records 16",
+    ]
+    assert "per-rank" in out  # the layout was explained before the run
+
+
+def test_estimator_refuses_local_options_for_a_sagemaker_launch(s3, bucket):
+    _small_data(s3, bucket, files=2, records=2)
+    estimator = demo_estimator(bucket, 1, 2, "Pipe", {}, source_dir=SCRIPTS, entry_point="count_records.py")
+    with pytest.raises(ValueError, match="only apply with local=True"):
+        estimator.fit({"train": f"s3://{bucket}/data/train/"}, printer=None, work_dir="/tmp")
+    # refused before any AWS call: nothing sharded, no source uploaded, no job created
+    assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="jobs/")
