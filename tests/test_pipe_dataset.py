@@ -114,6 +114,20 @@ def test_keras_fit_epochs_each_read_their_own_fifo(opt_ml):
     assert feeder.served == 3
 
 
+def test_batch_size_rebatches_across_chunks(opt_ml):
+    records = [f"record {i}".encode() for i in range(10)]
+    data = b"".join(encode_tfrecord(r) for r in records)
+    feeder = feed(opt_ml, "train_0", [data, data])
+    ds = PipeModeDataset("train_0", "TFRecord", chunk_size=64, batch_size=4)
+    assert ds.element_spec == tf.TensorSpec(shape=(None,), dtype=tf.string)
+    assert [b.numpy().tolist() for b in ds] == [records[0:4], records[4:8], records[8:10]]
+    exact = PipeModeDataset("train_0", "TFRecord", chunk_size=64, batch_size=4, drop_remainder=True)
+    assert [b.numpy().tolist() for b in exact] == [records[0:4], records[4:8]]
+    feeder.join(10)
+    with pytest.raises(PipeModeDatasetError, match="batch_size is 0"):
+        PipeModeDataset("train_0", "TFRecord", batch_size=0)
+
+
 def test_recordio_and_text_lines(opt_ml):
     rio = [b"a" * 3, os.urandom(1000), b""]
     feeder1 = feed(opt_ml, "rio", [b"".join(encode_recordio(r, max_part=256) for r in rio)])
