@@ -148,6 +148,11 @@ def test_recordio_bad_magic_and_flag_sequence_are_errors():
     data = encode_recordio(b"a" * 12) + encode_recordio(b"b" * 12)
     with pytest.raises(RecordFormatError, match="byte offset 20: RecordIO: bad magic number"):
         read_all(corrupt(data, 20), "RecordIO")
+    # The record before the bad frame is delivered first, then the error.
+    it = iter_records(io.BytesIO(corrupt(data, 20)).readinto, "RecordIO")
+    assert next(it) == b"a" * 12
+    with pytest.raises(RecordFormatError, match="byte offset 20"):
+        next(it)
     middle_first = struct.pack("<II", RECORDIO_MAGIC, (2 << 29) | 4) + b"abcd"
     with pytest.raises(RecordFormatError, match="byte offset 0: RecordIO: multipart flag 2 out of sequence"):
         read_all(middle_first, "RecordIO")

@@ -267,6 +267,7 @@ class RecordIOFramer(Framer):
     """SageMaker/MXNet RecordIO: magic, 29-bit length + 3-bit multipart flag, payload, 4-byte padding.
 
     Multipart records are joined by concatenating their parts' payloads (as AWS's reader does).
+    A bad frame ends the batch before it, so the records ahead of it are still delivered.
     """
 
     format_name = "RecordIO"
@@ -279,7 +280,8 @@ class RecordIOFramer(Framer):
         unpack = _unpack_from
         pos = 0
         self.need = 0
-        while pos + 8 <= end:
+        bad: RecordFormatError | None = None
+        while pos + 8 <= end and bad is None:
             record_start = pos
             parts = []
             scan = pos
@@ -287,20 +289,22 @@ class RecordIOFramer(Framer):
             while scan + 8 <= end:
                 magic, word = unpack("<II", buf, scan)
                 if magic != RECORDIO_MAGIC:
-                    raise self.error(
+                    bad = self.error(
                         f"bad magic number 0x{magic:08X} (expected 0x{RECORDIO_MAGIC:08X}); the stream "
                         "is corrupt or not RecordIO (check record_format and RecordWrapperType)",
                         scan,
                     )
+                    break
                 flag = word >> _RECORDIO_LENGTH_BITS
                 n = word & _RECORDIO_LENGTH_MASK
                 expect_first = not parts
                 if flag > RECORDIO_END or (flag in (RECORDIO_WHOLE, RECORDIO_START)) != expect_first:
-                    raise self.error(
+                    bad = self.error(
                         f"multipart flag {flag} out of sequence "
                         f"({'a record must start with flag 0 or 1' if expect_first else 'expected 2 or 3'})",
                         scan,
                     )
+                    break
                 payload = scan + 8
                 padded = payload + n + (-n % 4)
                 if padded > end:
@@ -311,6 +315,11 @@ class RecordIOFramer(Framer):
                 if flag in (RECORDIO_WHOLE, RECORDIO_END):
                     complete = True
                     break
+            if bad is not None:
+                if not starts:
+                    raise bad
+                self.need = 0
+                break
             if not complete:
                 if not self.need:
                     self.need = scan + 8 - record_start
