@@ -11,7 +11,7 @@ SDK = [
 ]
 # Local mode: an embedded S3 endpoint and the record framing of the demo data.
 LOCAL = ["moto[server,s3]>=5.1,<6", "crc32c>=2.4,<3"]
-RUNTIME = ["crc32c>=2.4,<3", "boto3>=1.34,<2"]
+RUNTIME = ["crc32c>=2.4,<3", "numpy>=1.23,<3", "boto3>=1.34,<2"]  # numpy: vectorised record framing
 TENSORFLOW = ["tensorflow-cpu==2.15.1"]
 HOROVOD = ["horovod==0.28.1"]
 DEV = [
