@@ -1,4 +1,4 @@
-"""Shared fixtures: a real moto server over HTTP that boto3 and the SageMaker SDK reach via AWS_ENDPOINT_URL."""
+"""Shared fixtures: a real moto server over HTTP, reached by boto3 and the SDK via AWS_ENDPOINT_URL."""
 
 from __future__ import annotations
 

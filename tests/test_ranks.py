@@ -56,10 +56,13 @@ def config_for(tmp_path, layout, channels=None, modes=None) -> ContainerConfig:
 
 
 def test_per_rank_layout_maps_each_rank_to_its_own_channel(tmp_path):
-    config = config_for(tmp_path, plan_layout(2, 2, validation="single"))
+    # the shared validation channel is File mode: a Pipe one would have 2 readers per host
+    config = config_for(tmp_path, plan_layout(2, 2, validation="single"), modes={"validation": "File"})
     seen = [check_rank_channels(config, RankInfo(r, r % 2, 4, 2)) for r in range(4)]
     assert seen == ["train_0", "train_1", "train_2", "train_3"]
-    assert check_rank_channels(config, RankInfo(3, 1, 4, 2), role="validation") == "validation"
+    modes = ("Pipe", "File")
+    shared = check_rank_channels(config, RankInfo(3, 1, 4, 2), role="validation", input_modes=modes)
+    assert shared == "validation"
 
 
 def test_per_local_rank_layout_uses_the_local_rank(tmp_path):

@@ -211,10 +211,15 @@ def rank_dataset(
 
     Call it before ``hvd.init()``'s first collective op (e.g. before broadcasting variables) so a
     channel/rank mismatch is an immediate error instead of a stall. ``kwargs`` go to PipeModeDataset.
+    A File-mode channel (a shared validation or eval set) is read from its files instead.
     """
     config = ContainerConfig.load(root)
     info = rank_info or RankInfo.detect()
-    channel = check_rank_channels(config, info, role)
+    channel = check_rank_channels(config, info, role, input_modes=("Pipe", "File"))
+    if config.input_mode(channel) == "File":
+        from sagemaker_dist.runtime.file_dataset import file_channel_dataset
+
+        return file_channel_dataset(config.data_dir / channel, record_format, channel)
     wrapper = config.record_wrapper(channel)
     if wrapper == "RecordIO" and record_format != "RecordIO":
         raise PipeModeDatasetError(

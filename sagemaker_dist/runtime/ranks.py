@@ -81,13 +81,17 @@ def _describe(channels) -> str:
 
 
 def check_rank_channels(
-    config: ContainerConfig, rank_info: RankInfo | None = None, role: str = "train"
+    config: ContainerConfig,
+    rank_info: RankInfo | None = None,
+    role: str = "train",
+    input_modes: tuple[str, ...] = ("Pipe",),
 ) -> str:
     """Return this rank's channel for ``role`` after checking the job can feed every rank; else raise.
 
     Checks, all local (no collective op, no waiting): the layout hyperparameter is there; the number
     of ``role`` channels matches the world size (per-rank) or the local size (per-local-rank); this
-    rank's channel is in inputdataconfig.json and in Pipe mode.
+    rank's channel is in inputdataconfig.json with one of ``input_modes``; and a Pipe channel that
+    several ranks of one host would read (a shared role) is refused: a FIFO has one reader only.
     """
     info = rank_info or RankInfo.detect(config.environ or None)
     present = config.channels
@@ -148,11 +152,20 @@ def check_rank_channels(
             expected, "it is not in inputdataconfig.json", "Add the channel to the job's InputDataConfig."
         )
     mode = config.input_mode(expected)
-    if mode != "Pipe":
+    if mode not in input_modes:
+        wanted = " or ".join(repr(m) for m in input_modes)
         raise fail(
             expected,
-            f"its TrainingInputMode is {mode!r}, not 'Pipe'",
+            f"its TrainingInputMode is {mode!r}, not {wanted}",
             "Create the channel with InputMode 'Pipe' (or read its files from "
             f"{config.data_dir / expected} instead of a PipeModeDataset).",
+        )
+    if mode == "Pipe" and role_layout.spread == SINGLE and info.local_size > 1:
+        raise fail(
+            expected,
+            f"it is one Pipe-mode channel that all {info.local_size} ranks of this host would read, "
+            "but a FIFO has one reader only (several readers silently split its bytes)",
+            f"Give {role!r} one channel per worker (validation='per-worker'), or make this shared "
+            "channel File mode so every rank reads its files.",
         )
     return expected
