@@ -237,11 +237,15 @@ def test_mpirun_launcher_gives_each_rank_its_simulated_host(s3, bucket, tmp_path
     assert fed["algo-1", "train_0"] > 0
 
 
-def test_estimator_fit_local_runs_the_same_request_here(s3, bucket, tmp_path):
-    """`fit(local=True)`: the estimator a SageMaker launch uses, run here on 1 host x 2 processes."""
+@pytest.mark.parametrize("input_mode", ["Pipe", "File"])
+def test_estimator_fit_local_runs_the_same_request_here(s3, bucket, tmp_path, input_mode):
+    """`fit(local=True)`: the estimator a SageMaker launch uses, run here on 1 host x 2 processes.
+
+    The same script reads the same records per rank whether its channels are FIFOs or files.
+    """
     _small_data(s3, bucket, files=4, records=8)
     estimator = demo_estimator(
-        bucket, 1, 2, "Pipe", {"epochs": 2}, source_dir=SCRIPTS, entry_point="count_records.py"
+        bucket, 1, 2, input_mode, {"epochs": 2}, source_dir=SCRIPTS, entry_point="count_records.py"
     )
     lines = []
     result = estimator.fit(
@@ -257,6 +261,9 @@ def test_estimator_fit_local_runs_the_same_request_here(s3, bucket, tmp_path):
         "epoch 1 records 16",
     ]
     assert "per-rank" in out  # the layout was explained before the run
+    assert result.input_mode == input_mode
+    if input_mode == "File":
+        assert "downloaded channel train_0" in out and "downloaded channel train_1" in out
 
 
 def test_estimator_refuses_local_options_for_a_sagemaker_launch(s3, bucket):

@@ -352,8 +352,8 @@ def run_local(
                         epochs=1,
                         bytes=size,
                         records=None,
-                        first_byte=time.monotonic(),
-                        last_byte=time.monotonic(),
+                        first_byte=None,  # downloaded before the ranks start: no streaming figures
+                        last_byte=None,
                     )
                     echo(
                         f"{tree.name}: downloaded channel {spec.name} ({size / 1e6:.1f} MB) in "
