@@ -4,9 +4,9 @@
 the number of workers (optionally warmed up over the first epochs), wraps the optimizer in
 ``hvd.DistributedOptimizer``, agrees on steps per epoch from every rank's shard size (the smallest
 shard decides, so all ranks run the same number of steps and the same collectives), finds the resume
-epoch from rank 0's newest checkpoint, and returns the callbacks in the order that matters: restore,
-broadcast rank 0's state, average metrics (train and validation, horovod#600), warm-up, then rank-0-only
-TensorBoard and checkpoints.
+epoch from rank 0's newest checkpoint, and returns the callbacks in the order that matters: restore and
+save checkpoints (rank 0), broadcast rank 0's state, average metrics (train and validation, horovod#600),
+warm-up, then rank 0's TensorBoard logging and its sync to S3.
 
 Horovod and TensorFlow are imported inside the functions, so importing this module needs neither.
 """
@@ -211,14 +211,14 @@ def _start_state_callback(hvd):
 def check_channels_before_collectives(root=None, *, validation: bool = False) -> None:
     """Fail fast, before any collective op, if this rank has no channel of its own (rank/channel
     mismatch, missing or non-Pipe channel) or if validation would need one FIFO read by several ranks.
-    Skipped for jobs whose hyperparameters carry no sagemaker-dist layout."""
+    Skipped for jobs whose hyperparameters carry no sagemaker-dist layout, and for File-mode layouts."""
     from sagemaker_dist.layout import SINGLE
     from sagemaker_dist.runtime.config import ContainerConfig
     from sagemaker_dist.runtime.ranks import RankInfo, check_rank_channels
 
     config = ContainerConfig.load(root)
     layout = config.layout
-    if layout is None:
+    if layout is None or layout.input_mode != "Pipe":  # File mode: the script reads its own files
         return
     info = RankInfo.detect()
     check_rank_channels(config, info, role="train")

@@ -13,6 +13,7 @@ import atexit
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ class TensorBoardSyncer:
 
     ``start()`` begins periodic uploads and registers a final flush at interpreter exit; ``sync_now()``
     asks for an upload round without waiting; ``stop()`` uploads what is left and waits at most
-    ``flush_timeout`` seconds. Counters ``uploads`` and ``failures`` and ``last_error`` say how it went.
+    ``flush_timeout`` seconds. ``uploads``, ``failures``, ``last_error`` and ``cpu_seconds`` say how it went.
     """
 
     def __init__(
@@ -59,6 +60,7 @@ class TensorBoardSyncer:
         self.max_attempts = int(max_attempts)
         self.uploads = 0
         self.failures = 0
+        self.cpu_seconds = 0.0  # CPU time the sync thread used: what it can take from training
         self.last_error: BaseException | None = None
         self._client = client
         self._uploaded: dict[Path, tuple[int, int]] = {}
@@ -151,6 +153,7 @@ class TensorBoardSyncer:
                 return
 
     def _sync_logged(self) -> None:
+        started = time.thread_time()
         try:
             self.sync_once()
         except Exception as exc:  # S3 trouble must never reach the training loop
@@ -163,6 +166,8 @@ class TensorBoardSyncer:
                 exc,
                 self.interval,
             )
+        finally:
+            self.cpu_seconds += time.thread_time() - started
 
     def _changed_files(self):
         if not self.log_dir.is_dir():
