@@ -52,22 +52,22 @@ def test_channel_mismatch_fails_before_horovod_starts(tmp_path, monkeypatch):
         horovod_keras.setup(lambda lr: None, learning_rate=0.1, root=tmp_path)
 
 
-def test_channel_check_skips_file_mode_and_jobs_without_layout(tmp_path, monkeypatch):
+def test_channel_check_covers_file_mode_and_skips_jobs_without_layout(tmp_path, monkeypatch):
     for name in ("RANK", "LOCAL_RANK", "SIZE", "LOCAL_SIZE"):
         monkeypatch.delenv(f"OMPI_COMM_WORLD_{name}", raising=False)
     horovod_keras.check_channels_before_collectives(tmp_path / "no-job")  # not launched by us: no check
     write_job(tmp_path / "file", plan_layout(1, 1, input_mode="File"))
-    horovod_keras.check_channels_before_collectives(tmp_path / "file")  # File mode: the script reads files
+    horovod_keras.check_channels_before_collectives(tmp_path / "file")  # File mode is fine
     write_job(tmp_path / "pipe", plan_layout(1, 1), channels=["validation_0"])
     with pytest.raises(RankChannelError, match="train_0"):
         horovod_keras.check_channels_before_collectives(tmp_path / "pipe")
 
 
-def test_shared_validation_channel_is_refused_for_several_ranks(tmp_path, monkeypatch):
+def test_shared_pipe_validation_channel_is_refused_for_several_ranks_per_host(tmp_path, monkeypatch):
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("SIZE", "2"), ("LOCAL_SIZE", "2")):
         monkeypatch.setenv(f"OMPI_COMM_WORLD_{name}", value)
     write_job(tmp_path, plan_layout(1, 2, validation="single"))
-    with pytest.raises(HorovodSetupError, match="horovod#600"):
+    with pytest.raises(RankChannelError, match="one reader only"):
         horovod_keras.setup(
             lambda lr: None, learning_rate=0.1, validation_records=10, batch_size=2, root=tmp_path
         )

@@ -210,26 +210,20 @@ def _start_state_callback(hvd):
 
 def check_channels_before_collectives(root=None, *, validation: bool = False) -> None:
     """Fail fast, before any collective op, if this rank has no channel of its own (rank/channel
-    mismatch, missing or non-Pipe channel) or if validation would need one FIFO read by several ranks.
-    Skipped for jobs whose hyperparameters carry no sagemaker-dist layout, and for File-mode layouts."""
-    from sagemaker_dist.layout import SINGLE
+    mismatch, missing channel) or would share a Pipe FIFO with another rank of its host (e.g. one
+    validation channel for several ranks: horovod#600). Skipped for jobs without a sagemaker-dist
+    layout."""
     from sagemaker_dist.runtime.config import ContainerConfig
     from sagemaker_dist.runtime.ranks import RankInfo, check_rank_channels
 
     config = ContainerConfig.load(root)
-    layout = config.layout
-    if layout is None or layout.input_mode != "Pipe":  # File mode: the script reads its own files
+    if config.layout is None:
         return
     info = RankInfo.detect()
-    check_rank_channels(config, info, role="train")
+    modes = ("Pipe", "File")  # File mode: every rank reads the channel's files itself
+    check_rank_channels(config, info, role="train", input_modes=modes)
     if validation:
-        if layout.has_role("validation") and layout.role("validation").spread == SINGLE and info.size > 1:
-            raise HorovodSetupError(
-                f"validation channel {layout.role('validation').base!r} is one channel for {info.size} "
-                "ranks, but a Pipe FIFO has one reader and every rank must run the same validation "
-                "steps (horovod#600); plan the layout with validation='per-worker'"
-            )
-        check_rank_channels(config, info, role="validation")
+        check_rank_channels(config, info, role="validation", input_modes=modes)
 
 
 def setup(
