@@ -48,8 +48,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     arg("total-validation-records", type=int, default=None)
     arg("tensorboard-s3-uri", default=None)
     arg("tensorboard-interval", type=float, default=30.0)
-    arg("model-dir", default=None, help="default $SM_MODEL_DIR, else <root>/model")
-    args, unknown = p.parse_known_args(argv)  # e.g. the TF toolkit's --model_dir s3://... is not ours
+    arg("model-dir", default=None, help="local directory; default $SM_MODEL_DIR, else <root>/model")
+    args, unknown = p.parse_known_args(argv)
+    if args.model_dir and args.model_dir.startswith("s3://"):  # the TF toolkit's legacy --model_dir
+        unknown += ["--model_dir", args.model_dir]
+        args.model_dir = None
     if args.train_records is None and args.total_train_records is None:
         p.error("give --train-records (records per rank) or --total-train-records")
     if unknown:
