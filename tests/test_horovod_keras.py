@@ -4,6 +4,7 @@ learning-rate scaling, exact epochs; two ranks are covered by tests/test_horovod
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -12,6 +13,15 @@ from sagemaker_dist.layout import LAYOUT_HYPERPARAMETER, plan_layout
 from sagemaker_dist.runtime import horovod_keras
 from sagemaker_dist.runtime.horovod_keras import HorovodSetupError, build_scaled_optimizer
 from sagemaker_dist.runtime.ranks import RankChannelError
+
+
+@pytest.fixture(autouse=True)
+def horovod_shut_down_afterwards():
+    """setup() runs hvd.init() in this process; shut it down so later tests see no Horovod ranks."""
+    yield
+    hvd = sys.modules.get("horovod.tensorflow")
+    if hvd is not None and hvd.is_initialized():
+        hvd.shutdown()
 
 
 def write_job(root, layout, channels=None):
