@@ -25,6 +25,13 @@ OMPI = (
 HVD = ("HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE")
 
 
+@pytest.fixture(autouse=True)
+def horovod_not_initialised_here(monkeypatch):
+    """Another test in this process may have run hvd.init(); detection must then not see it here."""
+    for name in ("horovod.tensorflow", "horovod.tensorflow.keras", "horovod.keras"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+
+
 def env_of(names, values) -> dict[str, str]:
     return {n: str(v) for n, v in zip(names, values)}
 
