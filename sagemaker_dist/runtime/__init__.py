@@ -18,12 +18,18 @@ _LAZY = {
     "RankChannelError": "sagemaker_dist.runtime.ranks",
     "check_rank_channels": "sagemaker_dist.runtime.ranks",
     "RecordFormatError": "sagemaker_dist.runtime.records",
+    "file_channel_dataset": "sagemaker_dist.runtime.file_dataset",
+    "TensorBoardSyncer": "sagemaker_dist.runtime.tensorboard_sync",
 }
+# submodules reachable as attributes (``from sagemaker_dist.runtime import horovod_keras``)
+_SUBMODULES = ("horovod_keras", "checkpoints", "tensorboard_sync")
 
-__all__ = sorted(_LAZY)
+__all__ = sorted(_LAZY) + list(_SUBMODULES)
 
 
 def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -33,4 +39,4 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))
