@@ -195,7 +195,14 @@ def test_ctrl_c_cleans_up_every_process_and_fifo(s3, bucket, tmp_path, aws_env):
         str(work),
     ]
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        # as from a terminal: a runner started in the background (nohup, `&`) ignores SIGINT, and
+        # Python then keeps ignoring it in its children
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     output = io.StringIO()
     reader = threading.Thread(target=lambda: [output.write(line) for line in proc.stdout], daemon=True)
