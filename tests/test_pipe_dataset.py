@@ -128,6 +128,27 @@ def test_batch_size_rebatches_across_chunks(opt_ml):
         PipeModeDataset("train_0", "TFRecord", batch_size=0)
 
 
+def test_batch_on_the_dataset_batches_straight_from_the_chunks(opt_ml):
+    records = [f"record {i}".encode() for i in range(10)]
+    data = b"".join(encode_tfrecord(r) for r in records)
+    feeder = feed(opt_ml, "train_0", [data, data, data])
+    ds = PipeModeDataset("train_0", "TFRecord", chunk_size=64)
+    # The fast path: rebatched record chunks, not unbatch + batch (no per-record step in tf.data).
+    fast = ds.batch(4)
+    assert "Rebatch" in type(fast).__name__
+    assert fast.element_spec == tf.TensorSpec(shape=(None,), dtype=tf.string)
+    assert [b.numpy().tolist() for b in fast] == [records[0:4], records[4:8], records[8:10]]
+    exact = ds.batch(4, drop_remainder=True)
+    assert exact.element_spec == tf.TensorSpec(shape=(4,), dtype=tf.string)
+    assert [b.numpy().tolist() for b in exact] == [records[0:4], records[4:8]]
+    # Parallel batching takes tf.data's own batch, with the same result.
+    parallel = ds.batch(4, num_parallel_calls=2, deterministic=True)
+    assert "Rebatch" not in type(parallel).__name__
+    assert [b.numpy().tolist() for b in parallel] == [records[0:4], records[4:8], records[8:10]]
+    feeder.join(10)
+    assert feeder.served == 3
+
+
 def test_recordio_and_text_lines(opt_ml):
     rio = [b"a" * 3, os.urandom(1000), b""]
     feeder1 = feed(opt_ml, "rio", [b"".join(encode_recordio(r, max_part=256) for r in rio)])

@@ -139,11 +139,36 @@ def _records_dataset(reader: _EpochReader, batch_size: int | None, drop_remainde
     )
     chunks = tf.data.Dataset.from_generator(reader, output_signature=signature)
     records = chunks.map(tf.strings.substr).prefetch(PREFETCH_CHUNKS)
-    if batch_size is None:
-        return records.unbatch()
-    if hasattr(records, "rebatch"):  # one copy per record instead of unbatch + batch's per-element work
-        return records.rebatch(batch_size, drop_remainder=drop_remainder)
-    return records.unbatch().batch(batch_size, drop_remainder=drop_remainder)
+    if batch_size is not None:
+        return _rebatch(records, batch_size, drop_remainder)
+    unbatched = records.unbatch()
+    unbatched.batch = _batch_from_chunks(unbatched, records)
+    return unbatched
+
+
+def _rebatch(chunks, batch_size, drop_remainder: bool, name=None):
+    """``chunks.unbatch().batch(...)``, with one copy per record and no per-record tf.data step."""
+    if hasattr(chunks, "rebatch"):
+        return chunks.rebatch(batch_size, drop_remainder=drop_remainder, name=name)
+    return chunks.unbatch().batch(batch_size, drop_remainder=drop_remainder, name=name)
+
+
+def _batch_from_chunks(unbatched, chunks):
+    """A ``batch`` method for the returned dataset that batches straight from the record chunks.
+
+    Same signature and result as ``tf.data.Dataset.batch``; the parallel-batching options take
+    the ordinary path. Datasets derived from the returned one (``.map``, ``.shuffle``, ...) batch
+    as usual: this only speeds up ``PipeModeDataset(...).batch(n)`` (batch, then parse a batch).
+    """
+    ordinary = unbatched.batch
+
+    def batch(batch_size, drop_remainder=False, num_parallel_calls=None, deterministic=None, name=None):
+        if num_parallel_calls is not None or deterministic is not None:
+            return ordinary(batch_size, drop_remainder, num_parallel_calls, deterministic, name)
+        return _rebatch(chunks, batch_size, drop_remainder, name=name)
+
+    batch.__doc__ = ordinary.__doc__
+    return batch
 
 
 class PipeModeDataset:
