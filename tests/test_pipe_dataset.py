@@ -149,6 +149,44 @@ def test_batch_on_the_dataset_batches_straight_from_the_chunks(opt_ml):
     assert feeder.served == 3
 
 
+def test_large_records_cross_one_by_one_and_small_ones_as_a_blob(opt_ml):
+    from sagemaker_dist.runtime.pipe_dataset import PER_RECORD_MIN_BYTES, _EpochReader
+
+    big = [os.urandom(PER_RECORD_MIN_BYTES + i) for i in range(6)]
+    small = [os.urandom(i) for i in range(50)]
+    records = big[:3] + small + big[3:] + small
+    data = b"".join(encode_tfrecord(r) for r in records)
+    replay = opt_ml / "input" / "data" / "train_0_0"  # a regular file stands in for the FIFO
+    replay.write_bytes(data)
+    reader = _EpochReader(
+        "train_0",
+        "TFRecord",
+        opt_ml / "pipe_state",
+        opt_ml / "input" / "data",
+        False,
+        0,
+        0,
+        5,
+        3 * PER_RECORD_MIN_BYTES,
+    )
+    chunks = list(reader())
+    got, kinds = [], set()
+    for blob, starts, lengths, one_by_one in chunks:
+        if one_by_one:
+            assert blob == b"" and len(starts) == len(lengths) == 0
+            got += one_by_one
+            kinds.add("records")
+        else:
+            got += [blob[s : s + n] for s, n in zip(starts.tolist(), lengths.tolist())]
+            kinds.add("blob")
+    assert got == records
+    assert kinds == {"records", "blob"}
+    # Through TensorFlow (the next epoch), both kinds of chunk give the records in order.
+    (opt_ml / "input" / "data" / "train_0_1").write_bytes(data)
+    ds = PipeModeDataset("train_0", "TFRecord", chunk_size=3 * PER_RECORD_MIN_BYTES)
+    assert records_of(ds) == records
+
+
 def test_recordio_and_text_lines(opt_ml):
     rio = [b"a" * 3, os.urandom(1000), b""]
     feeder1 = feed(opt_ml, "rio", [b"".join(encode_recordio(r, max_part=256) for r in rio)])

@@ -17,16 +17,22 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from sagemaker_dist.runtime.config import ContainerConfig, opt_ml_root
 from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT, FifoReader, fifo_path, wait_for_fifo
 from sagemaker_dist.runtime.ranks import RankInfo, check_rank_channels
-from sagemaker_dist.runtime.records import DEFAULT_CHUNK, check_record_format, frame_stream, make_framer
+from sagemaker_dist.runtime.records import DEFAULT_CHUNK, check_record_format, frame_views, make_framer
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
 log = logging.getLogger(__name__)
 PREFETCH_CHUNKS = 2  # measured: 0 or 1 is slower; Python frames chunk n+1 while C++ unbatches chunk n
+# Chunks whose records average at least this many bytes cross as one bytes object per record (one
+# copy less than a chunk blob cut up by tf.strings.substr); smaller records cross as a blob.
+PER_RECORD_MIN_BYTES = 4096
+_NO_OFFSETS = np.empty(0, dtype=np.int64)
 
 
 class PipeModeDatasetError(ValueError):
@@ -76,7 +82,11 @@ def _check_channel(config_dir: Path, channel: str) -> None:
 
 
 class _EpochReader:
-    """The Python half: one call per iteration yields (chunk, starts, lengths) from the next FIFO."""
+    """The Python half: one call per iteration yields (blob, starts, lengths, records) from the next FIFO.
+
+    A chunk of records is either a blob with offsets (records cut out in C++) or, for large
+    records, a list of the records themselves.
+    """
 
     def __init__(
         self, channel, record_format, state_dir, pipe_dir, benchmark, interval, max_skip, timeout, chunk_size
@@ -102,8 +112,17 @@ class _EpochReader:
         started = time.perf_counter()
         next_report = self.interval
         with FifoReader(path) as reader:
-            for item in frame_stream(reader.readinto, framer, self.chunk_size):
-                yield item
+            for view, starts, lengths, extra in frame_views(reader.readinto, framer, self.chunk_size):
+                if not extra and int(lengths.sum()) >= PER_RECORD_MIN_BYTES * len(lengths):
+                    records = [view[s : s + n].tobytes() for s, n in zip(starts.tolist(), lengths.tolist())]
+                    view.release()
+                    yield b"", _NO_OFFSETS, _NO_OFFSETS, records
+                else:
+                    blob = view.tobytes()
+                    view.release()
+                    if extra:
+                        blob += b"".join(extra)
+                    yield blob, starts, lengths, []
                 if self.benchmark and self.interval and framer.records >= next_report:
                     self._report(framer, reader, started, "progress")
                     next_report = framer.records - framer.records % self.interval + self.interval
@@ -136,9 +155,16 @@ def _records_dataset(reader: _EpochReader, batch_size: int | None, drop_remainde
         tf.TensorSpec(shape=(), dtype=tf.string),
         tf.TensorSpec(shape=(None,), dtype=tf.int64),
         tf.TensorSpec(shape=(None,), dtype=tf.int64),
+        tf.TensorSpec(shape=(None,), dtype=tf.string),
     )
+
+    def cut(blob, starts, lengths, records):
+        return tf.cond(
+            tf.size(records) > 0, lambda: records, lambda: tf.strings.substr(blob, starts, lengths)
+        )
+
     chunks = tf.data.Dataset.from_generator(reader, output_signature=signature)
-    records = chunks.map(tf.strings.substr).prefetch(PREFETCH_CHUNKS)
+    records = chunks.map(cut).prefetch(PREFETCH_CHUNKS)
     if batch_size is not None:
         return _rebatch(records, batch_size, drop_remainder)
     unbatched = records.unbatch()

@@ -385,14 +385,16 @@ def make_framer(record_format: str, channel: str = "?", epoch: int = 0, max_corr
 DEFAULT_CHUNK = 4 << 20  # bytes handed to TensorFlow per step: amortises the per-call cost of from_generator
 
 
-def frame_stream(
+def frame_views(
     readinto: Callable[[memoryview], int], framer: Framer, chunk_size: int = DEFAULT_CHUNK
-) -> Iterator[tuple[bytes, np.ndarray, np.ndarray]]:
-    """Read a stream with ``readinto`` and yield ``(blob, starts, lengths)`` per chunk of records.
+) -> Iterator[tuple[memoryview, np.ndarray, np.ndarray, list[bytes]]]:
+    """Read a stream with ``readinto`` and yield ``(view, starts, lengths, extra)`` per chunk of records.
 
-    Record i of a chunk is ``blob[starts[i]:starts[i]+lengths[i]]``. The buffer grows when one
-    record is larger than ``chunk_size``. Raises RecordFormatError on bad framing or a truncated
-    last record.
+    ``view`` is the framed part of the read buffer, without a copy: it is valid only until the
+    next item is asked for (release it by then). Positions are as in :meth:`Framer.frame`. The
+    buffer grows when one record is larger than ``chunk_size``. Raises RecordFormatError on bad
+    framing or a truncated last record; after the stream ends, the framer's ``finish`` records
+    (TextLine's last unterminated line) come as one more item over a separate buffer.
     """
     buf = bytearray(chunk_size)
     filled = 0
@@ -412,10 +414,9 @@ def frame_stream(
             starts, lengths, consumed, extra = framer.frame(buf, filled)
             if len(starts):
                 with memoryview(buf) as mv:
-                    blob = bytes(mv[:consumed])
-                if extra:
-                    blob += b"".join(extra)
-                yield blob, np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+                    view = mv[:consumed]
+                    yield view, np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64), extra
+                    view.release()
             framer.advance(consumed, len(starts))
             if not consumed:
                 break
@@ -431,6 +432,24 @@ def frame_stream(
         blob = b"".join(tail)
         lengths = np.asarray([len(t) for t in tail], dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        with memoryview(blob) as view:
+            yield view, starts, lengths, []
+
+
+def frame_stream(
+    readinto: Callable[[memoryview], int], framer: Framer, chunk_size: int = DEFAULT_CHUNK
+) -> Iterator[tuple[bytes, np.ndarray, np.ndarray]]:
+    """Read a stream with ``readinto`` and yield ``(blob, starts, lengths)`` per chunk of records.
+
+    Record i of a chunk is ``blob[starts[i]:starts[i]+lengths[i]]`` (a copy that outlives the read
+    buffer; see :func:`frame_views`). Raises RecordFormatError on bad framing or a truncated last
+    record.
+    """
+    for view, starts, lengths, extra in frame_views(readinto, framer, chunk_size):
+        blob = bytes(view)
+        view.release()
+        if extra:
+            blob += b"".join(extra)
         yield blob, starts, lengths
 
 
