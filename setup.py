@@ -33,7 +33,8 @@ setup(
     description=__doc__,
     python_requires=">=3.10",
     packages=find_packages(include=["sagemaker_dist", "sagemaker_dist.*"]),
-    install_requires=["boto3>=1.34,<2"],
+    # the console command (plan, shard) works with these alone; launch needs [sdk], training [tensorflow]
+    install_requires=["boto3>=1.34,<2", "numpy>=1.23,<3", "tqdm>=4.66,<5"],
     extras_require={
         "sdk": SDK,
         "runtime": RUNTIME,
