@@ -79,3 +79,28 @@ def test_train_channels_in_file_mode_are_refused_unless_asked_for(tmp_path):
     with pytest.raises(RankChannelError, match="TrainingInputMode is 'File', not 'Pipe'"):
         check_rank_channels(config, RankInfo(0, 0, 2, 2))
     assert check_rank_channels(config, RankInfo(1, 1, 2, 2), input_modes=("Pipe", "File")) == "train_1"
+
+
+def test_file_mode_batches_like_the_pipe_option_and_refuses_pipe_only_skipping(tmp_path):
+    from sagemaker_dist.runtime.file_dataset import file_channel_dataset
+
+    folder = tmp_path / "validation"
+    folder.mkdir()
+    (folder / "a.tfrecord").write_bytes(b"".join(encode_tfrecord(b"r%d" % i) for i in range(5)))
+    batches = [b.numpy().tolist() for b in file_channel_dataset(folder, batch_size=2, drop_remainder=True)]
+    assert batches == [[b"r0", b"r1"], [b"r2", b"r3"]]
+    with pytest.raises(FileChannelError, match="max_corrupted_records_to_skip applies to Pipe mode only"):
+        file_channel_dataset(folder, max_corrupted_records_to_skip=3)
+    with pytest.raises(FileChannelError, match="unknown option"):
+        file_channel_dataset(folder, batchsize=2)
+
+
+def test_file_mode_recordio_errors_name_the_channel_as_text(tmp_path):
+    from sagemaker_dist.runtime.file_dataset import file_channel_dataset
+
+    folder = tmp_path / "eval"
+    folder.mkdir()
+    (folder / "x.rec").write_bytes(encode_recordio(b"whole")[:-3])  # truncated last record
+    with pytest.raises(Exception, match=r"channel 'eval'|channel eval") as err:
+        list(file_channel_dataset(folder, "RecordIO"))
+    assert "b'eval'" not in str(err.value)

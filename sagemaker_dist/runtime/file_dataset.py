@@ -43,26 +43,58 @@ def channel_files(channel_dir: str | os.PathLike) -> list[str]:
     return files
 
 
-def _recordio_records(path: bytes, channel: str):
+# PipeModeDataset options that mean nothing for files (they are about the FIFO and its epochs).
+PIPE_ONLY_OPTIONS = (
+    "state_dir",
+    "pipe_dir",
+    "config_dir",
+    "benchmark",
+    "benchmark_records_interval",
+    "fifo_timeout",
+    "chunk_size",
+)
+
+
+def _recordio_records(path: bytes, channel: bytes):
     with open(path, "rb", buffering=0) as f:
-        yield from iter_records(f.readinto, "RecordIO", channel=channel)
+        yield from iter_records(f.readinto, "RecordIO", channel=channel.decode())
 
 
 def file_channel_dataset(
-    channel_dir: str | os.PathLike, record_format: str = "TFRecord", channel: str | None = None
+    channel_dir: str | os.PathLike,
+    record_format: str = "TFRecord",
+    channel: str | None = None,
+    *,
+    batch_size: int | None = None,
+    drop_remainder: bool = False,
+    **pipe_options,
 ) -> tf.data.Dataset:
-    """Records of every file in a File-mode channel, file by file: TFRecord, RecordIO or TextLine."""
+    """Records of every file in a File-mode channel, file by file: TFRecord, RecordIO or TextLine.
+
+    ``batch_size`` batches as PipeModeDataset's option does, so a script gets the same elements in
+    either mode; options that only make sense for a FIFO are ignored, anything else is an error.
+    """
     import tensorflow as tf
 
     check_record_format(record_format)
-    files = channel_files(channel_dir)
     name = channel or Path(channel_dir).name
-    if record_format == "TFRecord":
-        return tf.data.TFRecordDataset(files)
-    if record_format == "TextLine":
-        return tf.data.TextLineDataset(files)
-    return tf.data.Dataset.from_tensor_slices(files).flat_map(
-        lambda path: tf.data.Dataset.from_generator(
-            _recordio_records, args=(path, name), output_signature=tf.TensorSpec((), tf.string)
+    unknown = sorted(set(pipe_options) - set(PIPE_ONLY_OPTIONS) - {"max_corrupted_records_to_skip"})
+    if unknown:
+        raise FileChannelError(f"File-mode channel {name!r}: unknown option(s) {', '.join(unknown)}")
+    if pipe_options.get("max_corrupted_records_to_skip"):
+        raise FileChannelError(
+            f"File-mode channel {name!r}: max_corrupted_records_to_skip applies to Pipe mode only "
+            "(TensorFlow's file readers stop at the first corrupted record); drop it or use Pipe mode"
         )
-    )
+    files = channel_files(channel_dir)
+    if record_format == "TFRecord":
+        ds = tf.data.TFRecordDataset(files)
+    elif record_format == "TextLine":
+        ds = tf.data.TextLineDataset(files)
+    else:
+        ds = tf.data.Dataset.from_tensor_slices(files).flat_map(
+            lambda path: tf.data.Dataset.from_generator(
+                _recordio_records, args=(path, name), output_signature=tf.TensorSpec((), tf.string)
+            )
+        )
+    return ds if batch_size is None else ds.batch(batch_size, drop_remainder=drop_remainder)
