@@ -187,6 +187,38 @@ def test_large_records_cross_one_by_one_and_small_ones_as_a_blob(opt_ml):
     assert records_of(ds) == records
 
 
+def test_read_ahead_thread_delivers_in_order_then_the_error_and_stops_with_its_consumer():
+    import threading
+
+    from sagemaker_dist.runtime.pipe_dataset import _read_ahead
+
+    def failing():
+        yield from range(5)
+        raise ValueError("byte offset 42: bad frame")
+
+    got = []
+    with pytest.raises(ValueError, match="byte offset 42"):
+        for item in _read_ahead(failing(), 2, "t"):
+            got.append(item)
+    assert got == [0, 1, 2, 3, 4]
+
+    closed = threading.Event()
+
+    def endless():
+        try:
+            n = 0
+            while True:
+                yield n
+                n += 1
+        finally:
+            closed.set()  # where PipeModeDataset's reader closes its FIFO
+
+    consumer = _read_ahead(endless(), 2, "t")
+    assert [next(consumer) for _ in range(3)] == [0, 1, 2]
+    consumer.close()
+    assert closed.wait(5), "the reader thread did not stop after its consumer did"
+
+
 def test_recordio_and_text_lines(opt_ml):
     rio = [b"a" * 3, os.urandom(1000), b""]
     feeder1 = feed(opt_ml, "rio", [b"".join(encode_recordio(r, max_part=256) for r in rio)])

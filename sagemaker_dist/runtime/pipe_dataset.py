@@ -1,9 +1,10 @@
 """PipeModeDataset: a tf.data.Dataset over a SageMaker Pipe-mode channel, for any TF 2.x.
 
 Drop-in for ``sagemaker_tensorflow.PipeModeDataset`` (same constructor), built only on stable
-tf.data APIs: Python reads the FIFO in large chunks and frames the records (crc32c in C), each
-chunk crosses into TensorFlow as one string tensor plus record offsets, and the records are cut out
-and unbatched in C++. Every new iteration (epoch, ``.repeat()``, Keras ``fit(epochs=...)``) opens
+tf.data APIs: a Python thread reads the FIFO in large chunks and frames the records (crc32c in
+C) ahead of TensorFlow; each chunk crosses into TensorFlow as one string tensor plus record offsets
+(records cut out in C++), or as a list of records when they are large, and is unbatched (or
+rebatched, for ``.batch(n)``) in C++. Every new iteration (epoch, ``.repeat()``, Keras ``fit(epochs=...)``) opens
 the next FIFO ``<channel>_<n>``; ``n`` is kept in ``<state_dir>/<channel>`` under flock, as AWS does.
 """
 
@@ -13,6 +14,8 @@ import fcntl
 import json
 import logging
 import os
+import queue
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +36,7 @@ PREFETCH_CHUNKS = 2  # measured: 0 or 1 is slower; Python frames chunk n+1 while
 # copy less than a chunk blob cut up by tf.strings.substr); smaller records cross as a blob.
 PER_RECORD_MIN_BYTES = 4096
 _NO_OFFSETS = np.empty(0, dtype=np.int64)
+READ_AHEAD_CHUNKS = 2  # chunks a reader thread frames ahead of TensorFlow (0: frame in TensorFlow's call)
 
 
 class PipeModeDatasetError(ValueError):
@@ -81,6 +85,52 @@ def _check_channel(config_dir: Path, channel: str) -> None:
         raise PipeModeDatasetError(f"channel {channel!r} is in {mode!r} mode, not Pipe ({path})")
 
 
+def _read_ahead(items, depth: int, name: str):
+    """Yield ``items``, produced by a thread up to ``depth`` items ahead; its errors are raised here.
+
+    The thread reads the FIFO while TensorFlow converts and batches the chunks before: readv and
+    crc32c release the GIL. When the consumer stops early, the thread stops at its next item.
+    """
+    done = object()
+    ahead: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                ahead.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def produce():
+        try:
+            for item in items:
+                if not put((item, None)):
+                    break
+            else:
+                put((done, None))
+        except BaseException as exc:  # handed to the consumer, after the chunks ahead of it
+            put((None, exc))
+        finally:
+            items.close()
+
+    thread = threading.Thread(target=produce, name=f"PipeModeDataset-{name}", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, exc = ahead.get()
+            if exc is not None:
+                raise exc
+            if item is done:
+                break
+            yield item
+        thread.join()
+    finally:
+        stop.set()
+
+
 class _EpochReader:
     """The Python half: one call per iteration yields (blob, starts, lengths, records) from the next FIFO.
 
@@ -108,6 +158,12 @@ class _EpochReader:
         except Exception:
             _update_epoch(self.state_dir, self.channel, undo=epoch)  # a retry waits for the same FIFO
             raise
+        if READ_AHEAD_CHUNKS:
+            yield from _read_ahead(self._chunks(epoch, path), READ_AHEAD_CHUNKS, f"{self.channel}_{epoch}")
+        else:
+            yield from self._chunks(epoch, path)
+
+    def _chunks(self, epoch, path):
         framer = make_framer(self.record_format, self.channel, epoch, self.max_skip)
         started = time.perf_counter()
         next_report = self.interval
