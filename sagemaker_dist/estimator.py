@@ -574,13 +574,16 @@ class HorovodPipeEstimator:
             return self.sagemaker_session.boto_session.client("s3")
         return boto3.client("s3")
 
-    def _shard(self, prefix: str, count: int, role: str, output_uri: str, client) -> ChannelSource:
+    def _shard(
+        self, prefix: str, count: int, role: str, distribution: str, output_uri: str, client
+    ) -> ChannelSource:
         from sagemaker_dist.s3_objects import list_objects
         from sagemaker_dist.shard_writer import write_shards
-        from sagemaker_dist.sharding import plan_shards
+        from sagemaker_dist.sharding import check_host_split, plan_shards
 
         objects = list_objects(prefix, client=client)  # raises EmptyPrefixError if there are none
         plan = plan_shards([(o.key, o.size) for o in objects], count)
+        check_host_split(plan, self.instance_count, distribution, role)
         shard_set = write_shards(plan, prefix, output_uri, mode="manifest", role=role, client=client)
         return ChannelSource(tuple(shard_set.uris), shard_set.s3_data_type)
 
@@ -618,9 +621,8 @@ class HorovodPipeEstimator:
             spec = roles[r.role]
             if isinstance(spec, str) and r.spread == PER_WORKER:
                 say(f"sharding {spec} into {r.count} manifest(s) for {r.role}")
-                spec = self._shard(
-                    spec, r.count, r.role, _join(output_path, job_name, "shards") + "/", client
-                )
+                shards_uri = _join(output_path, job_name, "shards") + "/"
+                spec = self._shard(spec, r.count, r.role, r.distribution, shards_uri, client)
             sources[r.role] = spec
         submit = self.source_uri(output_path, job_name)
         request = self._request(

@@ -18,6 +18,8 @@ from itertools import islice
 
 import numpy as np
 
+from .layout import SHARDED_BY_S3_KEY
+
 
 class ShardingError(ValueError):
     """Objects that cannot be split into the wanted shards."""
@@ -174,6 +176,29 @@ def plan_shards(objects: Sequence[tuple[str, int]], num_shards: int) -> ShardPla
     shards = [key_list[bounds[i] : bounds[i + 1]] for i in range(num_shards)]
     shard_sizes = [size_list[bounds[i] : bounds[i + 1]] for i in range(num_shards)]
     return ShardPlan(shards=shards, sizes=shard_sizes)
+
+
+def check_host_split(plan: ShardPlan, hosts: int, distribution: str, channel_base: str = "train") -> None:
+    """Refuse a ShardedByS3Key plan that would leave a host of some channel with no objects.
+
+    SageMaker splits a ShardedByS3Key channel's objects across the hosts by object count, so a shard
+    with fewer objects than hosts gives at least one host an empty FIFO and its rank stalls the job.
+    FullyReplicated channels and single-host jobs are never split, so they always pass.
+    """
+    if distribution != SHARDED_BY_S3_KEY or hosts <= 1:
+        return
+    short = [(i, n) for i, n in enumerate(plan.objects_per_shard) if n < hosts]
+    if not short:
+        return
+    shown = ", ".join(f"{channel_base}_{i} has {n}" for i, n in short[:5])
+    more = f" and {len(short) - 5} more" if len(short) > 5 else ""
+    raise NotEnoughObjectsError(
+        f"{plan.num_objects} object(s) in {plan.num_shards} shard(s), each ShardedByS3Key across {hosts} "
+        f"hosts: every shard needs at least {hosts} objects (one per host), but {shown}{more}. SageMaker "
+        "splits each channel's objects across hosts by count, so some host would get none and its rank "
+        "would stall the job. Use the per-rank strategy (--strategy per-rank, strategy='per-rank'), "
+        f"or split the data into more or smaller files (at least {hosts * plan.num_shards} in all)."
+    )
 
 
 def round_robin_by_name(objects: Sequence[tuple[str, int]], num_shards: int) -> ShardPlan:

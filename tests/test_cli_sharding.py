@@ -143,3 +143,21 @@ def test_console_command_reaches_the_endpoint_from_the_environment(aws_env, s3, 
     assert run.returncode == 0, run.stderr
     marker = json.loads(s3.get_object(Bucket=bucket, Key="out/train/_plan.json")["Body"].read())
     assert marker["complete"] is True and len(marker["uris"]) == 4
+
+
+@pytest.mark.parametrize("command", ["plan", "shard"])
+def test_per_local_rank_shards_with_fewer_objects_than_hosts_are_refused(s3, bucket, source, capsys, command):
+    # 10 objects into 4 shards of 2-3 objects, each split by count across 4 hosts: some host gets none.
+    before = all_keys(s3, bucket)
+    output = [f"s3://{bucket}/out/"] if command == "shard" else []
+    argv = [command, f"s3://{bucket}/data/part-0000", *output]
+    argv += [*P3, "--instance-count", "4", "--strategy", "per-local-rank"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: 10 object(s) in 4 shard(s), each ShardedByS3Key across 4 hosts")
+    assert "train_0 has 3" in err and "--strategy per-rank" in err and "at least 16 in all" in err
+    assert all_keys(s3, bucket) == before
+    # 49 objects: every shard holds at least 4, so each host gets some of each channel.
+    argv[1] = source
+    assert main(argv) == 0
+    assert "by object count" in capsys.readouterr().out

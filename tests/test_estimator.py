@@ -25,6 +25,7 @@ from sagemaker_dist.images import ImageError, container_image_uri, dlc_tensorflo
 from sagemaker_dist.instances import UnknownInstanceTypeError
 from sagemaker_dist.layout import ChannelLayout, LayoutError
 from sagemaker_dist.request_validation import RequestValidationError
+from sagemaker_dist.sharding import NotEnoughObjectsError
 from sagemaker_dist.source_package import SourcePackageError
 
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/sagemaker-dist:0.1.0"
@@ -633,3 +634,16 @@ def test_a_shard_set_written_earlier_is_reused_as_is(session, sagemaker, s3, buc
     assert not [k for k in all_keys(s3, bucket) if "/shards/" in k]  # nothing sharded again
     with pytest.raises(EstimatorError, match="has 4 shard.*needs 8 channel.*num_shards=8"):
         make(source_dir, session, instance_count=1).build_request({"train": shard_set})
+
+
+def test_per_local_rank_shard_with_fewer_objects_than_hosts_is_refused(
+    session, assert_no_job, s3, bucket, source_dir
+):
+    put_objects(s3, bucket, "few/", [100] * 10)  # 4 shards of 2-3 objects, each split across 3 hosts
+    est = make(
+        source_dir, session, instance_type="ml.g5.12xlarge", instance_count=3, strategy="per-local-rank"
+    )
+    with pytest.raises(NotEnoughObjectsError, match="10 object.*4 shard.*3 hosts.*strategy='per-rank'"):
+        est.launch(f"s3://{bucket}/few/", printer=None)
+    assert_no_job()
+    assert all_keys(s3, bucket) == [f"few/part-{i:05d}.tfrecord" for i in range(10)]  # nothing written

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from sagemaker_dist.sharding import (
     NotEnoughObjectsError,
     ShardingError,
+    check_host_split,
     plan_shards,
     round_robin_by_name,
 )
@@ -151,3 +152,12 @@ def test_fewer_objects_than_shards_names_both_counts():
 def test_bad_input(objects, shards, match):
     with pytest.raises(ShardingError, match=match):
         plan_shards(objects, shards)
+
+
+def test_host_split_needs_one_object_per_host_in_every_sharded_by_key_shard():
+    plan = plan_shards([(f"k{i}", 10) for i in range(7)], 2)  # shards of 4 and 3 objects
+    check_host_split(plan, 3, "ShardedByS3Key")
+    check_host_split(plan, 9, "FullyReplicated")  # never split across hosts
+    check_host_split(plan_shards([("a", 1)], 1), 1, "ShardedByS3Key")  # one host gets it all
+    with pytest.raises(NotEnoughObjectsError, match=r"across 4 hosts.*train_1 has 3.*at least 8 in all"):
+        check_host_split(plan, 4, "ShardedByS3Key")

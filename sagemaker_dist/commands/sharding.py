@@ -20,7 +20,7 @@ from ..layout import (
 )
 from ..s3_objects import list_objects, parse_s3_uri
 from ..shard_writer import MANIFEST, MODES, write_shards
-from ..sharding import ShardPlan, plan_shards
+from ..sharding import ShardPlan, check_host_split, plan_shards
 
 
 def _add_layout_arguments(p: argparse.ArgumentParser) -> None:
@@ -103,7 +103,10 @@ def _print(lines) -> None:
 
 def _plan_for(args, layout: ChannelLayout) -> ShardPlan:
     objects = list_objects(args.source, suffix=args.suffix)
-    return plan_shards([(o.key, o.size) for o in objects], layout.role("train").count)
+    train = layout.role("train")
+    plan = plan_shards([(o.key, o.size) for o in objects], train.count)
+    check_host_split(plan, layout.hosts, train.distribution, args.role)
+    return plan
 
 
 def run_plan(args) -> int:
