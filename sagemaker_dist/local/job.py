@@ -31,6 +31,7 @@ from sagemaker_dist.local.opt_ml import JOB_ENV, build_host_trees, decode_hyperp
 from sagemaker_dist.s3_objects import parse_s3_uri
 
 CHECKPOINT_SYNC_S = 2.0
+LAUNCHER_GRACE_S = 3.0  # after a rank fails: time the launcher gets to stop the others and relay output
 # Keras progress lines: "loss: 2.1 - accuracy: 0.3"; SageMaker applies MetricDefinitions the same way.
 DEFAULT_METRIC = re.compile(r"\b([A-Za-z_][\w]*): (-?[0-9.]+(?:e[-+]?\d+)?|nan|inf)\b")
 
@@ -490,9 +491,12 @@ def _supervise(
             if code == 0:
                 return None
             group.finish_output()
-            failed = group.failed_rank()
+            failed = group.first_failure()
             if failed:
-                rank, rank_code = failed
+                return _rank_failure(group, *failed, trees, per_host)
+            reported = group.failed_rank()
+            if reported:
+                rank, rank_code = reported
                 return _rank_failure(group, rank, f"exited with {describe_exit(rank_code)}", trees, per_host)
             return f"the launcher exited with {describe_exit(code)}; last output:\n" + "\n".join(
                 group.output[-15:]
@@ -500,26 +504,37 @@ def _supervise(
         if feed_errors:
             group.kill()
             return f"input failed, the job was stopped: {feed_errors[0]}"
-        dead = group.dead_rank()
-        if dead is not None:
+        failed = group.first_failure()
+        if failed is not None:
+            # let the launcher stop the other ranks and relay the last output (the traceback) itself
+            deadline = time.monotonic() + LAUNCHER_GRACE_S
+            while group.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            failed = group.first_failure() or failed  # an earlier event may have shown up meanwhile
             group.kill()
             group.finish_output()
-            return _rank_failure(group, dead, "died (killed or crashed without exiting)", trees, per_host)
+            return _rank_failure(group, *failed, trees, per_host)
         if timeout is not None and time.monotonic() - started > timeout:
             group.kill()
             return (
                 f"the job ran past its {timeout:.0f} s limit (StoppingCondition.MaxRuntimeInSeconds or "
                 "timeout=) and was stopped"
             )
-        time.sleep(0.1)
+        time.sleep(0.05)
 
 
 def _rank_failure(group: RankGroup, rank: int, what: str, trees, per_host: int) -> str:
     host = trees[rank // per_host].name if rank // per_host < len(trees) else "?"
-    tail = group.rank_lines.get(rank, [])[-8:]
+    tail = group.rank_lines.get(rank, [])[-12:]
     shown = "\n".join(f"  {line}" for line in tail) or "  (no output)"
+    stopped = [r for r in group.terminated_ranks() if r != rank]
+    others = (
+        f"rank(s) {', '.join(map(str, stopped))} were then stopped by the launcher"
+        if stopped
+        else "the other ranks were stopped"
+    )
     return (
-        f"rank {rank} (host {host}) {what}; the other ranks were stopped. Last output of rank {rank}:\n"
+        f"rank {rank} (host {host}) {what}; {others}. Last output of rank {rank}:\n"
         f"{shown}\nCheckpoints synced so far stay in S3; rerun to resume from the newest."
     )
 

@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+from sagemaker_dist.local.rank_entry import TERMINATED
+
 LAUNCHERS = ("horovodrun", "mpirun")
 _PREFIX = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
 _MPI_TRAILING_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:$")  # mpirun --tag-output glitch
@@ -89,6 +91,8 @@ class RankGroup:
         self.rank_lines: dict[int, list[str]] = {}
         self._reader: threading.Thread | None = None
         self.known_pids: dict[int, int] = {}
+        self.last_alive: dict[int, float] = {}  # rank -> time.time() it was last seen running
+        self.first_dead: dict[int, float] = {}  # rank -> time.time() it was first seen gone, no exit file
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
@@ -126,25 +130,79 @@ class RankGroup:
                 except ValueError:
                     pass  # being written
 
-    def dead_rank(self) -> int | None:
-        """A rank whose process is gone without having reported its exit (killed, crashed hard)."""
+    def _exit_files(self) -> dict[int, tuple[str, float]]:
+        """rank -> (exit-file text, its mtime in seconds since the epoch)."""
+        found = {}
+        for path in self.pid_dir.glob("*.exit"):
+            try:
+                found[int(path.stem)] = (path.read_text().strip(), path.stat().st_mtime)
+            except (OSError, ValueError):
+                continue
+        return found
+
+    def watch(self) -> None:
+        """Note, for every rank without an exit file, when it was last seen alive and first seen dead."""
         self._read_pids()
-        for rank, pid in sorted(self.known_pids.items()):
+        now = time.time()
+        exits = self._exit_files()
+        for rank, pid in self.known_pids.items():
+            if rank in exits:
+                continue
+            if _alive(pid):
+                self.last_alive[rank] = now
+            else:
+                self.first_dead.setdefault(rank, now)
+
+    def terminated_ranks(self) -> list[int]:
+        """Ranks stopped by SIGTERM (the launcher stopping them after another rank failed)."""
+        return sorted(r for r, (text, _) in self._exit_files().items() if text == TERMINATED)
+
+    def first_failure(self) -> tuple[int, str] | None:
+        """(rank, what happened) of the earliest real failure, or None.
+
+        Real failures are a non-zero exit file (its mtime is when it happened) and a rank gone
+        without an exit file (killed, crashed hard: it happened after it was last seen alive).
+        Ranks that recorded ``terminated`` were stopped by the launcher and are never blamed. The
+        event that can have happened first wins; a tie goes to the rank that died without a trace.
+        """
+        self.watch()
+        events = []
+        for rank, (text, mtime) in self._exit_files().items():
+            if text in ("0", TERMINATED):
+                continue
+            try:
+                what = f"exited with {describe_exit(int(text))}"
+            except ValueError:
+                what = f"exited ({text!r})"
+            events.append((mtime, 1, rank, what))
+        for rank in self.first_dead:
             if (self.pid_dir / f"{rank}.exit").exists():
                 continue
-            if not _alive(pid) and not (self.pid_dir / f"{rank}.exit").exists():
-                return rank
-        return None
+            since = self.last_alive.get(rank, self._pid_time(rank))
+            events.append((since, 0, rank, "died (killed or crashed without exiting)"))
+        if not events:
+            return None
+        _, _, rank, what = min(events)
+        return rank, what
+
+    def _pid_time(self, rank: int) -> float:
+        try:
+            return (self.pid_dir / f"{rank}.pid").stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def dead_rank(self) -> int | None:
+        """A rank whose process is gone without having reported its exit (killed, crashed hard)."""
+        self.watch()
+        exits = self._exit_files()
+        dead = [r for r in self.first_dead if r not in exits]
+        return min(dead, key=lambda r: (self.first_dead[r], r)) if dead else None
 
     def failed_rank(self) -> tuple[int, int] | None:
-        """(rank, exit code) of the first failed rank: horovodrun's report, else the ranks' exit files."""
+        """(rank, exit code) from horovodrun's report of the first failed process, if it printed one."""
         match = _HOROVOD_FAILED.search("\n".join(self.output))
         if match:
             return int(match.group(1)), int(match.group(2))
-        for path in sorted(self.pid_dir.glob("*.exit"), key=lambda p: p.stat().st_mtime_ns):
-            code = int(path.read_text() or 1)
-            if code:
-                return int(path.stem), code
         return None
 
     def poll(self) -> int | None:

@@ -13,10 +13,14 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import signal
 import sys
+import traceback
 from pathlib import Path
 
 from sagemaker_dist.local.opt_ml import JOB_ENV
+
+TERMINATED = "terminated"  # exit-file content of a rank stopped by SIGTERM (the launcher or local mode)
 
 
 def world_rank() -> tuple[int, int]:
@@ -48,6 +52,13 @@ def simulated_rank_env(rank: int, size: int, processes_per_host: int, host_name:
     return env
 
 
+def write_exit(path: Path, text: str) -> None:
+    """Write a rank's exit file in one step (the supervisor never reads half of it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def main() -> None:
     job = json.loads(Path(os.environ[JOB_ENV]).read_text())
     rank, size = world_rank()
@@ -56,6 +67,19 @@ def main() -> None:
     os.environ.update(host["env"])
     os.environ.update(simulated_rank_env(rank, size, per_host, host["name"]))
     pid_dir = Path(job["pid_dir"])
+    exit_file = pid_dir / f"{rank}.exit"
+    terminated = []
+
+    def on_sigterm(signum, frame):
+        # horovodrun stops the other ranks with SIGTERM when one fails; record that, so the
+        # supervisor can tell these ranks from the one that failed first
+        if not terminated:
+            terminated.append(True)
+            write_exit(exit_file, TERMINATED)
+            os.write(1, f"rank {rank} terminated by SIGTERM (stopped by the launcher)\n".encode())
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     (pid_dir / f"{rank}.pid").write_text(str(os.getpid()))
     local = os.environ["HOROVOD_LOCAL_RANK"]
     print(
@@ -73,9 +97,16 @@ def main() -> None:
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         raise
+    except BaseException:
+        # the traceback goes out before the exit file, so the supervisor has it when it reports
+        traceback.print_exc()
+        sys.stderr.flush()
+        code = 1
+        raise SystemExit(1) from None
     finally:
-        (pid_dir / f"{rank}.exit").write_text(str(code))
-        print(f"rank {rank} exits with code {code}", flush=True)
+        if not terminated:
+            write_exit(exit_file, str(code))
+            print(f"rank {rank} exits with code {code}", flush=True)
 
 
 if __name__ == "__main__":
