@@ -334,7 +334,7 @@ class HorovodPipeEstimator:
                 if per_worker or (isinstance(spec, str) and self.validation == PER_WORKER)
                 else SINGLE
             )
-        return plan_layout(
+        layout = plan_layout(
             self.instance_count,
             self.processes_per_host,
             strategy=self.strategy,
@@ -346,6 +346,19 @@ class HorovodPipeEstimator:
             record_wrapper=self.record_wrapper,
             shuffle_seed=self.shuffle_seed,
         )
+        self._check_shared_channels(layout)
+        return layout
+
+    def _check_shared_channels(self, layout: ChannelLayout) -> None:
+        """A Pipe FIFO has one reader: channels every rank shares cannot be Pipe with several ranks a host."""
+        shared = [r.base for r in layout.roles if r.spread == SINGLE] + list(layout.extra_channels)
+        if shared and self.shared_channel_input_mode == "Pipe" and layout.processes_per_host > 1:
+            raise EstimatorError(
+                f"channel(s) {', '.join(shared)} are shared by all {layout.processes_per_host} processes "
+                "on each host, but a Pipe-mode FIFO has one reader (several readers split its bytes "
+                "and stall the job); use shared_channel_input_mode='File' or 'FastFile', or "
+                "validation='per-worker' for the validation data"
+            )
 
     def _check_sources(self, layout: ChannelLayout, sources: Mapping[str, ChannelSource | str]) -> None:
         for r in layout.roles:

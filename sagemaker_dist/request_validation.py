@@ -12,7 +12,15 @@ import functools
 import re
 from collections.abc import Iterator, Mapping
 
-from sagemaker_dist.layout import CHANNEL_NAME_RE, MAX_CHANNEL_NAME, MAX_CHANNELS
+from sagemaker_dist.layout import (
+    CHANNEL_NAME_RE,
+    LAYOUT_HYPERPARAMETER,
+    MAX_CHANNEL_NAME,
+    MAX_CHANNELS,
+    SINGLE,
+    ChannelLayout,
+    LayoutError,
+)
 
 OPERATION = "CreateTrainingJob"
 MAX_JOB_NAME = 63
@@ -20,6 +28,7 @@ JOB_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 MAX_HYPERPARAMETERS = 100
 MAX_HYPERPARAMETER_KEY = 256
 MAX_HYPERPARAMETER_VALUE = 2500
+PROCESSES_PER_HOST_HYPERPARAMETER = "sagemaker_mpi_num_of_processes_per_host"
 INPUT_MODES = ("Pipe", "File", "FastFile")
 
 ACCESS_KEY_ID_RE = re.compile(r"(?<![A-Z0-9])(AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Z0-9])")
@@ -192,6 +201,39 @@ def _hyperparameter_problems(request: Mapping) -> list[str]:
     return problems
 
 
+def _shared_pipe_problems(request: Mapping) -> list[str]:
+    """Shared channels (a single role, an extra channel) in Pipe mode with several processes per host.
+
+    A FIFO has one reader; several ranks on a host reading it split its bytes and stall the job.
+    Only requests carrying a sagemaker-dist layout are checked (other channels' readers are unknown).
+    """
+    hps = request.get("HyperParameters") or {}
+    text = hps.get(LAYOUT_HYPERPARAMETER)
+    if not isinstance(text, str):
+        return []
+    try:
+        layout = ChannelLayout.from_json(text)
+    except LayoutError as exc:
+        return [str(exc)]
+    per_host = hps.get(PROCESSES_PER_HOST_HYPERPARAMETER, str(layout.processes_per_host))
+    try:
+        per_host = int(per_host)
+    except (TypeError, ValueError):
+        return [f"hyperparameter {PROCESSES_PER_HOST_HYPERPARAMETER} is {per_host!r}; give a whole number"]
+    if per_host <= 1:
+        return []
+    shared = {r.base for r in layout.roles if r.spread == SINGLE} | set(layout.extra_channels)
+    mode = (request.get("AlgorithmSpecification") or {}).get("TrainingInputMode")
+    return [
+        f"channel {c.get('ChannelName')!r} is shared by all {per_host} processes per host but is in "
+        "Pipe mode, and a FIFO has one reader (several readers split its bytes and stall the job); "
+        "give it InputMode File or FastFile (shared_channel_input_mode='File'), or spread validation "
+        "per worker (validation='per-worker')"
+        for c in request.get("InputDataConfig") or []
+        if isinstance(c, Mapping) and c.get("ChannelName") in shared and c.get("InputMode", mode) == "Pipe"
+    ]
+
+
 def _credential_problems(request: Mapping) -> list[str]:
     """Keys or values that look like AWS credentials, in hyperparameters and environment (never echoed)."""
     problems = []
@@ -266,6 +308,7 @@ def limit_problems(request: Mapping) -> list[str]:
     return (
         _job_name_problems(request)
         + _channel_problems(request)
+        + _shared_pipe_problems(request)
         + _hyperparameter_problems(request)
         + _credential_problems(request)
         + _spot_problems(request)

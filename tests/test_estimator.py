@@ -647,3 +647,27 @@ def test_per_local_rank_shard_with_fewer_objects_than_hosts_is_refused(
         est.launch(f"s3://{bucket}/few/", printer=None)
     assert_no_job()
     assert all_keys(s3, bucket) == [f"few/part-{i:05d}.tfrecord" for i in range(10)]  # nothing written
+
+
+@pytest.mark.parametrize("shared_mode", ["Pipe", None])  # None: the shared channels follow input_mode
+def test_shared_pipe_channel_with_several_processes_per_host_is_refused(
+    session, assert_no_job, s3, bucket, source_dir, shared_mode
+):
+    put_objects(s3, bucket, "d/", [10] * 8)
+    before = all_keys(s3, bucket)
+    est = make(source_dir, session, shared_channel_input_mode=shared_mode)  # 8 processes per host
+    for inputs in (
+        {"train": f"s3://{bucket}/d/", "validation": f"s3://{bucket}/v/"},
+        {"train": f"s3://{bucket}/d/", "labels": f"s3://{bucket}/labels/"},
+    ):
+        with pytest.raises(EstimatorError, match="shared by all 8 processes.*one reader.*'File'"):
+            est.launch(inputs, printer=None)
+        with pytest.raises(EstimatorError, match="one reader"):
+            est.draft_request(inputs)
+    assert_no_job()
+    assert all_keys(s3, bucket) == before
+    # One process per host reads each FIFO alone; with per-worker validation nothing is shared.
+    one = make(source_dir, session, shared_channel_input_mode=shared_mode, processes_per_host=1)
+    assert one.draft_request({"train": f"s3://{bucket}/d/", "eval": f"s3://{bucket}/v/"})
+    split = make(source_dir, session, shared_channel_input_mode=shared_mode, validation="per-worker")
+    assert split.draft_request({"train": f"s3://{bucket}/d/", "validation": f"s3://{bucket}/v/"})

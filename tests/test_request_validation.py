@@ -6,6 +6,7 @@ import copy
 
 import pytest
 
+from sagemaker_dist.layout import plan_layout
 from sagemaker_dist.request_validation import (
     RequestValidationError,
     limit_problems,
@@ -153,7 +154,7 @@ def test_ordinary_hyperparameters_are_not_mistaken_for_secrets():
             HyperParameters={
                 "learning_rate": "0.001",
                 "model_dir": "s3://bucket/models/resnet50/2024-01-01/checkpoints/latest",
-                "sagemaker_dist_layout": '{"hosts":2,"processes_per_host":8,"roles":[]}',
+                "sagemaker_dist_layout": plan_layout(2, 8).to_json(),
                 "sagemaker_mpi_custom_mpi_options": "-x NCCL_DEBUG=WARN -x HOROVOD_CYCLE_TIME=5",
                 "token_limit": "512",
                 "git_commit": "3f2a9c0e5b7d41a8e6f9b2c4d1e0a7b6c5d4e3f2",  # 40 hex: not a secret key
@@ -253,3 +254,29 @@ def test_all_problems_are_reported_at_once():
     )
     assert len(problems) == 3
     assert str(RequestValidationError(problems)).startswith("the training job request has 3 problem(s):")
+
+
+def _with_layout(per_host: int, validation_mode: str, extra_mode: str = "File") -> dict:
+    layout = plan_layout(2, 1, validation="single", extra_channels=("labels",))
+    request = copy.deepcopy(BASE)
+    request["HyperParameters"]["sagemaker_dist_layout"] = layout.to_json()
+    request["HyperParameters"]["sagemaker_mpi_num_of_processes_per_host"] = str(per_host)
+    shared = copy.deepcopy(request["InputDataConfig"][0])
+    for name, mode in (("validation", validation_mode), ("labels", extra_mode)):
+        request["InputDataConfig"].append({**copy.deepcopy(shared), "ChannelName": name, "InputMode": mode})
+    return request
+
+
+def test_shared_pipe_channels_need_one_process_per_host():
+    problems = problems_of(_with_layout(4, "Pipe", "Pipe"))
+    assert len(problems) == 2
+    assert "channel 'validation' is shared by all 4 processes per host but is in Pipe mode" in problems[0]
+    assert "channel 'labels'" in problems[1] and "File or FastFile" in problems[1]
+    assert validate_request(_with_layout(1, "Pipe", "Pipe"))  # one reader per FIFO
+    assert validate_request(_with_layout(4, "File", "FastFile"))
+    no_mode = _with_layout(4, "Pipe")
+    del no_mode["InputDataConfig"][-2]["InputMode"]  # inherits TrainingInputMode Pipe
+    assert "channel 'validation'" in problems_of(no_mode)[0]
+    broken = _with_layout(4, "File")
+    broken["HyperParameters"]["sagemaker_dist_layout"] = "{not json"
+    assert "is not a sagemaker-dist layout" in problems_of(broken)[0]
