@@ -587,18 +587,15 @@ class HorovodPipeEstimator:
             return self.sagemaker_session.boto_session.client("s3")
         return boto3.client("s3")
 
-    def _shard(
-        self, prefix: str, count: int, role: str, distribution: str, output_uri: str, client
-    ) -> ChannelSource:
+    def _plan_shards(self, prefix: str, r, client):
+        """List ``prefix`` and balance it into ``r.count`` shards (pure after the listing)."""
         from sagemaker_dist.s3_objects import list_objects
-        from sagemaker_dist.shard_writer import write_shards
         from sagemaker_dist.sharding import check_host_split, plan_shards
 
         objects = list_objects(prefix, client=client)  # raises EmptyPrefixError if there are none
-        plan = plan_shards([(o.key, o.size) for o in objects], count)
-        check_host_split(plan, self.instance_count, distribution, role)
-        shard_set = write_shards(plan, prefix, output_uri, mode="manifest", role=role, client=client)
-        return ChannelSource(tuple(shard_set.uris), shard_set.s3_data_type)
+        plan = plan_shards([(o.key, o.size) for o in objects], r.count)
+        check_host_split(plan, self.instance_count, r.distribution, r.role)
+        return plan
 
     def prepare(
         self, inputs, job_name: str | None = None, *, printer: Callable[[str], None] | None = print
@@ -623,25 +620,36 @@ class HorovodPipeEstimator:
     def _prepare_on_aws(
         self, inputs, job_name: str, package: SourcePackage, say
     ) -> tuple[dict, ChannelLayout]:
-        """The AWS part of ``prepare``: resolve output and role, shard bare prefixes, upload the source."""
+        """The AWS part of ``prepare``: resolve output and role, shard bare prefixes, upload the source.
+
+        Every role is listed and planned, and the whole request built and validated from the planned
+        manifest URIs, before the first write: a role that cannot be sharded leaves nothing behind.
+        """
+        from sagemaker_dist.shard_writer import MANIFEST, plan_shard_set, write_shards
+
         layout = self.plan(inputs)
         roles, extras = self._split_inputs(inputs)
         output_path = self._output_path()
         role = role_arn(self.role, self._region(), boto_session=self._boto_session())
         client = self._s3_client()
-        sources = {}
+        shards_uri = _join(output_path, job_name, "shards") + "/"
+        sources, writes = {}, []
         for r in layout.roles:
             spec = roles[r.role]
             if isinstance(spec, str) and r.spread == PER_WORKER:
                 say(f"sharding {spec} into {r.count} manifest(s) for {r.role}")
-                shards_uri = _join(output_path, job_name, "shards") + "/"
-                spec = self._shard(spec, r.count, r.role, r.distribution, shards_uri, client)
+                plan = self._plan_shards(spec, r, client)
+                planned = plan_shard_set(plan, spec, shards_uri, MANIFEST, r.role)
+                writes.append((plan, spec, r.role))
+                spec = ChannelSource(tuple(planned.uris), planned.s3_data_type)
             sources[r.role] = spec
         submit = self.source_uri(output_path, job_name)
         request = self._request(
             layout, sources, extras, job_name, package.entry_point, submit, role, output_path
         )
         validate_request(request)
+        for plan, prefix, base in writes:
+            write_shards(plan, prefix, shards_uri, mode=MANIFEST, role=base, client=client)
         upload_source(package, submit, client=client)
         say(f"uploaded {len(package.files)} source file(s) ({package.source_bytes} bytes) to {submit}")
         return request, layout

@@ -17,7 +17,7 @@ import json
 import re
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .layout import check_channel_name
 from .s3_objects import (
@@ -131,6 +131,38 @@ def _run_all(tasks: list[tuple[str, Callable[[], object]]], workers: int) -> Non
         ) from exc
 
 
+def _shard_uris(num_shards: int, out_bucket: str, out_root: str, mode: str) -> list[str]:
+    if mode == COPY:
+        return [s3_uri(out_bucket, f"{out_root}{k}/") for k in range(num_shards)]
+    return [s3_uri(out_bucket, f"{out_root}{k}.manifest") for k in range(num_shards)]
+
+
+def plan_shard_set(
+    plan: ShardPlan, source_uri: str, output_uri: str, mode: str = MANIFEST, role: str = "train"
+) -> ShardSet:
+    """The ShardSet ``write_shards`` with these arguments returns, without writing anything.
+
+    The same checks run (mode, channel names, keys under the source, no overlap with the output),
+    so a caller can build and validate a whole job from the planned URIs before the first write.
+    """
+    _, _, out_bucket, out_root = _check_request(plan, source_uri, output_uri, mode, role)
+    return _planned(plan, source_uri, output_uri, mode, role, out_bucket, out_root)
+
+
+def _planned(plan, source_uri, output_uri, mode, role, out_bucket, out_root) -> ShardSet:
+    return ShardSet(
+        role=role,
+        mode=mode,
+        s3_data_type=S3_DATA_TYPES[mode],
+        uris=_shard_uris(plan.num_shards, out_bucket, out_root, mode),
+        source_uri=source_uri,
+        output_uri=output_uri,
+        objects_per_shard=plan.objects_per_shard,
+        bytes_per_shard=plan.bytes_per_shard,
+        plan_uri=s3_uri(out_bucket, f"{out_root}{COMPLETE_MARKER}"),
+    )
+
+
 def write_shards(
     plan: ShardPlan,
     source_uri: str,
@@ -152,6 +184,7 @@ def write_shards(
     from botocore.exceptions import BotoCoreError, ClientError
 
     src_bucket, folder, out_bucket, out_root = _check_request(plan, source_uri, output_uri, mode, role)
+    planned = _planned(plan, source_uri, output_uri, mode, role, out_bucket, out_root)
     client = client or make_client(max_pool_connections=max(workers * 4, 10))
     marker_key = f"{out_root}{COMPLETE_MARKER}"
     try:
@@ -170,24 +203,9 @@ def write_shards(
         copied, skipped, deleted = _copy_shards(
             client, plan, src_bucket, folder, out_bucket, out_root, workers, transfer_config, progress
         )
-        uris = [s3_uri(out_bucket, f"{out_root}{k}/") for k in range(plan.num_shards)]
     else:
-        uris = _put_manifests(client, plan, src_bucket, folder, out_bucket, out_root, workers)
-
-    shard_set = ShardSet(
-        role=role,
-        mode=mode,
-        s3_data_type=S3_DATA_TYPES[mode],
-        uris=uris,
-        source_uri=source_uri,
-        output_uri=output_uri,
-        objects_per_shard=plan.objects_per_shard,
-        bytes_per_shard=plan.bytes_per_shard,
-        copied=copied,
-        skipped=skipped,
-        deleted=deleted,
-        plan_uri=s3_uri(out_bucket, marker_key),
-    )
+        _put_manifests(client, plan, src_bucket, folder, planned.uris, workers)
+    shard_set = replace(planned, copied=copied, skipped=skipped, deleted=deleted)
     try:
         body = shard_set.to_json().encode()
         client.put_object(Bucket=out_bucket, Key=marker_key, Body=body, ContentType="application/json")
@@ -201,16 +219,13 @@ def manifest_document(plan: ShardPlan, shard: int, src_bucket: str, folder: str)
     return [{"prefix": s3_uri(src_bucket, folder)}] + [k[len(folder) :] for k in plan.shards[shard]]
 
 
-def _put_manifests(client, plan, src_bucket, folder, out_bucket, out_root, workers) -> list[str]:
-    keys = [f"{out_root}{k}.manifest" for k in range(plan.num_shards)]
-
+def _put_manifests(client, plan, src_bucket, folder, uris, workers) -> None:
     def put(i: int):
+        out_bucket, key = parse_s3_uri(uris[i])
         body = json.dumps(manifest_document(plan, i, src_bucket, folder)).encode()
-        return client.put_object(Bucket=out_bucket, Key=keys[i], Body=body, ContentType="application/json")
+        return client.put_object(Bucket=out_bucket, Key=key, Body=body, ContentType="application/json")
 
-    tasks = [(f"writing s3://{out_bucket}/{key}", lambda i=i: put(i)) for i, key in enumerate(keys)]
-    _run_all(tasks, workers)
-    return [s3_uri(out_bucket, key) for key in keys]
+    _run_all([(f"writing {uri}", lambda i=i: put(i)) for i, uri in enumerate(uris)], workers)
 
 
 def _existing_objects(client, bucket: str, prefix: str) -> dict[str, int]:
@@ -303,6 +318,7 @@ __all__ = [
     "S3AccessError",
     "ShardSet",
     "ShardWriteError",
+    "plan_shard_set",
     "read_shard_set",
     "write_shards",
 ]

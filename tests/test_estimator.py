@@ -671,3 +671,16 @@ def test_shared_pipe_channel_with_several_processes_per_host_is_refused(
     assert one.draft_request({"train": f"s3://{bucket}/d/", "eval": f"s3://{bucket}/v/"})
     split = make(source_dir, session, shared_channel_input_mode=shared_mode, validation="per-worker")
     assert split.draft_request({"train": f"s3://{bucket}/d/", "validation": f"s3://{bucket}/v/"})
+
+
+def test_a_role_that_cannot_be_sharded_leaves_nothing_under_the_output_path(
+    session, assert_no_job, s3, bucket, source_dir
+):
+    put_objects(s3, bucket, "train/", [100 + i for i in range(16)])
+    put_objects(s3, bucket, "val/", [100, 200, 300])  # 3 objects for 8 per-worker validation channels
+    est = make(source_dir, session, validation="per-worker", output_path=f"s3://{bucket}/jobs")
+    inputs = {"train": f"s3://{bucket}/train/", "validation": f"s3://{bucket}/val/"}
+    with pytest.raises(NotEnoughObjectsError, match="3 object.*8 shard"):
+        est.launch(inputs, job_name="half-sharded", printer=None)
+    assert_no_job()
+    assert [k for k in all_keys(s3, bucket) if k.startswith("jobs/")] == []  # no train manifests either

@@ -15,6 +15,7 @@ from sagemaker_dist.shard_writer import (
     COMPLETE_MARKER,
     IncompleteShardsError,
     ShardWriteError,
+    plan_shard_set,
     read_shard_set,
     write_shards,
 )
@@ -216,3 +217,16 @@ def test_plan_from_another_prefix_is_refused(s3, bucket, small_source):
     plan = plan_shards([("elsewhere/a", 1), ("in/b", 2)], 2)
     with pytest.raises(ShardWriteError, match="'elsewhere/a' of the plan is not under the source"):
         write_shards(plan, source, f"s3://{bucket}/out/", client=s3)
+
+
+@pytest.mark.parametrize("mode", ["manifest", "copy"])
+def test_plan_shard_set_predicts_what_write_shards_returns_without_writing(s3, bucket, small_source, mode):
+    source, _ = small_source
+    plan = _plan(s3, source, 3)
+    before = all_keys(s3, bucket)
+    planned = plan_shard_set(plan, source, f"s3://{bucket}/out", mode=mode, role="validation")
+    assert all_keys(s3, bucket) == before
+    written = write_shards(plan, source, f"s3://{bucket}/out", mode=mode, role="validation", client=s3)
+    assert planned == written and planned.uris == written.uris and planned.plan_uri == written.plan_uri
+    with pytest.raises(ShardWriteError, match="overlaps the source"):
+        plan_shard_set(plan, source, f"{source}shards/", mode=mode)
