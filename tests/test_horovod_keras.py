@@ -135,5 +135,22 @@ def test_setup_trains_exact_epochs_and_checkpoints(single_rank_job):
     ]
 
     short = tf.data.Dataset.from_tensor_slices((x[:12], x[:12, :1])).batch(4)  # 3 batches, not 4
-    with pytest.raises(tf.errors.FailedPreconditionError, match="expected to contain 4 elements"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"rank 0: its train shard ran out before the 4 "
+        r"batches of 4 agreed per epoch \(records per rank given to setup\(\): \[18\]\)",
+    ):
         model.fit(hv.train_epoch(short), epochs=1, verbose=0)
+    assert len(list(hv.train_epoch(batches))) == 4  # a full shard passes the end check
+
+
+def test_several_ranks_need_each_ranks_own_record_count():
+    """total // size is no rank's shard (bytes are balanced, not records), and no count means no end."""
+    with pytest.raises(HorovodSetupError, match=r"3, 3 and 2 files.*train_records= the records in this rank"):
+        horovod_keras._per_rank(None, 512, 3, "train")
+    assert horovod_keras._per_rank(None, 512, 1, "train") == 512
+    hv = horovod_keras.HorovodKeras(
+        rank=1, local_rank=0, size=2, local_size=1, optimizer=None, learning_rate=1
+    )
+    with pytest.raises(HorovodSetupError, match="pass validation_records="):
+        hv.validation_epoch(object())

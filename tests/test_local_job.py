@@ -22,7 +22,7 @@ import pytest
 from local_s3_proxy import cutting_proxy
 
 from sagemaker_dist.local import LocalJobError, run_local
-from sagemaker_dist.local.demo import demo_estimator
+from sagemaker_dist.local.demo import demo_estimator, prepare_demo_job
 from sagemaker_dist.local.demo_data import write_demo_data
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,6 +97,23 @@ def test_demo_runs_end_to_end_on_the_embedded_endpoint(tmp_path):
     assert list((job / "tensorboard").rglob("events.out.tfevents.*"))
 
 
+def test_demo_with_unequal_shards_on_three_ranks_of_one_host(s3, bucket, tmp_path):
+    """13 equal files over 3 ranks are shards of 5, 4 and 4 files: each rank is told its own count,
+    all agree on the smallest shard's steps, and the job ends (total // size would stall)."""
+    write_demo_data(
+        f"s3://{bucket}/cifar10-demo/", files=13, records_per_file=64, validation_files=3, client=s3
+    )
+    job = prepare_demo_job(bucket, 1, 3, hyperparameters={"epochs": 1}, printer=None)
+    hps = job.request["HyperParameters"]
+    assert json.loads(hps["train_records_per_rank"]) == [320, 256, 256]
+    assert json.loads(hps["validation_records_per_rank"]) == [64, 64, 64]
+    lines = []
+    result = run_local(job.request, job.source_dir, work_dir=tmp_path, echo=lines.append, timeout=150)
+    out = "\n".join(lines)
+    assert "steps per epoch 8" in out  # min(320, 256, 256) // 32
+    assert len(result.ranks) == 3 and "val_loss" in result.metrics
+
+
 def _request(bucket, entry_point, hps, epochs=2, checkpoint=None, hosts=2, per_host=1):
     estimator = demo_estimator(
         bucket,
@@ -114,7 +131,7 @@ def _request(bucket, entry_point, hps, epochs=2, checkpoint=None, hosts=2, per_h
 def test_rank_killed_mid_run_stops_the_job_and_a_rerun_resumes(s3, bucket, tmp_path):
     _small_data(s3, bucket, files=4, records=160)
     ckpt = f"s3://{bucket}/ckpt/job"
-    hps = {"batch_size": 8, "total_train_records": 640}
+    hps = {"batch_size": 8, "train_records": 320}  # 4 equal files over 2 ranks: 2 files each
     request = _request(bucket, "train_cifar10.py", hps, epochs=30, checkpoint=ckpt)
     killed = {}
 

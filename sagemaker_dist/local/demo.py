@@ -7,11 +7,14 @@ The request is built by the same estimator a SageMaker launch uses; only the las
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sagemaker_dist.local.demo_data import DemoDataset, write_demo_data
+from sagemaker_dist.layout import LAYOUT_HYPERPARAMETER, ChannelLayout
+from sagemaker_dist.local.demo_data import DATASET_FILE, DemoDataset, write_demo_data
 from sagemaker_dist.local.endpoint import s3_client
+from sagemaker_dist.local.feeder import ChannelSpec, epoch_objects, resolve_objects
 from sagemaker_dist.s3_objects import parse_s3_uri
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
@@ -19,7 +22,7 @@ DEMO_ENTRY_POINT = "train_cifar10.py"
 DEMO_BUCKET = "sagemaker-dist-demo"
 LOCAL_ROLE = "arn:aws:iam::000000000000:role/sagemaker-dist-local"
 LOCAL_INSTANCE_TYPE = "ml.c5.xlarge"  # CPU type: processes per host must be given
-DEMO_FILES, DEMO_RECORDS_PER_FILE, DEMO_VALIDATION_FILES = 8, 64, 2
+DEMO_FILES, DEMO_RECORDS_PER_FILE, DEMO_VALIDATION_FILES = 8, 64, 2  # at least; more for many ranks
 
 
 @dataclass
@@ -32,18 +35,53 @@ class DemoJob:
     layout_lines: list[str] = field(default_factory=list)
 
 
-def ensure_demo_data(bucket: str = DEMO_BUCKET, client=None, **kwargs) -> DemoDataset | None:
-    """Write the demo dataset unless ``s3://bucket/cifar10-demo/train/`` already has objects."""
+def ensure_demo_data(
+    bucket: str = DEMO_BUCKET,
+    client=None,
+    files: int = DEMO_FILES,
+    validation_files: int = DEMO_VALIDATION_FILES,
+    **kwargs,
+) -> DemoDataset | None:
+    """Write the demo dataset unless ``s3://bucket/cifar10-demo/`` already holds one this large.
+
+    Returns None when the existing data was kept; its ``dataset.json`` says how many records a file has.
+    """
     client = client or s3_client()
-    prefix = f"s3://{bucket}/cifar10-demo/"
-    _, key = parse_s3_uri(prefix)
-    try:
-        found = client.list_objects_v2(Bucket=bucket, Prefix=key + "train/", MaxKeys=1).get("KeyCount", 0)
-    except client.exceptions.NoSuchBucket:
-        found = 0
-    if found:
+    _, key = parse_s3_uri(f"s3://{bucket}/cifar10-demo/")
+    existing = _dataset_info(client, bucket, key)
+    if existing and existing["files"] >= files and existing["validation_files"] >= validation_files:
         return None
-    return write_demo_data(prefix, client=client, **kwargs)
+    return write_demo_data(
+        f"s3://{bucket}/cifar10-demo/",
+        files=files,
+        validation_files=validation_files,
+        client=client,
+        **kwargs,
+    )
+
+
+def _dataset_info(client, bucket: str, key: str) -> dict | None:
+    try:
+        return json.loads(client.get_object(Bucket=bucket, Key=key + DATASET_FILE)["Body"].read())
+    except (client.exceptions.NoSuchKey, client.exceptions.NoSuchBucket, ValueError):
+        return None
+
+
+def records_per_rank(request: dict, role: str, records_per_file: int, client=None) -> list[int]:
+    """Records in each rank's shard of ``role``, from the request's own channels (manifest or prefix,
+    ShardedByS3Key applied), for files of ``records_per_file`` records. Shards are balanced by bytes,
+    so these counts differ (8 equal files over 3 ranks: 3, 3 and 2 files); each rank passes its own
+    to ``horovod_keras.setup(train_records=...)``."""
+    client = client or s3_client()
+    layout = ChannelLayout.from_json(request["HyperParameters"][LAYOUT_HYPERPARAMETER])
+    channels = {c["ChannelName"]: c for c in request["InputDataConfig"]}
+    mode = request.get("AlgorithmSpecification", {}).get("TrainingInputMode", "Pipe")
+    per_host, counts = layout.processes_per_host, []
+    for rank in range(layout.hosts * per_host):
+        spec = ChannelSpec.from_request(channels[layout.channel_for(role, rank, rank % per_host)], mode)
+        objects = epoch_objects(resolve_objects(spec, client), spec, 0, rank // per_host, layout.hosts)
+        counts.append(len(objects) * records_per_file)
+    return counts
 
 
 def demo_estimator(
@@ -86,25 +124,27 @@ def prepare_demo_job(
     job_name: str | None = None,
     printer=print,
 ) -> DemoJob:
-    """Write the data if missing, shard it into per-rank manifests and build the request."""
+    """Write the data if missing, shard it into per-rank manifests and build the request.
+
+    The file counts grow with the world size (4 train files and 1 validation file per rank at least),
+    and each rank is told the records of its own shards (``train_records_per_rank``).
+    """
+    world = hosts * processes_per_host
+    client = s3_client()
     dataset = ensure_demo_data(
         bucket,
-        files=DEMO_FILES,
+        client,
+        files=max(DEMO_FILES, 4 * world),
+        validation_files=max(DEMO_VALIDATION_FILES, world),
         records_per_file=DEMO_RECORDS_PER_FILE,
-        validation_files=DEMO_VALIDATION_FILES,
     )
     if dataset and printer:
         printer(
             f"wrote demo data: {dataset.files} TFRecord files, {dataset.records} records, "
             f"{dataset.bytes / 1e6:.1f} MB under s3://{bucket}/cifar10-demo/"
         )
-    hps = {
-        "epochs": 2,
-        "batch_size": 32,
-        "total_train_records": DEMO_FILES * DEMO_RECORDS_PER_FILE,
-        "total_validation_records": DEMO_VALIDATION_FILES * DEMO_RECORDS_PER_FILE,
-        "tensorboard_interval": 5,
-    }
+    info = _dataset_info(client, bucket, "cifar10-demo/")
+    hps = {"epochs": 2, "batch_size": 32, "tensorboard_interval": 5}
     hps.update(hyperparameters or {})
     estimator = demo_estimator(bucket, hosts, processes_per_host, input_mode, hps)
     inputs = {
@@ -112,7 +152,11 @@ def prepare_demo_job(
         "validation": f"s3://{bucket}/cifar10-demo/validation/",
     }
     prepared = estimator.prepare(inputs, job_name, printer=printer)
+    request_hps = prepared.request["HyperParameters"]
+    for role in ("train", "validation"):
+        counts = records_per_rank(prepared.request, role, info["records_per_file"], client)
+        request_hps.setdefault(f"{role}_records_per_rank", json.dumps(counts))
     tensorboard = prepared.request.get("TensorBoardOutputConfig", {}).get("S3OutputPath")
     if tensorboard:  # the example script's rank 0 syncs its logs there with the runtime's syncer
-        prepared.request["HyperParameters"].setdefault("tensorboard_s3_uri", tensorboard)
+        request_hps.setdefault("tensorboard_s3_uri", tensorboard)
     return DemoJob(prepared.request, Path(estimator.source_dir), dataset, prepared.layout.explain())

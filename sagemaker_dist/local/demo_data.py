@@ -7,6 +7,7 @@ demo model can actually learn something in a few steps.
 
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ NUM_CLASSES = 10
 IMAGE_KEY = "image"
 LABEL_KEY = "label"
 DEFAULT_PREFIX = "s3://sagemaker-dist-demo/cifar10-demo/"
+DATASET_FILE = "dataset.json"  # under the prefix: files and records per file, for exact per-rank counts
 
 
 def _varint(value: int) -> bytes:
@@ -129,6 +131,8 @@ def write_demo_data(
             body = tfrecord_file(records_per_file, seed + offset + i)
             client.put_object(Bucket=bucket, Key=f"{key_prefix}{role}/part-{i:05d}.tfrecord", Body=body)
             total += len(body)
+    info = {"files": files, "validation_files": validation_files, "records_per_file": records_per_file}
+    client.put_object(Bucket=bucket, Key=key_prefix + DATASET_FILE, Body=json.dumps(info).encode())
     base = f"s3://{bucket}/{key_prefix}"
     return DemoDataset(
         train_uri=base + "train/",

@@ -46,6 +46,8 @@ class HorovodKeras:
     steps_per_epoch: int | None = None
     validation_steps: int | None = None
     batch_size: int | None = None
+    train_counts: list[int] | None = None  # records in each rank's train shard (allgathered)
+    validation_counts: list[int] | None = None
     checkpoint_dir: Path | None = None
     resume_from: ckpt.Checkpoint | None = None
     tensorboard_syncer: TensorBoardSyncer | None = None
@@ -67,14 +69,30 @@ class HorovodKeras:
         Pass it to ``fit`` as is (no ``.repeat()``, no ``steps_per_epoch``): its cardinality is known,
         so Keras makes a new iterator each epoch, which opens the channel's next FIFO, counts its steps
         up front (warm-up and progress are exact) and every rank runs the same steps. A shard shorter
-        than that fails with a clear error instead of stalling the other ranks. (A ``.repeat()``-ed
-        Pipe dataset would read ahead into the next epoch's FIFO.)
+        than that fails with a clear error naming the rank and the counts instead of stalling the
+        other ranks. (A ``.repeat()``-ed Pipe dataset would read ahead into the next epoch's FIFO.)
         """
-        return _exactly(batches, self.steps_per_epoch)
+        return self._exactly(batches, self.steps_per_epoch, self.train_counts, "train")
 
     def validation_epoch(self, batches):
         """One validation pass over this rank's own shard: exactly ``validation_steps`` batches."""
-        return _exactly(batches, self.validation_steps)
+        return self._exactly(batches, self.validation_steps, self.validation_counts, "validation")
+
+    def _exactly(self, batches, steps: int | None, counts: list[int] | None, what: str):
+        if steps is None:
+            if self.size > 1:
+                raise HorovodSetupError(
+                    f"{what}: no steps per epoch, so ranks would run out of data at different steps "
+                    f"and stall; pass {what}_records= (records in this rank's shard) and batch_size= "
+                    "to setup()"
+                )
+            return batches
+        message = (
+            f"rank {self.rank}: its {what} shard ran out before the {steps} batches of "
+            f"{self.batch_size} agreed per epoch (records per rank given to setup(): {counts}); "
+            f"{what}_records must be the records in this rank's shard. Batches delivered:"
+        )
+        return _exactly(batches, steps, message)
 
     def fit_kwargs(self, **extra) -> dict:
         """Keyword arguments for ``model.fit``: callbacks (plus ``callbacks=`` given here, run after
@@ -89,12 +107,34 @@ class HorovodKeras:
         return kwargs
 
 
-def _exactly(batches, steps: int | None):
-    if steps is None:
-        return batches
+def _exactly(batches, steps: int, message: str | None = None):
+    """``batches`` cut to ``steps`` with that cardinality; ending early raises ``message`` (plus the
+    count), checked by an end marker appended after the batches, before TensorFlow's own check."""
     import tensorflow as tf
 
-    return batches.take(steps).apply(tf.data.experimental.assert_cardinality(steps))
+    cut = batches.take(steps)
+    specs = tf.nest.flatten(batches.element_spec)
+    if message is None or not all(
+        isinstance(spec, tf.TensorSpec) and spec.shape.rank is not None for spec in specs
+    ):
+        return cut.apply(tf.data.experimental.assert_cardinality(steps))
+    blank = tf.nest.pack_sequence_as(
+        batches.element_spec,
+        [tf.zeros([d if d is not None else 0 for d in spec.shape], spec.dtype) for spec in specs],
+    )
+    marked = cut.map(lambda *b: (False, b if len(b) > 1 else b[0])).concatenate(
+        tf.data.Dataset.from_tensors((True, blank))
+    )
+
+    def count(seen, item):
+        is_end, batch = item
+        check = tf.debugging.Assert(tf.logical_or(tf.logical_not(is_end), seen >= steps), [message, seen])
+        with tf.control_dependencies([check]):
+            return seen + 1, item
+
+    checked = marked.scan(tf.constant(0, tf.int64), count)
+    checked = checked.filter(lambda is_end, batch: tf.logical_not(is_end))
+    return checked.map(lambda is_end, batch: batch).apply(tf.data.experimental.assert_cardinality(steps))
 
 
 def pin_gpu(local_rank: int, local_size: int) -> str | None:
@@ -160,8 +200,12 @@ def agreed_steps(records: int | None, batch_size: int | None, what: str, hvd) ->
 
     All ranks call this (an allgather); a rank with fewer records than one batch is named in the error.
     """
+    return _agree(records, batch_size, what, hvd)[0]
+
+
+def _agree(records, batch_size, what, hvd) -> tuple[int | None, list[int] | None]:
     if records is None:
-        return None
+        return None, None
     if not batch_size or batch_size < 1:
         raise HorovodSetupError(f"batch_size={batch_size!r}; give the per-rank batch size (>= 1)")
     if records < 0:
@@ -183,14 +227,22 @@ def agreed_steps(records: int | None, batch_size: int | None, what: str, hvd) ->
             max(counts),
             steps,
         )
-    return steps
+    return steps, counts
 
 
 def _per_rank(records: int | None, total: int | None, size: int, what: str) -> int | None:
+    """This rank's record count. A total only works on one rank: shards are balanced by bytes, not
+    records (8 equal files over 3 ranks are 3, 3 and 2 files), so total // size is not any rank's shard."""
     if records is not None and total is not None:
         raise HorovodSetupError(f"give either {what}_records or total_{what}_records, not both")
     if total is not None:
-        return int(total) // size
+        if size > 1:
+            raise HorovodSetupError(
+                f"total_{what}_records={total} cannot give this rank's steps on {size} ranks: shards are "
+                f"balanced by bytes, so their record counts differ (e.g. 8 equal files over 3 ranks are "
+                f"3, 3 and 2 files). Pass {what}_records= the records in this rank's own shard"
+            )
+        return int(total)
     return records
 
 
@@ -248,32 +300,38 @@ def setup(
 ) -> HorovodKeras:
     """Initialise Horovod and return the optimizer, callbacks and step counts for ``model.fit``.
 
-    ``train_records`` is this rank's shard size (or ``total_train_records`` for the whole set, split
-    evenly); ``steps_per_epoch`` is the smallest shard's ``records // batch_size`` so no rank runs out
-    first. The same for validation: every rank validates its own shard for ``validation_steps`` steps
+    ``train_records`` is the number of records in this rank's own shard (required with more than one
+    rank; ``total_train_records`` is accepted on one rank only, since shards are balanced by bytes);
+    ``steps_per_epoch`` is the smallest shard's ``records // batch_size`` so no rank runs out first.
+    The same for validation: every rank validates its own shard for ``validation_steps`` steps
     and ``MetricAverageCallback`` averages ``val_*`` (horovod#600). ``check_channels`` verifies this
     rank's channels before the first collective when the job carries a sagemaker-dist layout.
     """
-    import horovod.tensorflow as hvd  # collectives (allgather_object, broadcast_variables)
-    import horovod.tensorflow.keras as hvd_keras  # optimizer wrapper and Keras callbacks
-
-    if check_channels:
+    if check_channels:  # before Horovod and TensorFlow load: a mismatch fails in well under 10 s
         check_channels_before_collectives(
             root, validation=validation_records is not None or total_validation_records is not None
         )
 
+    import horovod.tensorflow as hvd  # collectives (allgather_object, broadcast_variables)
+    import horovod.tensorflow.keras as hvd_keras  # optimizer wrapper and Keras callbacks
+
     hvd.init()
     rank, local_rank, size, local_size = hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size()
+    records = _per_rank(train_records, total_train_records, size, "train")
+    val_records = _per_rank(validation_records, total_validation_records, size, "validation")
+    if size > 1 and records is None:  # before any collective: every rank fails the same way
+        raise HorovodSetupError(
+            f"rank {rank} of {size}: pass train_records= (the records in this rank's own shard) and "
+            "batch_size=; without them no rank knows when to stop an epoch, a rank with a shorter shard "
+            "runs out first and the others wait for it forever"
+        )
     gpu = pin_gpu(local_rank, local_size) if pin_gpus else None
 
     opt, base_lr, scaled_lr = build_scaled_optimizer(optimizer, size, learning_rate)
     opt = hvd_keras.DistributedOptimizer(opt)
 
-    steps = agreed_steps(
-        _per_rank(train_records, total_train_records, size, "train"), batch_size, "train", hvd
-    )
-    val_records = _per_rank(validation_records, total_validation_records, size, "validation")
-    val_steps = agreed_steps(val_records, batch_size, "validation", hvd)
+    steps, train_counts = _agree(records, batch_size, "train", hvd)
+    val_steps, val_counts = _agree(val_records, batch_size, "validation", hvd)
 
     callbacks: list = []
     ckpt_dir = resume_from = None
@@ -292,8 +350,7 @@ def setup(
     if warmup_epochs and warmup_epochs > 0:
         if steps is None:
             raise HorovodSetupError(
-                "warmup_epochs needs the steps per epoch: pass batch_size and train_records "
-                "(or total_train_records)"
+                "warmup_epochs needs the steps per epoch: pass batch_size and train_records"
             )
         callbacks.append(
             hvd_keras.callbacks.LearningRateWarmupCallback(
@@ -343,6 +400,8 @@ def setup(
         steps_per_epoch=steps,
         validation_steps=val_steps,
         batch_size=batch_size,
+        train_counts=train_counts,
+        validation_counts=val_counts,
         checkpoint_dir=ckpt_dir,
         resume_from=resume_from,
         tensorboard_syncer=syncer,
