@@ -326,7 +326,7 @@ def rank_dataset(
     if config.input_mode(channel) == "File":
         from sagemaker_dist.runtime.file_dataset import file_channel_dataset
 
-        return file_channel_dataset(config.data_dir / channel, record_format, channel)
+        return file_channel_dataset(config.data_dir / channel, record_format, channel, **kwargs)
     wrapper = config.record_wrapper(channel)
     if wrapper == "RecordIO" and record_format != "RecordIO":
         raise PipeModeDatasetError(
