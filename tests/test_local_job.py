@@ -24,6 +24,7 @@ from local_s3_proxy import cutting_proxy
 from sagemaker_dist.local import LocalJobError, run_local
 from sagemaker_dist.local.demo import demo_estimator, prepare_demo_job
 from sagemaker_dist.local.demo_data import write_demo_data
+from sagemaker_dist.local.launcher import LaunchError, horovod_mpi_built
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "tests" / "local_scripts"
@@ -267,6 +268,11 @@ def test_ctrl_c_cleans_up_every_process_and_fifo(s3, bucket, tmp_path, aws_env):
 def test_mpirun_launcher_gives_each_rank_its_simulated_host(s3, bucket, tmp_path):
     _small_data(s3, bucket, files=2, records=4)
     request = _request(bucket, "print_rank_env.py", {}, hosts=2, per_host=1)
+    if not horovod_mpi_built():  # each rank would init Horovod as a job of size 1: refused up front
+        with pytest.raises(LaunchError, match="needs a Horovod built with MPI"):
+            run_local(request, SCRIPTS, launcher="mpirun", work_dir=tmp_path, echo=print, timeout=60)
+        assert not list(tmp_path.iterdir())  # refused before anything was created
+        return
     lines = []
     result = run_local(request, SCRIPTS, launcher="mpirun", work_dir=tmp_path, echo=lines.append, timeout=60)
     seen = sorted(line.split("] ", 1)[1] for line in lines if "env rank=" in line)

@@ -46,6 +46,13 @@ def rank_command(launcher: str, world_size: int, python: str = sys.executable) -
                 "mpirun is not installed; install Open MPI (apt-get install openmpi-bin) and a Horovod "
                 "built with MPI, or use launcher='horovodrun'"
             )
+        if horovod_mpi_built(python) is False:
+            raise LaunchError(
+                "launcher 'mpirun' needs a Horovod built with MPI, and this one is not "
+                "(horovod.tensorflow.mpi_built() is False): under mpirun every rank would initialise "
+                "as a job of size 1 and train alone. Rebuild Horovod with HOROVOD_WITH_MPI=1, or use "
+                "launcher='horovodrun' (Gloo)"
+            )
         return [
             tool,
             "--allow-run-as-root",
@@ -68,6 +75,21 @@ def rank_command(launcher: str, world_size: int, python: str = sys.executable) -
             *entry,
         ]
     raise LaunchError(f"launcher {launcher!r} is not one of {', '.join(LAUNCHERS)}")
+
+
+def horovod_mpi_built(python: str = sys.executable) -> bool | None:
+    """Whether ``python``'s Horovod (TensorFlow) was built with MPI; None if that cannot be told.
+
+    Asked in a child process: the SDK side never imports Horovod or TensorFlow itself.
+    """
+    code = "import horovod.tensorflow as h; print('MPI_BUILT', h.mpi_built())"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    try:
+        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"^MPI_BUILT (True|False)$", proc.stdout, re.MULTILINE)
+    return None if match is None else match.group(1) == "True"
 
 
 def describe_exit(code: int) -> str:
