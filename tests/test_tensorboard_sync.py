@@ -151,6 +151,38 @@ def test_s3_down_training_ends_fine_and_error_is_logged(tmp_path, aws_env, monke
     assert "127.0.0.1" in str(syncer.last_error)
 
 
+def test_blackholed_s3_costs_one_flush_timeout_at_most(tmp_path, aws_env):
+    """An endpoint that accepts connections and never answers: stop() gives up after flush_timeout,
+    and the interpreter then exits at once (the exit handler does not wait a second time)."""
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(16)  # accepted by the kernel, never read, never answered
+        script = (
+            "import sys, time, pathlib\n"
+            "from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer\n"
+            "logs = pathlib.Path(sys.argv[1]); logs.mkdir()\n"
+            "(logs / 'events.out.tfevents.1').write_bytes(b'e' * 7)\n"
+            "syncer = TensorBoardSyncer(logs, 's3://b/tb', interval=600, flush_timeout=3).start()\n"
+            "t0 = time.monotonic(); finished = syncer.stop()\n"
+            "print('stopped', finished, round(time.monotonic() - t0, 1), flush=True)\n"
+        )
+        env = {**os.environ, **aws_env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{hole.getsockname()[1]}"}
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script, str(tmp_path / "logs")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        line = proc.stdout.readline()
+        stopped_at = time.monotonic()
+        proc.wait(timeout=60)
+        exit_wait = time.monotonic() - stopped_at
+    assert line.split()[:2] == ["stopped", "False"], line + proc.stderr.read()
+    assert 2.5 <= float(line.split()[2]) < 6
+    assert exit_wait < 2.5, f"the interpreter waited {exit_wait:.1f} s more at exit"
+
+
 def test_bad_interval_rejected(tmp_path):
     with pytest.raises(ValueError, match="interval"):
         TensorBoardSyncer(tmp_path, "s3://b/p", interval=0)

@@ -93,8 +93,10 @@ class TensorBoardSyncer:
         self._wake.set()
         thread.join(self.flush_timeout if timeout is None else timeout)
         finished = not thread.is_alive()
+        # one bounded wait only: after a timed-out flush (S3 hanging) the exit handler must not wait
+        # again; the daemon thread keeps trying until the interpreter exits
+        atexit.unregister(self.stop)
         if finished:
-            atexit.unregister(self.stop)
             self._thread = None
         else:
             log.warning(
