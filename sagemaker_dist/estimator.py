@@ -18,7 +18,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime, timezone
 
 import boto3
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from sagemaker_dist.images import container_image_uri
 from sagemaker_dist.instances import UnknownInstanceTypeError, gpus_per_instance, normalize_instance_type
@@ -72,6 +72,30 @@ _PLACEHOLDER_OUTPUT = "s3://output-bucket-not-yet-resolved"
 
 class EstimatorError(ValueError):
     """A job description that cannot become a valid Horovod training job."""
+
+
+class AwsRequestError(EstimatorError):
+    """An AWS call the estimator makes failed; the message names the error code and what to do."""
+
+
+def aws_error(exc: Exception, action: str, advice: str) -> AwsRequestError:
+    """A botocore ClientError or BotoCoreError as our error (the CLI prints it and exits 2)."""
+    if isinstance(exc, ClientError):
+        err = exc.response.get("Error", {})
+        code, message = err.get("Code", "error"), err.get("Message", str(exc))
+        return AwsRequestError(f"AWS refused to {action}: {code}: {message}; {advice}")
+    return AwsRequestError(
+        f"could not {action}: {exc}; check your network, AWS_ENDPOINT_URL (if you use one) and your "
+        "AWS credentials"
+    )
+
+
+def _is_not_found(exc: ClientError) -> bool:
+    err = exc.response.get("Error", {})
+    message = str(err.get("Message", "")).lower()
+    return err.get("Code") in ("ValidationException", "ResourceNotFound") and (
+        "not found" in message or "could not find" in message or "does not exist" in message
+    )
 
 
 class TrainingJobFailed(RuntimeError):
@@ -597,13 +621,46 @@ class HorovodPipeEstimator:
         check_host_split(plan, self.instance_count, r.distribution, r.role)
         return plan
 
+    def check_job_name_free(self, job_name: str) -> None:
+        """Raise EstimatorError if a training job called ``job_name`` exists (DescribeTrainingJob).
+
+        CreateTrainingJob refuses a name in use only after prepare() wrote the shards and the source
+        under ``<output_path>/<job_name>/``, overwriting those of the job that has the name.
+        """
+        client = self._boto_session().client("sagemaker")  # honours AWS_ENDPOINT_URL
+        try:
+            job = client.describe_training_job(TrainingJobName=job_name)
+        except ClientError as exc:
+            if _is_not_found(exc):
+                return
+            raise aws_error(
+                exc,
+                f"describe training job {job_name!r}",
+                "the job name must be checked before anything is written to S3: allow "
+                "sagemaker:DescribeTrainingJob for these credentials",
+            ) from exc
+        except BotoCoreError as exc:
+            raise aws_error(exc, f"describe training job {job_name!r}", "") from exc
+        raise EstimatorError(
+            f"a training job named {job_name!r} already exists (status {job.get('TrainingJobStatus')}); "
+            "job names are unique per account and region: pass another job_name= (CLI: --job-name), or "
+            "leave it out for a time-stamped name"
+        )
+
     def prepare(
-        self, inputs, job_name: str | None = None, *, printer: Callable[[str], None] | None = print
+        self,
+        inputs,
+        job_name: str | None = None,
+        *,
+        printer: Callable[[str], None] | None = print,
+        check_job_name: bool = True,
     ) -> PreparedJob:
         """Everything up to CreateTrainingJob: check, shard, upload the source, return the request.
 
         All local checks (layout, entry script, source size, the whole request with placeholders for
-        what needs AWS) run before the first AWS call, so bad input leaves nothing behind.
+        what needs AWS) run before the first AWS call, and the job name is checked to be free before
+        the first write, so bad input leaves nothing behind. ``check_job_name=False`` skips the
+        DescribeTrainingJob call, for runs that create no SageMaker job (local mode).
         """
         say = printer or (lambda _line: None)
         job_name = job_name or default_job_name(self.base_job_name)
@@ -614,11 +671,11 @@ class HorovodPipeEstimator:
             self.draft_request(inputs, job_name)
             for line in self.plan(inputs).explain():
                 say(line)
-            request, layout = self._prepare_on_aws(inputs, job_name, package, say)
+            request, layout = self._prepare_on_aws(inputs, job_name, package, say, check_job_name)
         return PreparedJob(request, layout, package)
 
     def _prepare_on_aws(
-        self, inputs, job_name: str, package: SourcePackage, say
+        self, inputs, job_name: str, package: SourcePackage, say, check_job_name: bool = True
     ) -> tuple[dict, ChannelLayout]:
         """The AWS part of ``prepare``: resolve output and role, shard bare prefixes, upload the source.
 
@@ -631,6 +688,8 @@ class HorovodPipeEstimator:
         roles, extras = self._split_inputs(inputs)
         output_path = self._output_path()
         role = role_arn(self.role, self._region(), boto_session=self._boto_session())
+        if check_job_name:
+            self.check_job_name_free(job_name)
         client = self._s3_client()
         shards_uri = _join(output_path, job_name, "shards") + "/"
         sources, writes = {}, []
@@ -678,7 +737,7 @@ class HorovodPipeEstimator:
                 "drop them to launch on SageMaker"
             )
         say = printer or (lambda _line: None)
-        prepared = self.prepare(inputs, job_name, printer=printer)
+        prepared = self.prepare(inputs, job_name, printer=printer, check_job_name=not local)
         if local:
             from sagemaker_dist.local import run_local
 

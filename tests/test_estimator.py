@@ -684,3 +684,22 @@ def test_a_role_that_cannot_be_sharded_leaves_nothing_under_the_output_path(
         est.launch(inputs, job_name="half-sharded", printer=None)
     assert_no_job()
     assert [k for k in all_keys(s3, bucket) if k.startswith("jobs/")] == []  # no train manifests either
+
+
+def test_a_job_name_in_use_is_refused_before_anything_is_written(
+    session, sagemaker, s3, bucket, source_dir
+):
+    put_objects(s3, bucket, "d/", [100 + i for i in range(8)])
+    est = make(source_dir, session)
+    est.launch(f"s3://{bucket}/d/", job_name="taken-name", wait=False, printer=None)
+    tarball_key = "sagemaker-dist/taken-name/source/sourcedir.tar.gz"
+    first = s3.get_object(Bucket=bucket, Key=tarball_key)
+    before = all_keys(s3, bucket)
+
+    (source_dir / "train.py").write_text("print('a different script')\n")
+    with pytest.raises(EstimatorError, match="'taken-name' already exists.*pass another job_name="):
+        make(source_dir, session).launch(f"s3://{bucket}/d/", job_name="taken-name", printer=None)
+    again = s3.get_object(Bucket=bucket, Key=tarball_key)
+    assert again["ETag"] == first["ETag"] and again["Body"].read() == first["Body"].read()
+    assert all_keys(s3, bucket) == before
+    assert sagemaker.describe_training_job(TrainingJobName="taken-name")["TrainingJobArn"]
