@@ -14,6 +14,7 @@ from sagemaker_dist.local.job import _final_metrics
 from sagemaker_dist.local.launcher import LaunchError, describe_exit, rank_command
 from sagemaker_dist.local.opt_ml import build_host_trees, hyperparameters_as_strings, user_args
 from sagemaker_dist.local.rank_entry import simulated_rank_env
+from sagemaker_dist.request_validation import RequestValidationError
 
 
 def _channel(name, mode="Pipe", distribution="FullyReplicated"):
@@ -102,10 +103,12 @@ def test_launcher_commands_and_exit_descriptions():
 def _request(**hps):
     return {
         "TrainingJobName": "j",
+        "RoleArn": "arn:aws:iam::000000000000:role/r",
         "AlgorithmSpecification": {"TrainingInputMode": "Pipe"},
         "ResourceConfig": {"InstanceCount": 2, "InstanceType": "ml.c5.xlarge"},
         "HyperParameters": hps,
-        "InputDataConfig": [],
+        "InputDataConfig": [_channel("train_0")],
+        "OutputDataConfig": {"S3OutputPath": "s3://b/out"},
     }
 
 
@@ -119,6 +122,10 @@ def test_bad_requests_fail_before_anything_starts(tmp_path):
     with pytest.raises(LocalJobError, match="'missing.py' is not in the source dir"):
         run_local(_request(sagemaker_program="missing.py"), tmp_path, work_dir=tmp_path / "w")
     assert not os.listdir(tmp_path / "w")  # nothing left behind
+    bad = {**_request(sagemaker_program="train.py"), "InputDataConfig": [], "TrainingJobName": "a_b"}
+    with pytest.raises(RequestValidationError, match=r"(?s)job name .a_b. is not valid.*has no channels"):
+        run_local(bad, tmp_path, work_dir=tmp_path / "w")  # validated first, as CreateTrainingJob would
+    assert not os.listdir(tmp_path / "w")
     with pytest.raises(LocalJobError, match="whole number"):
         run_local(
             _request(sagemaker_program="train.py", sagemaker_mpi_num_of_processes_per_host="two"), tmp_path
@@ -146,3 +153,24 @@ def test_source_comes_from_the_submit_directory_tarball_without_a_source_dir(s3,
         _source_dir(
             None, {"sagemaker_submit_directory": f"s3://{bucket}/nope.tar.gz"}, tmp_path / "x", s3_client()
         )
+
+
+def test_cli_request_file_errors_name_the_file_and_job_options_are_refused(tmp_path, capsys):
+    from sagemaker_dist.cli import main
+
+    def error(*argv):
+        assert main(["local", *argv]) == 2
+        return capsys.readouterr().err
+
+    missing = tmp_path / "nope.json"
+    assert f"error: request file {missing} does not exist" in error("--request", str(missing))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    assert f"request file {broken} is not valid JSON" in error("--request", str(broken))
+    listed = tmp_path / "list.json"
+    listed.write_text("[]")
+    assert "holds a JSON list" in error("--request", str(listed))
+    good = tmp_path / "request.json"
+    good.write_text(json.dumps(_request(sagemaker_program="train.py")))
+    err = error("--request", str(good), "--hosts", "3", "--epochs", "2", "--checkpoint-s3-uri", "s3://b/c")
+    assert "--hosts, --epochs, --checkpoint-s3-uri cannot be combined with --request" in err

@@ -33,11 +33,10 @@ def register(subparsers) -> None:
         "--instance-count",
         dest="hosts",
         type=int,
-        default=2,
         help="simulated hosts algo-1..algo-H (default 2)",
     )
-    p.add_argument("--processes-per-host", type=int, default=1, help="ranks per simulated host (default 1)")
-    p.add_argument("--input-mode", choices=("Pipe", "File"), default="Pipe")
+    p.add_argument("--processes-per-host", type=int, help="ranks per simulated host (default 1)")
+    p.add_argument("--input-mode", choices=("Pipe", "File"), help="default Pipe")
     p.add_argument(
         "--hyperparameter",
         "-p",
@@ -123,10 +122,60 @@ def _hyperparameters(args) -> dict:
     return hps
 
 
+# options that build a job; a --request file is run as written, so they cannot apply to it
+_JOB_OPTIONS = {
+    "hosts": "--hosts",
+    "processes_per_host": "--processes-per-host",
+    "input_mode": "--input-mode",
+    "epochs": "--epochs",
+    "hyperparameter": "--hyperparameter",
+    "checkpoint_s3_uri": "--checkpoint-s3-uri",
+    "train": "--train",
+    "validation": "--validation",
+    "output_path": "--output-path",
+}
+
+
+def _read_request(path: Path) -> dict:
+    """The CreateTrainingJob request in ``path``; errors name the file."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ValueError(f"request file {path} does not exist") from None
+    except OSError as exc:
+        raise ValueError(f"request file {path} cannot be read: {exc}") from exc
+    try:
+        request = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"request file {path} is not valid JSON: {exc}") from exc
+    if not isinstance(request, dict):
+        raise ValueError(
+            f"request file {path} holds a JSON {type(request).__name__}, not a CreateTrainingJob request"
+        )
+    return request
+
+
+def _check_request_options(args) -> None:
+    given = [flag for key, flag in _JOB_OPTIONS.items() if getattr(args, key, None) not in (None, [])]
+    if given:
+        raise ValueError(
+            f"{', '.join(given)} cannot be combined with --request: the request file is run as written. "
+            "Edit the request instead (ResourceConfig.InstanceCount, HyperParameters, "
+            "CheckpointConfig.S3Uri, InputDataConfig, OutputDataConfig)"
+        )
+
+
 def run_local_command(args) -> int:
     from sagemaker_dist.local import run_local
     from sagemaker_dist.local.demo import DEMO_BUCKET, demo_estimator, prepare_demo_job
 
+    request = None
+    if args.request:  # before any endpoint starts: a bad file or option fails at once
+        _check_request_options(args)
+        request = _read_request(args.request)
+    hosts = 2 if args.hosts is None else args.hosts
+    per_host = 1 if args.processes_per_host is None else args.processes_per_host
+    input_mode = args.input_mode or "Pipe"
     bucket = args.bucket or DEMO_BUCKET
     with ExitStack() as stack:
         url = stack.enter_context(_endpoint(args))
@@ -140,21 +189,18 @@ def run_local_command(args) -> int:
         if url:
             _ensure_bucket(bucket)
         if args.demo:
-            job = prepare_demo_job(
-                bucket, args.hosts, args.processes_per_host, args.input_mode, _hyperparameters(args)
-            )
+            job = prepare_demo_job(bucket, hosts, per_host, input_mode, _hyperparameters(args))
             request, source_dir = job.request, job.source_dir  # prepare() printed the layout
-        elif args.request:
-            request = json.loads(args.request.read_text())
+        elif request is not None:
             source_dir = args.source_dir
         else:
             if not args.train:
                 raise ValueError("--entry-point needs --train s3://bucket/prefix/ (the training data)")
             estimator = demo_estimator(
                 bucket,
-                args.hosts,
-                args.processes_per_host,
-                args.input_mode,
+                hosts,
+                per_host,
+                input_mode,
                 _hyperparameters(args),
                 source_dir=args.source_dir or Path.cwd(),
                 entry_point=args.entry_point,

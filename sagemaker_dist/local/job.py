@@ -28,6 +28,7 @@ from sagemaker_dist.local.feeder import (
 )
 from sagemaker_dist.local.launcher import RankGroup, describe_exit, rank_command
 from sagemaker_dist.local.opt_ml import JOB_ENV, build_host_trees, decode_hyperparameter, user_args
+from sagemaker_dist.request_validation import validate_request
 from sagemaker_dist.s3_objects import parse_s3_uri
 
 CHECKPOINT_SYNC_S = 2.0
@@ -285,6 +286,9 @@ def run_local(
     naming the failed rank or S3 object; on any exit every rank, FIFO and temp dir is removed.
     """
     started = time.monotonic()
+    if not isinstance(request, dict):
+        raise LocalJobError(f"the request is a {type(request).__name__}, not a CreateTrainingJob dict")
+    validate_request(request)  # what CreateTrainingJob would refuse, local mode refuses too
     hps = {k: str(v) for k, v in (request.get("HyperParameters") or {}).items()}
     algo = request.get("AlgorithmSpecification") or {}
     default_mode = algo.get("TrainingInputMode", "File")
