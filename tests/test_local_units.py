@@ -174,3 +174,18 @@ def test_cli_request_file_errors_name_the_file_and_job_options_are_refused(tmp_p
     good.write_text(json.dumps(_request(sagemaker_program="train.py")))
     err = error("--request", str(good), "--hosts", "3", "--epochs", "2", "--checkpoint-s3-uri", "s3://b/c")
     assert "--hosts, --epochs, --checkpoint-s3-uri cannot be combined with --request" in err
+
+
+def test_demo_data_creates_buckets_only_on_a_local_endpoint(s3, aws_env, capsys):
+    from sagemaker_dist.cli import main
+    from sagemaker_dist.local.demo_data import DemoDataError, write_demo_data
+
+    missing = "sagemaker-dist-no-such-bucket"
+    with pytest.raises(DemoDataError, match=f"bucket {missing} not found or not accessible"):
+        write_demo_data(f"s3://{missing}/d/", files=1, records_per_file=1, client=s3)
+    assert missing not in [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    # an explicit endpoint (like the embedded one) starts empty: there the command creates it
+    url = aws_env["AWS_ENDPOINT_URL"]
+    argv = ["demo-data", "--endpoint-url", url, "--prefix", f"s3://{missing}/d/", "--files", "1"]
+    assert main([*argv, "--records-per-file", "1", "--validation-files", "0"]) == 0, capsys.readouterr()
+    assert s3.list_objects_v2(Bucket=missing, Prefix="d/train/")["KeyCount"] == 1

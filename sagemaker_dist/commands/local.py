@@ -100,7 +100,8 @@ def _endpoint(args):
 
 
 def _ensure_bucket(bucket: str) -> None:
-    """On a local endpoint the output bucket may not exist yet; create it (never on real S3)."""
+    """On a local endpoint the output bucket may not exist yet; create it. Only called with an
+    embedded or explicit endpoint: buckets on real S3 are never created."""
     from sagemaker_dist.local.endpoint import s3_client
 
     client = s3_client()
@@ -237,6 +238,7 @@ def demo_data_command(args) -> int:
             records_per_file=args.records_per_file,
             validation_files=args.validation_files,
             seed=args.seed,
+            create_bucket=bool(url),  # a local endpoint starts empty; real S3 buckets are never created
         )
         where = url or "real S3"
         print(

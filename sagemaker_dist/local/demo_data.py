@@ -24,6 +24,10 @@ DEFAULT_PREFIX = "s3://sagemaker-dist-demo/cifar10-demo/"
 DATASET_FILE = "dataset.json"  # under the prefix: files and records per file, for exact per-rank counts
 
 
+class DemoDataError(ValueError):
+    """The demo data cannot be written where asked (names the bucket and what to do)."""
+
+
 def _varint(value: int) -> bytes:
     value &= (1 << 64) - 1  # negative int64 values are 10-byte varints, as protobuf encodes them
     out = bytearray()
@@ -107,10 +111,12 @@ def write_demo_data(
     validation_files: int = 2,
     seed: int = 0,
     client=None,
+    create_bucket: bool = False,
 ) -> DemoDataset:
     """Write ``files`` train and ``validation_files`` validation TFRecord files under ``prefix``.
 
-    Creates the bucket when it does not exist (the embedded endpoint starts empty).
+    ``create_bucket`` creates a missing bucket: only for a local endpoint (the embedded one starts
+    empty), never on real S3, where a missing bucket is an error.
     """
     if files < 1 or records_per_file < 1 or validation_files < 0:
         raise ValueError(
@@ -123,7 +129,12 @@ def write_demo_data(
     client = client or s3_client()
     try:
         client.head_bucket(Bucket=bucket)
-    except client.exceptions.ClientError:
+    except client.exceptions.ClientError as exc:
+        if not create_bucket:
+            raise DemoDataError(
+                f"bucket {bucket} not found or not accessible ({exc}); create it first (sagemaker-dist "
+                "never creates buckets on real S3) or check your credentials and region"
+            ) from exc
         client.create_bucket(Bucket=bucket)
     total = 0
     for role, count, offset in (("train", files, 0), ("validation", validation_files, 10_000)):
