@@ -56,7 +56,9 @@ DEFAULT_MPI_OPTIONS = (
     # A stalled rank (e.g. one short of data) ends the job after 15 minutes instead of hanging it.
     "-x HOROVOD_STALL_CHECK_TIME_SECONDS=60",
     "-x HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=900",
-    "-x NCCL_DEBUG=WARN",
+    # The toolkit parses --NCCL_DEBUG out of these options and always adds -x NCCL_DEBUG=<value>
+    # (INFO unless given): a plain -x NCCL_DEBUG=WARN would only add a second, conflicting -x.
+    "--NCCL_DEBUG WARN",
 )
 FRAMEWORK_HYPERPARAMETERS = (
     "sagemaker_program",
@@ -151,6 +153,24 @@ def _as_source(spec, what: str) -> ChannelSource | str:
         f"{what} is {spec!r}; give an S3 prefix, a list of S3 URIs (one per channel) or the ShardSet "
         "from sagemaker_dist.shard_writer.write_shards"
     )
+
+
+def _check_mpi_options(options: Sequence[str]) -> None:
+    """The toolkit splits the options on whitespace (no shell quoting) and owns ``-x NCCL_DEBUG``."""
+    for option in options:
+        if not isinstance(option, str):
+            raise EstimatorError(f"mpi_options entry {option!r} is not a string; give mpirun options as text")
+        if "'" in option or '"' in option:
+            raise EstimatorError(
+                f"mpi_options {option!r} has quotes; the sagemaker-training toolkit splits the options on "
+                "whitespace and keeps quotes as literal characters, so give values without spaces or "
+                "quotes (e.g. -x NAME=value)"
+            )
+        if re.search(r"(^|\s)-x\s+NCCL_DEBUG=", option):
+            raise EstimatorError(
+                f"mpi_options {option!r} sets NCCL_DEBUG with -x; the toolkit always adds its own "
+                "-x NCCL_DEBUG, so write --NCCL_DEBUG <level> instead (e.g. --NCCL_DEBUG INFO)"
+            )
 
 
 def _hyperparameter_value(value) -> str:
@@ -284,6 +304,7 @@ class HorovodPipeEstimator:
         self.tags = _tags(self.tags)
         self.environment = {str(k): str(v) for k, v in (self.environment or {}).items()}
         extra = [self.mpi_options] if isinstance(self.mpi_options, str) else list(self.mpi_options)
+        _check_mpi_options(extra)
         defaults = DEFAULT_MPI_OPTIONS if self.default_mpi_options else ()
         self.mpi_options = " ".join([*defaults, *extra]).strip()
 

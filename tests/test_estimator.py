@@ -703,3 +703,32 @@ def test_a_job_name_in_use_is_refused_before_anything_is_written(
     assert again["ETag"] == first["ETag"] and again["Body"].read() == first["Body"].read()
     assert all_keys(s3, bucket) == before
     assert sagemaker.describe_training_job(TrainingJobName="taken-name")["TrainingJobArn"]
+
+
+def toolkit_mpi_options(options: str):
+    """How the sagemaker-training toolkit reads sagemaker_mpi_custom_mpi_options: split on whitespace,
+    --NCCL_DEBUG parsed out (default INFO, always passed on as -x NCCL_DEBUG=<v>), the rest appended."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--NCCL_DEBUG", default="INFO", type=str)
+    return parser.parse_known_args(options.split())
+
+
+def test_mpi_defaults_set_nccl_debug_the_way_the_toolkit_reads_it(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    est = HorovodPipeEstimator(str(script), ROLE_ARN, "ml.p3.16xlarge", 2, mpi_options=["-x A=1"])
+    parsed, rest = toolkit_mpi_options(est.mpi_options)
+    assert parsed.NCCL_DEBUG == "WARN"
+    assert not any("NCCL_DEBUG" in token for token in rest)  # no second, conflicting -x NCCL_DEBUG
+    assert rest[-2:] == ["-x", "A=1"]
+    louder = HorovodPipeEstimator(str(script), ROLE_ARN, "ml.p3.16xlarge", mpi_options="--NCCL_DEBUG INFO")
+    assert toolkit_mpi_options(louder.mpi_options)[0].NCCL_DEBUG == "INFO"  # the user's comes last
+    for bad, message in (
+        ("-x TAG='a b'", "has quotes.*splits the options on whitespace"),
+        ('-x TAG="ab"', "has quotes"),
+        ("-x NCCL_DEBUG=INFO", "write --NCCL_DEBUG <level> instead"),
+    ):
+        with pytest.raises(EstimatorError, match=message):
+            HorovodPipeEstimator(str(script), ROLE_ARN, "ml.p3.16xlarge", mpi_options=[bad])

@@ -155,7 +155,7 @@ def test_ordinary_hyperparameters_are_not_mistaken_for_secrets():
                 "learning_rate": "0.001",
                 "model_dir": "s3://bucket/models/resnet50/2024-01-01/checkpoints/latest",
                 "sagemaker_dist_layout": plan_layout(2, 8).to_json(),
-                "sagemaker_mpi_custom_mpi_options": "-x NCCL_DEBUG=WARN -x HOROVOD_CYCLE_TIME=5",
+                "sagemaker_mpi_custom_mpi_options": "--NCCL_DEBUG WARN -x HOROVOD_CYCLE_TIME=5",
                 "token_limit": "512",
                 "git_commit": "3f2a9c0e5b7d41a8e6f9b2c4d1e0a7b6c5d4e3f2",  # 40 hex: not a secret key
             }
