@@ -56,5 +56,7 @@ def test_demo_data_command_writes_tfrecords_to_the_endpoint(aws_env, s3, bucket,
     )
     assert code == 0
     keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"])
-    assert keys == [f"d/train/part-0000{i}.tfrecord" for i in range(3)] + ["d/validation/part-00000.tfrecord"]
+    assert keys == ["d/dataset.json"] + [f"d/train/part-0000{i}.tfrecord" for i in range(3)] + [
+        "d/validation/part-00000.tfrecord"
+    ]
     assert "16 records" in capsys.readouterr().out
