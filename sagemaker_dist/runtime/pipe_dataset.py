@@ -4,8 +4,9 @@ Drop-in for ``sagemaker_tensorflow.PipeModeDataset`` (same constructor), built o
 tf.data APIs: a Python thread reads the FIFO in large chunks and frames the records (crc32c in
 C) ahead of TensorFlow; each chunk crosses into TensorFlow as one string tensor plus record offsets
 (records cut out in C++), or as a list of records when they are large, and is unbatched (or
-rebatched, for ``.batch(n)``) in C++. Every new iteration (epoch, ``.repeat()``, Keras ``fit(epochs=...)``) opens
-the next FIFO ``<channel>_<n>``; ``n`` is kept in ``<state_dir>/<channel>`` under flock, as AWS does.
+rebatched, for ``.batch(n)``) in C++. Every new iteration (epoch, ``.repeat()``, Keras
+``fit(epochs=...)``) opens the next FIFO ``<channel>_<n>``; ``n`` is kept in
+``<state_dir>/<channel>`` under flock, as AWS does.
 """
 
 from __future__ import annotations
