@@ -20,11 +20,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sagemaker_dist.runtime.records import (
+    RECORDIO_END,
+    RECORDIO_MAGIC,
+    RECORDIO_MIDDLE,
+    RECORDIO_START,
+    RECORDIO_WHOLE,
+)
 from sagemaker_dist.s3_objects import list_objects, parse_s3_uri
 
 CHUNK = 1 << 20
-RECORDIO_MAGIC = 0xCED7230A
-RECORDIO_MAX_PART = (1 << 29) - 1
+RECORDIO_MAX_PART = (1 << 29) - 1  # the 29-bit length field of a RecordIO frame
 POLL_S = 0.02
 
 
@@ -118,18 +124,22 @@ def epoch_objects(items: list[S3Item], spec: ChannelSpec, epoch: int, host_index
 def recordio_headers(size: int):
     """(offset, header) pairs that frame an object of ``size`` bytes as one (multipart) RecordIO record."""
     if size <= RECORDIO_MAX_PART:
-        return [(0, struct.pack("<II", RECORDIO_MAGIC, size))]
+        return [(0, struct.pack("<II", RECORDIO_MAGIC, RECORDIO_WHOLE << 29 | size))]
     parts, offset = [], 0
     while offset < size:
         length = min(RECORDIO_MAX_PART, size - offset)
-        flag = 1 if offset == 0 else (3 if offset + length == size else 2)
+        last = offset + length == size
+        flag = RECORDIO_START if offset == 0 else (RECORDIO_END if last else RECORDIO_MIDDLE)
         parts.append((offset, struct.pack("<II", RECORDIO_MAGIC, flag << 29 | length)))
         offset += length
     return parts
 
 
 class TFRecordCounter:
-    """Counts TFRecord records in a byte stream by walking the length headers (no copies)."""
+    """Counts TFRecord records in a byte stream by walking the length headers (no copies).
+
+    Not ``records.TFRecordFramer``: that one needs each record whole in one buffer to check its CRCs,
+    while the feeder only passes chunks through and must not buffer or re-check them."""
 
     def __init__(self):
         self.records = 0

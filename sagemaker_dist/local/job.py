@@ -27,8 +27,9 @@ from sagemaker_dist.local.feeder import (
     resolve_objects,
 )
 from sagemaker_dist.local.launcher import RankGroup, describe_exit, rank_command
-from sagemaker_dist.local.opt_ml import JOB_ENV, build_host_trees, decode_hyperparameter, user_args
+from sagemaker_dist.local.opt_ml import JOB_ENV, build_host_trees, user_args
 from sagemaker_dist.request_validation import validate_request
+from sagemaker_dist.runtime.config import decode_hyperparameters
 from sagemaker_dist.s3_objects import parse_s3_uri
 
 CHECKPOINT_SYNC_S = 2.0
@@ -104,7 +105,7 @@ class LocalJobResult:
 
 
 def _hp(hps: dict, key: str, default=None):
-    return decode_hyperparameter(hps[key]) if key in hps else default
+    return decode_hyperparameters({key: hps[key]})[key] if key in hps else default
 
 
 def _processes_per_host(hps: dict, layout: ChannelLayout | None) -> int:

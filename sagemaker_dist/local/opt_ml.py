@@ -10,7 +10,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-OPT_ML_ENV = "SAGEMAKER_DIST_OPT_ML"  # the runtime's override of the /opt/ml root
+from sagemaker_dist.runtime.config import ROOT_ENV, decode_hyperparameters
+
 JOB_ENV = "SAGEMAKER_DIST_LOCAL_JOB"  # tells each rank's entry where the job description is
 LOCAL_INSTANCE_TYPE = "local"
 
@@ -22,14 +23,6 @@ def host_names(count: int) -> list[str]:
 def hyperparameters_as_strings(hyperparameters: dict) -> dict[str, str]:
     """SageMaker stores every hyperparameter value as a string; non-strings are JSON-encoded."""
     return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in (hyperparameters or {}).items()}
-
-
-def decode_hyperparameter(value: str):
-    """The toolkit's reading: ``json.loads`` when it parses, else the raw string."""
-    try:
-        return json.loads(value)
-    except (TypeError, ValueError):
-        return value
 
 
 @dataclass
@@ -130,9 +123,9 @@ def build_host_trees(
 
 def sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name) -> dict[str, str]:
     """The variables the sagemaker-training toolkit sets for the user script, for this host."""
-    user_hps = {k: decode_hyperparameter(v) for k, v in hps.items() if not k.startswith("sagemaker_")}
+    user_hps = decode_hyperparameters({k: v for k, v in hps.items() if not k.startswith("sagemaker_")})
     env = {
-        OPT_ML_ENV: str(tree.root),
+        ROOT_ENV: str(tree.root),  # the runtime's override of the /opt/ml root
         "TRAINING_JOB_NAME": job_name,
         "SM_HOSTS": json.dumps(names),
         "SM_CURRENT_HOST": tree.name,
