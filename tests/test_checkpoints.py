@@ -143,3 +143,20 @@ def test_resume_restores_at_train_begin_and_clears_crashed_writes(tmp_path):
     assert seen == [True, 2]
     assert [c.epoch for c in ckpt.list_checkpoints(tmp_path)] == [1, 2, 3]
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())
+
+
+def test_crash_mid_swap_puts_the_old_copy_back(tmp_path):
+    """A writer that died after moving epoch-N aside and before renaming the new one in leaves only
+    ``.old-epoch-N-*/epoch-N``: the clean-up restores it instead of deleting the only copy."""
+    model = _model()
+    ckpt.save_checkpoint(model, tmp_path, 3)
+    aside = tmp_path / ".old-epoch-00003-crashed"
+    aside.mkdir()
+    (tmp_path / "epoch-00003").rename(aside / "epoch-00003")
+    (tmp_path / ".tmp-epoch-00003-halfwritten").mkdir()  # the new copy never finished
+    ckpt.remove_stale_temporaries(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-00003"]
+    found = ckpt.latest_checkpoint(tmp_path)
+    fresh = _model(7)
+    ckpt.restore_checkpoint(fresh, found)
+    assert found.epoch == 3 and _same(fresh.get_weights(), model.get_weights())

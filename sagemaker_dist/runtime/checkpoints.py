@@ -147,12 +147,24 @@ def restore_checkpoint(model, checkpoint: Checkpoint, *, optimizer=None) -> None
 
 
 def remove_stale_temporaries(directory: str | os.PathLike) -> None:
-    """Delete ``.tmp-*``/``.old-*`` leftovers of a crashed writer (call on rank 0 before training)."""
+    """Delete ``.tmp-*``/``.old-*`` leftovers of a crashed writer (call on rank 0 before training).
+
+    A writer that crashed between moving the old copy of an epoch aside and renaming the new one
+    into place leaves no ``epoch-N`` but a complete ``.old-epoch-N-*/epoch-N``: that one is put back.
+    """
     directory = Path(directory)
-    if directory.is_dir():
-        for p in directory.iterdir():
-            if p.name.startswith((".tmp-epoch-", ".old-epoch-")):
-                shutil.rmtree(p, ignore_errors=True)
+    if not directory.is_dir():
+        return
+    for p in sorted(directory.iterdir()):
+        if p.name.startswith(".old-epoch-"):
+            for kept in p.iterdir():
+                final = directory / kept.name
+                if kept.name.startswith("epoch-") and (kept / META_FILE).is_file() and not final.exists():
+                    os.rename(kept, final)
+                    log.warning("restored %s from %s (its writer stopped mid-swap)", final, p.name)
+    for p in directory.iterdir():
+        if p.name.startswith((".tmp-epoch-", ".old-epoch-")):
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def _broadcast_from_rank0(value):
