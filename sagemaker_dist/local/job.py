@@ -455,7 +455,7 @@ def run_local(
         return result
     finally:
         stop.set()
-        held_sigint = _hold_sigint()  # a second Ctrl-C must not cut the clean-up short
+        held = _hold_signals()  # a second Ctrl-C or SIGTERM must not cut the clean-up short
         if group is not None:
             group.kill()
         for f in feeders:
@@ -466,17 +466,16 @@ def run_local(
             ckpt.stop()  # also after a failure: the last complete checkpoint reaches S3 for a rerun
         if not keep_work_dir:
             shutil.rmtree(work, ignore_errors=True)
-        if previous_handler is not None:
-            signal.signal(signal.SIGTERM, previous_handler)
-        if held_sigint is not None:
-            signal.signal(signal.SIGINT, held_sigint)
+        if held:  # main thread: put back SIGINT, and SIGTERM as it was before run_local
+            signal.signal(signal.SIGINT, held[signal.SIGINT])
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous_handler is None else previous_handler)
 
 
-def _hold_sigint():
-    """Ignore SIGINT (main thread only); returns the handler to put back, or None."""
+def _hold_signals() -> dict:
+    """Ignore SIGINT and SIGTERM (main thread only); returns the handlers to put back ({} elsewhere)."""
     if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGINT, signal.SIG_IGN)
+        return {}
+    return {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
 
 
 class _DoneFeed:
