@@ -93,6 +93,8 @@ def main() -> None:
         "seen": seen,
         "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
         "syncer_failures": hv.tensorboard_syncer.failures if hv.tensorboard_syncer else None,
+        # epochs this rank's checkpoint callback wrote (rank 0 only, if the rank check works)
+        "checkpoint_saves": [e for c in hv.callbacks for e in getattr(c, "saved", [])],
     }
     (out / f"rank{hv.rank}.json").write_text(json.dumps(report))
 

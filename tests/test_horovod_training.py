@@ -262,6 +262,8 @@ def test_checkpoints_written_by_rank0_only_and_atomically(job):
     complete = list_checkpoints(directory)
     assert [c.epoch for c in complete] == [1, 2, 3]
     rank0_pid = job["reports"][0]["pid"]
+    assert job["reports"][0]["checkpoint_saves"] == [2, 3]  # epoch 1 was seeded (resumed from)
+    assert job["reports"][1]["checkpoint_saves"] == []  # rank 1's callback never wrote one
     for c in complete[1:]:
         meta = json.loads((c.path / "meta.json").read_text())
         assert (meta["rank"], meta["pid"]) == (0, rank0_pid)

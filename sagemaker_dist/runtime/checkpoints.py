@@ -204,7 +204,11 @@ def checkpoint_callback(
     directory = Path(directory)
 
     class RankZeroCheckpoint(tf.keras.callbacks.Callback):
-        """Restore at train begin, save at epoch end; rank 0 only."""
+        """Restore at train begin, save at epoch end; rank 0 only. ``saved`` lists the epochs it wrote."""
+
+        def __init__(self):
+            super().__init__()
+            self.saved: list[int] = []
 
         def on_train_begin(self, logs=None):
             if rank != 0:
@@ -216,5 +220,6 @@ def checkpoint_callback(
         def on_epoch_end(self, epoch, logs=None):
             if rank == 0 and (epoch + 1) % every == 0:
                 save_checkpoint(self.model, directory, epoch + 1, keep=keep, rank=rank)
+                self.saved.append(epoch + 1)
 
     return RankZeroCheckpoint()
