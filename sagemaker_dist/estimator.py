@@ -788,11 +788,21 @@ def create_training_job(request: Mapping, boto_session=None):
     from sagemaker.core.utils.code_injection.codec import transform
 
     boto_session = boto_session or boto3.Session()
-    return TrainingJob.create(
-        **transform(dict(request), "CreateTrainingJobRequest"),
-        session=boto_session,
-        region=boto_session.region_name,
-    )
+    name = request.get("TrainingJobName")
+    try:
+        return TrainingJob.create(
+            **transform(dict(request), "CreateTrainingJobRequest"),
+            session=boto_session,
+            region=boto_session.region_name,
+        )
+    except (ClientError, BotoCoreError) as exc:
+        raise aws_error(
+            exc,
+            f"create training job {name!r}",
+            "no job was created; fix what the message names (role, limits, quotas, image, S3 access) "
+            "and launch again with another job_name (the shards and source of this attempt are "
+            "already in S3 under its name)",
+        ) from exc
 
 
 def sdk_channels(request: Mapping) -> list:

@@ -211,6 +211,8 @@ def write_shards(
         client.put_object(Bucket=out_bucket, Key=marker_key, Body=body, ContentType="application/json")
     except ClientError as exc:
         raise describe_client_error(exc, out_bucket, f"write {shard_set.plan_uri}") from exc
+    except BotoCoreError as exc:
+        raise unreachable(exc, f"write {shard_set.plan_uri}") from exc
     return shard_set
 
 
@@ -229,7 +231,7 @@ def _put_manifests(client, plan, src_bucket, folder, uris, workers) -> None:
 
 
 def _existing_objects(client, bucket: str, prefix: str) -> dict[str, int]:
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import BotoCoreError, ClientError
 
     found: dict[str, int] = {}
     try:
@@ -238,6 +240,8 @@ def _existing_objects(client, bucket: str, prefix: str) -> dict[str, int]:
                 found[item["Key"]] = int(item["Size"])
     except ClientError as exc:
         raise describe_client_error(exc, bucket, f"list s3://{bucket}/{prefix}") from exc
+    except BotoCoreError as exc:
+        raise unreachable(exc, f"list s3://{bucket}/{prefix}") from exc
     return found
 
 
@@ -281,21 +285,47 @@ def _copy_shards(client, plan, src_bucket, folder, out_bucket, out_root, workers
         _run_all(tasks, workers)
     finally:
         bar.close()
-    for start in range(0, len(stale), 1000):
-        batch = [{"Key": k} for k in stale[start : start + 1000]]
-        client.delete_objects(Bucket=out_bucket, Delete={"Objects": batch, "Quiet": True})
+    _delete_stale(client, out_bucket, stale)
     return len(todo), skipped, len(stale)
 
 
+def _delete_stale(client, bucket: str, keys: list[str]) -> None:
+    """Delete ``keys`` 1,000 at a time; DeleteObjects reports per-key failures in its ``Errors`` list."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    for start in range(0, len(keys), 1000):
+        batch = [{"Key": k} for k in keys[start : start + 1000]]
+        try:
+            response = client.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+        except ClientError as exc:
+            raise ShardWriteError(
+                f"{describe_client_error(exc, bucket, 'delete stale shard objects')}. Nothing was marked "
+                "complete; run again once the objects can be deleted"
+            ) from exc
+        except BotoCoreError as exc:
+            raise ShardWriteError(f"{unreachable(exc, 'delete stale shard objects')}; run again") from exc
+        errors = response.get("Errors") or []
+        if errors:
+            first = errors[0]
+            raise ShardWriteError(
+                f"S3 could not delete {len(errors)} stale object(s) of an earlier plan (first: "
+                f"s3://{bucket}/{first.get('Key')}: {first.get('Code')}: {first.get('Message')}); they "
+                "would leak into the S3Prefix channels. Nothing was marked complete: allow "
+                "s3:DeleteObject on the output prefix (or remove them) and run again"
+            )
+
+
 def read_shard_set(output_uri: str, role: str = "train", client=None) -> ShardSet:
-    """Load the shard set a finished ``write_shards`` recorded; IncompleteShardsError if none."""
-    from botocore.exceptions import ClientError
+    """Load the shard set a finished ``write_shards`` recorded; IncompleteShardsError if none or broken."""
+    from botocore.exceptions import BotoCoreError, ClientError
 
     out_bucket, out_root = _output_root(output_uri, role)
     key = f"{out_root}{COMPLETE_MARKER}"
     client = client or make_client()
     try:
         body = client.get_object(Bucket=out_bucket, Key=key)["Body"].read()
+    except BotoCoreError as exc:
+        raise unreachable(exc, f"read s3://{out_bucket}/{key}") from exc
     except ClientError as exc:
         code = str(exc.response.get("Error", {}).get("Code", ""))
         if code in ("NoSuchKey", "404"):
@@ -304,11 +334,29 @@ def read_shard_set(output_uri: str, role: str = "train", client=None) -> ShardSe
                 "never written or interrupted); run 'sagemaker-dist shard' again"
             ) from exc
         raise describe_client_error(exc, out_bucket, f"read s3://{out_bucket}/{key}") from exc
-    doc = json.loads(body)
+    def incomplete(why: str) -> IncompleteShardsError:
+        return IncompleteShardsError(
+            f"s3://{out_bucket}/{key} is not a complete sagemaker-dist shard plan ({why}); run "
+            "'sagemaker-dist shard' again to rewrite the shards and the marker"
+        )
+
+    try:
+        doc = json.loads(body)
+    except ValueError as exc:  # also UnicodeDecodeError
+        raise incomplete(f"not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise incomplete(f"a JSON {type(doc).__name__}, not an object")
     if doc.get("version") != MARKER_VERSION or not doc.get("complete"):
-        raise IncompleteShardsError(f"s3://{out_bucket}/{key} is not a complete sagemaker-dist shard plan")
-    fields = {k: doc[k] for k in ShardSet.__dataclass_fields__ if k in doc}
-    return ShardSet(**fields, plan_uri=s3_uri(out_bucket, key))
+        raise incomplete(f"version {doc.get('version')!r}, complete {doc.get('complete')!r}")
+    wanted = [f for f, spec in ShardSet.__dataclass_fields__.items() if spec.compare]
+    missing = [f for f in wanted if f not in doc]
+    if missing:
+        raise incomplete(f"missing {', '.join(missing)}")
+    shard_set = ShardSet(**{f: doc[f] for f in wanted}, plan_uri=s3_uri(out_bucket, key))
+    sizes = {len(shard_set.uris), len(shard_set.objects_per_shard), len(shard_set.bytes_per_shard)}
+    if len(sizes) != 1 or not shard_set.uris or shard_set.mode not in MODES:
+        raise incomplete("its shard lists disagree or are empty")
+    return shard_set
 
 
 __all__ = [

@@ -168,6 +168,17 @@ def upload_source(package: SourcePackage, s3_uri: str, client=None) -> str:
     bucket, key = parse_s3_uri(s3_uri)
     if not key or key.endswith("/"):
         raise SourcePackageError(f"{s3_uri!r} names a prefix; give the object URI ending in {TARBALL_NAME}")
+    from boto3.exceptions import S3UploadFailedError
+    from botocore.exceptions import BotoCoreError, ClientError
+
     client = client or boto3.client("s3")
-    client.upload_file(str(package.path), bucket, key, ExtraArgs={"Metadata": {"sha256": package.sha256}})
+    try:
+        client.upload_file(
+            str(package.path), bucket, key, ExtraArgs={"Metadata": {"sha256": package.sha256}}
+        )
+    except (S3UploadFailedError, ClientError, BotoCoreError) as exc:
+        raise SourcePackageError(
+            f"could not upload the source tarball to {s3_uri}: {exc}; check that the bucket exists, "
+            "your credentials may write to it, and AWS_ENDPOINT_URL (if you use one)"
+        ) from exc
     return s3_uri

@@ -732,3 +732,31 @@ def test_mpi_defaults_set_nccl_debug_the_way_the_toolkit_reads_it(tmp_path):
     ):
         with pytest.raises(EstimatorError, match=message):
             HorovodPipeEstimator(str(script), ROLE_ARN, "ml.p3.16xlarge", mpi_options=[bad])
+
+
+def test_create_training_job_refused_by_aws_is_an_error_naming_the_code(
+    aws_env, monkeypatch, assert_no_job, s3, bucket, source_dir, capsys
+):
+    from fault_proxy import fault_proxy
+
+    from sagemaker_dist.cli import main
+
+    limit = b'{"__type": "ResourceLimitExceeded", "Message": "account-level limit for ml.g5.12xlarge"}'
+
+    def refuse_create(method, path, headers, body):
+        if headers.get("X-Amz-Target") == "SageMaker.CreateTrainingJob":
+            return 400, "application/x-amz-json-1.1", limit
+        return None
+
+    put_objects(s3, bucket, "d/", [100] * 4)
+    argv = ["launch", "train.py", "--source-dir", str(source_dir), "--role", ROLE_ARN, "--image-uri", IMAGE]
+    argv += ["--instance-type", "ml.g5.12xlarge", "--train", f"s3://{bucket}/d/", "--output-path"]
+    argv += [f"s3://{bucket}/out", "--job-name", "over-quota", "--no-wait"]
+    with fault_proxy(aws_env["AWS_ENDPOINT_URL"], refuse_create) as (proxy, url):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+        assert main(argv) == 2
+    assert proxy.answered == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: AWS refused to create training job 'over-quota': ResourceLimitExceeded")
+    assert "launch again with another job_name" in err
+    assert_no_job()

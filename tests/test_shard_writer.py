@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 from boto3.s3.transfer import TransferConfig
+from fault_proxy import fault_proxy
 from s3_data import ODD_NAMES, all_keys, dataset, filled_bucket, put_objects
 
 from sagemaker_dist.layout import LayoutError
@@ -230,3 +231,45 @@ def test_plan_shard_set_predicts_what_write_shards_returns_without_writing(s3, b
     assert planned == written and planned.uris == written.uris and planned.plan_uri == written.plan_uri
     with pytest.raises(ShardWriteError, match="overlaps the source"):
         plan_shard_set(plan, source, f"{source}shards/", mode=mode)
+
+
+def test_stale_objects_s3_cannot_delete_fail_the_write_and_leave_no_marker(s3, bucket, small_source, aws_env):
+    import boto3
+
+    source, _ = small_source
+    out = f"s3://{bucket}/copies"
+    write_shards(_plan(s3, source, 3), source, out, mode="copy", client=s3, progress=False)
+    denied = (
+        b'<?xml version="1.0" encoding="UTF-8"?><DeleteResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+        b"<Error><Key>copies/train/2/x</Key><Code>AccessDenied</Code><Message>Access Denied</Message>"
+        b"</Error></DeleteResult>"
+    )
+
+    def refuse_deletes(method, path, headers, body):  # DeleteObjects answers 200 with an Errors list
+        return (200, "application/xml", denied) if method == "POST" and "delete" in path else None
+
+    with fault_proxy(aws_env["AWS_ENDPOINT_URL"], refuse_deletes) as (proxy, url):
+        client = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
+        with pytest.raises(ShardWriteError, match=r"not delete 1 stale object.*AccessDenied.*again"):
+            write_shards(_plan(s3, source, 2), source, out, mode="copy", client=client, progress=False)
+    assert proxy.answered == 1
+    with pytest.raises(IncompleteShardsError):
+        read_shard_set(out, client=s3)
+
+
+@pytest.mark.parametrize(
+    "body, why",
+    [
+        (b"{not json", "not JSON"),
+        (b"[1, 2]", "a JSON list"),
+        (b'{"version": 1, "complete": true, "uris": []}', "missing role, mode"),
+        (b'{"version": 2, "complete": true}', "version 2"),
+    ],
+)
+def test_a_corrupt_marker_reads_as_incomplete(s3, bucket, small_source, body, why):
+    source, _ = small_source
+    out = f"s3://{bucket}/out"
+    write_shards(_plan(s3, source, 2), source, out, client=s3)
+    s3.put_object(Bucket=bucket, Key=f"out/train/{COMPLETE_MARKER}", Body=body)
+    with pytest.raises(IncompleteShardsError, match=f"{why}.*run 'sagemaker-dist shard' again"):
+        read_shard_set(out, client=s3)

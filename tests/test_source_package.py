@@ -128,3 +128,5 @@ def test_upload_puts_the_tarball_at_the_given_uri(src, tmp_path, s3, bucket):
         assert tar.extractfile("train.py").read() == b"from pkg import net\n"
     with pytest.raises(SourcePackageError, match="names a prefix"):
         upload_source(package, f"s3://{bucket}/jobs/j1/source/", client=s3)
+    with pytest.raises(SourcePackageError, match="could not upload.*no-such-bucket-x.*bucket exists"):
+        upload_source(package, f"s3://no-such-bucket-x/j/{TARBALL_NAME}", client=s3)
