@@ -196,6 +196,17 @@ def test_rank_raising_an_exception_is_named_with_its_traceback(s3, bucket, tmp_p
     assert not list(tmp_path.iterdir())
 
 
+def test_setup_without_this_ranks_record_count_fails_on_several_ranks(s3, bucket, tmp_path):
+    """No train_records on 2 ranks: an error before any collective, not a stall at the first short shard."""
+    _small_data(s3, bucket, files=2, records=2)
+    request = _request(bucket, "setup_without_counts.py", {}, hosts=1, per_host=2)
+    with pytest.raises(LocalJobError) as failure:
+        run_local(request, SCRIPTS, work_dir=tmp_path, echo=lambda line: None, timeout=120)
+    message = str(failure.value)
+    assert "HorovodSetupError: rank" in message and "pass train_records=" in message, message
+    assert "setup returned" not in message
+
+
 def test_s3_failing_mid_job_stops_it_naming_the_object(s3, bucket, tmp_path, monkeypatch, aws_env):
     _small_data(s3, bucket, files=2, records=8)
     request = _request(bucket, "count_records.py", {}, hosts=1, per_host=1)
