@@ -21,7 +21,7 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 from sagemaker_dist.images import container_image_uri
-from sagemaker_dist.instances import UnknownInstanceTypeError, gpus_per_instance, normalize_instance_type
+from sagemaker_dist.instances import UnknownInstanceTypeError, normalize_instance_type, processes_per_host
 from sagemaker_dist.layout import (
     INPUT_MODES,
     LAYOUT_HYPERPARAMETER,
@@ -311,22 +311,11 @@ class HorovodPipeEstimator:
     # ----- local planning (no AWS) -----
 
     def _processes_per_host(self, override: int | None) -> int:
-        if override is not None:
-            if isinstance(override, bool) or not isinstance(override, int) or override < 1:
-                raise EstimatorError(f"processes_per_host={override!r}; it must be a whole number >= 1")
-            try:
-                gpus = gpus_per_instance(self.instance_type)
-            except UnknownInstanceTypeError:
-                return override  # CPU or unlisted type: the caller knows best
-            if override > gpus:
-                raise EstimatorError(
-                    f"processes_per_host={override} but {self.instance_type} has {gpus} GPU(s); Horovod "
-                    f"runs one process per GPU, so use at most {gpus}"
-                )
-            return override
         try:
-            return gpus_per_instance(self.instance_type)
-        except UnknownInstanceTypeError as exc:
+            return processes_per_host(self.instance_type, override)
+        except UnknownInstanceTypeError as exc:  # only without an override
+            if "processes_per_host=" in str(exc):
+                raise
             raise UnknownInstanceTypeError(
                 f"{exc} With HorovodPipeEstimator pass processes_per_host=N."
             ) from None

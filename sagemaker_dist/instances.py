@@ -8,6 +8,7 @@ number of NeuronCores, the unit one worker process drives.
 from __future__ import annotations
 
 import difflib
+import re
 
 # ml.<family>.<size> -> accelerators per instance (NVIDIA GPUs; NeuronCores for trn1/trn1n).
 _FAMILIES: dict[str, dict[str, int]] = {
@@ -40,10 +41,16 @@ GPU_INSTANCE_TYPES: dict[str, int] = {
     f"ml.{family}.{size}": count for family, sizes in _FAMILIES.items() for size, count in sizes.items()
 }
 NEURON_FAMILIES = frozenset({"trn1", "trn1n"})
+# CPU families (c5, m5d, r6i, t3, ...): their names look like GPU ones (c5 ~ g5) but have no GPUs.
+_CPU_FAMILY_RE = re.compile(r"[cmrt]\d+[a-z]*")
 
 
 class UnknownInstanceTypeError(ValueError):
     """An instance type missing from the catalog (typo, CPU type, or a family newer than the table)."""
+
+
+class ProcessesPerHostError(ValueError):
+    """A processes-per-host override that is not a count, or more processes than a type has GPUs."""
 
 
 def normalize_instance_type(instance_type: str) -> str:
@@ -56,10 +63,24 @@ def normalize_instance_type(instance_type: str) -> str:
     return name if name.startswith("ml.") else f"ml.{name}"
 
 
+def _family(name: str) -> str:
+    return name.split(".")[1] if name.count(".") >= 2 else ""
+
+
+def is_cpu_family(instance_type: str) -> bool:
+    """Whether ``instance_type`` is of a CPU family (ml.c5.18xlarge, ml.m5.xlarge, ...)."""
+    return bool(_CPU_FAMILY_RE.fullmatch(_family(normalize_instance_type(instance_type))))
+
+
 def close_matches(instance_type: str, limit: int = 5) -> list[str]:
-    """Catalog types that look like ``instance_type``: same family first, then by spelling."""
+    """Catalog types that look like ``instance_type``: same family first, then by spelling.
+
+    None for CPU families: ml.c5.18xlarge is not a misspelt ml.g5.16xlarge.
+    """
     name = normalize_instance_type(instance_type)
-    family = name.split(".")[1] if name.count(".") >= 2 else ""
+    family = _family(name)
+    if is_cpu_family(name):
+        return []
     same_family = [t for t in GPU_INSTANCE_TYPES if t.split(".")[1] == family]
     spelled = difflib.get_close_matches(name, list(GPU_INSTANCE_TYPES), n=limit, cutoff=0.6)
     ranked = [t for t in spelled if t in same_family] + same_family + spelled
@@ -76,6 +97,11 @@ def gpus_per_instance(instance_type: str) -> int:
         return GPU_INSTANCE_TYPES[name]
     except KeyError:
         pass
+    if is_cpu_family(name):
+        raise UnknownInstanceTypeError(
+            f"{instance_type!r} is a CPU instance type (no GPUs); give the number of worker processes "
+            "per instance yourself: processes_per_host=N (CLI: --processes-per-host N)"
+        )
     matches = close_matches(name)
     suggestion = f"Did you mean {', '.join(matches)}? " if matches else ""
     raise UnknownInstanceTypeError(
@@ -86,12 +112,27 @@ def gpus_per_instance(instance_type: str) -> int:
 
 
 def processes_per_host(instance_type: str, override: int | None = None) -> int:
-    """Worker processes per host: ``override`` (a ``gpus_per_instance=`` value) if given, else the table."""
+    """Worker processes per host: the type's GPUs, or ``override`` (needed for CPU and unlisted types).
+
+    The one rule the CLI and the estimator share: an override must be a whole number >= 1 and, on a
+    type whose GPU count is known, at most that count (Horovod runs one process per GPU). Fewer
+    processes than GPUs is allowed.
+    """
     if override is None:
         return gpus_per_instance(instance_type)
     if isinstance(override, bool) or not isinstance(override, int) or override < 1:
-        raise UnknownInstanceTypeError(
-            f"gpus_per_instance={override!r} for {instance_type!r} must be a whole number >= 1 "
+        raise ProcessesPerHostError(
+            f"processes per host {override!r} for {instance_type!r} must be a whole number >= 1 "
             "(the number of worker processes per instance)"
+        )
+    try:
+        gpus = gpus_per_instance(instance_type)
+    except UnknownInstanceTypeError:
+        return override  # CPU or unlisted type: the caller knows best
+    if override > gpus:
+        raise ProcessesPerHostError(
+            f"{override} processes per host but {normalize_instance_type(instance_type)} has {gpus} "
+            f"GPU(s); Horovod runs one process per GPU, so use at most {gpus} "
+            "(processes_per_host= / --processes-per-host)"
         )
     return override

@@ -124,7 +124,7 @@ def _job_name_problems(request: Mapping) -> list[str]:
     name = request.get("TrainingJobName")
     if not isinstance(name, str) or not name:
         return ["TrainingJobName is missing; give job_name= or base_job_name="]
-    if len(name) > MAX_JOB_NAME or not JOB_NAME_RE.match(name):
+    if len(name) > MAX_JOB_NAME or not JOB_NAME_RE.fullmatch(name):
         return [
             f"job name {name!r} is not valid: SageMaker allows 1-{MAX_JOB_NAME} letters, digits and "
             "hyphens, starting and ending with a letter or digit (no '_' or '.')"
@@ -149,7 +149,7 @@ def _channel_problems(request: Mapping) -> list[str]:
             not isinstance(name, str)
             or not name
             or len(name) > MAX_CHANNEL_NAME
-            or not CHANNEL_NAME_RE.match(name)
+            or not CHANNEL_NAME_RE.fullmatch(name)
         ):
             problems.append(
                 f"channel name {name!r} is not valid: 1-{MAX_CHANNEL_NAME} letters, digits, '.', '-' or '_'"

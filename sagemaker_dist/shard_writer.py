@@ -94,7 +94,7 @@ def _check_request(plan: ShardPlan, source_uri: str, output_uri: str, mode: str,
     check_channel_name(role)
     check_channel_name(f"{role}_{max(plan.num_shards - 1, 0)}")
     src_bucket, src_prefix = parse_s3_uri(source_uri)
-    out_bucket, out_root = _output_root(output_uri, role)
+    out_bucket, out_root = check_output_outside_source(source_uri, output_uri, role)
     folder = _folder(src_prefix)
     outside = next((k for _, k, _ in plan.items() if not k.startswith(src_prefix)), None)
     if outside is not None:
@@ -102,12 +102,22 @@ def _check_request(plan: ShardPlan, source_uri: str, output_uri: str, mode: str,
             f"key {outside!r} of the plan is not under the source {source_uri}; "
             "plan the shards from a listing of that same prefix"
         )
+    return src_bucket, folder, out_bucket, out_root
+
+
+def check_output_outside_source(source_uri: str, output_uri: str, role: str = "train") -> tuple[str, str]:
+    """Refuse an output folder ``<output>/<role>/`` that overlaps the source prefix (needs no S3 call).
+
+    Returns the output (bucket, key prefix of the role's folder).
+    """
+    src_bucket, src_prefix = parse_s3_uri(source_uri)
+    out_bucket, out_root = _output_root(output_uri, role)
     if out_bucket == src_bucket and (out_root.startswith(src_prefix) or src_prefix.startswith(out_root)):
         raise ShardWriteError(
             f"output s3://{out_bucket}/{out_root} overlaps the source {source_uri}: a later listing "
             "would shard the outputs too. Choose an output prefix outside the source prefix."
         )
-    return src_bucket, folder, out_bucket, out_root
+    return out_bucket, out_root
 
 
 def _run_all(tasks: list[tuple[str, Callable[[], object]]], workers: int) -> None:
@@ -366,6 +376,7 @@ __all__ = [
     "S3AccessError",
     "ShardSet",
     "ShardWriteError",
+    "check_output_outside_source",
     "plan_shard_set",
     "read_shard_set",
     "write_shards",

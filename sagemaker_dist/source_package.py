@@ -64,7 +64,8 @@ def resolve_entry_point(
 ) -> tuple[Path, str]:
     """Return (source directory, entry script relative to it); raise if the script is not there.
 
-    With no ``source_dir`` the script's own directory is packed, as the SageMaker SDK does.
+    With no ``source_dir`` the script's own directory is returned, but ``pack_source`` packs only
+    the script itself, as the SageMaker SDK does.
     """
     entry = Path(entry_point)
     if source_dir is None:
@@ -133,7 +134,7 @@ def pack_source(
     dest_dir: str | os.PathLike | None = None,
     max_bytes: int = MAX_SOURCE_BYTES,
 ) -> SourcePackage:
-    """Pack ``source_dir`` (or just the entry script's folder) into ``dest_dir/sourcedir.tar.gz``.
+    """Pack ``source_dir`` (or, without one, just the entry script) into ``dest_dir/sourcedir.tar.gz``.
 
     Checks the entry script and the size first; writes to a temporary name and renames, so a
     half-written tarball never exists under the final name.

@@ -89,6 +89,8 @@ def test_shard_writes_manifests_then_copies(s3, bucket, source, capsys):
         ([*P3, "--instance-count", "1", "--role", "train/data"], "characters SageMaker rejects"),
         ([*P3, "--instance-count", "1", "--extra-channel", "my code"], "characters SageMaker rejects"),
         ([*P3, "--instance-count", "1", "--processes-per-host", "0"], "must be a whole number >= 1"),
+        ([*P3, "--instance-count", "1", "--processes-per-host", "5"], "ml.p3.8xlarge has 4 GPU"),
+        (["--instance-type", "ml.c5.18xlarge", "--instance-count", "1"], "--processes-per-host N"),
     ],
 )
 def test_bad_cluster_arguments_fail_before_any_s3_call(s3, bucket, capsys, argv, message):
@@ -161,3 +163,12 @@ def test_per_local_rank_shards_with_fewer_objects_than_hosts_are_refused(s3, buc
     argv[1] = source
     assert main(argv) == 0
     assert "by object count" in capsys.readouterr().out
+
+
+def test_shard_output_inside_the_source_is_refused_before_any_s3_call(s3, bucket, capsys):
+    before = all_keys(s3, bucket)
+    argv = ["shard", "s3://no-such-source/data/", "s3://no-such-source/data/shards/", *P3]
+    assert main([*argv, "--instance-count", "1", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: output s3://no-such-source/data/shards/train/ overlaps the source")
+    assert all_keys(s3, bucket) == before

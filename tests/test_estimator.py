@@ -22,7 +22,7 @@ from sagemaker_dist.estimator import (
     sdk_channels,
 )
 from sagemaker_dist.images import ImageError, container_image_uri, dlc_tensorflow_image_uri
-from sagemaker_dist.instances import UnknownInstanceTypeError
+from sagemaker_dist.instances import ProcessesPerHostError, UnknownInstanceTypeError
 from sagemaker_dist.layout import ChannelLayout, LayoutError
 from sagemaker_dist.request_validation import RequestValidationError
 from sagemaker_dist.sharding import NotEnoughObjectsError
@@ -332,7 +332,7 @@ def test_cpu_instances_need_processes_per_host_and_fewer_than_gpus_is_allowed(tm
     assert (cpu.processes_per_host, cpu.world_size) == (4, 8)
     fewer = HorovodPipeEstimator(str(script), ROLE_ARN, "ml.p3.16xlarge", 2, processes_per_host=4)
     assert fewer.world_size == 8
-    with pytest.raises(EstimatorError, match="has 8 GPU"):
+    with pytest.raises(ProcessesPerHostError, match="has 8 GPU"):
         HorovodPipeEstimator(str(script), ROLE_ARN, "ml.p3.16xlarge", 1, processes_per_host=9)
     with pytest.raises(EstimatorError, match="sagemaker_program"):
         HorovodPipeEstimator(

@@ -9,6 +9,7 @@ import pytest
 
 from sagemaker_dist.instances import (
     GPU_INSTANCE_TYPES,
+    ProcessesPerHostError,
     UnknownInstanceTypeError,
     close_matches,
     gpus_per_instance,
@@ -114,8 +115,11 @@ def test_empty_or_non_string(bad):
 
 
 def test_cpu_type_needs_the_override():
-    with pytest.raises(UnknownInstanceTypeError, match="gpus_per_instance=N"):
-        processes_per_host("ml.c5.xlarge")
+    with pytest.raises(UnknownInstanceTypeError, match="CPU instance type.*processes_per_host=N") as info:
+        processes_per_host("ml.c5.18xlarge")
+    assert "Did you mean" not in str(info.value)  # not a misspelt ml.g5.16xlarge
+    assert close_matches("ml.c5.18xlarge") == close_matches("ml.m5d.xlarge") == []
+    assert close_matches("ml.trn1.xlarge")[0].startswith("ml.trn1.")  # trn1 is not a CPU family
     assert processes_per_host("ml.c5.xlarge", 2) == 2
     assert processes_per_host("ml.p3.16xlarge") == 8
     assert processes_per_host("ml.p3.16xlarge", 4) == 4  # fewer processes than GPUs is allowed
@@ -123,5 +127,12 @@ def test_cpu_type_needs_the_override():
 
 @pytest.mark.parametrize("override", [0, -1, 1.5, True, "4"])
 def test_bad_override(override):
-    with pytest.raises(UnknownInstanceTypeError, match="must be a whole number >= 1"):
+    with pytest.raises(ProcessesPerHostError, match="must be a whole number >= 1"):
         processes_per_host("ml.p3.16xlarge", override)
+
+
+def test_more_processes_than_gpus_is_refused_on_a_gpu_type_only():
+    with pytest.raises(ProcessesPerHostError, match="9 processes per host but ml.p3.16xlarge has 8 GPU"):
+        processes_per_host("ml.p3.16xlarge", 9)
+    assert processes_per_host("ml.p3.16xlarge", 8) == 8
+    assert processes_per_host("ml.c5.18xlarge", 72) == 72  # CPU: the caller knows

@@ -280,3 +280,11 @@ def test_shared_pipe_channels_need_one_process_per_host():
     broken = _with_layout(4, "File")
     broken["HyperParameters"]["sagemaker_dist_layout"] = "{not json"
     assert "is not a sagemaker-dist layout" in problems_of(broken)[0]
+
+
+def test_names_with_a_trailing_newline_are_refused_by_our_checks():
+    problems = limit_problems(changed(TrainingJobName="horovod-pipe-1\n"))
+    assert any(p.startswith("job name 'horovod-pipe-1\\n' is not valid") for p in problems)
+    request = copy.deepcopy(BASE)
+    request["InputDataConfig"][0]["ChannelName"] = "train_0\n"
+    assert any(p.startswith("channel name 'train_0\\n' is not valid") for p in limit_problems(request))

@@ -19,7 +19,7 @@ from ..layout import (
     plan_layout,
 )
 from ..s3_objects import list_objects, parse_s3_uri
-from ..shard_writer import MANIFEST, MODES, write_shards
+from ..shard_writer import MANIFEST, MODES, check_output_outside_source, write_shards
 from ..sharding import ShardPlan, check_host_split, plan_shards
 
 
@@ -132,6 +132,8 @@ def run_plan(args) -> int:
 def run_shard(args) -> int:
     parse_s3_uri(args.source)
     parse_s3_uri(args.output)
+    check_channel_name(args.role)
+    check_output_outside_source(args.source, args.output, args.role)  # also under --dry-run
     if args.workers < 1:
         raise ValueError(f"--workers {args.workers} must be >= 1")
     layout = _layout_from_args(args)
