@@ -61,10 +61,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 @contextmanager
 def fault_proxy(upstream: str, rule: Rule):
     """Yield (proxy, url); ``proxy.answered`` counts the requests the rule answered."""
-    proxy = _FaultProxy(upstream, rule)
-    threading.Thread(target=proxy.serve_forever, daemon=True).start()
-    try:
-        yield proxy, f"http://127.0.0.1:{proxy.server_address[1]}"
-    finally:
-        proxy.shutdown()
-        proxy.server_close()
+    with _FaultProxy(upstream, rule) as proxy:  # closes the socket on exit
+        serving = threading.Thread(target=proxy.serve_forever, daemon=True)
+        serving.start()
+        try:
+            yield proxy, "http://{}:{}".format(*proxy.server_address)
+        finally:
+            proxy.shutdown()
+            serving.join(timeout=5)
