@@ -20,20 +20,27 @@ _EXPORTS = {
     "MAX_CHANNELS": "layout",
     # instance catalog
     "gpus_per_instance": "instances",
+    "processes_per_host": "instances",
     "UnknownInstanceTypeError": "instances",
+    "ProcessesPerHostError": "instances",
     # S3 listing, sharding and shard writing
     "list_objects": "s3_objects",
     "parse_s3_uri": "s3_objects",
     "S3Object": "s3_objects",
     "plan_shards": "sharding",
     "ShardPlan": "sharding",
+    "check_host_split": "sharding",
+    "NotEnoughObjectsError": "sharding",
     "write_shards": "shard_writer",
     "read_shard_set": "shard_writer",
+    "plan_shard_set": "shard_writer",
     "ShardSet": "shard_writer",
     # launching
     "HorovodPipeEstimator": "estimator",
     "TrainingJobHandle": "estimator",
     "ChannelSource": "estimator",
+    "EstimatorError": "estimator",
+    "AwsRequestError": "estimator",
     "sdk_channels": "estimator",
     "validate_request": "request_validation",
     "RequestValidationError": "request_validation",
@@ -42,6 +49,7 @@ _EXPORTS = {
     "dlc_tensorflow_image_uri": "images",
     # local mode
     "run_local": "local",
+    "LocalJobError": "local",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -211,7 +211,7 @@ def run_local_command(args) -> int:
             inputs = {"train": args.train}
             if args.validation:
                 inputs["validation"] = args.validation
-            prepared = estimator.prepare(inputs)
+            prepared = estimator.prepare(inputs, check_job_name=False)  # no SageMaker job here
             request, source_dir = prepared.request, Path(estimator.source_dir)
         if args.demo and args.checkpoint_s3_uri:
             request.setdefault("CheckpointConfig", {})["S3Uri"] = args.checkpoint_s3_uri

@@ -151,7 +151,7 @@ def prepare_demo_job(
         "train": f"s3://{bucket}/cifar10-demo/train/",
         "validation": f"s3://{bucket}/cifar10-demo/validation/",
     }
-    prepared = estimator.prepare(inputs, job_name, printer=printer)
+    prepared = estimator.prepare(inputs, job_name, printer=printer, check_job_name=False)
     request_hps = prepared.request["HyperParameters"]
     for role in ("train", "validation"):
         counts = records_per_rank(prepared.request, role, info["records_per_file"], client)
