@@ -314,3 +314,31 @@ def test_rank_dataset_insists_on_recordio_for_wrapped_channels(tmp_path):
     with pytest.raises(PipeModeDatasetError, match="RecordWrapperType RecordIO.*record_format='RecordIO'"):
         rank_dataset(root=tmp_path, rank_info=RankInfo(0, 0, 1, 1))
     assert rank_dataset("train", "RecordIO", root=tmp_path, rank_info=RankInfo(0, 0, 1, 1)) is not None
+
+
+def test_a_slow_writer_does_not_hold_back_the_records_already_sent(opt_ml):
+    """Records that arrived are handed over when the writer goes quiet, not after a whole chunk."""
+    import threading
+    import time
+
+    path = opt_ml / "input" / "data" / "train_1_0"
+    os.mkfifo(path)
+    first, rest = [b"a" * 100] * 3, [b"b" * 100] * 2
+    pause = 3.0
+
+    def writer():
+        with open(path, "wb", buffering=0) as f:
+            f.write(b"".join(encode_tfrecord(r) for r in first))
+            time.sleep(pause)
+            f.write(b"".join(encode_tfrecord(r) for r in rest))
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    iterator = iter(PipeModeDataset("train_1", record_format="TFRecord"))  # 4 MiB chunks
+    started = time.monotonic()
+    got = [next(iterator).numpy()]
+    waited = time.monotonic() - started
+    got += [x.numpy() for x in iterator]
+    thread.join(10)
+    assert got == first + rest
+    assert waited < pause / 2, f"the first record took {waited:.2f} s: it waited for the writer's pause"

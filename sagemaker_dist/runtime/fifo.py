@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import select
 import stat
 import time
 from pathlib import Path
@@ -81,6 +82,10 @@ class FifoReader:
         n = os.readv(self._fd, [buffer])
         self.bytes_read += n
         return n
+
+    def ready(self, timeout: float) -> bool:
+        """True when a read would not block (bytes waiting, or the writer closed) within ``timeout``."""
+        return bool(select.select([self._fd], [], [], timeout)[0])
 
     def close(self) -> None:
         if self._fd >= 0:

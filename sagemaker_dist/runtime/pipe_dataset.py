@@ -169,7 +169,8 @@ class _EpochReader:
         started = time.perf_counter()
         next_report = self.interval
         with FifoReader(path) as reader:
-            for view, starts, lengths, extra in frame_views(reader.readinto, framer, self.chunk_size):
+            chunks = frame_views(reader.readinto, framer, self.chunk_size, ready=reader.ready)
+            for view, starts, lengths, extra in chunks:
                 if not extra and int(lengths.sum()) >= PER_RECORD_MIN_BYTES * len(lengths):
                     records = [view[s : s + n].tobytes() for s, n in zip(starts.tolist(), lengths.tolist())]
                     view.release()

@@ -385,8 +385,14 @@ def make_framer(record_format: str, channel: str = "?", epoch: int = 0, max_corr
 DEFAULT_CHUNK = 4 << 20  # bytes handed to TensorFlow per step: amortises the per-call cost of from_generator
 
 
+STALL_SECONDS = 0.05  # a stream quiet this long hands over the records it has, not a full chunk
+
+
 def frame_views(
-    readinto: Callable[[memoryview], int], framer: Framer, chunk_size: int = DEFAULT_CHUNK
+    readinto: Callable[[memoryview], int],
+    framer: Framer,
+    chunk_size: int = DEFAULT_CHUNK,
+    ready: Callable[[float], bool] | None = None,
 ) -> Iterator[tuple[memoryview, np.ndarray, np.ndarray, list[bytes]]]:
     """Read a stream with ``readinto`` and yield ``(view, starts, lengths, extra)`` per chunk of records.
 
@@ -395,6 +401,10 @@ def frame_views(
     buffer grows when one record is larger than ``chunk_size``. Raises RecordFormatError on bad
     framing or a truncated last record; after the stream ends, the framer's ``finish`` records
     (TextLine's last unterminated line) come as one more item over a separate buffer.
+
+    ``ready(timeout)`` (optional) says whether the stream has bytes to read within ``timeout``
+    seconds: when it stalls, the records already buffered are framed at once instead of waiting
+    for a whole chunk, so a slow writer does not delay the first record.
     """
     buf = bytearray(chunk_size)
     filled = 0
@@ -404,6 +414,8 @@ def frame_views(
         if target > len(buf):
             buf.extend(bytes(max(target, 2 * len(buf)) - len(buf)))
         while filled < target and not eof:
+            if ready is not None and filled and filled >= framer.need and not ready(STALL_SECONDS):
+                break  # the writer is quiet: hand over what can be framed now
             with memoryview(buf) as mv:
                 n = readinto(mv[filled:])
             if n:
