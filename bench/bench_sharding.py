@@ -1,6 +1,6 @@
 """Benchmark plan_shards: 1,000,000 synthetic objects with heavy-tailed sizes into 64 shards.
 
-Prints, per size distribution, the time of ``sagemaker_dist.sharding.plan_shards`` and its largest
+Prints, per size distribution, the time of ``sagemaker_dist.launch.sharding.plan_shards`` and its largest
 shard divided by the lower bound max(total / shards, largest object), next to the same ratio for
 round-robin by key name (the reference split) and the time of a textbook LPT (Python ``sorted`` and
 a heap of tuples) measured in the same run. Targets: <= 2 s and ratio <= 1.001.
@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from sagemaker_dist.sharding import ShardPlan, plan_shards, round_robin_by_name
+from sagemaker_dist.launch.sharding import ShardPlan, plan_shards, round_robin_by_name
 
 TIME_TARGET_S = 2.0
 RATIO_TARGET = 1.001

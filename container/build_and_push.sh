@@ -9,7 +9,7 @@
 #   --tag         image tag (default: the package version in sagemaker_dist/__init__.py)
 #   --tf-version  TensorFlow of the AWS DLC base image (default: 2.14.1)
 #   --dry-run     print the commands instead of running them (needs --region and --account)
-# Prints the pushed image URI last (commands are echoed to stderr); sagemaker_dist.images.container_image_uri() builds the same URI.
+# Prints the pushed image URI last (commands are echoed to stderr); sagemaker_dist.launch.images.container_image_uri() builds the same URI.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

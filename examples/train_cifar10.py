@@ -25,8 +25,8 @@ import sys
 
 import tensorflow as tf
 
+from sagemaker_dist.contract.paths import opt_ml_root
 from sagemaker_dist.runtime import horovod_keras, rank_dataset
-from sagemaker_dist.runtime.config import opt_ml_root
 from sagemaker_dist.runtime.ranks import RankInfo
 
 IMAGE_SHAPE = (32, 32, 3)

@@ -1,7 +1,10 @@
 """sagemaker-dist: shard S3 data per GPU, lay out Pipe-mode channels, launch Horovod jobs.
 
+The façade lists the calls users make, the types they get back and the error families they catch.
 Names are imported lazily (PEP 562) so that the container runtime, which imports
-``sagemaker_dist.runtime``, never pulls in the SageMaker SDK, and the SDK side never pulls in TensorFlow.
+``sagemaker_dist.runtime``, never pulls in the SageMaker SDK, and the SDK side never pulls in
+TensorFlow. The runtime's own API (``rank_dataset``, ``PipeModeDataset``, ``horovod_keras``) is in
+``sagemaker_dist.runtime``.
 """
 
 from __future__ import annotations
@@ -11,45 +14,43 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    # error families (catch these)
+    "SageMakerDistError": "errors",
+    "ConfigurationError": "errors",
+    "DataError": "errors",
+    "AwsError": "errors",
+    "JobFailedError": "errors",
     # channel layout (pure)
-    "plan_layout": "layout",
-    "ChannelLayout": "layout",
-    "RoleLayout": "layout",
-    "LayoutError": "layout",
-    "LAYOUT_HYPERPARAMETER": "layout",
-    "MAX_CHANNELS": "layout",
+    "plan_layout": "contract.layout",
+    "ChannelLayout": "contract.layout",
+    "RoleLayout": "contract.layout",
     # instance catalog
-    "gpus_per_instance": "instances",
-    "processes_per_host": "instances",
-    "UnknownInstanceTypeError": "instances",
-    "ProcessesPerHostError": "instances",
+    "gpus_per_instance": "launch.instances",
+    "processes_per_host": "launch.instances",
     # S3 listing, sharding and shard writing
-    "list_objects": "s3_objects",
-    "parse_s3_uri": "s3_objects",
-    "S3Object": "s3_objects",
-    "plan_shards": "sharding",
-    "ShardPlan": "sharding",
-    "check_host_split": "sharding",
-    "NotEnoughObjectsError": "sharding",
-    "write_shards": "shard_writer",
-    "read_shard_set": "shard_writer",
-    "plan_shard_set": "shard_writer",
-    "ShardSet": "shard_writer",
+    "list_objects": "launch.s3_objects",
+    "parse_s3_uri": "contract.s3_uri",
+    "S3Object": "launch.s3_objects",
+    "plan_shards": "launch.sharding",
+    "ShardPlan": "launch.sharding",
+    "write_shards": "launch.shard_writer",
+    "read_shard_set": "launch.shard_writer",
+    "ShardSet": "launch.shard_writer",
     # launching
-    "HorovodPipeEstimator": "estimator",
-    "TrainingJobHandle": "estimator",
-    "ChannelSource": "estimator",
-    "EstimatorError": "estimator",
-    "AwsRequestError": "estimator",
-    "sdk_channels": "estimator",
-    "validate_request": "request_validation",
-    "RequestValidationError": "request_validation",
-    "pack_source": "source_package",
-    "container_image_uri": "images",
-    "dlc_tensorflow_image_uri": "images",
+    "HorovodPipeEstimator": "launch.estimator",
+    "PreparedJob": "launch.estimator",
+    "ChannelSource": "launch.inputs",
+    "SageMakerBackend": "launch.backends",
+    "TrainingJobHandle": "launch.training_job",
+    "TrainingJobFailed": "launch.training_job",
+    "sdk_channels": "launch.aws",
+    "validate_request": "launch.request_validation",
+    "container_image_uri": "launch.images",
+    "dlc_tensorflow_image_uri": "launch.images",
     # local mode
+    "LocalBackend": "local",
     "run_local": "local",
-    "LocalJobError": "local",
+    "LocalJobResult": "local",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -7,7 +7,7 @@ import os
 import threading
 from pathlib import Path
 
-from sagemaker_dist.layout import LAYOUT_HYPERPARAMETER, ChannelLayout
+from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, ChannelLayout
 
 
 def write_opt_ml(

@@ -1,12 +1,36 @@
-"""The two sides stay apart: the SDK side never loads TensorFlow/Horovod, the runtime never loads the SDK."""
+"""The wings of the package stay apart, checked on the source (every import, lazy ones included) and
+at run time (what importing each module loads).
+
+- ``errors`` imports nothing of ours; ``contract`` imports only ``errors`` and itself (stdlib only);
+- ``runtime`` imports only ``contract``, ``errors`` and itself (it ships into the container);
+- ``launch`` imports neither ``local`` nor ``runtime`` nor ``cli``;
+- nothing but ``cli`` imports ``local`` (and ``local`` itself);
+- the SDK side never loads TensorFlow/Horovod, the runtime never loads the SageMaker SDK.
+"""
 
 from __future__ import annotations
 
+import ast
+import json
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import sagemaker_dist
+
+PACKAGE = Path(sagemaker_dist.__file__).parent
+WINGS = ("errors", "contract", "launch", "local", "runtime", "cli")
+# wing -> the wings of ours it may import
+ALLOWED = {
+    "errors": set(),
+    "contract": {"errors"},
+    "runtime": {"errors", "contract"},
+    "launch": {"errors", "contract"},
+    "local": {"errors", "contract", "launch", "runtime"},
+    "cli": {"errors", "contract", "launch", "local"},
+}
+THIRD_PARTY_OK_IN_CONTRACT: set[str] = set()  # stdlib only
 
 SDK_MODULES = sorted(
     m.name
@@ -14,9 +38,71 @@ SDK_MODULES = sorted(
     if not m.name.startswith("sagemaker_dist.runtime")
 )
 RUNTIME_MODULES = sorted(
-    m.name
-    for m in pkgutil.walk_packages(sagemaker_dist.runtime.__path__, "sagemaker_dist.runtime.")
+    m.name for m in pkgutil.walk_packages(sagemaker_dist.runtime.__path__, "sagemaker_dist.runtime.")
 )
+
+
+def _wing(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "sagemaker_dist" and parts[1] in WINGS else None
+
+
+def _source_imports(path: Path) -> list[str]:
+    """Every module ``path`` imports, at any depth (function-level imports too)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                raise AssertionError(f"{path}: relative import; write the full sagemaker_dist.* path")
+            names += [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+    return names
+
+
+def _sources():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        module = ".".join(rel.parts).removesuffix(".__init__")
+        yield module, path
+
+
+def test_every_module_belongs_to_a_wing():
+    stray = [m for m, _ in _sources() if m != "sagemaker_dist" and _wing(m) is None]
+    assert stray == [], f"modules outside {WINGS}: {stray}"
+
+
+def test_wings_import_only_what_they_may():
+    broken = []
+    for module, path in _sources():
+        own = _wing(module)
+        if own is None:
+            continue
+        for name in _source_imports(path):
+            other = _wing(name)
+            if other and other != own and other not in ALLOWED[own]:
+                broken.append(f"{module} imports {name}")
+    assert broken == []
+
+
+def test_contract_is_stdlib_only():
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    foreign = []
+    for module, path in _sources():
+        if _wing(module) in ("contract", "errors"):
+            for name in _source_imports(path):
+                top = name.split(".")[0]
+                if top and top != "sagemaker_dist" and top not in stdlib | THIRD_PARTY_OK_IN_CONTRACT:
+                    foreign.append(f"{module} imports {name}")
+    assert foreign == []
+
+
+def test_the_rule_check_catches_a_violation(tmp_path):
+    """The checker itself: an import that breaks a rule is reported."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from sagemaker_dist.local.job import run_local\n")
+    assert "sagemaker_dist.local.job" in _source_imports(bad)
+    assert _wing("sagemaker_dist.local.job") not in ALLOWED["launch"]
 
 
 def _loaded_after_import(modules: list[str], watched: list[str]) -> dict[str, list[str]]:
@@ -36,14 +122,12 @@ def _loaded_after_import(modules: list[str], watched: list[str]) -> dict[str, li
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    import json
-
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_module_lists_are_not_empty():
-    assert "sagemaker_dist.sharding" in SDK_MODULES
-    assert "sagemaker_dist.estimator" in SDK_MODULES
+    assert "sagemaker_dist.launch.sharding" in SDK_MODULES
+    assert "sagemaker_dist.launch.estimator" in SDK_MODULES
     assert "sagemaker_dist.runtime.ranks" in RUNTIME_MODULES
 
 
@@ -58,3 +142,21 @@ def test_runtime_never_imports_the_sagemaker_sdk():
 def test_public_api_resolves():
     for name in sagemaker_dist.__all__:
         assert getattr(sagemaker_dist, name) is not None, name
+
+
+def test_public_api_lists_the_error_families_and_the_types_users_get():
+    for name in (
+        "SageMakerDistError",
+        "ConfigurationError",
+        "AwsError",
+        "DataError",
+        "JobFailedError",
+        "PreparedJob",
+        "LocalJobResult",
+        "LocalBackend",
+        "TrainingJobHandle",
+    ):
+        assert name in sagemaker_dist.__all__, name
+    from sagemaker_dist.errors import ConfigurationError, SageMakerDistError
+
+    assert issubclass(ConfigurationError, ValueError) and issubclass(ConfigurationError, SageMakerDistError)

@@ -11,8 +11,8 @@ import pytest
 from s3_data import ODD_NAMES, all_keys, dataset, put_objects
 
 from sagemaker_dist.cli import main
-from sagemaker_dist.layout import ChannelLayout
-from sagemaker_dist.shard_writer import read_shard_set
+from sagemaker_dist.contract.layout import ChannelLayout
+from sagemaker_dist.launch.shard_writer import read_shard_set
 
 P3 = ["--instance-type", "ml.p3.8xlarge"]  # 4 GPUs per host
 

@@ -10,23 +10,17 @@ import tarfile
 import boto3
 import pytest
 
-from sagemaker_dist.estimator import (
-    DEFAULT_MPI_OPTIONS,
-    ChannelSource,
-    EstimatorError,
-    HorovodPipeEstimator,
-    TrainingJobFailed,
-    TrainingJobHandle,
-    default_job_name,
-    role_arn,
-    sdk_channels,
-)
-from sagemaker_dist.images import ImageError, container_image_uri, dlc_tensorflow_image_uri
-from sagemaker_dist.instances import ProcessesPerHostError, UnknownInstanceTypeError
-from sagemaker_dist.layout import ChannelLayout, LayoutError
-from sagemaker_dist.request_validation import RequestValidationError
-from sagemaker_dist.sharding import NotEnoughObjectsError
-from sagemaker_dist.source_package import SourcePackageError
+from sagemaker_dist.contract.layout import ChannelLayout, LayoutError
+from sagemaker_dist.launch.aws import role_arn, sdk_channels
+from sagemaker_dist.launch.estimator import HorovodPipeEstimator, default_job_name
+from sagemaker_dist.launch.images import ImageError, container_image_uri, dlc_tensorflow_image_uri
+from sagemaker_dist.launch.inputs import ChannelSource, EstimatorError
+from sagemaker_dist.launch.instances import ProcessesPerHostError, UnknownInstanceTypeError
+from sagemaker_dist.launch.request import DEFAULT_MPI_OPTIONS
+from sagemaker_dist.launch.request_validation import RequestValidationError
+from sagemaker_dist.launch.sharding import NotEnoughObjectsError
+from sagemaker_dist.launch.source_package import SourcePackageError
+from sagemaker_dist.launch.training_job import TrainingJobFailed, TrainingJobHandle
 
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/sagemaker-dist:0.1.0"
 ROLE_ARN = "arn:aws:iam::123456789012:role/SageMakerRole"
@@ -616,9 +610,9 @@ def test_wait_returns_the_status_on_timeout():
 
 
 def test_a_shard_set_written_earlier_is_reused_as_is(session, sagemaker, s3, bucket, source_dir):
-    from sagemaker_dist.s3_objects import list_objects
-    from sagemaker_dist.shard_writer import read_shard_set, write_shards
-    from sagemaker_dist.sharding import plan_shards
+    from sagemaker_dist.launch.s3_objects import list_objects
+    from sagemaker_dist.launch.shard_writer import read_shard_set, write_shards
+    from sagemaker_dist.launch.sharding import plan_shards
 
     put_objects(s3, bucket, "raw/", [300 + 10 * i for i in range(12)])
     objects = [(o.key, o.size) for o in list_objects(f"s3://{bucket}/raw/", client=s3)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from runtime_helpers import write_opt_ml
 
-from sagemaker_dist.layout import plan_layout
+from sagemaker_dist.contract.layout import plan_layout
 from sagemaker_dist.runtime import RankChannelError, RankInfo, check_rank_channels, rank_dataset
 from sagemaker_dist.runtime.config import ContainerConfig
 from sagemaker_dist.runtime.file_dataset import FileChannelError

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from sagemaker_dist.layout import LAYOUT_HYPERPARAMETER, plan_layout
+from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, plan_layout
 from sagemaker_dist.runtime import horovod_keras
 from sagemaker_dist.runtime.horovod_keras import HorovodSetupError, build_scaled_optimizer
 from sagemaker_dist.runtime.ranks import RankChannelError

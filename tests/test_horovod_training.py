@@ -23,7 +23,7 @@ import boto3
 import numpy as np
 import pytest
 
-from sagemaker_dist.layout import LAYOUT_HYPERPARAMETER, plan_layout
+from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, plan_layout
 from sagemaker_dist.local.demo_data import encode_example, generate_examples, tfrecord_frame
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sagemaker_dist.instances import (
+from sagemaker_dist.launch.instances import (
     GPU_INSTANCE_TYPES,
     ProcessesPerHostError,
     UnknownInstanceTypeError,
@@ -98,7 +98,7 @@ def test_unknown_size_lists_the_family_and_override():
     message = str(info.value)
     assert "ml.p4d.48xlarge" in message
     assert "ml.p4d.24xlarge" in message
-    assert "gpus_per_instance=" in message
+    assert "processes_per_host=N" in message and "gpus_per_instance=" not in message  # no such parameter
     assert isinstance(info.value, ValueError)
 
 

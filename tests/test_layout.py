@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sagemaker_dist.layout import (
+from sagemaker_dist.contract.layout import (
     FULLY_REPLICATED,
     LAYOUT_HYPERPARAMETER,
     MAX_CHANNELS,

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from local_s3_proxy import cutting_proxy
 
-from sagemaker_dist.local import LocalJobError, run_local
+from sagemaker_dist.local import LocalBackend, LocalJobFailed, run_local
 from sagemaker_dist.local.demo import demo_estimator, prepare_demo_job
 from sagemaker_dist.local.demo_data import write_demo_data
 from sagemaker_dist.local.launcher import LaunchError, horovod_mpi_built
@@ -151,7 +151,7 @@ def test_rank_killed_mid_run_stops_the_job_and_a_rerun_resumes(s3, bucket, tmp_p
     killer = threading.Thread(target=kill_rank_1_after_second_checkpoint, daemon=True)
     killer.start()
     lines = []
-    with pytest.raises(LocalJobError) as failure:
+    with pytest.raises(LocalJobFailed) as failure:
         run_local(request, REPO / "examples", work_dir=tmp_path, echo=lines.append, timeout=200)
     stopped_after = time.monotonic() - killed["at"]
     # rank 0 is stopped (SIGTERM) or fails in a collective after rank 1 died: never blamed
@@ -186,7 +186,7 @@ def test_rank_raising_an_exception_is_named_with_its_traceback(s3, bucket, tmp_p
     _small_data(s3, bucket, files=2, records=2)
     request = _request(bucket, "fail_rank.py", {"fail_rank": 1}, hosts=2, per_host=1)
     started = time.monotonic()
-    with pytest.raises(LocalJobError) as failure:
+    with pytest.raises(LocalJobFailed) as failure:
         run_local(request, SCRIPTS, work_dir=tmp_path, echo=lambda line: None, timeout=120)
     message = str(failure.value)
     assert message.startswith("rank 1 (host algo-2) exited with code 1"), message
@@ -200,7 +200,7 @@ def test_setup_without_this_ranks_record_count_fails_on_several_ranks(s3, bucket
     """No train_records on 2 ranks: an error before any collective, not a stall at the first short shard."""
     _small_data(s3, bucket, files=2, records=2)
     request = _request(bucket, "setup_without_counts.py", {}, hosts=1, per_host=2)
-    with pytest.raises(LocalJobError) as failure:
+    with pytest.raises(LocalJobFailed) as failure:
         run_local(request, SCRIPTS, work_dir=tmp_path, echo=lambda line: None, timeout=120)
     message = str(failure.value)
     assert "HorovodSetupError: rank" in message and "pass train_records=" in message, message
@@ -213,7 +213,7 @@ def test_s3_failing_mid_job_stops_it_naming_the_object(s3, bucket, tmp_path, mon
     started = time.monotonic()
     with cutting_proxy(aws_env["AWS_ENDPOINT_URL"], fail_times=1000, match="part-00001") as (_, url):
         monkeypatch.setenv("AWS_ENDPOINT_URL", url)
-        with pytest.raises(LocalJobError) as failure:
+        with pytest.raises(LocalJobFailed) as failure:
             run_local(request, SCRIPTS, work_dir=tmp_path, echo=lambda line: None, timeout=120)
     message = str(failure.value)
     assert f"s3://{bucket}/data/train/part-00001.tfrecord" in message and "attempts" in message
@@ -299,7 +299,7 @@ def test_mpirun_launcher_gives_each_rank_its_simulated_host(s3, bucket, tmp_path
 
 @pytest.mark.parametrize("input_mode", ["Pipe", "File"])
 def test_estimator_fit_local_runs_the_same_request_here(s3, bucket, tmp_path, input_mode):
-    """`fit(local=True)`: the estimator a SageMaker launch uses, run here on 1 host x 2 processes.
+    """`fit(backend=LocalBackend())`: the estimator a SageMaker launch uses, run here on 1 host x 2 processes.
 
     The same script reads the same records per rank whether its channels are FIFOs or files.
     """
@@ -309,7 +309,7 @@ def test_estimator_fit_local_runs_the_same_request_here(s3, bucket, tmp_path, in
     )
     lines = []
     result = estimator.fit(
-        {"train": f"s3://{bucket}/data/train/"}, printer=lines.append, local=True, work_dir=tmp_path
+        {"train": f"s3://{bucket}/data/train/"}, printer=lines.append, backend=LocalBackend(work_dir=tmp_path)
     )
     out = "\n".join(lines)
     assert (result.hosts, result.processes_per_host, len(result.ranks)) == (1, 2, 2)
@@ -329,7 +329,7 @@ def test_estimator_fit_local_runs_the_same_request_here(s3, bucket, tmp_path, in
 def test_estimator_refuses_local_options_for_a_sagemaker_launch(s3, bucket):
     _small_data(s3, bucket, files=2, records=2)
     estimator = demo_estimator(bucket, 1, 2, "Pipe", {}, source_dir=SCRIPTS, entry_point="count_records.py")
-    with pytest.raises(ValueError, match="only apply with local=True"):
+    with pytest.raises(TypeError, match="work_dir"):  # local options belong to LocalBackend
         estimator.fit({"train": f"s3://{bucket}/data/train/"}, printer=None, work_dir="/tmp")
     # refused before any AWS call: nothing sharded, no source uploaded, no job created
     assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="jobs/")

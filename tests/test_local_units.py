@@ -7,14 +7,15 @@ import os
 
 import pytest
 
-from sagemaker_dist.layout import plan_layout
+from sagemaker_dist.contract.hyperparameters import encode_all, script_args
+from sagemaker_dist.contract.layout import plan_layout
+from sagemaker_dist.launch.request_validation import RequestValidationError
 from sagemaker_dist.local import LocalJobError, run_local
 from sagemaker_dist.local.demo_data import encode_example, generate_examples, tfrecord_file
 from sagemaker_dist.local.job import _final_metrics
 from sagemaker_dist.local.launcher import LaunchError, describe_exit, rank_command
-from sagemaker_dist.local.opt_ml import build_host_trees, hyperparameters_as_strings, user_args
+from sagemaker_dist.local.opt_ml import build_host_trees
 from sagemaker_dist.local.rank_entry import simulated_rank_env
-from sagemaker_dist.request_validation import RequestValidationError
 
 
 def _channel(name, mode="Pipe", distribution="FullyReplicated"):
@@ -51,7 +52,7 @@ def test_host_trees_follow_the_container_contract(tmp_path):
     assert env["SM_CHANNEL_TRAIN_0"] == str(trees[1].root / "input" / "data" / "train_0")
     assert env["SM_HP_EPOCHS"] == "3" and "SM_HP_SAGEMAKER_DIST_LAYOUT" not in env
     assert json.loads(env["SM_HPS"]) == {"epochs": 3, "lr": 0.1, "name": "x"}
-    assert user_args(hyperparameters_as_strings(hps)) == ["--epochs", "3", "--lr", "0.1", "--name", "x"]
+    assert script_args(encode_all(hps)) == ["--epochs", "3", "--lr", "0.1", "--name", "x"]
 
 
 @pytest.mark.parametrize(("rank", "local", "cross"), [(0, 0, 0), (1, 1, 0), (2, 0, 1), (5, 1, 2)])

@@ -12,7 +12,7 @@ import time
 import pytest
 from runtime_helpers import write_opt_ml
 
-from sagemaker_dist.layout import plan_layout
+from sagemaker_dist.contract.layout import plan_layout
 from sagemaker_dist.runtime.config import ROOT_ENV, ContainerConfig
 from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo, check_rank_channels
 

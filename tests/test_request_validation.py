@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-from sagemaker_dist.layout import plan_layout
-from sagemaker_dist.request_validation import (
+from sagemaker_dist.contract.layout import plan_layout
+from sagemaker_dist.launch.request_validation import (
     RequestValidationError,
     limit_problems,
     service_model_problems,

@@ -10,17 +10,18 @@ from boto3.s3.transfer import TransferConfig
 from fault_proxy import fault_proxy
 from s3_data import ODD_NAMES, all_keys, dataset, filled_bucket, put_objects
 
-from sagemaker_dist.layout import LayoutError
-from sagemaker_dist.s3_objects import MissingBucketError, list_objects, parse_s3_uri
-from sagemaker_dist.shard_writer import (
+from sagemaker_dist.contract.layout import LayoutError
+from sagemaker_dist.launch.s3_objects import MissingBucketError, list_objects, parse_s3_uri
+from sagemaker_dist.launch.shard_writer import (
     COMPLETE_MARKER,
     IncompleteShardsError,
+    ShardPlanError,
     ShardWriteError,
     plan_shard_set,
     read_shard_set,
     write_shards,
 )
-from sagemaker_dist.sharding import plan_shards
+from sagemaker_dist.launch.sharding import plan_shards
 
 COUNT = 1_100
 
@@ -197,9 +198,9 @@ def test_missing_output_bucket_writes_nothing(s3, bucket, small_source):
 @pytest.mark.parametrize(
     "output, mode, role, error, match",
     [
-        ("{b}/in/shards/", "manifest", "train", ShardWriteError, "overlaps the source"),
-        ("{b}/in", "copy", "train", ShardWriteError, "overlaps the source"),
-        ("{b}/out/", "zip", "train", ShardWriteError, "mode 'zip'"),
+        ("{b}/in/shards/", "manifest", "train", ShardPlanError, "overlaps the source"),
+        ("{b}/in", "copy", "train", ShardPlanError, "overlaps the source"),
+        ("{b}/out/", "zip", "train", ShardPlanError, "mode 'zip'"),
         ("{b}/out/", "manifest", "train data", LayoutError, "characters SageMaker rejects"),
         ("{b}/out/", "manifest", "t" * 63, LayoutError, "at most 64"),
     ],
@@ -216,7 +217,7 @@ def test_bad_requests_write_nothing(s3, bucket, small_source, output, mode, role
 def test_plan_from_another_prefix_is_refused(s3, bucket, small_source):
     source, _ = small_source
     plan = plan_shards([("elsewhere/a", 1), ("in/b", 2)], 2)
-    with pytest.raises(ShardWriteError, match="'elsewhere/a' of the plan is not under the source"):
+    with pytest.raises(ShardPlanError, match="'elsewhere/a' of the plan is not under the source"):
         write_shards(plan, source, f"s3://{bucket}/out/", client=s3)
 
 
@@ -229,7 +230,7 @@ def test_plan_shard_set_predicts_what_write_shards_returns_without_writing(s3, b
     assert all_keys(s3, bucket) == before
     written = write_shards(plan, source, f"s3://{bucket}/out", mode=mode, role="validation", client=s3)
     assert planned == written and planned.uris == written.uris and planned.plan_uri == written.plan_uri
-    with pytest.raises(ShardWriteError, match="overlaps the source"):
+    with pytest.raises(ShardPlanError, match="overlaps the source"):
         plan_shard_set(plan, source, f"{source}shards/", mode=mode)
 
 

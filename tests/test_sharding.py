@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sagemaker_dist.sharding import (
+from sagemaker_dist.launch.sharding import (
     NotEnoughObjectsError,
     ShardingError,
     check_host_split,

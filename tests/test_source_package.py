@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from sagemaker_dist.source_package import (
+from sagemaker_dist.launch.source_package import (
     MAX_SOURCE_BYTES,
     TARBALL_NAME,
     SourcePackageError,

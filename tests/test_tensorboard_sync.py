@@ -38,9 +38,9 @@ def _tiny_model():
 
 
 def test_split_s3_uri():
-    assert split_s3_uri("s3://b/some/prefix/") == ("b", "some/prefix")
-    assert split_s3_uri("s3://b") == ("b", "")
-    for bad in ("b/prefix", "s3://", "s3:///x", None):
+    assert split_s3_uri("s3://tb-bucket/some/prefix/") == ("tb-bucket", "some/prefix")
+    assert split_s3_uri("s3://tb-bucket") == ("tb-bucket", "")
+    for bad in ("b/prefix", "s3://", "s3:///x", None, "s3://b/x"):  # 'b': bucket names have 3+ characters
         with pytest.raises(ValueError, match="s3://|bucket"):
             split_s3_uri(bad)
 

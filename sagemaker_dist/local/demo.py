@@ -11,11 +11,11 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sagemaker_dist.layout import LAYOUT_HYPERPARAMETER, ChannelLayout
+from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, ChannelLayout
+from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.local.demo_data import DATASET_FILE, DemoDataset, write_demo_data
 from sagemaker_dist.local.endpoint import s3_client
 from sagemaker_dist.local.feeder import ChannelSpec, epoch_objects, resolve_objects
-from sagemaker_dist.s3_objects import parse_s3_uri
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 DEMO_ENTRY_POINT = "train_cifar10.py"
@@ -96,7 +96,7 @@ def demo_estimator(
     **kwargs,
 ):
     """The estimator of the demo job (the same object that would launch it on SageMaker)."""
-    from sagemaker_dist.estimator import HorovodPipeEstimator
+    from sagemaker_dist.launch.estimator import HorovodPipeEstimator
 
     hps = dict(hyperparameters or {})
     return HorovodPipeEstimator(

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from sagemaker_dist.contract.s3_uri import parse_s3_uri
+from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.endpoint import s3_client
 from sagemaker_dist.runtime.records import encode_tfrecord
-from sagemaker_dist.s3_objects import parse_s3_uri
 
 IMAGE_SHAPE = (32, 32, 3)
 NUM_CLASSES = 10
@@ -22,7 +23,7 @@ DEFAULT_PREFIX = "s3://sagemaker-dist-demo/cifar10-demo/"
 DATASET_FILE = "dataset.json"  # under the prefix: files and records per file, for exact per-rank counts
 
 
-class DemoDataError(ValueError):
+class DemoDataError(ConfigurationError):
     """The demo data cannot be written where asked (names the bucket and what to do)."""
 
 
@@ -109,7 +110,7 @@ def write_demo_data(
     empty), never on real S3, where a missing bucket is an error.
     """
     if files < 1 or records_per_file < 1 or validation_files < 0:
-        raise ValueError(
+        raise ConfigurationError(
             f"demo data needs files >= 1 and records per file >= 1 (got files={files}, "
             f"records_per_file={records_per_file}, validation_files={validation_files})"
         )

@@ -15,6 +15,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from sagemaker_dist.errors import ConfigurationError
+
 _CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
 DEFAULT_STATE_DIR = _CACHE / "sagemaker-dist" / "local-s3"
 FAKE_CREDENTIALS = {
@@ -27,7 +29,7 @@ FAKE_CREDENTIALS = {
 RETRY_CONFIG = {"mode": "standard", "max_attempts": 5}
 
 
-class EndpointError(ValueError):
+class EndpointError(ConfigurationError):
     """The S3 endpoint cannot be used as asked."""
 
 

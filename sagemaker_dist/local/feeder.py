@@ -20,6 +20,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sagemaker_dist.contract.paths import fifo_name
+from sagemaker_dist.contract.s3_uri import parse_s3_uri
+from sagemaker_dist.errors import DataError
+from sagemaker_dist.launch.s3_objects import list_objects
 from sagemaker_dist.runtime.records import (
     RECORDIO_END,
     RECORDIO_MAGIC,
@@ -27,14 +31,13 @@ from sagemaker_dist.runtime.records import (
     RECORDIO_START,
     RECORDIO_WHOLE,
 )
-from sagemaker_dist.s3_objects import list_objects, parse_s3_uri
 
 CHUNK = 1 << 20
 RECORDIO_MAX_PART = (1 << 29) - 1  # the 29-bit length field of a RecordIO frame
 POLL_S = 0.02
 
 
-class FeedError(ValueError):
+class FeedError(DataError):
     """A channel could not be fed: names the channel and the S3 object."""
 
 
@@ -314,7 +317,7 @@ class ChannelFeeder(threading.Thread):
         self.fifos: list[Path] = []
 
     def fifo(self, epoch: int) -> Path:
-        return self.data_dir / f"{self.spec.name}_{epoch}"
+        return self.data_dir / fifo_name(self.spec.name, epoch)
 
     def run(self) -> None:
         try:

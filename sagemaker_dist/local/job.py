@@ -17,7 +17,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sagemaker_dist.layout import LAYOUT_HYPERPARAMETER, ChannelLayout
+from sagemaker_dist.contract import hyperparameters as hp
+from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, ChannelLayout
+from sagemaker_dist.contract.s3_uri import parse_s3_uri
+from sagemaker_dist.errors import ConfigurationError, JobFailedError
+from sagemaker_dist.launch.request_validation import validate_request
 from sagemaker_dist.local.endpoint import s3_client
 from sagemaker_dist.local.feeder import (
     ChannelFeeder,
@@ -27,10 +31,7 @@ from sagemaker_dist.local.feeder import (
     resolve_objects,
 )
 from sagemaker_dist.local.launcher import RankGroup, describe_exit, rank_command
-from sagemaker_dist.local.opt_ml import JOB_ENV, build_host_trees, user_args
-from sagemaker_dist.request_validation import validate_request
-from sagemaker_dist.runtime.config import decode_hyperparameters
-from sagemaker_dist.s3_objects import parse_s3_uri
+from sagemaker_dist.local.opt_ml import JOB_ENV, build_host_trees
 
 CHECKPOINT_SYNC_S = 2.0
 LAUNCHER_GRACE_S = 3.0  # after a rank fails: time the launcher gets to stop the others and relay output
@@ -38,8 +39,12 @@ LAUNCHER_GRACE_S = 3.0  # after a rank fails: time the launcher gets to stop the
 DEFAULT_METRIC = re.compile(r"\b([A-Za-z_][\w]*): (-?[0-9.]+(?:e[-+]?\d+)?|nan|inf)\b")
 
 
-class LocalJobError(ValueError):
+class LocalJobError(ConfigurationError):
     """The local job failed; the message names the rank or the S3 object and what to do."""
+
+
+class LocalJobFailed(JobFailedError):
+    """A local job whose rank or feeder failed; the message names the rank (and its last output)."""
 
 
 @dataclass
@@ -104,12 +109,8 @@ class LocalJobResult:
         return lines
 
 
-def _hp(hps: dict, key: str, default=None):
-    return decode_hyperparameters({key: hps[key]})[key] if key in hps else default
-
-
 def _processes_per_host(hps: dict, layout: ChannelLayout | None) -> int:
-    value = _hp(hps, "sagemaker_mpi_num_of_processes_per_host")
+    value = hp.decode_one(hps, hp.MPI_PROCESSES_PER_HOST)
     if value is None and layout is not None:
         value = layout.processes_per_host
     try:
@@ -129,7 +130,7 @@ def _source_dir(source_dir, hps: dict, work: Path, client) -> Path:
         if not path.is_dir():
             raise LocalJobError(f"source dir {source_dir} does not exist or is not a directory")
         return path
-    uri = _hp(hps, "sagemaker_submit_directory")
+    uri = hp.decode_one(hps, hp.SUBMIT_DIRECTORY)
     if not uri:
         raise LocalJobError(
             "no source dir: pass source_dir= or set hyperparameter sagemaker_submit_directory"
@@ -152,7 +153,7 @@ def _source_dir(source_dir, hps: dict, work: Path, client) -> Path:
 def _layout(hps: dict) -> ChannelLayout | None:
     if LAYOUT_HYPERPARAMETER not in hps:
         return None
-    return ChannelLayout.from_json(_hp(hps, LAYOUT_HYPERPARAMETER))
+    return ChannelLayout.from_json(hp.decode_one(hps, LAYOUT_HYPERPARAMETER))
 
 
 class CheckpointSync:
@@ -303,7 +304,7 @@ def run_local(
             f"the layout hyperparameter is for {layout.hosts} host(s) x {layout.processes_per_host} "
             f"process(es) but the request asks for {hosts} x {per_host}; plan the layout for the job you run"
         )
-    entry_point = _hp(hps, "sagemaker_program")
+    entry_point = hp.decode_one(hps, hp.PROGRAM)
     if not entry_point:
         raise LocalJobError("hyperparameter sagemaker_program (the entry script) is missing")
     job_name = request.get("TrainingJobName", "local-job")
@@ -389,7 +390,7 @@ def run_local(
                     "hosts": [{"name": t.name, "env": t.env} for t in trees],
                     "source_dir": str(code_dir),
                     "entry_point": entry_point,
-                    "args": user_args(hps),
+                    "args": hp.script_args(hps),
                     "pid_dir": str(pid_dir),
                 }
             )
@@ -420,7 +421,7 @@ def run_local(
         failure = _supervise(group, feed_errors, trees, per_host, started, timeout)
         group.finish_output()
         if failure:
-            raise LocalJobError(failure)
+            raise LocalJobFailed(failure)
         stop.set()
         ckpt.stop()
         output_path = (request.get("OutputDataConfig") or {}).get("S3OutputPath", "").rstrip("/")
@@ -432,7 +433,7 @@ def run_local(
             _pack_and_upload(
                 trees[0].output_data_dir, f"{output_path}/{job_name}/output/output.tar.gz", client
             )
-        tb = (request.get("TensorBoardOutputConfig") or {}).get("S3OutputPath") or _hp(
+        tb = (request.get("TensorBoardOutputConfig") or {}).get("S3OutputPath") or hp.decode_one(
             hps, "tensorboard_s3_uri"
         )
         result = LocalJobResult(

@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.rank_entry import TERMINATED
 
 LAUNCHERS = ("horovodrun", "mpirun")
@@ -22,7 +23,7 @@ _MPI_TRAILING_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:$")  # mpirun --tag
 _HOROVOD_FAILED = re.compile(r"Process name: (\d+)\s*\n\s*Exit code: (-?\d+)")
 
 
-class LaunchError(ValueError):
+class LaunchError(ConfigurationError):
     """The ranks could not be started as asked."""
 
 

@@ -10,7 +10,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sagemaker_dist.runtime.config import ROOT_ENV, decode_hyperparameters
+from sagemaker_dist.contract import hyperparameters as hp
+from sagemaker_dist.contract.paths import CHECKPOINT_LOCAL_PATH, ROOT_ENV, OptMl
 
 JOB_ENV = "SAGEMAKER_DIST_LOCAL_JOB"  # tells each rank's entry where the job description is
 LOCAL_INSTANCE_TYPE = "local"
@@ -18,11 +19,6 @@ LOCAL_INSTANCE_TYPE = "local"
 
 def host_names(count: int) -> list[str]:
     return [f"algo-{i + 1}" for i in range(count)]
-
-
-def hyperparameters_as_strings(hyperparameters: dict) -> dict[str, str]:
-    """SageMaker stores every hyperparameter value as a string; non-strings are JSON-encoded."""
-    return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in (hyperparameters or {}).items()}
 
 
 @dataclass
@@ -34,21 +30,24 @@ class HostTree:
     env: dict[str, str] = field(default_factory=dict)
 
     @property
+    def paths(self) -> OptMl:
+        return OptMl(self.root)
+
+    @property
     def data_dir(self) -> Path:
-        return self.root / "input" / "data"
+        return self.paths.data_dir
 
     @property
     def model_dir(self) -> Path:
-        return self.root / "model"
+        return self.paths.model_dir
 
     @property
     def output_data_dir(self) -> Path:
-        return self.root / "output" / "data"
+        return self.paths.output_data_dir
 
     def checkpoint_dir(self, local_path: str | None = None) -> Path:
         """CheckpointConfig.LocalPath (default /opt/ml/checkpoints) mapped into this tree."""
-        rel = (local_path or "/opt/ml/checkpoints").removeprefix("/opt/ml").strip("/") or "checkpoints"
-        return self.root / rel
+        return self.paths.local_path(local_path, CHECKPOINT_LOCAL_PATH)
 
 
 def input_data_config(channels: list[dict], default_mode: str) -> dict[str, dict]:
@@ -82,7 +81,7 @@ def build_host_trees(
 ) -> list[HostTree]:
     """Create ``base_dir/algo-N`` trees with the three config files and return them with their env."""
     names = host_names(hosts)
-    hps = hyperparameters_as_strings(hyperparameters)
+    hps = hp.encode_all(hyperparameters)
     data_config = input_data_config(channels, default_mode)
     trees = []
     for name in names:
@@ -123,7 +122,7 @@ def build_host_trees(
 
 def sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name) -> dict[str, str]:
     """The variables the sagemaker-training toolkit sets for the user script, for this host."""
-    user_hps = decode_hyperparameters({k: v for k, v in hps.items() if not k.startswith("sagemaker_")})
+    user_hps = hp.decode_all(hp.user_hyperparameters(hps))
     env = {
         ROOT_ENV: str(tree.root),  # the runtime's override of the /opt/ml root
         "TRAINING_JOB_NAME": job_name,
@@ -135,14 +134,14 @@ def sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name) 
         "SM_HPS": json.dumps(user_hps),
         "SM_MODEL_DIR": str(tree.model_dir),
         "SM_OUTPUT_DATA_DIR": str(tree.output_data_dir),
-        "SM_OUTPUT_DIR": str(tree.root / "output"),
+        "SM_OUTPUT_DIR": str(tree.paths.output_dir),
         "SM_INPUT_DIR": str(tree.root / "input"),
-        "SM_INPUT_CONFIG_DIR": str(tree.root / "input" / "config"),
+        "SM_INPUT_CONFIG_DIR": str(tree.paths.config_dir),
         "SM_INPUT_DATA_CONFIG": json.dumps(data_config),
         "SM_RESOURCE_CONFIG": json.dumps(resource),
         "SM_NETWORK_INTERFACE_NAME": resource["network_interface_name"],
         "SM_CURRENT_INSTANCE_TYPE": resource["current_instance_type"],
-        "SM_USER_ARGS": json.dumps(user_args(hps)),
+        "SM_USER_ARGS": json.dumps(hp.script_args(hps)),
     }
     for channel in data_config:
         env[f"SM_CHANNEL_{channel.upper()}"] = str(tree.data_dir / channel)
@@ -160,13 +159,3 @@ def sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name) 
         }
     )
     return env
-
-
-def user_args(hps: dict[str, str]) -> list[str]:
-    """Command-line arguments the toolkit passes to the entry script: ``--key value`` per user hp."""
-    args = []
-    for key, value in hps.items():
-        if key.startswith("sagemaker_"):
-            continue
-        args += [f"--{key}", value]
-    return args

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sagemaker_dist.runtime.config import opt_ml_root
+from sagemaker_dist.contract.paths import opt_ml_root
+from sagemaker_dist.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +201,7 @@ def checkpoint_callback(
     import tensorflow as tf
 
     if every < 1:
-        raise ValueError(f"checkpoint every={every!r} epochs; give a whole number >= 1")
+        raise ConfigurationError(f"checkpoint every={every!r} epochs; give a whole number >= 1")
     directory = Path(directory)
 
     class RankZeroCheckpoint(tf.keras.callbacks.Callback):

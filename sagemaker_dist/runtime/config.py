@@ -13,13 +13,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sagemaker_dist.layout import LAYOUT_HYPERPARAMETER, ChannelLayout
+from sagemaker_dist.contract import hyperparameters as hp
+from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, ChannelLayout
+from sagemaker_dist.contract.paths import (  # noqa: F401 - ROOT_ENV and opt_ml_root are the runtime's API too
+    HYPERPARAMETERS,
+    INPUT_DATA_CONFIG,
+    RESOURCE_CONFIG,
+    ROOT_ENV,
+    OptMl,
+    opt_ml_root,
+)
+from sagemaker_dist.errors import ConfigurationError
 
-ROOT_ENV = "SAGEMAKER_DIST_OPT_ML"
-DEFAULT_ROOT = "/opt/ml"
-RESOURCE_CONFIG = "resourceconfig.json"
-INPUT_DATA_CONFIG = "inputdataconfig.json"
-HYPERPARAMETERS = "hyperparameters.json"
 # Where the sagemaker-training toolkit mirrors the files for the user script.
 _ENV_FALLBACKS = {
     RESOURCE_CONFIG: "SM_RESOURCE_CONFIG",
@@ -28,27 +33,8 @@ _ENV_FALLBACKS = {
 }
 
 
-class ContainerConfigError(ValueError):
+class ContainerConfigError(ConfigurationError):
     """A container config file or SM_* variable that cannot be read."""
-
-
-def opt_ml_root(root: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None) -> Path:
-    """The /opt/ml root: ``root`` if given, else $SAGEMAKER_DIST_OPT_ML, else /opt/ml."""
-    env = os.environ if environ is None else environ
-    return Path(root if root is not None else env.get(ROOT_ENV) or DEFAULT_ROOT)
-
-
-def decode_hyperparameters(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """SageMaker stores every value as a string; decode JSON where it parses (as the toolkit does)."""
-    out = {}
-    for key, value in raw.items():
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError:
-                pass
-        out[key] = value
-    return out
 
 
 def _read_json(path: Path, env_name: str, env: Mapping[str, str]) -> tuple[dict, str]:
@@ -90,7 +76,7 @@ class ContainerConfig:
         base = opt_ml_root(root, env)
         docs, sources = {}, {}
         for name, env_name in _ENV_FALLBACKS.items():
-            docs[name], sources[name] = _read_json(base / "input" / "config" / name, env_name, env)
+            docs[name], sources[name] = _read_json(OptMl(base).config_dir / name, env_name, env)
         resource = docs[RESOURCE_CONFIG]
         if not resource and ("SM_CURRENT_HOST" in env or "SM_HOSTS" in env):
             resource = {"current_host": env.get("SM_CURRENT_HOST", "algo-1")}
@@ -101,32 +87,36 @@ class ContainerConfig:
             root=base,
             resource_config=resource,
             input_data_config=docs[INPUT_DATA_CONFIG],
-            hyperparameters=decode_hyperparameters(docs[HYPERPARAMETERS]),
+            hyperparameters=hp.decode_all(docs[HYPERPARAMETERS]),
             sources=sources,
             environ=env,
         )
 
     # Paths of the contract.
     @property
+    def paths(self) -> OptMl:
+        return OptMl(self.root)
+
+    @property
     def config_dir(self) -> Path:
-        return self.root / "input" / "config"
+        return self.paths.config_dir
 
     @property
     def data_dir(self) -> Path:
         """Where the Pipe-mode FIFOs (and File-mode channel directories) are."""
-        return self.root / "input" / "data"
+        return self.paths.data_dir
 
     @property
     def pipe_state_dir(self) -> Path:
-        return self.root / "pipe_state"
+        return self.paths.pipe_state_dir
 
     @property
     def model_dir(self) -> Path:
-        return Path(self.environ.get("SM_MODEL_DIR") or self.root / "model")
+        return Path(self.environ.get("SM_MODEL_DIR") or self.paths.model_dir)
 
     @property
     def output_data_dir(self) -> Path:
-        return Path(self.environ.get("SM_OUTPUT_DATA_DIR") or self.root / "output" / "data")
+        return Path(self.environ.get("SM_OUTPUT_DATA_DIR") or self.paths.output_data_dir)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -168,7 +158,7 @@ class ContainerConfig:
     @property
     def user_hyperparameters(self) -> dict[str, Any]:
         """Hyperparameters for the script (keys starting with ``sagemaker_`` are framework parameters)."""
-        return {k: v for k, v in self.hyperparameters.items() if not k.startswith("sagemaker_")}
+        return hp.user_hyperparameters(self.hyperparameters)
 
     @property
     def layout(self) -> ChannelLayout | None:

@@ -14,17 +14,20 @@ import stat
 import time
 from pathlib import Path
 
+from sagemaker_dist.contract.paths import fifo_name
+from sagemaker_dist.errors import DataError
+
 DEFAULT_FIFO_TIMEOUT = 120.0  # seconds; what AWS's reader waits too
 PIPE_BUFFER_BYTES = 1 << 20  # ask the kernel for a 1 MiB pipe buffer: fewer, larger reads
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
-class FifoTimeoutError(ValueError):
+class FifoTimeoutError(DataError):
     """A Pipe-mode FIFO did not appear in time."""
 
 
 def fifo_path(pipe_dir: str | os.PathLike, channel: str, epoch: int) -> Path:
-    return Path(pipe_dir) / f"{channel}_{epoch}"
+    return Path(pipe_dir) / fifo_name(channel, epoch)
 
 
 def wait_for_fifo(

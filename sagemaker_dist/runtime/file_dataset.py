@@ -12,13 +12,14 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sagemaker_dist.errors import DataError
 from sagemaker_dist.runtime.records import check_record_format, iter_records
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
 
-class FileChannelError(ValueError):
+class FileChannelError(DataError):
     """A File-mode channel that has no files to read."""
 
 

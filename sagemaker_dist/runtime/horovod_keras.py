@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime import checkpoints as ckpt
 from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
 
 log = logging.getLogger(__name__)
 
 
-class HorovodSetupError(ValueError):
+class HorovodSetupError(ConfigurationError):
     """A Horovod/Keras setting that cannot work (names the setting and what to change)."""
 
 

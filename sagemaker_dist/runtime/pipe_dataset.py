@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sagemaker_dist.runtime.config import ContainerConfig, opt_ml_root
+from sagemaker_dist.contract.paths import fifo_name, opt_ml_root
+from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.runtime.config import ContainerConfig
 from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT, FifoReader, fifo_path, wait_for_fifo
 from sagemaker_dist.runtime.ranks import RankInfo, check_rank_channels
 from sagemaker_dist.runtime.records import DEFAULT_CHUNK, check_record_format, frame_views, make_framer
@@ -42,7 +44,7 @@ _NO_OFFSETS = np.empty(0, dtype=np.int64)
 READ_AHEAD_CHUNKS = 2  # chunks a reader thread frames ahead of TensorFlow (0: frame in TensorFlow's call)
 
 
-class PipeModeDatasetError(ValueError):
+class PipeModeDatasetError(ConfigurationError):
     """A PipeModeDataset that cannot read its channel."""
 
 
@@ -164,7 +166,7 @@ class _EpochReader:
             raise
         chunks = self._chunks(epoch, path, group, convert)
         if READ_AHEAD_CHUNKS:
-            yield from _read_ahead(chunks, READ_AHEAD_CHUNKS, f"{self.channel}_{epoch}")
+            yield from _read_ahead(chunks, READ_AHEAD_CHUNKS, fifo_name(self.channel, epoch))
         else:
             yield from chunks
 

@@ -13,7 +13,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sagemaker_dist.layout import LAYOUT_HYPERPARAMETER, PER_RANK, SINGLE, LayoutError
+from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, PER_RANK, SINGLE, LayoutError
+from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime.config import ContainerConfig
 
 # (rank, local rank, size, local size) variables, in order of preference.
@@ -29,7 +30,7 @@ _ENV_SOURCES = (
 _HOROVOD_MODULES = ("horovod.tensorflow", "horovod.tensorflow.keras", "horovod.keras")
 
 
-class RankChannelError(ValueError):
+class RankChannelError(ConfigurationError):
     """This rank has no usable channel of its own, or the job's channels do not match its ranks."""
 
 

@@ -15,6 +15,8 @@ from collections.abc import Callable, Generator, Iterator
 import crc32c
 import numpy as np
 
+from sagemaker_dist.errors import DataError
+
 log = logging.getLogger(__name__)
 
 RECORD_FORMATS = ("RecordIO", "TFRecord", "TextLine")
@@ -67,7 +69,7 @@ def encode_recordio(data: bytes, max_part: int | None = None) -> bytes:
     return bytes(out)
 
 
-class RecordFormatError(ValueError):
+class RecordFormatError(DataError):
     """A stream that is not valid in its record format; says where (channel, epoch, byte offset)."""
 
     def __init__(self, message: str, *, channel: str, epoch: int, offset: int):
@@ -92,7 +94,7 @@ class Framer:
 
     def __init__(self, channel: str = "?", epoch: int = 0, max_corrupted_records_to_skip: int = 0):
         if max_corrupted_records_to_skip < 0:
-            raise ValueError(
+            raise RecordFormatError(
                 f"max_corrupted_records_to_skip is {max_corrupted_records_to_skip}; use 0 or more"
             )
         self.channel = channel
@@ -470,7 +472,7 @@ FRAMERS: dict[str, type[Framer]] = {
 
 def check_record_format(record_format: str) -> str:
     if record_format not in FRAMERS:
-        raise ValueError(f"record_format {record_format!r} is not one of {', '.join(RECORD_FORMATS)}")
+        raise RecordFormatError(f"record_format {record_format!r} is not one of {', '.join(RECORD_FORMATS)}")
     return record_format
 
 

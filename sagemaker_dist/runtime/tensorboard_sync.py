@@ -16,6 +16,9 @@ import threading
 import time
 from pathlib import Path
 
+from sagemaker_dist.contract.s3_uri import S3UriError, parse_s3_uri
+from sagemaker_dist.errors import ConfigurationError
+
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL = 30.0
@@ -23,12 +26,11 @@ DEFAULT_FLUSH_TIMEOUT = 60.0
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
-    """``s3://bucket/some/prefix`` -> ``("bucket", "some/prefix")``; a clear ValueError otherwise."""
-    if not isinstance(uri, str) or not uri.startswith("s3://") or len(uri) <= 5:
-        raise ValueError(f"TensorBoard S3 location {uri!r} is not an s3://bucket/prefix URI")
-    bucket, _, prefix = uri[5:].partition("/")
-    if not bucket:
-        raise ValueError(f"TensorBoard S3 location {uri!r} has no bucket name")
+    """``s3://bucket/some/prefix`` -> ``("bucket", "some/prefix")``; errors name TensorBoard."""
+    try:
+        bucket, prefix = parse_s3_uri(uri)
+    except S3UriError as exc:
+        raise ConfigurationError(f"TensorBoard S3 location: {exc}") from None
     return bucket, prefix.strip("/")
 
 
@@ -51,7 +53,9 @@ class TensorBoardSyncer:
         client=None,
     ):
         if interval <= 0:
-            raise ValueError(f"TensorBoard sync interval is {interval!r}; give a number of seconds > 0")
+            raise ConfigurationError(
+                f"TensorBoard sync interval is {interval!r}; give a number of seconds > 0"
+            )
         self.log_dir = Path(log_dir)
         self.s3_uri = s3_uri
         self.bucket, self.prefix = split_s3_uri(s3_uri)

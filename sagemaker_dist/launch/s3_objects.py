@@ -7,18 +7,13 @@ any S3-compatible server.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-S3_SCHEME = "s3://"
-_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+from sagemaker_dist.contract.s3_uri import S3UriError, parse_s3_uri  # noqa: F401 - S3UriError re-exported
+from sagemaker_dist.errors import AwsError, DataError
 
 
-class S3UriError(ValueError):
-    """A string that is not an ``s3://bucket/prefix`` URI."""
-
-
-class S3AccessError(ValueError):
+class S3AccessError(AwsError):
     """S3 refused a request (missing bucket, no permission, bad endpoint)."""
 
 
@@ -26,7 +21,7 @@ class MissingBucketError(S3AccessError):
     """The bucket named in a URI does not exist on the endpoint in use."""
 
 
-class EmptyPrefixError(ValueError):
+class EmptyPrefixError(DataError):
     """No objects (after the suffix filter) under a prefix."""
 
 
@@ -34,23 +29,6 @@ class EmptyPrefixError(ValueError):
 class S3Object:
     key: str
     size: int
-
-
-def parse_s3_uri(uri: str) -> tuple[str, str]:
-    """``s3://bucket/some/prefix`` -> ``("bucket", "some/prefix")``; keys are taken verbatim."""
-    if not isinstance(uri, str) or not uri.startswith(S3_SCHEME):
-        raise S3UriError(f"{uri!r} is not an S3 URI; write it as s3://bucket/prefix/")
-    bucket, _, key = uri[len(S3_SCHEME) :].partition("/")
-    if not _BUCKET_RE.fullmatch(bucket) or ".." in bucket:
-        raise S3UriError(
-            f"{uri!r} names bucket {bucket!r}, which is not a valid S3 bucket name "
-            "(3-63 characters: lowercase letters, digits, '.', '-'); write it as s3://bucket/prefix/"
-        )
-    return bucket, key
-
-
-def s3_uri(bucket: str, key: str = "") -> str:
-    return f"{S3_SCHEME}{bucket}/{key}"
 
 
 def make_client(max_pool_connections: int = 50):

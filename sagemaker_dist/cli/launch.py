@@ -10,7 +10,9 @@ import argparse
 import json
 import sys
 
-from ..estimator import HorovodPipeEstimator, TrainingJobFailed
+from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.launch.estimator import HorovodPipeEstimator
+from sagemaker_dist.launch.training_job import TrainingJobFailed
 
 
 def _pairs(values: list[str], what: str) -> dict[str, str]:
@@ -18,7 +20,7 @@ def _pairs(values: list[str], what: str) -> dict[str, str]:
     for item in values:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"{what} {item!r} is not KEY=VALUE")
+            raise ConfigurationError(f"{what} {item!r} is not KEY=VALUE")
         pairs[key] = value
     return pairs
 

@@ -12,7 +12,8 @@ import functools
 import re
 from collections.abc import Iterator, Mapping
 
-from sagemaker_dist.layout import (
+from sagemaker_dist.contract import hyperparameters
+from sagemaker_dist.contract.layout import (
     CHANNEL_NAME_RE,
     LAYOUT_HYPERPARAMETER,
     MAX_CHANNEL_NAME,
@@ -21,6 +22,7 @@ from sagemaker_dist.layout import (
     ChannelLayout,
     LayoutError,
 )
+from sagemaker_dist.errors import ConfigurationError
 
 OPERATION = "CreateTrainingJob"
 MAX_JOB_NAME = 63
@@ -28,7 +30,7 @@ JOB_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 MAX_HYPERPARAMETERS = 100
 MAX_HYPERPARAMETER_KEY = 256
 MAX_HYPERPARAMETER_VALUE = 2500
-PROCESSES_PER_HOST_HYPERPARAMETER = "sagemaker_mpi_num_of_processes_per_host"
+PROCESSES_PER_HOST_HYPERPARAMETER = hyperparameters.MPI_PROCESSES_PER_HOST
 INPUT_MODES = ("Pipe", "File", "FastFile")
 
 ACCESS_KEY_ID_RE = re.compile(r"(?<![A-Z0-9])(AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Z0-9])")
@@ -48,7 +50,7 @@ def looks_like_secret_key(text: str) -> bool:
     )
 
 
-class RequestValidationError(ValueError):
+class RequestValidationError(ConfigurationError):
     """A CreateTrainingJob request SageMaker would reject, or one that would fail or hang later."""
 
     def __init__(self, problems: list[str]):
@@ -323,8 +325,8 @@ def validate_request(request: Mapping) -> Mapping:
     # On names our messages say more than the model's bare length or pattern: keep one per subject.
     covered = [
         field
-        for field, ours in (("TrainingJobName", "job name"), ("ChannelName", "channel name"))
-        if any(p.startswith(ours) or p.startswith(field) for p in problems)
+        for field, our_check in (("TrainingJobName", _job_name_problems), ("ChannelName", _channel_problems))
+        if our_check(request)
     ]
     problems += [p for p in service_model_problems(request) if not any(f in p for f in covered)]
     if problems:

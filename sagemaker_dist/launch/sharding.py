@@ -18,10 +18,11 @@ from itertools import islice
 
 import numpy as np
 
-from .layout import SHARDED_BY_S3_KEY
+from sagemaker_dist.contract.layout import SHARDED_BY_S3_KEY
+from sagemaker_dist.errors import ConfigurationError
 
 
-class ShardingError(ValueError):
+class ShardingError(ConfigurationError):
     """Objects that cannot be split into the wanted shards."""
 
 

@@ -6,11 +6,13 @@ import argparse
 import importlib
 import sys
 
+from sagemaker_dist.errors import SageMakerDistError
+
 # Modules that define ``register(subparsers)``; each adds its subcommands with ``set_defaults(func=...)``.
 COMMAND_MODULES = (
-    "sagemaker_dist.commands.sharding",
-    "sagemaker_dist.commands.launch",
-    "sagemaker_dist.commands.local",
+    "sagemaker_dist.cli.sharding",
+    "sagemaker_dist.cli.launch",
+    "sagemaker_dist.cli.local",
 )
 
 
@@ -45,10 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except ValueError as exc:  # our errors subclass ValueError and say what to do
+    except SageMakerDistError as exc:  # ours say what to do; anything else is a bug and keeps its traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":
-    sys.exit(main())

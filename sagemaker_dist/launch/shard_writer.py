@@ -19,16 +19,16 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 
-from .layout import check_channel_name
-from .s3_objects import (
+from sagemaker_dist.contract.layout import check_channel_name
+from sagemaker_dist.contract.s3_uri import parse_s3_uri, s3_uri
+from sagemaker_dist.errors import AwsError, ConfigurationError, DataError
+from sagemaker_dist.launch.s3_objects import (
     S3AccessError,
     describe_client_error,
     make_client,
-    parse_s3_uri,
-    s3_uri,
     unreachable,
 )
-from .sharding import ShardPlan
+from sagemaker_dist.launch.sharding import ShardPlan
 
 MANIFEST = "manifest"
 COPY = "copy"
@@ -39,11 +39,15 @@ MARKER_VERSION = 1
 MiB = 1024 * 1024
 
 
-class ShardWriteError(ValueError):
+class ShardPlanError(ConfigurationError):
+    """A shard-writing request that cannot work (mode, names, output inside the source); nothing written."""
+
+
+class ShardWriteError(AwsError):
     """Shards that could not be written; nothing was marked complete."""
 
 
-class IncompleteShardsError(ValueError):
+class IncompleteShardsError(DataError):
     """An output prefix without a complete shard set (never written, or interrupted)."""
 
 
@@ -90,7 +94,7 @@ def _output_root(output_uri: str, role: str) -> tuple[str, str]:
 
 def _check_request(plan: ShardPlan, source_uri: str, output_uri: str, mode: str, role: str):
     if mode not in MODES:
-        raise ShardWriteError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+        raise ShardPlanError(f"mode {mode!r} is not one of {', '.join(MODES)}")
     check_channel_name(role)
     check_channel_name(f"{role}_{max(plan.num_shards - 1, 0)}")
     src_bucket, src_prefix = parse_s3_uri(source_uri)
@@ -98,7 +102,7 @@ def _check_request(plan: ShardPlan, source_uri: str, output_uri: str, mode: str,
     folder = _folder(src_prefix)
     outside = next((k for _, k, _ in plan.items() if not k.startswith(src_prefix)), None)
     if outside is not None:
-        raise ShardWriteError(
+        raise ShardPlanError(
             f"key {outside!r} of the plan is not under the source {source_uri}; "
             "plan the shards from a listing of that same prefix"
         )
@@ -113,7 +117,7 @@ def check_output_outside_source(source_uri: str, output_uri: str, role: str = "t
     src_bucket, src_prefix = parse_s3_uri(source_uri)
     out_bucket, out_root = _output_root(output_uri, role)
     if out_bucket == src_bucket and (out_root.startswith(src_prefix) or src_prefix.startswith(out_root)):
-        raise ShardWriteError(
+        raise ShardPlanError(
             f"output s3://{out_bucket}/{out_root} overlaps the source {source_uri}: a later listing "
             "would shard the outputs too. Choose an output prefix outside the source prefix."
         )

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..instances import processes_per_host
-from ..layout import (
+from sagemaker_dist.contract.layout import (
     LAYOUT_HYPERPARAMETER,
     PER_LOCAL_RANK,
     STRATEGIES,
@@ -18,9 +17,12 @@ from ..layout import (
     check_channel_name,
     plan_layout,
 )
-from ..s3_objects import list_objects, parse_s3_uri
-from ..shard_writer import MANIFEST, MODES, check_output_outside_source, write_shards
-from ..sharding import ShardPlan, check_host_split, plan_shards
+from sagemaker_dist.contract.s3_uri import parse_s3_uri
+from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.launch.instances import processes_per_host
+from sagemaker_dist.launch.s3_objects import list_objects
+from sagemaker_dist.launch.shard_writer import MANIFEST, MODES, check_output_outside_source, write_shards
+from sagemaker_dist.launch.sharding import ShardPlan, check_host_split, plan_shards
 
 
 def _add_layout_arguments(p: argparse.ArgumentParser) -> None:
@@ -135,7 +137,7 @@ def run_shard(args) -> int:
     check_channel_name(args.role)
     check_output_outside_source(args.source, args.output, args.role)  # also under --dry-run
     if args.workers < 1:
-        raise ValueError(f"--workers {args.workers} must be >= 1")
+        raise ConfigurationError(f"--workers {args.workers} must be >= 1")
     layout = _layout_from_args(args)
     _print(layout.explain())
     plan = _plan_for(args, layout)

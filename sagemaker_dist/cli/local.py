@@ -6,6 +6,8 @@ import json
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
+from sagemaker_dist.errors import ConfigurationError
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -116,7 +118,7 @@ def _hyperparameters(args) -> dict:
     for item in args.hyperparameter:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"hyperparameter {item!r} is not KEY=VALUE")
+            raise ConfigurationError(f"hyperparameter {item!r} is not KEY=VALUE")
         hps[key] = value
     if args.epochs is not None:
         hps["epochs"] = str(args.epochs)
@@ -142,15 +144,15 @@ def _read_request(path: Path) -> dict:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise ValueError(f"request file {path} does not exist") from None
+        raise ConfigurationError(f"request file {path} does not exist") from None
     except OSError as exc:
-        raise ValueError(f"request file {path} cannot be read: {exc}") from exc
+        raise ConfigurationError(f"request file {path} cannot be read: {exc}") from exc
     try:
         request = json.loads(text)
     except ValueError as exc:
-        raise ValueError(f"request file {path} is not valid JSON: {exc}") from exc
+        raise ConfigurationError(f"request file {path} is not valid JSON: {exc}") from exc
     if not isinstance(request, dict):
-        raise ValueError(
+        raise ConfigurationError(
             f"request file {path} holds a JSON {type(request).__name__}, not a CreateTrainingJob request"
         )
     return request
@@ -159,7 +161,7 @@ def _read_request(path: Path) -> dict:
 def _check_request_options(args) -> None:
     given = [flag for key, flag in _JOB_OPTIONS.items() if getattr(args, key, None) not in (None, [])]
     if given:
-        raise ValueError(
+        raise ConfigurationError(
             f"{', '.join(given)} cannot be combined with --request: the request file is run as written. "
             "Edit the request instead (ResourceConfig.InstanceCount, HyperParameters, "
             "CheckpointConfig.S3Uri, InputDataConfig, OutputDataConfig)"
@@ -196,7 +198,9 @@ def run_local_command(args) -> int:
             source_dir = args.source_dir
         else:
             if not args.train:
-                raise ValueError("--entry-point needs --train s3://bucket/prefix/ (the training data)")
+                raise ConfigurationError(
+                    "--entry-point needs --train s3://bucket/prefix/ (the training data)"
+                )
             estimator = demo_estimator(
                 bucket,
                 hosts,

@@ -7,6 +7,7 @@ import re
 import boto3
 
 from sagemaker_dist import __version__
+from sagemaker_dist.errors import ConfigurationError
 
 DEFAULT_REPOSITORY = "sagemaker-dist"
 DLC_TF_VERSION = "2.14"  # the container's base: the newest DLC with TF <= 2.15 (Keras 2, Horovod)
@@ -16,7 +17,7 @@ _REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
 _REPO_RE = re.compile(r"^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*/)*[a-z0-9]+(?:[._-][a-z0-9]+)*$")
 
 
-class ImageError(ValueError):
+class ImageError(ConfigurationError):
     """An image URI that cannot be formed from the given account, region or repository."""
 
 

@@ -10,10 +10,13 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from sagemaker_dist.contract import hyperparameters
+from sagemaker_dist.errors import ConfigurationError
+
 MAX_CHANNELS = 20
 MAX_CHANNEL_NAME = 64
 CHANNEL_NAME_RE = re.compile(r"^[A-Za-z0-9.\-_]+$")
-LAYOUT_HYPERPARAMETER = "sagemaker_dist_layout"
+LAYOUT_HYPERPARAMETER = hyperparameters.LAYOUT
 LAYOUT_VERSION = 1
 
 PER_RANK = "per-rank"
@@ -30,7 +33,7 @@ RECORD_WRAPPERS = ("None", "RecordIO")
 INPUT_MODES = ("Pipe", "File", "FastFile")
 
 
-class LayoutError(ValueError):
+class LayoutError(ConfigurationError):
     """A channel layout that SageMaker would reject or that would stall Horovod."""
 
 
@@ -180,7 +183,7 @@ class ChannelLayout:
                     "use the same sagemaker-dist version on the SDK side and in the container"
                 )
             if doc["strategy"] not in STRATEGIES:
-                raise ValueError(f"unknown strategy {doc['strategy']!r}")
+                raise LayoutError(f"unknown strategy {doc['strategy']!r}")
             roles = tuple(RoleLayout(**r) for r in doc["roles"])
             return cls(
                 strategy=doc["strategy"],

@@ -10,6 +10,8 @@ from __future__ import annotations
 import difflib
 import re
 
+from sagemaker_dist.errors import ConfigurationError
+
 # ml.<family>.<size> -> accelerators per instance (NVIDIA GPUs; NeuronCores for trn1/trn1n).
 _FAMILIES: dict[str, dict[str, int]] = {
     "p2": {"xlarge": 1, "8xlarge": 8, "16xlarge": 16},
@@ -45,11 +47,11 @@ NEURON_FAMILIES = frozenset({"trn1", "trn1n"})
 _CPU_FAMILY_RE = re.compile(r"[cmrt]\d+[a-z]*")
 
 
-class UnknownInstanceTypeError(ValueError):
+class UnknownInstanceTypeError(ConfigurationError):
     """An instance type missing from the catalog (typo, CPU type, or a family newer than the table)."""
 
 
-class ProcessesPerHostError(ValueError):
+class ProcessesPerHostError(ConfigurationError):
     """A processes-per-host override that is not a count, or more processes than a type has GPUs."""
 
 
@@ -90,7 +92,7 @@ def close_matches(instance_type: str, limit: int = 5) -> list[str]:
 def gpus_per_instance(instance_type: str) -> int:
     """Accelerators on one instance of ``instance_type`` (``ml.`` prefix optional).
 
-    Raises UnknownInstanceTypeError naming close matches and the ``gpus_per_instance=`` override.
+    Raises UnknownInstanceTypeError naming close matches and the ``processes_per_host=`` override.
     """
     name = normalize_instance_type(instance_type)
     try:
@@ -107,7 +109,7 @@ def gpus_per_instance(instance_type: str) -> int:
     raise UnknownInstanceTypeError(
         f"unknown GPU instance type {instance_type!r}. {suggestion}"
         "For a type missing from sagemaker-dist's table (or a CPU type), pass the number of worker "
-        "processes per instance yourself: gpus_per_instance=N (CLI: --processes-per-host N)."
+        "processes per instance yourself: processes_per_host=N (CLI: --processes-per-host N)."
     )
 
 

@@ -15,7 +15,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from sagemaker_dist.s3_objects import parse_s3_uri
+from sagemaker_dist.contract.s3_uri import parse_s3_uri
+from sagemaker_dist.errors import ConfigurationError
 
 TARBALL_NAME = "sourcedir.tar.gz"
 MAX_SOURCE_BYTES = 500 * 1024 * 1024  # 500 MiB: more than this is data or a virtualenv, not code
@@ -23,7 +24,7 @@ EXCLUDED_DIRS = frozenset({"__pycache__", ".git", ".ipynb_checkpoints", ".mypy_c
 EXCLUDED_SUFFIXES = (".pyc", ".pyo")
 
 
-class SourcePackageError(ValueError):
+class SourcePackageError(ConfigurationError):
     """The entry script or source directory cannot be packed for the training job."""
 
 

@@ -1,1 +1,0 @@
-"""Subcommands of the sagemaker-dist console command, one module per concern."""

@@ -1,0 +1,1 @@
+"""The SageMaker container contract, written once: stdlib only, imported by every other part."""

@@ -1,0 +1,1 @@
+"""The laptop side: plan shards and channels, render and validate the request, create the job."""

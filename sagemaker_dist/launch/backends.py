@@ -1,0 +1,57 @@
+"""Where a prepared job runs. A backend takes the validated request and runs it, as boto3's
+CreateTrainingJob does; the SageMaker SDK's local mode mirrors that surface the same way.
+
+``SageMakerBackend`` (the default) creates the job on SageMaker; ``sagemaker_dist.local.LocalBackend``
+runs it on this machine. The estimator only knows the protocol, so it never imports local mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from sagemaker_dist.launch.aws import create_training_job
+from sagemaker_dist.launch.training_job import TrainingJobHandle
+
+if TYPE_CHECKING:
+    from sagemaker_dist.launch.estimator import PreparedJob
+
+
+class TrainingBackend(Protocol):
+    """Runs a prepared job; ``checks_job_name`` says whether the name must be free on SageMaker."""
+
+    checks_job_name: bool
+
+    def run(
+        self,
+        prepared: PreparedJob,
+        *,
+        source_dir: str | None,
+        wait: bool,
+        poll: float,
+        timeout: float | None,
+        printer: Callable[[str], None] | None,
+    ) -> Any: ...
+
+
+class SageMakerBackend:
+    """CreateTrainingJob through SDK v3's ``sagemaker.core``; returns a ``TrainingJobHandle``."""
+
+    checks_job_name = True
+
+    def __init__(self, boto_session=None):
+        self.boto_session = boto_session
+
+    def run(self, prepared, *, source_dir=None, wait=True, poll=30.0, timeout=None, printer=print):
+        say = printer or (lambda _line: None)
+        resources = prepared.request["ResourceConfig"]
+        handle = TrainingJobHandle(
+            create_training_job(prepared.request, self.boto_session), self.boto_session
+        )
+        say(
+            f"created training job {handle.name} ({resources['InstanceCount']} x "
+            f"{resources['InstanceType']}, {prepared.layout.world_size} Horovod ranks)"
+        )
+        if wait:
+            handle.wait(poll=poll, timeout=timeout, printer=printer)
+        return handle

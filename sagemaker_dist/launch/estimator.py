@@ -1,0 +1,427 @@
+"""Launch a Horovod + Pipe-mode training job on SageMaker in a few lines (orchestration only).
+
+``HorovodPipeEstimator`` holds the job's settings and runs the steps, each of which lives in its own
+module: inputs are parsed once (``inputs``), the layout planned (``contract.layout``), bare prefixes
+sharded (``sharding``, ``shard_writer``), the request rendered by one pure function (``request``)
+and validated (``request_validation``), and the job run by a backend: SageMaker (``backends``) or,
+with ``backend=LocalBackend()`` from ``sagemaker_dist.local``, this machine.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
+from datetime import datetime, timezone
+
+import boto3
+
+from sagemaker_dist.contract import hyperparameters as hp
+from sagemaker_dist.contract.layout import INPUT_MODES, PER_WORKER, SINGLE, ChannelLayout, plan_layout
+from sagemaker_dist.contract.s3_uri import join_s3
+from sagemaker_dist.launch.aws import AwsRequestError, check_job_name_free, role_arn  # noqa: F401 - API
+from sagemaker_dist.launch.backends import SageMakerBackend, TrainingBackend
+from sagemaker_dist.launch.images import container_image_uri
+from sagemaker_dist.launch.inputs import (  # noqa: F401 - ChannelSource is part of the API
+    ChannelSource,
+    EstimatorError,
+    JobInputs,
+    check_s3_uri,
+    parse_inputs,
+)
+from sagemaker_dist.launch.instances import normalize_instance_type, processes_per_host
+from sagemaker_dist.launch.request import (
+    DEFAULT_MPI_OPTIONS,
+    ResolvedNames,
+    check_mpi_options,
+    render_request,
+    tags_list,
+)
+from sagemaker_dist.launch.request_validation import MAX_JOB_NAME, validate_request
+from sagemaker_dist.launch.shard_writer import MANIFEST, plan_shard_set, write_shards
+from sagemaker_dist.launch.source_package import (
+    MAX_SOURCE_BYTES,
+    TARBALL_NAME,
+    SourcePackage,
+    pack_source,
+    resolve_entry_point,
+    upload_source,
+)
+
+_PLACEHOLDER_ACCOUNT = "000000000000"
+_PLACEHOLDER_OUTPUT = "s3://output-bucket-not-yet-resolved"
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    """What ``prepare`` produced: the validated request, the layout and the uploaded source package.
+
+    ``source.path`` was a temporary file and is gone; the tarball lives at the request's
+    ``sagemaker_submit_directory``.
+    """
+
+    request: dict
+    layout: ChannelLayout
+    source: SourcePackage
+
+    @property
+    def job_name(self) -> str:
+        return self.request["TrainingJobName"]
+
+
+def default_job_name(base: str, now: datetime | None = None) -> str:
+    """``base-YYYYmmdd-HHMMSS-mmm``, with ``base`` cut so the whole stays within 63 characters."""
+    now = now or datetime.now(timezone.utc)
+    stamp = now.strftime("%Y%m%d-%H%M%S-") + f"{now.microsecond // 1000:03d}"
+    base = re.sub(r"[^A-Za-z0-9-]", "-", base)[: MAX_JOB_NAME - len(stamp) - 1].strip("-") or "job"
+    return f"{base}-{stamp}"
+
+
+@dataclass
+class HorovodPipeEstimator:
+    """Describe a Horovod job once; ``launch(inputs)`` (alias ``fit``) shards, uploads and runs it.
+
+    ``inputs`` maps ``train`` (required), ``validation`` and ``eval`` to S3 prefixes, URI lists or
+    ShardSets; other keys become extra channels every rank shares. A bare prefix for a per-worker
+    role is sharded into balanced manifests (no copying) under the job's output path.
+
+    Construction checks everything that needs no AWS call and raises EstimatorError (a ValueError).
+    ``processes_per_host`` defaults to the GPUs of ``instance_type``; give it for CPU types or to run
+    fewer processes than GPUs. ``validation`` is how a validation *prefix* is used: ``'single'`` (one
+    channel every rank reads in full) or ``'per-worker'`` (sharded). ``shared_channel_input_mode`` is
+    the input mode of channels all ranks share (single roles, extra channels): File by default,
+    since a Pipe FIFO can have only one reader. ``mpi_options`` extend ``DEFAULT_MPI_OPTIONS``
+    (drop those with ``default_mpi_options=False``).
+    """
+
+    entry_point: str
+    role: str
+    instance_type: str
+    instance_count: int = 1
+    _: KW_ONLY
+    source_dir: str | None = None
+    image_uri: str | None = None
+    processes_per_host: int | None = None
+    hyperparameters: Mapping | None = None
+    input_mode: str = "Pipe"
+    strategy: str = "auto"
+    validation: str = SINGLE
+    shared_channel_input_mode: str | None = "File"
+    record_wrapper: str = "None"
+    shuffle_seed: int | None = None
+    content_type: str | None = None
+    output_path: str | None = None
+    code_location: str | None = None
+    checkpoint_s3_uri: str | None = None
+    checkpoints: bool = True
+    tensorboard_s3_uri: str | None = None
+    tensorboard: bool = True
+    max_run: int = 24 * 3600
+    use_spot: bool = False
+    max_wait: int | None = None
+    volume_size: int = 30
+    volume_kms_key: str | None = None
+    output_kms_key: str | None = None
+    subnets: Sequence[str] | None = None
+    security_group_ids: Sequence[str] | None = None
+    enable_network_isolation: bool = False
+    encrypt_inter_container_traffic: bool = False
+    tags: Mapping | Sequence[Mapping] | None = None
+    environment: Mapping[str, str] | None = None
+    mpi_options: str | Sequence[str] = ()
+    default_mpi_options: bool = True
+    base_job_name: str = "sagemaker-dist"
+    max_source_bytes: int = MAX_SOURCE_BYTES
+    sagemaker_session: object = field(default=None, repr=False)
+
+    def __post_init__(self):
+        self.instance_type = normalize_instance_type(self.instance_type)
+        count = self.instance_count
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise EstimatorError(f"instance_count={count!r}; it must be a whole number >= 1")
+        self.processes_per_host = processes_per_host(self.instance_type, self.processes_per_host)
+        if self.input_mode not in INPUT_MODES:
+            raise EstimatorError(f"input_mode={self.input_mode!r}; use one of {', '.join(INPUT_MODES)}")
+        if self.shared_channel_input_mode not in (None, *INPUT_MODES):
+            raise EstimatorError(
+                f"shared_channel_input_mode={self.shared_channel_input_mode!r}; use None or "
+                f"one of {', '.join(INPUT_MODES)}"
+            )
+        self.shared_channel_input_mode = self.shared_channel_input_mode or self.input_mode
+        if self.validation not in (SINGLE, PER_WORKER):
+            raise EstimatorError(f"validation={self.validation!r}; use 'single' or 'per-worker'")
+        self.hyperparameters = self._user_hyperparameters(self.hyperparameters)
+        for what in ("output_path", "code_location", "checkpoint_s3_uri", "tensorboard_s3_uri"):
+            if getattr(self, what) is not None:
+                check_s3_uri(getattr(self, what), what)
+        if bool(self.subnets) != bool(self.security_group_ids):
+            raise EstimatorError("VPC config needs both subnets= and security_group_ids= (or neither)")
+        self.subnets = list(self.subnets or [])
+        self.security_group_ids = list(self.security_group_ids or [])
+        self.tags = tags_list(self.tags)
+        self.environment = {str(k): str(v) for k, v in (self.environment or {}).items()}
+        extra = [self.mpi_options] if isinstance(self.mpi_options, str) else list(self.mpi_options)
+        check_mpi_options(extra)
+        defaults = DEFAULT_MPI_OPTIONS if self.default_mpi_options else ()
+        self.mpi_options = " ".join([*defaults, *extra]).strip()
+
+    @staticmethod
+    def _user_hyperparameters(hyperparameters: Mapping | None) -> dict[str, str]:
+        hps = {}
+        for key, value in (hyperparameters or {}).items():
+            if not isinstance(key, str) or not key:
+                raise EstimatorError(f"hyperparameter key {key!r} must be a non-empty string")
+            if key in hp.FRAMEWORK_HYPERPARAMETERS:
+                raise EstimatorError(
+                    f"hyperparameter {key!r} is set by sagemaker-dist; use the estimator's arguments "
+                    "(entry_point, processes_per_host, mpi_options) instead"
+                )
+            hps[key] = hp.encode_value(value)
+        return hps
+
+    @property
+    def world_size(self) -> int:
+        """Total Horovod ranks: hosts x processes per host."""
+        return self.instance_count * self.processes_per_host
+
+    # ----- planning (no AWS) -----
+
+    def plan(self, inputs) -> ChannelLayout:
+        """The channel layout for these inputs (pure: no AWS call)."""
+        inputs = parse_inputs(inputs)
+        layout = plan_layout(
+            self.instance_count,
+            self.processes_per_host,
+            strategy=self.strategy,
+            validation=inputs.validation_spread(self.validation),
+            eval_channel="eval" in inputs.roles,
+            extra_channels=tuple(inputs.extras),
+            reserved_channels=1 if self.enable_network_isolation else 0,  # the code channel
+            input_mode=self.input_mode,
+            record_wrapper=self.record_wrapper,
+            shuffle_seed=self.shuffle_seed,
+        )
+        self._check_shared_channels(layout)
+        return layout
+
+    def _check_shared_channels(self, layout: ChannelLayout) -> None:
+        """A Pipe FIFO has one reader: channels every rank shares cannot be Pipe with several ranks a host."""
+        shared = [r.base for r in layout.roles if r.spread == SINGLE] + list(layout.extra_channels)
+        if shared and self.shared_channel_input_mode == "Pipe" and layout.processes_per_host > 1:
+            raise EstimatorError(
+                f"channel(s) {', '.join(shared)} are shared by all {layout.processes_per_host} processes "
+                "on each host, but a Pipe-mode FIFO has one reader (several readers split its bytes "
+                "and stall the job); use shared_channel_input_mode='File' or 'FastFile', or "
+                "validation='per-worker' for the validation data"
+            )
+
+    def framework_hyperparameters(self, layout: ChannelLayout, program: str, submit_directory: str) -> dict:
+        """The hyperparameters the sagemaker-training toolkit reads to run mpirun on every host."""
+        from sagemaker_dist.launch.request import framework_hyperparameters
+
+        return framework_hyperparameters(layout, program, submit_directory, self.mpi_options)
+
+    def source_uri(self, output_path: str, job_name: str) -> str:
+        """Where the job's ``sourcedir.tar.gz`` goes: ``<code_location or output_path>/<job>/source/``."""
+        return join_s3(self.code_location or output_path, job_name, "source", TARBALL_NAME)
+
+    def _program(self) -> str:
+        return resolve_entry_point(self.entry_point, self.source_dir)[1]
+
+    def _render(self, layout, inputs: JobInputs, sources, names: ResolvedNames, program=None) -> dict:
+        request = render_request(self, layout, inputs, sources, names, program or self._program())
+        validate_request(request)
+        return request
+
+    def build_request(
+        self,
+        inputs,
+        job_name: str | None = None,
+        *,
+        submit_directory: str | None = None,
+        role: str | None = None,
+    ) -> dict:
+        """The CreateTrainingJob request for already-sharded inputs, validated; no S3 writes.
+
+        Per-worker roles need one URI per channel (a ShardSet or a list). ``role`` overrides the
+        resolved role ARN; a role *name* is turned into an ARN with one STS call.
+        """
+        inputs = parse_inputs(inputs)
+        layout = self.plan(inputs)
+        job_name = job_name or default_job_name(self.base_job_name)
+        output_path = self._output_path()
+        names = ResolvedNames(
+            job_name,
+            role or role_arn(self.role, self._region(), boto_session=self._boto_session()),
+            output_path,
+            submit_directory or self.source_uri(output_path, job_name),
+            self._image(),
+        )
+        return self._render(layout, inputs, inputs.roles, names)
+
+    def draft_request(self, inputs, job_name: str | None = None) -> dict:
+        """The request with stand-ins for what needs AWS, validated; makes no AWS call.
+
+        A bare prefix stands in for each shard manifest, account 000000000000 for the caller's
+        account (role name, default image) and a placeholder bucket for an unset output path;
+        everything else is final.
+        """
+        inputs = parse_inputs(inputs)
+        layout = self.plan(inputs)
+        return self._draft(inputs, layout, job_name or default_job_name(self.base_job_name))
+
+    def _draft(self, inputs: JobInputs, layout: ChannelLayout, job_name: str) -> dict:
+        sources = {
+            r.role: ChannelSource((inputs.roles[r.role],) * r.count)
+            if isinstance(inputs.roles[r.role], str)
+            else inputs.roles[r.role]
+            for r in layout.roles
+        }
+        output = self._output_path(resolve=False)
+        names = ResolvedNames(
+            job_name,
+            role_arn(self.role, self._region(), account=_PLACEHOLDER_ACCOUNT),
+            output,
+            self.source_uri(output, job_name),
+            self._image(account=_PLACEHOLDER_ACCOUNT),
+        )
+        return self._render(layout, inputs, sources, names)
+
+    # ----- AWS edges -----
+
+    def _image(self, account: str | None = None) -> str:
+        """``image_uri``, else our container in the caller's ECR (``account`` given: no STS call)."""
+        if self.image_uri:
+            return self.image_uri
+        return container_image_uri(region=self._region(), account=account)
+
+    def _region(self) -> str | None:
+        if self.sagemaker_session is not None:
+            return self.sagemaker_session.boto_region_name
+        return boto3.session.Session().region_name
+
+    def _output_path(self, resolve: bool = True) -> str:
+        if self.output_path:
+            return self.output_path.rstrip("/")
+        if not resolve:
+            return _PLACEHOLDER_OUTPUT
+        if self.sagemaker_session is None:
+            raise EstimatorError(
+                "no output_path and no sagemaker_session; pass output_path='s3://bucket/prefix' or "
+                "sagemaker_session=Session(default_bucket=...)"
+            )
+        return f"s3://{self.sagemaker_session.default_bucket()}/{self.base_job_name}"
+
+    def _s3_client(self):
+        return self._boto_session().client("s3")
+
+    def _boto_session(self):
+        if self.sagemaker_session is not None:
+            return self.sagemaker_session.boto_session
+        return boto3.Session()
+
+    def check_job_name_free(self, job_name: str) -> None:
+        """Raise EstimatorError if a training job called ``job_name`` exists (DescribeTrainingJob)."""
+        check_job_name_free(job_name, self._boto_session())
+
+    def _plan_shards(self, prefix: str, r, client):
+        """List ``prefix`` and balance it into ``r.count`` shards (pure after the listing)."""
+        from sagemaker_dist.launch.s3_objects import list_objects
+        from sagemaker_dist.launch.sharding import check_host_split, plan_shards
+
+        objects = list_objects(prefix, client=client)  # raises EmptyPrefixError if there are none
+        plan = plan_shards([(o.key, o.size) for o in objects], r.count)
+        check_host_split(plan, self.instance_count, r.distribution, r.role)
+        return plan
+
+    def prepare(
+        self,
+        inputs,
+        job_name: str | None = None,
+        *,
+        printer: Callable[[str], None] | None = print,
+        check_job_name: bool = True,
+    ) -> PreparedJob:
+        """Everything up to CreateTrainingJob: check, shard, upload the source, return the request.
+
+        All local checks (layout, entry script, source size, the whole request with placeholders for
+        what needs AWS) run before the first AWS call, and the job name is checked to be free before
+        the first write, so bad input leaves nothing behind. ``check_job_name=False`` skips the
+        DescribeTrainingJob call, for runs that create no SageMaker job (local mode).
+        """
+        say = printer or (lambda _line: None)
+        inputs = parse_inputs(inputs)
+        layout = self.plan(inputs)
+        job_name = job_name or default_job_name(self.base_job_name)
+        with tempfile.TemporaryDirectory(prefix="sagemaker-dist-src-") as tmp:
+            package = pack_source(
+                self.entry_point, self.source_dir, dest_dir=tmp, max_bytes=self.max_source_bytes
+            )
+            self._draft(inputs, layout, job_name)
+            for line in layout.explain():
+                say(line)
+            request = self._prepare_on_aws(inputs, layout, job_name, package, say, check_job_name)
+        return PreparedJob(request, layout, package)
+
+    def _prepare_on_aws(
+        self, inputs: JobInputs, layout: ChannelLayout, job_name: str, package: SourcePackage, say, check
+    ) -> dict:
+        """The AWS part of ``prepare``: resolve output and role, shard bare prefixes, upload the source.
+
+        Every role is listed and planned, and the whole request built and validated from the planned
+        manifest URIs, before the first write: a role that cannot be sharded leaves nothing behind.
+        """
+        output_path = self._output_path()
+        role = role_arn(self.role, self._region(), boto_session=self._boto_session())
+        if check:
+            self.check_job_name_free(job_name)
+        client = self._s3_client()
+        shards_uri = join_s3(output_path, job_name, "shards") + "/"
+        sources, writes = {}, []
+        for r in layout.roles:
+            spec = inputs.roles[r.role]
+            if isinstance(spec, str) and r.spread == PER_WORKER:
+                say(f"sharding {spec} into {r.count} manifest(s) for {r.role}")
+                plan = self._plan_shards(spec, r, client)
+                planned = plan_shard_set(plan, spec, shards_uri, MANIFEST, r.role)
+                writes.append((plan, spec, r.role))
+                spec = ChannelSource(tuple(planned.uris), planned.s3_data_type)
+            sources[r.role] = spec
+        submit = self.source_uri(output_path, job_name)
+        names = ResolvedNames(job_name, role, output_path, submit, self._image())
+        request = self._render(layout, inputs, sources, names, program=package.entry_point)
+        for plan, prefix, base in writes:
+            write_shards(plan, prefix, shards_uri, mode=MANIFEST, role=base, client=client)
+        upload_source(package, submit, client=client)
+        say(f"uploaded {len(package.files)} source file(s) ({package.source_bytes} bytes) to {submit}")
+        return request
+
+    # ----- running -----
+
+    def launch(
+        self,
+        inputs,
+        job_name: str | None = None,
+        *,
+        backend: TrainingBackend | None = None,
+        wait: bool = True,
+        poll: float = 30.0,
+        timeout: float | None = None,
+        printer: Callable[[str], None] | None = print,
+    ):
+        """Prepare the job and run it on ``backend``; returns what the backend returns.
+
+        The default backend creates the job on SageMaker and returns a ``TrainingJobHandle`` (with
+        ``wait``, it prints progress until the job ends). ``backend=LocalBackend()`` (from
+        ``sagemaker_dist.local``) runs the very same request on this machine and returns its
+        ``LocalJobResult``.
+        """
+        backend = backend or SageMakerBackend(self._boto_session())
+        prepared = self.prepare(inputs, job_name, printer=printer, check_job_name=backend.checks_job_name)
+        source_dir = resolve_entry_point(self.entry_point, self.source_dir)[0]
+        return backend.run(
+            prepared, source_dir=source_dir, wait=wait, poll=poll, timeout=timeout, printer=printer
+        )
+
+    fit = launch

@@ -1,0 +1,224 @@
+"""Render the CreateTrainingJob request: one pure function of the job's settings and resolved names.
+
+``render_request`` takes the estimator's settings, the planned layout, each role's channel sources
+and the names that need AWS (role ARN, output path, image); the dry run passes stand-ins for them,
+the real launch the resolved values. It makes no AWS call and reads no clock.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
+
+from sagemaker_dist.contract import hyperparameters as hp
+from sagemaker_dist.contract.layout import PER_WORKER, ChannelLayout
+from sagemaker_dist.contract.paths import (
+    CHECKPOINT_LOCAL_PATH,
+    CODE_CHANNEL,
+    DEFAULT_ROOT,
+    TENSORBOARD_LOCAL_PATH,
+    OptMl,
+)
+from sagemaker_dist.contract.s3_uri import join_s3
+from sagemaker_dist.launch.inputs import ChannelSource, EstimatorError, JobInputs
+from sagemaker_dist.launch.source_package import TARBALL_NAME
+
+if TYPE_CHECKING:
+    from sagemaker_dist.launch.estimator import HorovodPipeEstimator
+
+# Added after the toolkit's own mpirun options (NCCL_SOCKET_IFNAME, -bind-to none, -map-by slot).
+DEFAULT_MPI_OPTIONS = (
+    # Containers lack CAP_SYS_PTRACE, so Open MPI's CMA single-copy fails; plain shared memory works.
+    "-x OMPI_MCA_btl_vader_single_copy_mechanism=none",
+    # A stalled rank (e.g. one short of data) ends the job after 15 minutes instead of hanging it.
+    "-x HOROVOD_STALL_CHECK_TIME_SECONDS=60",
+    "-x HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=900",
+    # The toolkit parses --NCCL_DEBUG out of these options and always adds -x NCCL_DEBUG=<value>
+    # (INFO unless given): a plain -x NCCL_DEBUG=WARN would only add a second, conflicting -x.
+    "--NCCL_DEBUG WARN",
+)
+CODE_CHANNEL_DIR = str(OptMl(PurePosixPath(DEFAULT_ROOT)).channel_dir(CODE_CHANNEL))
+
+
+@dataclass(frozen=True)
+class ResolvedNames:
+    """What the request needs from AWS (or stand-ins for it in a dry run)."""
+
+    job_name: str
+    role_arn: str
+    output_path: str
+    source_uri: str  # where sourcedir.tar.gz is in S3
+    image: str
+
+
+def check_mpi_options(options: Sequence[str]) -> None:
+    """The toolkit splits the options on whitespace (no shell quoting) and owns ``-x NCCL_DEBUG``."""
+    for option in options:
+        if not isinstance(option, str):
+            raise EstimatorError(f"mpi_options entry {option!r} is not a string; give mpirun options as text")
+        if "'" in option or '"' in option:
+            raise EstimatorError(
+                f"mpi_options {option!r} has quotes; the sagemaker-training toolkit splits the options on "
+                "whitespace and keeps quotes as literal characters, so give values without spaces or "
+                "quotes (e.g. -x NAME=value)"
+            )
+        if re.search(r"(^|\s)-x\s+NCCL_DEBUG=", option):
+            raise EstimatorError(
+                f"mpi_options {option!r} sets NCCL_DEBUG with -x; the toolkit always adds its own "
+                "-x NCCL_DEBUG, so write --NCCL_DEBUG <level> instead (e.g. --NCCL_DEBUG INFO)"
+            )
+
+
+def tags_list(tags) -> list[dict]:
+    if tags is None:
+        return []
+    if isinstance(tags, Mapping):
+        return [{"Key": str(k), "Value": str(v)} for k, v in tags.items()]
+    return [dict(t) for t in tags]
+
+
+def framework_hyperparameters(
+    layout: ChannelLayout, program: str, submit_directory: str, mpi_options: str
+) -> dict[str, str]:
+    """The hyperparameters the sagemaker-training toolkit reads to run mpirun on every host."""
+    return {
+        hp.PROGRAM: program,
+        hp.SUBMIT_DIRECTORY: submit_directory,
+        hp.MPI_ENABLED: "true",
+        hp.MPI_PROCESSES_PER_HOST: str(layout.processes_per_host),
+        hp.MPI_CUSTOM_OPTIONS: mpi_options,
+        hp.LAYOUT: layout.to_json(),
+    }
+
+
+def check_sources(layout: ChannelLayout, sources: Mapping[str, ChannelSource | str]) -> None:
+    """Every role has one URI per channel of the layout (a bare prefix only for a single channel)."""
+    for r in layout.roles:
+        src = sources[r.role]
+        if r.spread == PER_WORKER and not isinstance(src, ChannelSource):
+            raise EstimatorError(
+                f"{r.role} input {src!r} is a bare prefix; build_request needs it sharded into "
+                f"{r.count} parts: use prepare()/launch(), or pass write_shards(...) output"
+            )
+        n = len(src.uris) if isinstance(src, ChannelSource) else 1
+        if n != r.count:
+            raise EstimatorError(
+                f"{r.role} input has {n} shard(s) but the layout needs {r.count} channel(s) "
+                f"({layout.hosts} host(s) x {layout.processes_per_host} process(es), strategy "
+                f"{layout.strategy}); shard it into num_shards={r.count}"
+            )
+
+
+def _channel(est: HorovodPipeEstimator, name: str, uri: str, data_type: str, distribution: str, mode: str):
+    channel = {
+        "ChannelName": name,
+        "DataSource": {
+            "S3DataSource": {"S3DataType": data_type, "S3Uri": uri, "S3DataDistributionType": distribution}
+        },
+        "InputMode": mode,
+    }
+    if est.content_type:
+        channel["ContentType"] = est.content_type
+    if mode == "Pipe":
+        channel["RecordWrapperType"] = est.record_wrapper
+    if est.shuffle_seed is not None:
+        channel["ShuffleConfig"] = {"Seed": est.shuffle_seed}
+    return channel
+
+
+def _channels(
+    est: HorovodPipeEstimator, layout: ChannelLayout, sources, extras: Mapping[str, str], source_uri: str
+):
+    check_sources(layout, sources)
+    channels = []
+    for r in layout.roles:
+        src = sources[r.role]
+        uris, data_type = (
+            (src.uris, src.s3_data_type) if isinstance(src, ChannelSource) else ((src,), "S3Prefix")
+        )
+        mode = est.input_mode if r.spread == PER_WORKER else est.shared_channel_input_mode
+        channels += [_channel(est, n, u, data_type, r.distribution, mode) for n, u in zip(r.channels, uris)]
+    channels += [
+        _channel(est, n, extras[n], "S3Prefix", "FullyReplicated", est.shared_channel_input_mode)
+        for n in layout.extra_channels
+    ]
+    if est.enable_network_isolation:  # the container cannot reach S3: the tarball comes as a File channel
+        channels.append(
+            {
+                "ChannelName": CODE_CHANNEL,
+                "DataSource": {
+                    "S3DataSource": {
+                        "S3DataType": "S3Prefix",
+                        "S3Uri": source_uri,
+                        "S3DataDistributionType": "FullyReplicated",
+                    }
+                },
+                "InputMode": "File",
+            }
+        )
+    return channels
+
+
+def render_request(
+    est: HorovodPipeEstimator,
+    layout: ChannelLayout,
+    inputs: JobInputs,
+    sources: Mapping[str, ChannelSource | str],
+    names: ResolvedNames,
+    program: str,
+) -> dict:
+    """The CreateTrainingJob request (boto3's shape) for these settings, channels and names."""
+    submit_directory = (
+        f"{CODE_CHANNEL_DIR}/{TARBALL_NAME}" if est.enable_network_isolation else names.source_uri
+    )
+    request = {
+        "TrainingJobName": names.job_name,
+        "RoleArn": names.role_arn,
+        "AlgorithmSpecification": {"TrainingImage": names.image, "TrainingInputMode": est.input_mode},
+        "HyperParameters": {
+            **est.hyperparameters,
+            **framework_hyperparameters(layout, program, submit_directory, est.mpi_options),
+        },
+        "InputDataConfig": _channels(est, layout, sources, inputs.extras, names.source_uri),
+        "OutputDataConfig": {"S3OutputPath": names.output_path},
+        "ResourceConfig": {
+            "InstanceType": est.instance_type,
+            "InstanceCount": est.instance_count,
+            "VolumeSizeInGB": est.volume_size,
+        },
+        "StoppingCondition": {"MaxRuntimeInSeconds": est.max_run},
+        "EnableNetworkIsolation": bool(est.enable_network_isolation),
+        "EnableInterContainerTrafficEncryption": bool(est.encrypt_inter_container_traffic),
+        "EnableManagedSpotTraining": bool(est.use_spot),
+    }
+    _add_optional(request, est, names)
+    return request
+
+
+def _add_optional(request: dict, est: HorovodPipeEstimator, names: ResolvedNames) -> None:
+    if est.output_kms_key:
+        request["OutputDataConfig"]["KmsKeyId"] = est.output_kms_key
+    if est.volume_kms_key:
+        request["ResourceConfig"]["VolumeKmsKeyId"] = est.volume_kms_key
+    if est.max_wait is not None:
+        request["StoppingCondition"]["MaxWaitTimeInSeconds"] = est.max_wait
+    if est.checkpoints:
+        request["CheckpointConfig"] = {
+            "S3Uri": est.checkpoint_s3_uri or join_s3(names.output_path, names.job_name, "checkpoints"),
+            "LocalPath": CHECKPOINT_LOCAL_PATH,
+        }
+    if est.tensorboard:
+        request["TensorBoardOutputConfig"] = {
+            "S3OutputPath": est.tensorboard_s3_uri
+            or join_s3(names.output_path, names.job_name, "tensorboard"),
+            "LocalPath": TENSORBOARD_LOCAL_PATH,
+        }
+    if est.subnets:
+        request["VpcConfig"] = {"Subnets": est.subnets, "SecurityGroupIds": est.security_group_ids}
+    if est.tags:
+        request["Tags"] = est.tags
+    if est.environment:
+        request["Environment"] = dict(est.environment)
