@@ -29,8 +29,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
+from sagemaker_dist.contract.record_formats import encode_tfrecord  # noqa: E402
 from sagemaker_dist.runtime import PipeModeDataset  # noqa: E402
-from sagemaker_dist.runtime.records import encode_tfrecord  # noqa: E402
 
 BATCH = 256
 # The writer: a separate process that copies a file into the FIFO in 1 MiB writes.

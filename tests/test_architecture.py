@@ -30,12 +30,12 @@ ALLOWED = {
     "local": {"errors", "contract", "launch", "runtime"},
     "cli": {"errors", "contract", "launch", "local"},
 }
-THIRD_PARTY_OK_IN_CONTRACT: set[str] = set()  # stdlib only
+THIRD_PARTY_OK_IN_CONTRACT = {"crc32c"}  # stdlib only, but TFRecord's checksum (record_formats)
 
 SDK_MODULES = sorted(
     m.name
     for m in pkgutil.walk_packages(sagemaker_dist.__path__, "sagemaker_dist.")
-    if not m.name.startswith("sagemaker_dist.runtime")
+    if not m.name.startswith("sagemaker_dist.runtime") and not m.name.endswith("__main__")  # runs the CLI
 )
 RUNTIME_MODULES = sorted(
     m.name for m in pkgutil.walk_packages(sagemaker_dist.runtime.__path__, "sagemaker_dist.runtime.")

@@ -6,10 +6,10 @@ import pytest
 from runtime_helpers import write_opt_ml
 
 from sagemaker_dist.contract.layout import plan_layout
+from sagemaker_dist.contract.record_formats import encode_recordio, encode_tfrecord
 from sagemaker_dist.runtime import RankChannelError, RankInfo, check_rank_channels, rank_dataset
 from sagemaker_dist.runtime.config import ContainerConfig
 from sagemaker_dist.runtime.file_dataset import FileChannelError
-from sagemaker_dist.runtime.records import encode_recordio, encode_tfrecord
 
 
 def _job(tmp_path, validation_mode: str, processes_per_host: int = 2):

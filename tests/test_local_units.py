@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 from sagemaker_dist.contract.hyperparameters import encode_all, script_args
 from sagemaker_dist.contract.layout import plan_layout
+from sagemaker_dist.contract.rank_slots import rank_slots, slot_environment
 from sagemaker_dist.launch.request_validation import RequestValidationError
 from sagemaker_dist.local import LocalJobError, run_local
 from sagemaker_dist.local.demo_data import encode_example, generate_examples, tfrecord_file
 from sagemaker_dist.local.job import _final_metrics
 from sagemaker_dist.local.launcher import LaunchError, describe_exit, rank_command
 from sagemaker_dist.local.opt_ml import build_host_trees
-from sagemaker_dist.local.rank_entry import simulated_rank_env
 
 
 def _channel(name, mode="Pipe", distribution="FullyReplicated"):
@@ -57,7 +59,11 @@ def test_host_trees_follow_the_container_contract(tmp_path):
 
 @pytest.mark.parametrize(("rank", "local", "cross"), [(0, 0, 0), (1, 1, 0), (2, 0, 1), (5, 1, 2)])
 def test_simulated_rank_env_fills_hosts_in_order(rank, local, cross):
-    env = simulated_rank_env(rank, 6, 2, f"algo-{cross + 1}")
+    slot = rank_slots(["algo-1", "algo-2", "algo-3"], 2)[rank]
+    assert (slot.rank, slot.size, slot.host) == (rank, 6, f"algo-{cross + 1}")
+    env = slot_environment(slot, mpi=False)
+    assert "OMPI_COMM_WORLD_LOCAL_RANK" not in env
+    assert slot_environment(slot, mpi=True)["OMPI_COMM_WORLD_LOCAL_RANK"] == str(local)
     assert env["HOROVOD_LOCAL_RANK"] == str(local) and env["HOROVOD_LOCAL_SIZE"] == "2"
     assert env["HOROVOD_CROSS_RANK"] == str(cross) and env["HOROVOD_CROSS_SIZE"] == "3"
     assert env["HOROVOD_HOSTNAME"] == f"algo-{cross + 1}"
@@ -190,3 +196,18 @@ def test_demo_data_creates_buckets_only_on_a_local_endpoint(s3, aws_env, capsys)
     argv = ["demo-data", "--endpoint-url", url, "--prefix", f"s3://{missing}/d/", "--files", "1"]
     assert main([*argv, "--records-per-file", "1", "--validation-files", "0"]) == 0, capsys.readouterr()
     assert s3.list_objects_v2(Bucket=missing, Prefix="d/train/")["KeyCount"] == 1
+
+
+def test_a_rank_entry_starts_without_a_module_warning(tmp_path):
+    """`python -m sagemaker_dist.local.rank_entry` must not find itself already imported by its package."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_"))}
+    proc = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-m", "sagemaker_dist.local.rank_entry"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert "RuntimeWarning" not in proc.stderr, proc.stderr
+    assert proc.returncode != 0 and "SAGEMAKER_DIST_LOCAL_JOB is not set" in proc.stderr, proc.stderr

@@ -12,9 +12,9 @@ import pytest
 from runtime_helpers import FifoFeeder, write_opt_ml
 
 from sagemaker_dist.contract.layout import plan_layout
+from sagemaker_dist.contract.record_formats import encode_recordio, encode_tfrecord
 from sagemaker_dist.runtime.config import ROOT_ENV
 from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo
-from sagemaker_dist.runtime.records import encode_recordio, encode_tfrecord
 
 tf = pytest.importorskip("tensorflow")
 

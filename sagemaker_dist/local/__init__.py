@@ -3,19 +3,29 @@
 ``run_local(request, source_dir)`` takes the CreateTrainingJob request the estimator builds and runs
 it with an /opt/ml tree per simulated host, FIFOs fed from the S3 endpoint and real Horovod ranks;
 ``LocalBackend`` puts it behind the estimator: ``est.launch(inputs, backend=LocalBackend())``.
+Names load lazily, so each rank's ``python -m sagemaker_dist.local.rank_entry`` imports only itself.
 """
 
-from sagemaker_dist.local.backend import LocalBackend
-from sagemaker_dist.local.endpoint import embedded_s3
-from sagemaker_dist.local.feeder import FeedError
-from sagemaker_dist.local.job import LocalJobError, LocalJobFailed, LocalJobResult, run_local
+from __future__ import annotations
 
-__all__ = [
-    "FeedError",
-    "LocalBackend",
-    "LocalJobError",
-    "LocalJobFailed",
-    "LocalJobResult",
-    "embedded_s3",
-    "run_local",
-]
+import importlib
+
+_EXPORTS = {
+    "LocalBackend": "backend",
+    "embedded_s3": "endpoint",
+    "FeedError": "feeder",
+    "LocalJobError": "job",
+    "LocalJobFailed": "job",
+    "LocalJobResult": "job",
+    "run_local": "job",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sagemaker_dist.local' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

@@ -21,19 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sagemaker_dist.contract.paths import fifo_name
+from sagemaker_dist.contract.record_formats import (
+    RECORDIO_WHOLE,
+    recordio_header,
+    recordio_padding,
+    recordio_parts,
+)
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.errors import DataError
 from sagemaker_dist.launch.s3_objects import list_objects
-from sagemaker_dist.runtime.records import (
-    RECORDIO_END,
-    RECORDIO_MAGIC,
-    RECORDIO_MIDDLE,
-    RECORDIO_START,
-    RECORDIO_WHOLE,
-)
 
 CHUNK = 1 << 20
-RECORDIO_MAX_PART = (1 << 29) - 1  # the 29-bit length field of a RecordIO frame
 POLL_S = 0.02
 
 
@@ -126,16 +124,7 @@ def epoch_objects(items: list[S3Item], spec: ChannelSpec, epoch: int, host_index
 
 def recordio_headers(size: int):
     """(offset, header) pairs that frame an object of ``size`` bytes as one (multipart) RecordIO record."""
-    if size <= RECORDIO_MAX_PART:
-        return [(0, struct.pack("<II", RECORDIO_MAGIC, RECORDIO_WHOLE << 29 | size))]
-    parts, offset = [], 0
-    while offset < size:
-        length = min(RECORDIO_MAX_PART, size - offset)
-        last = offset + length == size
-        flag = RECORDIO_START if offset == 0 else (RECORDIO_END if last else RECORDIO_MIDDLE)
-        parts.append((offset, struct.pack("<II", RECORDIO_MAGIC, flag << 29 | length)))
-        offset += length
-    return parts
+    return [(offset, recordio_header(flag, length)) for offset, flag, length in recordio_parts(size)]
 
 
 class TFRecordCounter:
@@ -397,7 +386,7 @@ def _stream_wrapped(client, item: S3Item, target: StreamTarget, attempts: int) -
             if headers and headers[0][0] == state["pos"]:
                 _, header = headers.pop(0)
                 if state["pos"]:
-                    target.write(_padding(state["pos"] - state["part_start"]))
+                    target.write(recordio_padding(state["pos"] - state["part_start"]))
                 state["part_start"] = state["pos"]
                 target.write(header)
             limit = headers[0][0] - state["pos"] if headers else len(view)
@@ -408,12 +397,9 @@ def _stream_wrapped(client, item: S3Item, target: StreamTarget, attempts: int) -
 
     size = stream_object(client, item, write, attempts, on_size=on_size)
     if size == 0:
-        target.write(struct.pack("<II", RECORDIO_MAGIC, 0))
-    target.write(_padding(size - state["part_start"]))
+        target.write(recordio_header(RECORDIO_WHOLE, 0))
+    target.write(recordio_padding(size - state["part_start"]))
 
-
-def _padding(length: int) -> bytes:
-    return b"\0" * (-length % 4)
 
 
 def download_channel(spec: ChannelSpec, items: list[S3Item], dest: Path, client, host_index: int, hosts: int):

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.local.rank_entry import TERMINATED
+from sagemaker_dist.local.exit_files import TERMINATED
 
 LAUNCHERS = ("horovodrun", "mpirun")
 _PREFIX = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")

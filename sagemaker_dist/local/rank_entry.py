@@ -18,54 +18,34 @@ import sys
 import traceback
 from pathlib import Path
 
+from sagemaker_dist.contract.rank_slots import rank_from_environment, rank_slots, slot_environment
+from sagemaker_dist.local.exit_files import TERMINATED, write_exit
 from sagemaker_dist.local.opt_ml import JOB_ENV
-
-TERMINATED = "terminated"  # exit-file content of a rank stopped by SIGTERM (the launcher or local mode)
 
 
 def world_rank() -> tuple[int, int]:
-    for rank_key, size_key in (
-        ("HOROVOD_RANK", "HOROVOD_SIZE"),
-        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-    ):
-        if rank_key in os.environ:
-            return int(os.environ[rank_key]), int(os.environ[size_key])
-    raise SystemExit(
-        f"{__name__}: no HOROVOD_RANK or OMPI_COMM_WORLD_RANK; start it with horovodrun or mpirun"
-    )
-
-
-def simulated_rank_env(rank: int, size: int, processes_per_host: int, host_name: str) -> dict[str, str]:
-    """Horovod and Open MPI variables of ``rank`` when ranks fill hosts of ``processes_per_host`` in order."""
-    local_rank, cross_rank = rank % processes_per_host, rank // processes_per_host
-    hosts = size // processes_per_host
-    env = {
-        "HOROVOD_HOSTNAME": host_name,
-        "HOROVOD_LOCAL_RANK": str(local_rank),
-        "HOROVOD_LOCAL_SIZE": str(processes_per_host),
-        "HOROVOD_CROSS_RANK": str(cross_rank),
-        "HOROVOD_CROSS_SIZE": str(hosts),
-    }
-    if "OMPI_COMM_WORLD_RANK" in os.environ:
-        env["OMPI_COMM_WORLD_LOCAL_RANK"] = str(local_rank)
-        env["OMPI_COMM_WORLD_LOCAL_SIZE"] = str(processes_per_host)
-    return env
-
-
-def write_exit(path: Path, text: str) -> None:
-    """Write a rank's exit file in one step (the supervisor never reads half of it)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """(rank, size) from the launcher's variables, with the contract's one precedence."""
+    found = rank_from_environment(os.environ)
+    if found is None:
+        raise SystemExit(
+            f"{__name__}: no HOROVOD_RANK or OMPI_COMM_WORLD_RANK; start it with horovodrun or mpirun"
+        )
+    (rank, _, size, _), _ = found
+    return rank, size
 
 
 def main() -> None:
+    if JOB_ENV not in os.environ:
+        raise SystemExit(
+            f"{__name__}: ${JOB_ENV} is not set; local mode starts this module (sagemaker-dist local)"
+        )
     job = json.loads(Path(os.environ[JOB_ENV]).read_text())
     rank, size = world_rank()
     per_host = int(job["processes_per_host"])
-    host = job["hosts"][rank // per_host]
+    slot = rank_slots([h["name"] for h in job["hosts"]], per_host)[rank]
+    host = job["hosts"][slot.cross_rank]
     os.environ.update(host["env"])
-    os.environ.update(simulated_rank_env(rank, size, per_host, host["name"]))
+    os.environ.update(slot_environment(slot, mpi="OMPI_COMM_WORLD_RANK" in os.environ))
     pid_dir = Path(job["pid_dir"])
     exit_file = pid_dir / f"{rank}.exit"
     terminated = []

@@ -14,19 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, PER_RANK, SINGLE, LayoutError
+from sagemaker_dist.contract.rank_slots import RankVariablesError, rank_from_environment
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime.config import ContainerConfig
 
-# (rank, local rank, size, local size) variables, in order of preference.
-_ENV_SOURCES = (
-    (
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_LOCAL_RANK",
-        "OMPI_COMM_WORLD_SIZE",
-        "OMPI_COMM_WORLD_LOCAL_SIZE",
-    ),
-    ("HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE"),
-)
 _HOROVOD_MODULES = ("horovod.tensorflow", "horovod.tensorflow.keras", "horovod.keras")
 
 
@@ -64,17 +55,14 @@ class RankInfo:
                     return cls(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), "horovod")
             except (AttributeError, ValueError):
                 pass
-        env = os.environ if environ is None else environ
-        for names in _ENV_SOURCES:
-            if names[0] in env:
-                try:
-                    values = [int(env[n]) for n in names]
-                except KeyError as exc:
-                    raise RankChannelError(f"{names[0]} is set but {exc.args[0]} is not") from exc
-                except ValueError as exc:
-                    raise RankChannelError(f"rank variables {names} are not whole numbers: {exc}") from exc
-                return cls(*values, source=names[0].rsplit("_", 1)[0] + "_*")
-        return cls(0, 0, 1, 1)
+        try:
+            found = rank_from_environment(os.environ if environ is None else environ)
+        except RankVariablesError as exc:
+            raise RankChannelError(str(exc)) from exc
+        if found is None:
+            return cls(0, 0, 1, 1)
+        values, family = found
+        return cls(*values, source=family)
 
 
 def _describe(channels) -> str:

@@ -15,19 +15,25 @@ from collections.abc import Callable, Generator, Iterator
 import crc32c
 import numpy as np
 
+from sagemaker_dist.contract.record_formats import (  # noqa: F401 - encoders re-exported for old imports
+    CRC_MASK_DELTA,
+    RECORD_FORMATS,
+    RECORDIO_END,
+    RECORDIO_LENGTH_BITS,
+    RECORDIO_LENGTH_MASK,
+    RECORDIO_MAGIC,
+    RECORDIO_MIDDLE,
+    RECORDIO_START,
+    RECORDIO_WHOLE,
+    U32,
+    encode_recordio,
+    encode_tfrecord,
+    masked_crc32c,
+)
 from sagemaker_dist.errors import DataError
 
 log = logging.getLogger(__name__)
 
-RECORD_FORMATS = ("RecordIO", "TFRecord", "TextLine")
-
-_CRC_MASK_DELTA = 0xA282EAD8
-_U32 = 0xFFFFFFFF
-RECORDIO_MAGIC = 0xCED7230A
-_RECORDIO_LENGTH_BITS = 29
-_RECORDIO_LENGTH_MASK = (1 << _RECORDIO_LENGTH_BITS) - 1
-# RecordIO continuation flag (top 3 bits): 0 whole record, 1 first part, 2 middle part, 3 last part.
-RECORDIO_WHOLE, RECORDIO_START, RECORDIO_MIDDLE, RECORDIO_END = 0, 1, 2, 3
 _HEADER_CRC_CACHE_LIMIT = 4096
 # TFRecords this large are read one by one straight from the stream (Framer.read_large); smaller
 # ones in chunks. Measured: at 100 KB, one copy less per byte; a few syscalls per record cost
@@ -39,34 +45,6 @@ MAX_GROUP_BYTES = 64 << 20  # at most this much in one list of large records (me
 
 _crc32c = crc32c.crc32c
 _unpack_from = struct.unpack_from
-
-
-def masked_crc32c(data) -> int:
-    """The masked CRC32C TFRecord stores: rotate right by 15 bits, add a constant, mod 2^32."""
-    crc = _crc32c(data)
-    return (((crc >> 15) | (crc << 17)) + _CRC_MASK_DELTA) & _U32
-
-
-def encode_tfrecord(data: bytes) -> bytes:
-    """One TFRecord frame (used by tests, benchmarks and local mode writers)."""
-    header = struct.pack("<Q", len(data))
-    return header + struct.pack("<I", masked_crc32c(header)) + data + struct.pack("<I", masked_crc32c(data))
-
-
-def encode_recordio(data: bytes, max_part: int | None = None) -> bytes:
-    """One SageMaker RecordIO record, split into multipart frames of at most ``max_part`` bytes."""
-    if max_part is None or len(data) <= max_part:
-        parts = [(RECORDIO_WHOLE, data)]
-    else:
-        chunks = [data[i : i + max_part] for i in range(0, len(data), max_part)]
-        flags = [RECORDIO_START] + [RECORDIO_MIDDLE] * (len(chunks) - 2) + [RECORDIO_END]
-        parts = list(zip(flags, chunks))
-    out = bytearray()
-    for flag, part in parts:
-        out += struct.pack("<II", RECORDIO_MAGIC, (flag << _RECORDIO_LENGTH_BITS) | len(part))
-        out += part
-        out += b"\0" * (-len(part) % 4)
-    return bytes(out)
 
 
 class RecordFormatError(DataError):
@@ -320,7 +298,7 @@ class TFRecordFramer(Framer):
                 computed = np.array(
                     [crc(mv[a:b]) for a, b in zip(starts.tolist(), stops.tolist())], dtype=np.uint64
                 )
-            masked = (((computed >> 15) | (computed << 17)) + _CRC_MASK_DELTA) & _U32
+            masked = (((computed >> 15) | (computed << 17)) + CRC_MASK_DELTA) & U32
             ok = header_ok & (masked == stored_data)
         finally:
             del arr
@@ -393,8 +371,8 @@ class RecordIOFramer(Framer):
                         scan,
                     )
                     break
-                flag = word >> _RECORDIO_LENGTH_BITS
-                n = word & _RECORDIO_LENGTH_MASK
+                flag = word >> RECORDIO_LENGTH_BITS
+                n = word & RECORDIO_LENGTH_MASK
                 expect_first = not parts
                 if flag > RECORDIO_END or (flag in (RECORDIO_WHOLE, RECORDIO_START)) != expect_first:
                     bad = self.error(

@@ -1,0 +1,87 @@
+"""Ranks as pure data: where each rank sits (host, local and cross rank) and the variables that say so.
+
+``rank_slots`` computes every rank's slot once, as horovod's ``get_host_assignments`` does, for
+ranks that fill hosts of ``processes_per_host`` in order (how mpirun and horovodrun place them).
+``slot_environment`` renders a slot into Horovod's and Open MPI's variables; ``rank_from_environment``
+reads them back, with one precedence everywhere: Open MPI's (the toolkit launches mpirun) first,
+then Horovod's (horovodrun with Gloo).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+# (rank, local rank, size, local size) variables, in order of preference.
+RANK_VARIABLES = (
+    (
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+    ),
+    ("HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE"),
+)
+
+
+@dataclass(frozen=True)
+class RankSlot:
+    """One rank's place in the job: world, local (within its host) and cross (across hosts) ranks."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    host: str
+
+
+def rank_slots(hosts: Sequence[str], processes_per_host: int) -> list[RankSlot]:
+    """Every rank's slot when ranks fill ``hosts`` in order, ``processes_per_host`` each."""
+    size = len(hosts) * processes_per_host
+    return [
+        RankSlot(
+            rank=r,
+            size=size,
+            local_rank=r % processes_per_host,
+            local_size=processes_per_host,
+            cross_rank=r // processes_per_host,
+            cross_size=len(hosts),
+            host=hosts[r // processes_per_host],
+        )
+        for r in range(size)
+    ]
+
+
+def slot_environment(slot: RankSlot, mpi: bool) -> dict[str, str]:
+    """Horovod's local/cross variables of ``slot`` (and Open MPI's local ones when ``mpi``)."""
+    env = {
+        "HOROVOD_HOSTNAME": slot.host,
+        "HOROVOD_LOCAL_RANK": str(slot.local_rank),
+        "HOROVOD_LOCAL_SIZE": str(slot.local_size),
+        "HOROVOD_CROSS_RANK": str(slot.cross_rank),
+        "HOROVOD_CROSS_SIZE": str(slot.cross_size),
+    }
+    if mpi:
+        env["OMPI_COMM_WORLD_LOCAL_RANK"] = str(slot.local_rank)
+        env["OMPI_COMM_WORLD_LOCAL_SIZE"] = str(slot.local_size)
+    return env
+
+
+class RankVariablesError(ValueError):
+    """Rank variables that are set but incomplete or not numbers (the caller wraps it in its error)."""
+
+
+def rank_from_environment(environ: Mapping[str, str]) -> tuple[tuple[int, int, int, int], str] | None:
+    """((rank, local rank, size, local size), family) from the first family set, else None."""
+    for names in RANK_VARIABLES:
+        if names[0] in environ:
+            try:
+                values = tuple(int(environ[n]) for n in names)
+            except KeyError as exc:
+                raise RankVariablesError(f"{names[0]} is set but {exc.args[0]} is not") from exc
+            except ValueError as exc:
+                raise RankVariablesError(f"rank variables {names} are not whole numbers: {exc}") from exc
+            return values, names[0].rsplit("_", 1)[0] + "_*"
+    return None

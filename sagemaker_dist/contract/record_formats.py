@@ -1,0 +1,67 @@
+"""The record formats a Pipe-mode channel carries, written once: TFRecord and SageMaker RecordIO.
+
+Readers (``runtime.records``) frame these bytes; writers (local mode's feeder, demo data, tests and
+benchmarks) encode them with the functions here. The one dependency beyond the stdlib is the
+C-backed ``crc32c`` that TFRecord's checksums need (the SDK side never imports this module).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import crc32c
+
+RECORD_FORMATS = ("RecordIO", "TFRecord", "TextLine")
+
+CRC_MASK_DELTA = 0xA282EAD8
+U32 = 0xFFFFFFFF
+RECORDIO_MAGIC = 0xCED7230A
+RECORDIO_LENGTH_BITS = 29
+RECORDIO_LENGTH_MASK = (1 << RECORDIO_LENGTH_BITS) - 1
+RECORDIO_MAX_PART = RECORDIO_LENGTH_MASK  # the largest part one RecordIO frame can hold
+# RecordIO continuation flag (top 3 bits): 0 whole record, 1 first part, 2 middle part, 3 last part.
+RECORDIO_WHOLE, RECORDIO_START, RECORDIO_MIDDLE, RECORDIO_END = 0, 1, 2, 3
+
+
+def masked_crc32c(data) -> int:
+    """The masked CRC32C TFRecord stores: rotate right by 15 bits, add a constant, mod 2^32."""
+    crc = crc32c.crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + CRC_MASK_DELTA) & U32
+
+
+def encode_tfrecord(data: bytes) -> bytes:
+    """One TFRecord frame: length, its masked CRC, the data, the data's masked CRC."""
+    header = struct.pack("<Q", len(data))
+    return header + struct.pack("<I", masked_crc32c(header)) + data + struct.pack("<I", masked_crc32c(data))
+
+
+def recordio_header(flag: int, length: int) -> bytes:
+    return struct.pack("<II", RECORDIO_MAGIC, (flag << RECORDIO_LENGTH_BITS) | length)
+
+
+def recordio_parts(size: int, max_part: int | None = None) -> list[tuple[int, int, int]]:
+    """(offset, flag, length) of each frame of a ``size``-byte record split into parts of ``max_part``."""
+    limit = RECORDIO_MAX_PART if max_part is None else min(max_part, RECORDIO_MAX_PART)
+    if size <= limit:
+        return [(0, RECORDIO_WHOLE, size)]
+    parts, offset = [], 0
+    while offset < size:
+        length = min(limit, size - offset)
+        last = offset + length == size
+        flag = RECORDIO_START if offset == 0 else (RECORDIO_END if last else RECORDIO_MIDDLE)
+        parts.append((offset, flag, length))
+        offset += length
+    return parts
+
+
+def recordio_padding(length: int) -> bytes:
+    """RecordIO pads each frame's data to a multiple of 4 bytes."""
+    return b"\0" * (-length % 4)
+
+
+def encode_recordio(data: bytes, max_part: int | None = None) -> bytes:
+    """One SageMaker RecordIO record, split into multipart frames of at most ``max_part`` bytes."""
+    out = bytearray()
+    for offset, flag, length in recordio_parts(len(data), max_part):
+        out += recordio_header(flag, length) + data[offset : offset + length] + recordio_padding(length)
+    return bytes(out)
