@@ -11,7 +11,7 @@ import boto3
 import pytest
 
 from sagemaker_dist.contract.layout import ChannelLayout, LayoutError
-from sagemaker_dist.launch.aws import role_arn, sdk_channels
+from sagemaker_dist.launch.aws import role_arn, sdk_channels, with_sdk_config_defaults
 from sagemaker_dist.launch.estimator import HorovodPipeEstimator, default_job_name
 from sagemaker_dist.launch.images import ImageError, container_image_uri, dlc_tensorflow_image_uri
 from sagemaker_dist.launch.inputs import ChannelSource, EstimatorError
@@ -680,9 +680,7 @@ def test_a_role_that_cannot_be_sharded_leaves_nothing_under_the_output_path(
     assert [k for k in all_keys(s3, bucket) if k.startswith("jobs/")] == []  # no train manifests either
 
 
-def test_a_job_name_in_use_is_refused_before_anything_is_written(
-    session, sagemaker, s3, bucket, source_dir
-):
+def test_a_job_name_in_use_is_refused_before_anything_is_written(session, sagemaker, s3, bucket, source_dir):
     put_objects(s3, bucket, "d/", [100 + i for i in range(8)])
     est = make(source_dir, session)
     est.launch(f"s3://{bucket}/d/", job_name="taken-name", wait=False, printer=None)
@@ -754,3 +752,53 @@ def test_create_training_job_refused_by_aws_is_an_error_naming_the_code(
     assert err.startswith("error: AWS refused to create training job 'over-quota': ResourceLimitExceeded")
     assert "launch again with another job_name" in err
     assert_no_job()
+
+
+def test_the_request_validated_is_the_request_sagemaker_core_sends(
+    session, bucket, s3, sagemaker, source_dir, tmp_path, monkeypatch
+):
+    """TrainingJob.create merges SageMaker config-file defaults into unset fields; prepare() merges the
+    same before validating, so what we checked is what CreateTrainingJob gets."""
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Resources:\n      TrainingJob:\n"
+        "        vpc_config:\n          subnets: [subnet-0cfg]\n          security_group_ids: [sg-0cfg]\n"
+    )
+    monkeypatch.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(config))
+    put_objects(s3, bucket, "cfg/train/", [1000] * 8)
+    est = HorovodPipeEstimator(
+        "train.py",
+        role=ROLE_ARN,
+        instance_type="ml.p3.2xlarge",
+        instance_count=2,
+        source_dir=str(source_dir),
+        image_uri=IMAGE,
+        sagemaker_session=session,
+    )
+    handle = est.launch(f"s3://{bucket}/cfg/train/", job_name="cfg-defaults", wait=False, printer=None)
+    job = sagemaker.describe_training_job(TrainingJobName=handle.name)
+    prepared, added = with_sdk_config_defaults(
+        {k: v for k, v in job.items() if k in ("TrainingJobName", "RoleArn", "OutputDataConfig")}
+        | {
+            "AlgorithmSpecification": job["AlgorithmSpecification"],
+            "ResourceConfig": job["ResourceConfig"],
+            "StoppingCondition": job["StoppingCondition"],
+        }
+    )
+    # whatever this sagemaker-core version does with the file, our merge and its merge agree
+    assert ("VpcConfig" in added) == ("VpcConfig" in job)
+    if "VpcConfig" in job:
+        assert job["VpcConfig"] == prepared["VpcConfig"]
+
+
+def test_a_role_name_whose_account_sts_cannot_tell_is_our_aws_error(aws_env, monkeypatch):
+    from sagemaker_dist.errors import AwsError
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    with pytest.raises(
+        AwsError,
+        match=r"could not look up the AWS account for role name 'SageMakerRole' \(sts:GetCallerIdentity\)",
+    ):
+        role_arn("SageMakerRole", "us-east-1", boto_session=boto3.Session(region_name="us-east-1"))
+    assert role_arn(ROLE_ARN) == ROLE_ARN  # an ARN needs no STS call

@@ -4,7 +4,10 @@ learning-rate scaling, exact epochs; two ranks are covered by tests/test_horovod
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -12,6 +15,7 @@ import pytest
 from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, plan_layout
 from sagemaker_dist.runtime import horovod_keras
 from sagemaker_dist.runtime.horovod_keras import HorovodSetupError, build_scaled_optimizer
+from sagemaker_dist.runtime.keras import arguments, preflight
 from sagemaker_dist.runtime.ranks import RankChannelError
 
 
@@ -147,8 +151,8 @@ def test_setup_trains_exact_epochs_and_checkpoints(single_rank_job):
 def test_several_ranks_need_each_ranks_own_record_count():
     """total // size is no rank's shard (bytes are balanced, not records), and no count means no end."""
     with pytest.raises(HorovodSetupError, match=r"3, 3 and 2 files.*train_records= the records in this rank"):
-        horovod_keras._per_rank(None, 512, 3, "train")
-    assert horovod_keras._per_rank(None, 512, 1, "train") == 512
+        arguments._per_rank(None, 512, 3, "train")
+    assert arguments._per_rank(None, 512, 1, "train") == 512
     hv = horovod_keras.HorovodKeras(
         rank=1, local_rank=0, size=2, local_size=1, optimizer=None, learning_rate=1
     )
@@ -159,8 +163,149 @@ def test_several_ranks_need_each_ranks_own_record_count():
 def test_keras_3_is_refused_with_what_to_install():
     import tensorflow as tf
 
-    assert horovod_keras._tf_keras_version(tf).startswith("2.")  # TF 2.15's own Keras
-    horovod_keras.check_keras_2(horovod_keras._tf_keras_version(tf))
+    assert preflight._tf_keras_version(tf).startswith("2.")  # TF 2.15's own Keras
+    horovod_keras.check_keras_2(preflight._tf_keras_version(tf))
     horovod_keras.check_keras_2("2.15.0")
     with pytest.raises(HorovodSetupError, match=r"Keras 3.6.0; Horovod supports Keras 2 only.*tf_keras"):
         horovod_keras.check_keras_2("3.6.0")
+
+
+class _Tripwire(types.ModuleType):
+    """Stands in for a Horovod module: asking whether it is initialised is fine (RankInfo.detect does);
+    any other use means setup() got past its argument checks."""
+
+    def is_initialized(self):
+        return False
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AssertionError(f"setup() reached {self.__name__}.{name} before refusing its arguments")
+
+
+@pytest.fixture
+def horovod_tripwire(monkeypatch):
+    """Horovod replaced by tripwires for the test: ``hvd.init()`` (or any collective) fails the test."""
+    top = types.ModuleType("horovod")
+    top.tensorflow = _Tripwire("horovod.tensorflow")
+    top.tensorflow.keras = _Tripwire("horovod.tensorflow.keras")
+    for name, module in (
+        ("horovod", top),
+        ("horovod.tensorflow", top.tensorflow),
+        ("horovod.tensorflow.keras", top.tensorflow.keras),
+    ):
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+# (setup() keyword arguments over a valid base, what the error must say); all need no TensorFlow
+BAD_ARGUMENTS = [
+    ({"optimizer": "adam"}, "neither a Keras optimizer nor a callable"),
+    ({"learning_rate": None}, r"optimizer factory needs learning_rate="),
+    ({"learning_rate": -0.1}, r"learning_rate=-0\.1: give the single-worker learning rate"),
+    ({"learning_rate": float("nan")}, r"learning_rate=nan"),
+    ({"learning_rate": "0.1"}, r"learning_rate='0\.1'"),
+    ({"batch_size": 0}, r"batch_size=0: give the per-rank batch size \(a whole number >= 1\)"),
+    ({"batch_size": True}, r"batch_size=True"),
+    ({"batch_size": 2.5}, r"batch_size=2\.5"),
+    ({"train_records": -1, "batch_size": 4}, r"train_records=-1: give the train records in this rank's"),
+    ({"validation_records": "10", "batch_size": 4}, r"validation_records='10'"),
+    ({"train_records": 10}, r"train_records= needs batch_size="),
+    ({"train_records": 10, "total_train_records": 10, "batch_size": 2}, "either train_records or total_"),
+    ({"warmup_epochs": -1}, r"warmup_epochs=-1: give the epochs to warm up over"),
+    ({"warmup_epochs": 2}, "warmup_epochs needs the steps per epoch: pass batch_size and train_records"),
+    ({"checkpoints": "yes"}, r"checkpoints='yes': give True or False"),
+    ({"keep_checkpoints": -1}, r"keep_checkpoints=-1"),
+    ({"checkpoint_every": 0}, r"checkpoint_every=0: give a whole number of epochs >= 1"),
+    ({"tensorboard_s3_uri": "s3://tb-bucket/run"}, "tensorboard_s3_uri needs tensorboard_dir"),
+    ({"tensorboard_dir": "tb", "tensorboard_s3_uri": "tb-bucket/run"}, r"tensorboard_s3_uri='tb-bucket/run'"),
+    ({"tensorboard_dir": 5}, r"tensorboard_dir=5: give a directory path"),
+    ({"tensorboard_interval": 0}, r"tensorboard_interval=0: give seconds between uploads"),
+    ({"root": 3}, r"root=3: give a directory path"),
+    ({"pin_gpus": "no"}, r"pin_gpus='no': give True or False"),
+    ({"check_channels": None}, r"check_channels=None: give True or False"),
+]
+
+
+def _setup_kwargs(root, overrides):
+    kwargs = {"optimizer": lambda lr: None, "learning_rate": 0.1, "root": root, **overrides}
+    return kwargs.pop("optimizer"), kwargs
+
+
+@pytest.mark.parametrize("overrides, message", BAD_ARGUMENTS, ids=lambda v: str(v)[:40])
+def test_each_bad_argument_is_named_before_horovod_starts(
+    overrides, message, tmp_path, monkeypatch, horovod_tripwire
+):
+    for name in ("RANK", "LOCAL_RANK", "SIZE", "LOCAL_SIZE"):
+        monkeypatch.delenv(f"OMPI_COMM_WORLD_{name}", raising=False)
+    optimizer, kwargs = _setup_kwargs(tmp_path / "no-job", overrides)
+    with pytest.raises(HorovodSetupError, match=message):
+        horovod_keras.setup(optimizer, **kwargs)
+
+
+def test_optimizer_whose_rate_is_a_schedule_fails_before_horovod_starts(tmp_path, horovod_tripwire):
+    import tensorflow as tf
+
+    schedule = tf.keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)
+    with pytest.raises(HorovodSetupError, match="not a number"):
+        horovod_keras.setup(tf.keras.optimizers.legacy.SGD(schedule), root=tmp_path / "no-job")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"batch_size": 4}, r"rank 1 of 3: pass train_records="),
+        ({"batch_size": 8, "total_train_records": 512}, r"3, 3 and 2 files.*train_records= the records"),
+        (
+            {"batch_size": 8, "train_records": 64, "total_validation_records": 30},
+            r"total_validation_records=30 cannot give this rank's steps on 3 ranks",
+        ),
+    ],
+)
+def test_arguments_that_cannot_work_on_several_ranks_fail_before_horovod_starts(
+    kwargs, message, tmp_path, monkeypatch, horovod_tripwire
+):
+    """The launcher's rank variables give the world size before hvd.init(), so these need no collective."""
+    for name, value in (("RANK", "1"), ("LOCAL_RANK", "1"), ("SIZE", "3"), ("LOCAL_SIZE", "3")):
+        monkeypatch.setenv(f"OMPI_COMM_WORLD_{name}", value)
+    with pytest.raises(HorovodSetupError, match=message):
+        horovod_keras.setup(lambda lr: None, learning_rate=0.1, root=tmp_path / "no-job", **kwargs)
+
+
+def test_bad_arguments_load_neither_tensorflow_nor_horovod(tmp_path):
+    """In a fresh interpreter: importing horovod_keras and a refused setup() leave both unloaded."""
+    code = (
+        "import json, sys\n"
+        "nan = float('nan')  # for the cases' repr\n"
+        "from sagemaker_dist.runtime import horovod_keras\n"
+        "from sagemaker_dist.runtime.keras import arguments, optimizer, preflight, steps, gpu\n"
+        f"cases = {[o for o, _ in BAD_ARGUMENTS if 'optimizer' not in o]!r}\n"
+        "refused = 0\n"
+        "for overrides in cases:\n"
+        f"    kwargs = {{'learning_rate': 0.1, 'root': {str(tmp_path / 'no-job')!r}, **overrides}}\n"
+        "    try:\n"
+        "        horovod_keras.setup(lambda lr: None, **kwargs)\n"
+        "    except horovod_keras.HorovodSetupError:\n"
+        "        refused += 1\n"
+        "loaded = sorted(m for m in ('tensorflow', 'horovod', 'keras') if m in sys.modules)\n"
+        "print(json.dumps([refused, len(cases), loaded]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM_WORLD_", "HOROVOD_"))}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    refused, cases, loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (refused, loaded) == (cases, []) and cases > 15
+
+
+def test_callbacks_are_named_module_level_classes(single_rank_job):
+    import tensorflow as tf
+
+    from sagemaker_dist.runtime.keras import callbacks
+
+    assert callbacks.BroadcastInitialWeights.__qualname__ == "BroadcastInitialWeights"
+    hv = horovod_keras.setup(tf.keras.optimizers.legacy.SGD(0.1), root=single_rank_job)
+    kinds = [type(c) for c in hv.callbacks]
+    assert callbacks.BroadcastInitialWeights in kinds
+    names = [k.__name__ for k in kinds]
+    assert names.index("RankZeroCheckpoint") < names.index("BroadcastInitialWeights")
+    assert names.index("BroadcastInitialWeights") < names.index("BroadcastGlobalVariablesCallback")
+    assert (hv.steps_per_epoch, "LearningRateWarmupCallback" in names) == (None, False)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,8 @@ from sagemaker_dist.local.demo_data import encode_example, generate_examples, tf
 from sagemaker_dist.local.job import _final_metrics
 from sagemaker_dist.local.launcher import LaunchError, describe_exit, rank_command
 from sagemaker_dist.local.opt_ml import build_host_trees
+
+SCRIPTS = Path(__file__).parent / "local_scripts"
 
 
 def _channel(name, mode="Pipe", distribution="FullyReplicated"):
@@ -211,3 +214,81 @@ def test_a_rank_entry_starts_without_a_module_warning(tmp_path):
     )
     assert "RuntimeWarning" not in proc.stderr, proc.stderr
     assert proc.returncode != 0 and "SAGEMAKER_DIST_LOCAL_JOB is not set" in proc.stderr, proc.stderr
+
+
+def _local_args(*argv):
+    from sagemaker_dist.cli import build_parser
+
+    return build_parser().parse_args(["local", *argv])
+
+
+def test_entry_point_jobs_are_named_after_their_script_not_the_demo():
+    from sagemaker_dist.cli.local import entry_point_estimator
+    from sagemaker_dist.local.defaults import LOCAL_INSTANCE_TYPE, LOCAL_ROLE
+
+    args = _local_args(
+        "--entry-point", "count_records.py", "--source-dir", str(SCRIPTS), "--train", "s3://b-x/t/"
+    )
+    est = entry_point_estimator(args, "b-x", 2, 1, "Pipe")
+    assert est.base_job_name == "count-records" and "demo" not in est.base_job_name
+    assert (est.role, est.instance_type, est.validation) == (LOCAL_ROLE, LOCAL_INSTANCE_TYPE, "per-worker")
+    args = _local_args(
+        "--entry-point",
+        "count_records.py",
+        "--source-dir",
+        str(SCRIPTS),
+        "--train",
+        "s3://b-x/t/",
+        "--role",
+        "arn:aws:iam::123456789012:role/Mine",
+        "--instance-type",
+        "ml.m5.large",
+        "--validation-spread",
+        "single",
+    )
+    est = entry_point_estimator(args, "b-x", 2, 1, "Pipe")
+    assert (est.role, est.instance_type, est.validation) == (
+        "arn:aws:iam::123456789012:role/Mine",
+        "ml.m5.large",
+        "single",
+    )
+
+
+def test_validation_help_says_it_is_sharded_per_worker(capsys):
+    from sagemaker_dist.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["local", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "one channel all ranks read)" not in help_text
+    assert "sharded per rank like --train" in help_text
+
+
+def test_the_demo_refuses_entry_point_options():
+    from sagemaker_dist.cli import main
+
+    assert main(["local", "--demo", "--job-name", "mine", "--endpoint-url", "http://127.0.0.1:9"]) == 2
+
+
+def test_an_unresolvable_host_name_is_refused_before_gloo_crashes():
+    from sagemaker_dist.local.launcher import check_hostname_resolves
+
+    check_hostname_resolves("localhost")
+    with pytest.raises(LaunchError, match=r"host name 'no-such-host\.invalid' does not resolve.*/etc/hosts"):
+        check_hostname_resolves("no-such-host.invalid")
+
+
+def test_the_machines_own_host_name_is_the_one_checked():
+    """In a UTS namespace whose host name does not resolve (where Gloo segfaults), the check says so."""
+    import shutil
+
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare for a private host name")
+    code = "from sagemaker_dist.local.launcher import check_hostname_resolves; check_hostname_resolves()"
+    proc = subprocess.run(
+        ["unshare", "-u", "sh", "-c", f'hostname gloo-cannot-resolve-me && "{sys.executable}" -c "{code}"'],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0 and "'gloo-cannot-resolve-me' does not resolve" in proc.stderr, proc.stderr

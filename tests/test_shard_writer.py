@@ -274,3 +274,19 @@ def test_a_corrupt_marker_reads_as_incomplete(s3, bucket, small_source, body, wh
     s3.put_object(Bucket=bucket, Key=f"out/train/{COMPLETE_MARKER}", Body=body)
     with pytest.raises(IncompleteShardsError, match=f"{why}.*run 'sagemaker-dist shard' again"):
         read_shard_set(out, client=s3)
+
+
+def test_manifest_mode_removes_manifests_of_an_earlier_plan_with_more_shards(s3, bucket, small_source):
+    source, _ = small_source
+    out = f"s3://{bucket}/manifests"
+    write_shards(_plan(s3, source, 4), source, out, client=s3, progress=False)
+    s3.put_object(Bucket=bucket, Key="manifests/train/notes.txt", Body=b"the user's own")
+    again = write_shards(_plan(s3, source, 2), source, out, client=s3, progress=False)
+    assert again.deleted == 2
+    remaining = set(all_keys(s3, bucket, "manifests/train/"))
+    assert remaining == {
+        "manifests/train/0.manifest",
+        "manifests/train/1.manifest",
+        "manifests/train/_plan.json",
+        "manifests/train/notes.txt",  # not ours: left alone
+    }

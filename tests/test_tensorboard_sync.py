@@ -162,7 +162,7 @@ def test_blackholed_s3_costs_one_flush_timeout_at_most(tmp_path, aws_env):
             "from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer\n"
             "logs = pathlib.Path(sys.argv[1]); logs.mkdir()\n"
             "(logs / 'events.out.tfevents.1').write_bytes(b'e' * 7)\n"
-            "syncer = TensorBoardSyncer(logs, 's3://b/tb', interval=600, flush_timeout=3).start()\n"
+            "syncer = TensorBoardSyncer(logs, 's3://tb-bucket/tb', interval=600, flush_timeout=3).start()\n"
             "t0 = time.monotonic(); finished = syncer.stop()\n"
             "print('stopped', finished, round(time.monotonic() - t0, 1), flush=True)\n"
         )
@@ -185,4 +185,4 @@ def test_blackholed_s3_costs_one_flush_timeout_at_most(tmp_path, aws_env):
 
 def test_bad_interval_rejected(tmp_path):
     with pytest.raises(ValueError, match="interval"):
-        TensorBoardSyncer(tmp_path, "s3://b/p", interval=0)
+        TensorBoardSyncer(tmp_path, "s3://tb-bucket/p", interval=0)

@@ -7,6 +7,7 @@ from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.local.defaults import LOCAL_INSTANCE_TYPE, LOCAL_ROLE
 
 
 def register(subparsers) -> None:
@@ -27,7 +28,25 @@ def register(subparsers) -> None:
     what.add_argument("--entry-point", help="training script (relative to --source-dir)")
     p.add_argument("--source-dir", type=Path, help="directory with the entry script")
     p.add_argument("--train", help="s3:// prefix of the training data (sharded per rank into manifests)")
-    p.add_argument("--validation", help="s3:// prefix of the validation data (one channel all ranks read)")
+    p.add_argument(
+        "--validation",
+        help="s3:// prefix of the validation data (sharded per rank like --train; see --validation-spread)",
+    )
+    p.add_argument(
+        "--validation-spread",
+        choices=("per-worker", "single"),
+        help="per-worker (default): one validation shard per rank; single: one channel every rank "
+        "reads in full (File mode, as a Pipe FIFO has one reader)",
+    )
+    p.add_argument("--job-name", help="job name for --entry-point (default: <script name>-<time stamp>)")
+    p.add_argument(
+        "--instance-type",
+        help=f"instance type the job describes, for --entry-point (default {LOCAL_INSTANCE_TYPE}: ranks run "
+        "here on the CPU whatever it says)",
+    )
+    p.add_argument(
+        "--role", help=f"IAM role ARN the request carries, for --entry-point (default {LOCAL_ROLE})"
+    )
     p.add_argument("--output-path", help="s3:// prefix for model.tar.gz, checkpoints, TensorBoard logs")
     p.add_argument("--checkpoint-s3-uri", help="s3:// prefix for checkpoints (reuse it to resume a job)")
     p.add_argument(
@@ -135,8 +154,14 @@ _JOB_OPTIONS = {
     "checkpoint_s3_uri": "--checkpoint-s3-uri",
     "train": "--train",
     "validation": "--validation",
+    "validation_spread": "--validation-spread",
     "output_path": "--output-path",
+    "job_name": "--job-name",
+    "instance_type": "--instance-type",
+    "role": "--role",
 }
+# Options that describe a user's own job; the demo job is fixed and refuses them.
+_ENTRY_POINT_ONLY = ("validation_spread", "job_name", "instance_type", "role")
 
 
 def _read_request(path: Path) -> dict:
@@ -169,10 +194,14 @@ def _check_request_options(args) -> None:
 
 
 def run_local_command(args) -> int:
-    from sagemaker_dist.local import run_local
-    from sagemaker_dist.local.demo import DEMO_BUCKET, demo_estimator, prepare_demo_job
+    from sagemaker_dist.local import LocalBackend, run_local
+    from sagemaker_dist.local.demo import DEMO_BUCKET, prepare_demo_job
 
     request = None
+    if args.demo:
+        given = [_JOB_OPTIONS[k] for k in _ENTRY_POINT_ONLY if getattr(args, k, None) is not None]
+        if given:
+            raise ConfigurationError(f"{', '.join(given)} apply to --entry-point jobs; the demo job is fixed")
     if args.request:  # before any endpoint starts: a bad file or option fails at once
         _check_request_options(args)
         request = _read_request(args.request)
@@ -201,21 +230,11 @@ def run_local_command(args) -> int:
                 raise ConfigurationError(
                     "--entry-point needs --train s3://bucket/prefix/ (the training data)"
                 )
-            estimator = demo_estimator(
-                bucket,
-                hosts,
-                per_host,
-                input_mode,
-                _hyperparameters(args),
-                source_dir=args.source_dir or Path.cwd(),
-                entry_point=args.entry_point,
-                output_path=args.output_path,
-                **({"checkpoint_s3_uri": args.checkpoint_s3_uri} if args.checkpoint_s3_uri else {}),
-            )
+            estimator = entry_point_estimator(args, bucket, hosts, per_host, input_mode)
             inputs = {"train": args.train}
             if args.validation:
                 inputs["validation"] = args.validation
-            prepared = estimator.prepare(inputs, check_job_name=False)  # no SageMaker job here
+            prepared = estimator.prepare(inputs, args.job_name, backend=LocalBackend())  # no SageMaker job
             request, source_dir = prepared.request, Path(estimator.source_dir)
         if args.demo and args.checkpoint_s3_uri:
             request.setdefault("CheckpointConfig", {})["S3Uri"] = args.checkpoint_s3_uri
@@ -250,3 +269,25 @@ def demo_data_command(args) -> int:
             f"to {where}: train {data.train_uri}, validation {data.validation_uri}"
         )
     return 0
+
+
+def entry_point_estimator(args, bucket: str, hosts: int, per_host: int, input_mode: str):
+    """The estimator of a user's ``--entry-point`` job: named after the script, not the demo."""
+    from sagemaker_dist.launch.estimator import HorovodPipeEstimator
+
+    entry_point = args.entry_point
+    extra = {"checkpoint_s3_uri": args.checkpoint_s3_uri} if args.checkpoint_s3_uri else {}
+    return HorovodPipeEstimator(
+        entry_point=entry_point,
+        source_dir=str(args.source_dir or Path.cwd()),
+        role=args.role or LOCAL_ROLE,
+        instance_type=args.instance_type or LOCAL_INSTANCE_TYPE,
+        instance_count=hosts,
+        processes_per_host=per_host,
+        hyperparameters=_hyperparameters(args),
+        input_mode=input_mode,
+        validation=args.validation_spread or "per-worker",
+        output_path=args.output_path or f"s3://{bucket}/jobs",
+        base_job_name=Path(entry_point).stem.replace("_", "-") or "job",
+        **extra,
+    )

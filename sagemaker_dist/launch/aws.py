@@ -92,6 +92,37 @@ def check_job_name_free(job_name: str, boto_session=None) -> None:
     )
 
 
+# What sagemaker.core's TrainingJob.create fills in from the SageMaker config files
+# (SageMaker.PythonSDK.Resources.TrainingJob / GlobalDefaults) when the request leaves it unset.
+SDK_CONFIGURABLE_ATTRIBUTES = (
+    "role_arn",
+    "output_data_config",
+    "resource_config",
+    "vpc_config",
+    "checkpoint_config",
+    "debug_hook_config",
+    "tensor_board_output_config",
+    "profiler_config",
+)
+
+
+def with_sdk_config_defaults(request: Mapping) -> tuple[dict, list[str]]:
+    """The request as ``TrainingJob.create`` will send it, SageMaker config-file defaults merged in,
+    and the request fields those defaults added. Merging here lets validation see the final request."""
+    from sagemaker.core.resources import Base
+    from sagemaker.core.utils.code_injection.codec import transform
+    from sagemaker.core.utils.utils import serialize, snake_to_pascal
+
+    kwargs = transform(dict(request), "CreateTrainingJobRequest")
+    schema = {name: {} for name in SDK_CONFIGURABLE_ATTRIBUTES}
+    merged = Base.get_updated_kwargs_with_configured_attributes(schema, "TrainingJob", **dict(kwargs))
+    added = [k for k in SDK_CONFIGURABLE_ATTRIBUTES if kwargs.get(k) is None and merged.get(k) is not None]
+    out = dict(request)
+    for name in added:
+        out[snake_to_pascal(name)] = serialize(merged[name])
+    return out, [snake_to_pascal(name) for name in added]
+
+
 def create_training_job(request: Mapping, boto_session=None):
     """CreateTrainingJob through SDK v3: ``sagemaker.core.resources.TrainingJob.create``."""
     from sagemaker.core.resources import TrainingJob

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sagemaker_dist.launch.aws import create_training_job
+from sagemaker_dist.launch.aws import create_training_job, with_sdk_config_defaults
 from sagemaker_dist.launch.training_job import TrainingJobHandle
 
 if TYPE_CHECKING:
@@ -21,6 +21,9 @@ class TrainingBackend(Protocol):
     """Runs a prepared job; ``checks_job_name`` says whether the name must be free on SageMaker."""
 
     checks_job_name: bool
+
+    def complete_request(self, request: dict, printer: Callable[[str], None]) -> dict:
+        """The request as this backend will run it (validated after this, before any write)."""
 
     def run(
         self,
@@ -41,6 +44,13 @@ class SageMakerBackend:
 
     def __init__(self, boto_session=None):
         self.boto_session = boto_session
+
+    def complete_request(self, request: dict, printer=print) -> dict:
+        """SDK v3 merges SageMaker config-file defaults into the request; merge them before validation."""
+        merged, added = with_sdk_config_defaults(request)
+        if added and printer:
+            printer(f"SageMaker config file defaults added: {', '.join(added)}")
+        return merged
 
     def run(self, prepared, *, source_dir=None, wait=True, poll=30.0, timeout=None, printer=print):
         say = printer or (lambda _line: None)

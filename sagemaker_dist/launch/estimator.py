@@ -341,16 +341,20 @@ class HorovodPipeEstimator:
         job_name: str | None = None,
         *,
         printer: Callable[[str], None] | None = print,
-        check_job_name: bool = True,
+        check_job_name: bool | None = None,
+        backend: TrainingBackend | None = None,
     ) -> PreparedJob:
         """Everything up to CreateTrainingJob: check, shard, upload the source, return the request.
 
         All local checks (layout, entry script, source size, the whole request with placeholders for
         what needs AWS) run before the first AWS call, and the job name is checked to be free before
-        the first write, so bad input leaves nothing behind. ``check_job_name=False`` skips the
-        DescribeTrainingJob call, for runs that create no SageMaker job (local mode).
+        the first write, so bad input leaves nothing behind. The request is validated as ``backend``
+        (default SageMaker) will run it, config-file defaults included. ``check_job_name=False``
+        skips the DescribeTrainingJob call, for runs that create no SageMaker job (local mode).
         """
         say = printer or (lambda _line: None)
+        backend = backend or SageMakerBackend(self._boto_session())
+        check_job_name = backend.checks_job_name if check_job_name is None else check_job_name
         inputs = parse_inputs(inputs)
         layout = self.plan(inputs)
         job_name = job_name or default_job_name(self.base_job_name)
@@ -361,11 +365,18 @@ class HorovodPipeEstimator:
             self._draft(inputs, layout, job_name)
             for line in layout.explain():
                 say(line)
-            request = self._prepare_on_aws(inputs, layout, job_name, package, say, check_job_name)
+            request = self._prepare_on_aws(inputs, layout, job_name, package, say, check_job_name, backend)
         return PreparedJob(request, layout, package)
 
     def _prepare_on_aws(
-        self, inputs: JobInputs, layout: ChannelLayout, job_name: str, package: SourcePackage, say, check
+        self,
+        inputs: JobInputs,
+        layout: ChannelLayout,
+        job_name: str,
+        package: SourcePackage,
+        say,
+        check,
+        backend,
     ) -> dict:
         """The AWS part of ``prepare``: resolve output and role, shard bare prefixes, upload the source.
 
@@ -390,7 +401,8 @@ class HorovodPipeEstimator:
             sources[r.role] = spec
         submit = self.source_uri(output_path, job_name)
         names = ResolvedNames(job_name, role, output_path, submit, self._image())
-        request = self._render(layout, inputs, sources, names, program=package.entry_point)
+        request = render_request(self, layout, inputs, sources, names, package.entry_point)
+        request = validate_request(backend.complete_request(request, say))
         for plan, prefix, base in writes:
             write_shards(plan, prefix, shards_uri, mode=MANIFEST, role=base, client=client)
         upload_source(package, submit, client=client)
@@ -418,7 +430,7 @@ class HorovodPipeEstimator:
         ``LocalJobResult``.
         """
         backend = backend or SageMakerBackend(self._boto_session())
-        prepared = self.prepare(inputs, job_name, printer=printer, check_job_name=backend.checks_job_name)
+        prepared = self.prepare(inputs, job_name, printer=printer, backend=backend)
         source_dir = resolve_entry_point(self.entry_point, self.source_dir)[0]
         return backend.run(
             prepared, source_dir=source_dir, wait=wait, poll=poll, timeout=timeout, printer=printer

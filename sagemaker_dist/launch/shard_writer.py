@@ -219,6 +219,7 @@ def write_shards(
         )
     else:
         _put_manifests(client, plan, src_bucket, folder, planned.uris, workers)
+        deleted = _delete_stale_manifests(client, out_bucket, out_root, planned.uris)
     shard_set = replace(planned, copied=copied, skipped=skipped, deleted=deleted)
     try:
         body = shard_set.to_json().encode()
@@ -260,6 +261,16 @@ def _existing_objects(client, bucket: str, prefix: str) -> dict[str, int]:
 
 
 _SHARD_DIR = re.compile(r"^(\d+)/")
+_MANIFEST_NAME = re.compile(r"^\d+\.manifest$")
+
+
+def _delete_stale_manifests(client, bucket: str, out_root: str, uris: list[str]) -> int:
+    """Manifests numbered beyond this plan (an earlier run had more shards) would pass for shards."""
+    wanted = {parse_s3_uri(u)[1] for u in uris}
+    existing = _existing_objects(client, bucket, out_root)
+    stale = [k for k in existing if k not in wanted and _MANIFEST_NAME.match(k[len(out_root) :])]
+    _delete_stale(client, bucket, stale)
+    return len(stale)
 
 
 def _copy_shards(client, plan, src_bucket, folder, out_bucket, out_root, workers, transfer_config, progress):
@@ -273,7 +284,7 @@ def _copy_shards(client, plan, src_bucket, folder, out_bucket, out_root, workers
     wanted: dict[str, int] = {}
     todo = []
     for shard, key, size in plan.items():
-        dest = f"{out_root}{shard}/{key[len(folder):]}"
+        dest = f"{out_root}{shard}/{key[len(folder) :]}"
         wanted[dest] = size
         if existing.get(dest) != size:
             todo.append((key, dest, size))
@@ -348,6 +359,7 @@ def read_shard_set(output_uri: str, role: str = "train", client=None) -> ShardSe
                 "never written or interrupted); run 'sagemaker-dist shard' again"
             ) from exc
         raise describe_client_error(exc, out_bucket, f"read s3://{out_bucket}/{key}") from exc
+
     def incomplete(why: str) -> IncompleteShardsError:
         return IncompleteShardsError(
             f"s3://{out_bucket}/{key} is not a complete sagemaker-dist shard plan ({why}); run "

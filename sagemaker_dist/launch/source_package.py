@@ -175,9 +175,7 @@ def upload_source(package: SourcePackage, s3_uri: str, client=None) -> str:
 
     client = client or boto3.client("s3")
     try:
-        client.upload_file(
-            str(package.path), bucket, key, ExtraArgs={"Metadata": {"sha256": package.sha256}}
-        )
+        client.upload_file(str(package.path), bucket, key, ExtraArgs={"Metadata": {"sha256": package.sha256}})
     except (S3UploadFailedError, ClientError, BotoCoreError) as exc:
         raise SourcePackageError(
             f"could not upload the source tarball to {s3_uri}: {exc}; check that the bucket exists, "

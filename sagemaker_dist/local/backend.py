@@ -18,6 +18,10 @@ class LocalBackend:
     extra_env: dict[str, str] | None = None
     checks_job_name = False
 
+    def complete_request(self, request: dict, printer=print) -> dict:
+        """Local mode runs the request as rendered (no SageMaker config files apply here)."""
+        return request
+
     def run(self, prepared, *, source_dir=None, wait=True, poll=30.0, timeout=None, printer=print):
         from sagemaker_dist.local.job import run_local
 

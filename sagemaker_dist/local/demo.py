@@ -13,6 +13,8 @@ from pathlib import Path
 
 from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, ChannelLayout
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
+from sagemaker_dist.local.backend import LocalBackend
+from sagemaker_dist.local.defaults import LOCAL_INSTANCE_TYPE, LOCAL_ROLE
 from sagemaker_dist.local.demo_data import DATASET_FILE, DemoDataset, write_demo_data
 from sagemaker_dist.local.endpoint import s3_client
 from sagemaker_dist.local.feeder import ChannelSpec, epoch_objects, resolve_objects
@@ -20,8 +22,6 @@ from sagemaker_dist.local.feeder import ChannelSpec, epoch_objects, resolve_obje
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 DEMO_ENTRY_POINT = "train_cifar10.py"
 DEMO_BUCKET = "sagemaker-dist-demo"
-LOCAL_ROLE = "arn:aws:iam::000000000000:role/sagemaker-dist-local"
-LOCAL_INSTANCE_TYPE = "ml.c5.xlarge"  # CPU type: processes per host must be given
 DEMO_FILES, DEMO_RECORDS_PER_FILE, DEMO_VALIDATION_FILES = 8, 64, 2  # at least; more for many ranks
 
 
@@ -151,7 +151,7 @@ def prepare_demo_job(
         "train": f"s3://{bucket}/cifar10-demo/train/",
         "validation": f"s3://{bucket}/cifar10-demo/validation/",
     }
-    prepared = estimator.prepare(inputs, job_name, printer=printer, check_job_name=False)
+    prepared = estimator.prepare(inputs, job_name, printer=printer, backend=LocalBackend())
     request_hps = prepared.request["HyperParameters"]
     for role in ("train", "validation"):
         counts = records_per_rank(prepared.request, role, info["records_per_file"], client)

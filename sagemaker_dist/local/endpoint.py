@@ -15,8 +15,6 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from sagemaker_dist.errors import ConfigurationError
-
 _CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
 DEFAULT_STATE_DIR = _CACHE / "sagemaker-dist" / "local-s3"
 FAKE_CREDENTIALS = {
@@ -27,10 +25,6 @@ FAKE_CREDENTIALS = {
 }
 # Retries for every request local mode makes; botocore's standard mode backs off between tries.
 RETRY_CONFIG = {"mode": "standard", "max_attempts": 5}
-
-
-class EndpointError(ConfigurationError):
-    """The S3 endpoint cannot be used as asked."""
 
 
 def s3_client(endpoint_url: str | None = None, max_attempts: int | None = None):

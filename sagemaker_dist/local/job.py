@@ -30,7 +30,7 @@ from sagemaker_dist.local.feeder import (
     download_channel,
     resolve_objects,
 )
-from sagemaker_dist.local.launcher import RankGroup, describe_exit, rank_command
+from sagemaker_dist.local.launcher import RankGroup, check_hostname_resolves, describe_exit, rank_command
 from sagemaker_dist.local.opt_ml import JOB_ENV, build_host_trees
 
 CHECKPOINT_SYNC_S = 2.0
@@ -311,6 +311,8 @@ def run_local(
     if timeout is None:  # SageMaker stops a job at MaxRuntimeInSeconds; so does local mode
         timeout = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
     command = rank_command(launcher, world)
+    if launcher == "horovodrun":
+        check_hostname_resolves()
     channels = list(request.get("InputDataConfig") or [])
     specs = [ChannelSpec.from_request(ch, default_mode) for ch in channels]
     client = s3_client()

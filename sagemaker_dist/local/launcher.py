@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +31,20 @@ class LaunchError(ConfigurationError):
 def _tool(name: str) -> str | None:
     here = str(Path(sys.executable).parent)
     return shutil.which(name, path=here + os.pathsep + os.environ.get("PATH", ""))
+
+
+def check_hostname_resolves(hostname: str | None = None) -> None:
+    """Gloo (horovodrun) finds its own address by this machine's host name; one that does not resolve
+    makes every rank crash in ``hvd.init()`` with a segmentation fault, so say so before launching."""
+    name = hostname or socket.gethostname()
+    try:
+        socket.getaddrinfo(name, None)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise LaunchError(
+            f"this machine's host name {name!r} does not resolve ({exc}); Horovod's Gloo needs it to find "
+            f"its own address and would crash every rank. Add '127.0.1.1 {name}' to /etc/hosts (or set a "
+            "host name that resolves), then run again"
+        ) from None
 
 
 def rank_command(launcher: str, world_size: int, python: str = sys.executable) -> list[str]:
@@ -214,13 +229,6 @@ class RankGroup:
         except OSError:
             return 0.0
 
-    def dead_rank(self) -> int | None:
-        """A rank whose process is gone without having reported its exit (killed, crashed hard)."""
-        self.watch()
-        exits = self._exit_files()
-        dead = [r for r in self.first_dead if r not in exits]
-        return min(dead, key=lambda r: (self.first_dead[r], r)) if dead else None
-
     def failed_rank(self) -> tuple[int, int] | None:
         """(rank, exit code) from horovodrun's report of the first failed process, if it printed one."""
         match = _HOROVOD_FAILED.search("\n".join(self.output))
@@ -263,10 +271,6 @@ class RankGroup:
                 self.proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 pass
-
-    def alive_pids(self) -> list[int]:
-        self._read_pids()
-        return [pid for pid in self.known_pids.values() if _alive(pid)]
 
 
 def _alive(pid: int) -> bool:

@@ -30,7 +30,7 @@ from sagemaker_dist.contract.record_formats import (  # noqa: F401 - encoders re
     encode_tfrecord,
     masked_crc32c,
 )
-from sagemaker_dist.errors import DataError
+from sagemaker_dist.errors import ConfigurationError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class Framer:
 
     def __init__(self, channel: str = "?", epoch: int = 0, max_corrupted_records_to_skip: int = 0):
         if max_corrupted_records_to_skip < 0:
-            raise RecordFormatError(
+            raise ConfigurationError(
                 f"max_corrupted_records_to_skip is {max_corrupted_records_to_skip}; use 0 or more"
             )
         self.channel = channel
@@ -450,7 +450,7 @@ FRAMERS: dict[str, type[Framer]] = {
 
 def check_record_format(record_format: str) -> str:
     if record_format not in FRAMERS:
-        raise RecordFormatError(f"record_format {record_format!r} is not one of {', '.join(RECORD_FORMATS)}")
+        raise ConfigurationError(f"record_format {record_format!r} is not one of {', '.join(RECORD_FORMATS)}")
     return record_format
 
 

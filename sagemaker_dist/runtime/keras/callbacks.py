@@ -1,0 +1,88 @@
+"""The Keras callbacks ``setup()`` returns, and their order, which matters.
+
+1. checkpoints (rank 0 restores at train begin and saves at epoch end);
+2. ``BroadcastInitialWeights``: rank 0's (restored) weights to every rank before the first step;
+3. Horovod's ``BroadcastGlobalVariablesCallback`` (optimizer slots) and ``MetricAverageCallback``
+   (train and ``val_*`` metrics averaged over ranks: horovod#600);
+4. learning-rate warm-up;
+5. rank 0's TensorBoard logging and its sync to S3.
+
+This module imports TensorFlow when loaded (its classes subclass ``tf.keras.callbacks.Callback``), so
+only ``setup()`` loads it, after the Keras 2 check; Horovod is imported where it is used.
+"""
+
+from __future__ import annotations
+
+import os
+
+import tensorflow as tf
+
+from sagemaker_dist.runtime import checkpoints as ckpt
+from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
+
+
+class BroadcastInitialWeights(tf.keras.callbacks.Callback):
+    """Broadcast rank ``root_rank``'s model weights at train begin (after a resume restore), so every
+    rank's first step starts from the same weights; Horovod's own callback then syncs optimizer slots."""
+
+    def __init__(self, root_rank: int = 0):
+        super().__init__()
+        self.root_rank = root_rank
+
+    def on_train_begin(self, logs=None):
+        import horovod.tensorflow as hvd  # here: loading this module must not need Horovod
+
+        variables = list(self.model.variables)
+        if variables:
+            hvd.broadcast_variables(variables, root_rank=self.root_rank)
+
+
+def horovod_callbacks(
+    *,
+    rank: int,
+    checkpoint_dir,
+    resume_from: ckpt.Checkpoint | None,
+    keep: int | None,
+    every: int,
+    warmup_epochs: float,
+    scaled_lr: float,
+    steps: int | None,
+) -> list:
+    """Steps 1 to 4 above: checkpoints (when ``checkpoint_dir`` is given), the broadcasts, metric
+    averaging and, with ``warmup_epochs > 0``, the warm-up to ``scaled_lr`` over that many epochs."""
+    import horovod.tensorflow.keras as hvd_keras
+
+    callbacks: list = []
+    if checkpoint_dir is not None:
+        callbacks.append(
+            ckpt.checkpoint_callback(
+                checkpoint_dir, rank=rank, resume_from=resume_from, keep=keep, every=every
+            )
+        )
+    callbacks.append(BroadcastInitialWeights(0))
+    callbacks.append(hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0))
+    callbacks.append(hvd_keras.callbacks.MetricAverageCallback())
+    if warmup_epochs > 0:
+        callbacks.append(
+            hvd_keras.callbacks.LearningRateWarmupCallback(
+                initial_lr=scaled_lr,
+                warmup_epochs=warmup_epochs,
+                steps_per_epoch=steps,
+                verbose=1 if rank == 0 else 0,
+            )
+        )
+    return callbacks
+
+
+def tensorboard_callbacks(
+    tensorboard_dir: str | os.PathLike | None, s3_uri: str | None, interval: float, *, rank: int
+) -> tuple[list, TensorBoardSyncer | None]:
+    """Step 5 above, on rank 0 only: ``(callbacks, syncer)``, the syncer started when ``s3_uri`` is set."""
+    if tensorboard_dir is None or rank != 0:
+        return [], None
+    tensorboard = tf.keras.callbacks.TensorBoard(log_dir=str(tensorboard_dir), profile_batch=0)
+    if not s3_uri:
+        return [tensorboard], None
+    syncer = TensorBoardSyncer(tensorboard_dir, s3_uri, interval=interval)
+    syncer.start()
+    return [tensorboard, syncer.keras_callback(tensorboard)], syncer

@@ -1,0 +1,60 @@
+"""Checks that must pass before the first collective op: a rank that fails after it leaves the others
+waiting ("Stalled ranks") instead of failing the job at once.
+
+``check_channels_before_collectives`` needs neither TensorFlow nor Horovod, so a channel mismatch fails
+in well under 10 s; ``check_tf_keras`` runs once TensorFlow is imported, before Horovod is.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from sagemaker_dist.runtime.config import ContainerConfig
+from sagemaker_dist.runtime.keras.errors import HorovodSetupError
+from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo, check_rank_channels
+
+
+def check_keras_2(keras_version: str) -> None:
+    """Horovod 0.28 wraps Keras 2 optimizers only; TF >= 2.16 brings Keras 3 unless told otherwise."""
+    major = keras_version.split(".", 1)[0]
+    if major.isdigit() and int(major) >= 3:
+        raise HorovodSetupError(
+            f"tf.keras is Keras {keras_version}; Horovod supports Keras 2 only. On TensorFlow 2.16 or "
+            "newer, pip install tf_keras (the same minor version as TensorFlow) and set "
+            "TF_USE_LEGACY_KERAS=1 before TensorFlow is imported"
+        )
+
+
+def _tf_keras_version(tf) -> str:
+    """The version of the package behind ``tf.keras``: keras (2 or 3) or tf_keras (Keras 2)."""
+    package = importlib.import_module(tf.keras.__name__.split(".", 1)[0])
+    return str(getattr(package, "__version__", "2"))
+
+
+def check_tf_keras(tf) -> None:
+    """Refuse Keras 3 behind ``tf.keras`` (the imported TensorFlow module ``tf``) before Horovod loads."""
+    check_keras_2(_tf_keras_version(tf))
+
+
+def check_channels_before_collectives(root=None, *, validation: bool = False) -> None:
+    """Fail fast, before any collective op, if this rank has no channel of its own (rank/channel
+    mismatch, missing channel) or would share a Pipe FIFO with another rank of its host (e.g. one
+    validation channel for several ranks: horovod#600). Skipped for jobs without a sagemaker-dist
+    layout."""
+    config = ContainerConfig.load(root)
+    if config.layout is None:
+        return
+    info = RankInfo.detect()
+    modes = ("Pipe", "File")  # File mode: every rank reads the channel's files itself
+    check_rank_channels(config, info, role="train", input_modes=modes)
+    if validation:
+        check_rank_channels(config, info, role="validation", input_modes=modes)
+
+
+def launched_world() -> RankInfo | None:
+    """This process's rank and world size as the launcher set them (Horovod not started yet), so
+    checks that depend on the number of ranks can run before ``hvd.init()``; None if they are unclear."""
+    try:
+        return RankInfo.detect()
+    except RankChannelError:  # odd launcher variables: Horovod's own numbers decide after init
+        return None

@@ -1,0 +1,221 @@
+"""``setup()``: the usual Horovod + Keras script changes in one call, in the order that keeps every rank
+running the same collectives, and ``HorovodKeras``, what it returns.
+
+Order: check every argument, this rank's channels and what depends on the number of ranks (no
+TensorFlow, no Horovod yet: a mistake fails every rank at once); refuse Keras 3; ``hvd.init()``; pin
+one GPU per local rank; scale the learning rate and wrap the optimizer; agree on steps per epoch
+(allgather); find the resume epoch (broadcast); build the callbacks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sagemaker_dist.runtime import checkpoints as ckpt
+from sagemaker_dist.runtime.keras.arguments import SetupArguments, check_arguments, check_world
+from sagemaker_dist.runtime.keras.gpu import pin_gpu
+from sagemaker_dist.runtime.keras.optimizer import build_scaled_optimizer
+from sagemaker_dist.runtime.keras.preflight import (
+    check_channels_before_collectives,
+    check_tf_keras,
+    launched_world,
+)
+from sagemaker_dist.runtime.keras.steps import agree_on_steps, exact_epoch
+from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class HorovodKeras:
+    """What a training script needs after ``setup()``: rank info, the wrapped optimizer, callbacks and
+    the agreed step counts. ``model.fit(hv.train_epoch(ds), validation_data=hv.validation_epoch(v),
+    epochs=n, **hv.fit_kwargs())``."""
+
+    rank: int
+    local_rank: int
+    size: int
+    local_size: int
+    optimizer: Any
+    learning_rate: float
+    callbacks: list = field(default_factory=list)
+    initial_epoch: int = 0
+    steps_per_epoch: int | None = None
+    validation_steps: int | None = None
+    batch_size: int | None = None
+    train_counts: list[int] | None = None  # records in each rank's train shard (allgathered)
+    validation_counts: list[int] | None = None
+    checkpoint_dir: Path | None = None
+    resume_from: ckpt.Checkpoint | None = None
+    tensorboard_syncer: TensorBoardSyncer | None = None
+    gpu: str | None = None
+
+    @property
+    def is_chief(self) -> bool:
+        """True on rank 0, the only rank that writes checkpoints, logs and the model."""
+        return self.rank == 0
+
+    @property
+    def verbose(self) -> int:
+        """Keras ``verbose`` for this rank: one line per epoch on rank 0, silent elsewhere."""
+        return 2 if self.is_chief else 0
+
+    def train_epoch(self, batches):
+        """One epoch of this rank's train batches: exactly ``steps_per_epoch`` of them.
+
+        Pass it to ``fit`` as is (no ``.repeat()``, no ``steps_per_epoch``): its cardinality is known,
+        so Keras makes a new iterator each epoch, which opens the channel's next FIFO, counts its steps
+        up front (warm-up and progress are exact) and every rank runs the same steps. A shard shorter
+        than that fails with a clear error naming the rank and the counts instead of stalling the
+        other ranks. (A ``.repeat()``-ed Pipe dataset would read ahead into the next epoch's FIFO.)
+        """
+        return self._epoch(batches, self.steps_per_epoch, self.train_counts, "train")
+
+    def validation_epoch(self, batches):
+        """One validation pass over this rank's own shard: exactly ``validation_steps`` batches."""
+        return self._epoch(batches, self.validation_steps, self.validation_counts, "validation")
+
+    def _epoch(self, batches, steps: int | None, counts: list[int] | None, what: str):
+        return exact_epoch(
+            batches,
+            steps=steps,
+            counts=counts,
+            what=what,
+            rank=self.rank,
+            size=self.size,
+            batch_size=self.batch_size,
+        )
+
+    def fit_kwargs(self, **extra) -> dict:
+        """Keyword arguments for ``model.fit``: callbacks (plus ``callbacks=`` given here, run after
+        ours), initial epoch and verbosity; anything else given is passed through."""
+        kwargs = {
+            "callbacks": list(self.callbacks),
+            "initial_epoch": self.initial_epoch,
+            "verbose": self.verbose,
+        }
+        kwargs["callbacks"].extend(extra.pop("callbacks", None) or [])
+        kwargs.update(extra)
+        return kwargs
+
+
+def setup(
+    optimizer,
+    *,
+    learning_rate: float | None = None,
+    batch_size: int | None = None,
+    train_records: int | None = None,
+    total_train_records: int | None = None,
+    validation_records: int | None = None,
+    total_validation_records: int | None = None,
+    warmup_epochs: float = 0,
+    checkpoints: bool = True,
+    keep_checkpoints: int | None = 3,
+    checkpoint_every: int = 1,
+    tensorboard_dir: str | os.PathLike | None = None,
+    tensorboard_s3_uri: str | None = None,
+    tensorboard_interval: float = 30.0,
+    root: str | os.PathLike | None = None,
+    pin_gpus: bool = True,
+    check_channels: bool = True,
+) -> HorovodKeras:
+    """Initialise Horovod and return the optimizer, callbacks and step counts for ``model.fit``.
+
+    ``train_records`` is the number of records in this rank's own shard (required with more than one
+    rank; ``total_train_records`` is accepted on one rank only, since shards are balanced by bytes);
+    ``steps_per_epoch`` is the smallest shard's ``records // batch_size`` so no rank runs out first.
+    The same for validation: every rank validates its own shard for ``validation_steps`` steps
+    and ``MetricAverageCallback`` averages ``val_*`` (horovod#600). ``check_channels`` verifies this
+    rank's channels before the first collective when the job carries a sagemaker-dist layout.
+    Every argument is checked before Horovod starts; a bad one raises ``HorovodSetupError`` naming it.
+    """
+    args = SetupArguments(**locals())  # every parameter above, by name
+    check_arguments(args)
+    if args.check_channels:  # before Horovod and TensorFlow load: a mismatch fails in well under 10 s
+        check_channels_before_collectives(args.root, validation=args.validates)
+    launched = launched_world()
+    if launched is not None:  # the launcher's rank and size: world checks before hvd.init()
+        check_world(args, launched.rank, launched.size)
+    return _start(args)
+
+
+def _start(args: SetupArguments) -> HorovodKeras:
+    """Everything from ``hvd.init()`` on, for arguments ``setup()`` has checked."""
+    import tensorflow as tf
+
+    check_tf_keras(tf)
+    import horovod.tensorflow as hvd  # collectives (allgather_object, broadcast_variables)
+    import horovod.tensorflow.keras as hvd_keras  # optimizer wrapper
+
+    from sagemaker_dist.runtime.keras import callbacks as keras_callbacks  # loads TensorFlow's Keras
+
+    hvd.init()
+    rank, local_rank, size, local_size = hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size()
+    records, val_records = check_world(args, rank, size)  # Horovod's numbers: any launcher, no collective
+    gpu = pin_gpu(local_rank, local_size) if args.pin_gpus else None
+
+    opt, base_lr, scaled_lr = build_scaled_optimizer(args.optimizer, size, args.learning_rate)
+    opt = hvd_keras.DistributedOptimizer(opt)
+
+    steps, train_counts = agree_on_steps(records, args.batch_size, "train", hvd)
+    val_steps, val_counts = agree_on_steps(val_records, args.batch_size, "validation", hvd)
+
+    ckpt_dir = ckpt.checkpoint_dir(args.root) if args.checkpoints else None
+    initial_epoch, resume_from = ckpt.resume_point(ckpt_dir, rank=rank) if ckpt_dir is not None else (0, None)
+    callbacks = keras_callbacks.horovod_callbacks(
+        rank=rank,
+        checkpoint_dir=ckpt_dir,
+        resume_from=resume_from,
+        keep=args.keep_checkpoints,
+        every=args.checkpoint_every,
+        warmup_epochs=args.warmup_epochs,
+        scaled_lr=scaled_lr,
+        steps=steps,
+    )
+    tensorboard, syncer = keras_callbacks.tensorboard_callbacks(
+        args.tensorboard_dir, args.tensorboard_s3_uri, args.tensorboard_interval, rank=rank
+    )
+    hv = HorovodKeras(
+        rank=rank,
+        local_rank=local_rank,
+        size=size,
+        local_size=local_size,
+        optimizer=opt,
+        learning_rate=scaled_lr,
+        callbacks=callbacks + tensorboard,
+        initial_epoch=initial_epoch,
+        steps_per_epoch=steps,
+        validation_steps=val_steps,
+        batch_size=args.batch_size,
+        train_counts=train_counts,
+        validation_counts=val_counts,
+        checkpoint_dir=ckpt_dir,
+        resume_from=resume_from,
+        tensorboard_syncer=syncer,
+        gpu=gpu,
+    )
+    if hv.is_chief:
+        _log_start(hv, base_lr, args.warmup_epochs)
+    return hv
+
+
+def _log_start(hv: HorovodKeras, base_lr: float, warmup_epochs: float) -> None:
+    """One line on rank 0 with what every rank agreed on, for the job's log."""
+    log.info(
+        "Horovod: %d rank(s), %d per host; learning rate %g x %d = %g%s; steps per epoch %s; "
+        "validation steps %s; starting at epoch %d%s",
+        hv.size,
+        hv.local_size,
+        base_lr,
+        hv.size,
+        hv.learning_rate,
+        f" (warm-up over {warmup_epochs} epochs)" if warmup_epochs else "",
+        hv.steps_per_epoch,
+        hv.validation_steps,
+        hv.initial_epoch,
+        f" from {hv.resume_from.path}" if hv.resume_from else "",
+    )
