@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from local_s3_proxy import cutting_proxy
 
+from sagemaker_dist.contract.record_formats import RECORDIO_MAGIC
 from sagemaker_dist.local.demo_data import tfrecord_frame
 from sagemaker_dist.local.endpoint import s3_client
 from sagemaker_dist.local.feeder import (
-    RECORDIO_MAGIC,
     ChannelFeeder,
     ChannelSpec,
     FeedError,

@@ -305,6 +305,12 @@ class ChannelFeeder(threading.Thread):
         self.stats = FeedStats(host_name or f"algo-{host_index + 1}", spec.name)
         self.fifos: list[Path] = []
 
+    def close(self) -> None:
+        """After the job: let the thread end (if it was started) and remove the FIFOs it made."""
+        if self.ident is not None:
+            self.join(2)
+        self.remove_fifos()
+
     def fifo(self, epoch: int) -> Path:
         return self.data_dir / fifo_name(self.spec.name, epoch)
 
@@ -399,7 +405,6 @@ def _stream_wrapped(client, item: S3Item, target: StreamTarget, attempts: int) -
     if size == 0:
         target.write(recordio_header(RECORDIO_WHOLE, 0))
     target.write(recordio_padding(size - state["part_start"]))
-
 
 
 def download_channel(spec: ChannelSpec, items: list[S3Item], dest: Path, client, host_index: int, hosts: int):

@@ -1,0 +1,62 @@
+"""Each channel of each simulated host becomes a feed with one interface (``start``, ``close``,
+``stats``): Pipe mode streams S3 objects into ``<channel>_<epoch>`` FIFOs while the ranks run; File
+mode downloads the host's objects before they start, as SageMaker does.
+"""
+
+from __future__ import annotations
+
+import time
+
+from sagemaker_dist.local.feeder import ChannelFeeder, FeedStats, download_channel, resolve_objects
+
+
+class FileFeed:
+    """A File-mode channel of one host: downloaded when made; nothing runs during the job."""
+
+    def __init__(self, spec, items, tree, client, host_index: int, hosts: int, echo):
+        started = time.monotonic()
+        size = download_channel(spec, items, tree.data_dir / spec.name, client, host_index, hosts)
+        # downloaded before the ranks start: no streaming figures
+        self.stats = FeedStats(
+            tree.name, spec.name, epochs=1, bytes=size, records=None, first_byte=None, last_byte=None
+        )
+        echo(
+            f"{tree.name}: downloaded channel {spec.name} ({size / 1e6:.1f} MB) in "
+            f"{time.monotonic() - started:.1f} s (File mode)"
+        )
+
+    def start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def open_feeds(specs, trees, client, stop, on_error, echo) -> list:
+    """One feed per (channel, host); File-mode channels are downloaded here, Pipe ones start later."""
+    feeds: list = []
+    for spec in specs:
+        items = resolve_objects(spec, client)
+        for index, tree in enumerate(trees):
+            if spec.input_mode == "File":
+                feeds.append(FileFeed(spec, items, tree, client, index, len(trees), echo))
+            else:
+                feeds.append(
+                    ChannelFeeder(
+                        spec,
+                        items,
+                        tree.data_dir,
+                        index,
+                        len(trees),
+                        client,
+                        stop,
+                        on_error,
+                        host_name=tree.name,
+                    )
+                )
+    return feeds
+
+
+def close_feeds(feeds: list) -> None:
+    for feed in feeds:
+        feed.close()

@@ -1,0 +1,114 @@
+"""What a local job did: per-rank input figures, final metrics and where its outputs are."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from sagemaker_dist.local.feeder import FeedStats
+
+# Keras progress lines: "loss: 2.1 - accuracy: 0.3"; SageMaker applies MetricDefinitions the same way.
+DEFAULT_METRIC = re.compile(r"\b([A-Za-z_][\w]*): (-?[0-9.]+(?:e[-+]?\d+)?|nan|inf)\b")
+
+
+@dataclass
+class RankSummary:
+    rank: int
+    host: str
+    channel: str | None
+    records: int | None
+    bytes: int
+    first_record_s: float | None
+    records_per_s: float | None
+
+
+@dataclass
+class LocalJobResult:
+    """What a local job did, for the summary and for tests."""
+
+    job_name: str
+    hosts: int
+    processes_per_host: int
+    input_mode: str
+    seconds: float
+    ranks: list[RankSummary]
+    metrics: dict[str, float]
+    model_uri: str | None
+    checkpoint_uri: str | None
+    tensorboard_uri: str | None
+    work_dir: str | None
+    feed_stats: list[FeedStats] = field(default_factory=list)
+    output: list[str] = field(default_factory=list)
+
+    def summary_lines(self) -> list[str]:
+        lines = [
+            f"local job {self.job_name} finished in {self.seconds:.1f} s: {len(self.ranks)} rank(s) = "
+            f"{self.hosts} simulated host(s) x {self.processes_per_host} process(es), {self.input_mode} mode",
+            f"  {'rank':>4}  {'host':<7} {'channel':<12} {'records':>9} {'MB':>8} {'1st record':>10} "
+            f"{'records/s':>10}",
+        ]
+        for r in self.ranks:
+            rec = "?" if r.records is None else str(r.records)
+            first = "-" if r.first_record_s is None else f"{r.first_record_s:.2f} s"
+            rate = "-" if r.records_per_s is None else f"{r.records_per_s:,.0f}"
+            lines.append(
+                f"  {r.rank:>4}  {r.host:<7} {r.channel or '-':<12} {rec:>9} {r.bytes / 1e6:>8.2f} "
+                f"{first:>10} {rate:>10}"
+            )
+        lines.append(
+            "  (records: streamed into the rank's train FIFOs, tf.data read-ahead included; 1st record: "
+            "seconds from starting the ranks to the first bytes the rank read; records/s: over its stream)"
+        )
+        if self.metrics:
+            shown = ", ".join(f"{k}={v:.4g}" for k, v in self.metrics.items())
+            lines.append(f"final metrics (rank 0): {shown}")
+        for label, uri in (
+            ("model", self.model_uri),
+            ("checkpoints", self.checkpoint_uri),
+            ("tensorboard", self.tensorboard_uri),
+            ("work dir", self.work_dir),
+        ):
+            if uri:
+                lines.append(f"{label}: {uri}")
+        return lines
+
+
+def final_metrics(lines: list[str], definitions: list[dict]) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    if definitions:
+        for d in definitions:
+            for line in lines:
+                m = re.search(d["Regex"], line)
+                if m:
+                    try:
+                        metrics[d["Name"]] = float(m.group(1))
+                    except (ValueError, IndexError):
+                        pass
+        return metrics
+    for line in lines:  # the last Keras progress line wins, key by key
+        if " - " in line and "loss" in line:
+            for name, value in DEFAULT_METRIC.findall(line):
+                metrics[name] = float(value)
+    return metrics
+
+
+def rank_summaries(world, per_host, trees, layout, feeders, launch_time) -> list[RankSummary]:
+    stats = {(f.stats.host, f.stats.channel): f.stats for f in feeders}
+    out = []
+    for rank in range(world):
+        host = trees[rank // per_host].name
+        channel = None
+        if layout is not None and layout.has_role("train"):
+            channel = layout.channel_for("train", rank, rank % per_host)
+        elif len({c for h, c in stats if h == host}) == 1:
+            channel = next(c for h, c in stats if h == host)
+        s = stats.get((host, channel))
+        if s is None:
+            out.append(RankSummary(rank, host, channel, None, 0, None, None))
+            continue
+        first = None if s.first_byte is None else s.first_byte - launch_time
+        rate = None
+        if s.records and s.first_byte and s.last_byte and s.last_byte > s.first_byte:
+            rate = s.records / (s.last_byte - s.first_byte)
+        out.append(RankSummary(rank, host, channel, s.records, s.bytes, first, rate))
+    return out

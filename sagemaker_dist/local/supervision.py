@@ -1,0 +1,110 @@
+"""Watch the ranks of a local job: the first failure (rank and host named, its last output shown), a
+failed feed, or the time limit stops the job; SIGTERM cleans up like Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from contextlib import contextmanager
+
+from sagemaker_dist.local.launcher import RankGroup, describe_exit
+
+LAUNCHER_GRACE_S = 3.0  # after a rank fails: time the launcher gets to stop the others and relay output
+
+
+def _sigterm_as_interrupt():
+    """Inside the main thread, SIGTERM cleans up like Ctrl-C does; returns the handler to restore."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def _hold_signals() -> dict:
+    """Ignore SIGINT and SIGTERM (main thread only); returns the handlers to put back ({} elsewhere)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+@contextmanager
+def interrupt_guard():
+    """SIGTERM raises KeyboardInterrupt inside the block; ``hold()`` (at the start of clean-up) ignores
+    both signals so a second Ctrl-C cannot cut the clean-up short; leaving puts the handlers back."""
+    previous = _sigterm_as_interrupt()
+    held: dict = {}
+
+    class Guard:
+        @staticmethod
+        def hold() -> None:
+            held.update(_hold_signals())
+
+    try:
+        yield Guard()
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, held.get(signal.SIGINT, signal.getsignal(signal.SIGINT)))
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def supervise(
+    group: RankGroup, feed_errors: list[str], trees, per_host: int, started: float, timeout: float | None
+) -> str | None:
+    """Wait for the ranks; return an error message (rank or S3 object named) or None when all succeeded."""
+    while True:
+        code = group.poll()
+        if code is not None:
+            if code == 0:
+                return None
+            group.finish_output()
+            failed = group.first_failure()
+            if failed:
+                return rank_failure(group, *failed, trees, per_host)
+            reported = group.failed_rank()
+            if reported:
+                rank, rank_code = reported
+                return rank_failure(group, rank, f"exited with {describe_exit(rank_code)}", trees, per_host)
+            return f"the launcher exited with {describe_exit(code)}; last output:\n" + "\n".join(
+                group.output[-15:]
+            )
+        if feed_errors:
+            group.kill()
+            return f"input failed, the job was stopped: {feed_errors[0]}"
+        failed = group.first_failure()
+        if failed is not None:
+            # let the launcher stop the other ranks and relay the last output (the traceback) itself
+            deadline = time.monotonic() + LAUNCHER_GRACE_S
+            while group.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            failed = group.first_failure() or failed  # an earlier event may have shown up meanwhile
+            group.kill()
+            group.finish_output()
+            return rank_failure(group, *failed, trees, per_host)
+        if timeout is not None and time.monotonic() - started > timeout:
+            group.kill()
+            return (
+                f"the job ran past its {timeout:.0f} s limit (StoppingCondition.MaxRuntimeInSeconds or "
+                "timeout=) and was stopped"
+            )
+        time.sleep(0.05)
+
+
+def rank_failure(group: RankGroup, rank: int, what: str, trees, per_host: int) -> str:
+    host = trees[rank // per_host].name if rank // per_host < len(trees) else "?"
+    tail = group.rank_lines.get(rank, [])[-12:]
+    shown = "\n".join(f"  {line}" for line in tail) or "  (no output)"
+    stopped = [r for r in group.terminated_ranks() if r != rank]
+    others = (
+        f"rank(s) {', '.join(map(str, stopped))} were then stopped by the launcher"
+        if stopped
+        else "the other ranks were stopped"
+    )
+    return (
+        f"rank {rank} (host {host}) {what}; {others}. Last output of rank {rank}:\n"
+        f"{shown}\nCheckpoints synced so far stay in S3; rerun to resume from the newest."
+    )
