@@ -1,6 +1,7 @@
 """Step-time cost of the TensorBoard-to-S3 syncer (target: <= 1 % of the step time).
 
-Trains the example's CNN (examples/train_cifar10.py) on in-memory CIFAR-10-shaped batches with a
+Trains the demo job's CNN (sagemaker_dist/local/demo_job/train_cifar10.py) on in-memory CIFAR-10-shaped
+batches with a
 Keras TensorBoard callback (scalars every 10 steps, weight histograms every epoch) in every arm:
 
 - ``off``: no syncer (the reference, measured in the same run);
@@ -25,6 +26,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from sagemaker_dist.local.demo import DEMO_JOB_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,7 +58,7 @@ def start_s3() -> tuple[subprocess.Popen, str]:
 
 
 def load_example():
-    spec = importlib.util.spec_from_file_location("train_cifar10", REPO / "examples" / "train_cifar10.py")
+    spec = importlib.util.spec_from_file_location("train_cifar10", DEMO_JOB_DIR / "train_cifar10.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -62,3 +62,25 @@ def bucket(s3):
     name = f"test-{uuid.uuid4().hex[:12]}"
     s3.create_bucket(Bucket=name)
     return name
+
+
+# Markers by module, so a developer can run the fast subset: pytest -m "not slow" (see the README).
+# slow: starts real horovodrun/mpirun ranks or whole local jobs; horovod: needs Horovod;
+# tensorflow: imports TensorFlow (seconds per process).
+_MODULE_MARKERS = {
+    "test_horovod_training": ("slow", "horovod", "tensorflow"),
+    "test_local_job": ("slow", "horovod", "tensorflow"),
+    "test_notebook": ("slow", "horovod", "tensorflow"),
+    "test_horovod_keras": ("tensorflow",),
+    "test_checkpoints": ("tensorflow",),
+    "test_pipe_dataset": ("tensorflow",),
+    "test_large_records": ("tensorflow",),
+    "test_file_channels": ("tensorflow",),
+    "test_tensorboard_sync": ("tensorflow",),
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for name in _MODULE_MARKERS.get(item.module.__name__.rsplit(".", 1)[-1], ()):
+            item.add_marker(getattr(pytest.mark, name))

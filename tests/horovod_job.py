@@ -16,13 +16,14 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from sagemaker_dist.local.demo import DEMO_JOB_DIR
 from sagemaker_dist.runtime import horovod_keras
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def load_example():
-    spec = importlib.util.spec_from_file_location("train_cifar10", REPO / "examples" / "train_cifar10.py")
+    spec = importlib.util.spec_from_file_location("train_cifar10", DEMO_JOB_DIR / "train_cifar10.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -16,14 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sagemaker_dist.contract.record_formats import encode_tfrecord
 from sagemaker_dist.runtime.fifo import FifoReader
-from sagemaker_dist.runtime.records import (
-    LARGE_RECORD_BYTES,
-    RecordFormatError,
-    encode_tfrecord,
-    frame_views,
-    make_framer,
-)
+from sagemaker_dist.runtime.framing import LARGE_RECORD_BYTES, RecordFormatError, frame_views, make_framer
 
 LARGE = LARGE_RECORD_BYTES
 
@@ -129,7 +124,7 @@ def test_corrupt_large_record_fails_or_is_skipped_and_counted(caplog):
     with pytest.raises(RecordFormatError, match=f"byte offset {4 * frame}: TFRecord: data CRC mismatch"):
         read_items(io.BytesIO(bytes(data)), chunk_size=2 * LARGE)
     framer = make_framer("TFRecord", "train_0", 1, max_corrupted_records_to_skip=1)
-    with caplog.at_level(logging.WARNING, logger="sagemaker_dist.runtime.records"):
+    with caplog.at_level(logging.WARNING, logger="sagemaker_dist.runtime.framing.base"):
         got, _, _ = read_items(io.BytesIO(bytes(data)), chunk_size=2 * LARGE, framer=framer)
     assert got == records[:4] + records[5:]
     assert framer.skipped == 1 and framer.records == 5

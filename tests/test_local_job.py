@@ -22,7 +22,7 @@ import pytest
 from local_s3_proxy import cutting_proxy
 
 from sagemaker_dist.local import LocalBackend, LocalJobFailed, run_local
-from sagemaker_dist.local.demo import demo_estimator, prepare_demo_job
+from sagemaker_dist.local.demo import DEMO_JOB_DIR, demo_estimator, prepare_demo_job
 from sagemaker_dist.local.demo_data import write_demo_data
 from sagemaker_dist.local.launcher import LaunchError, horovod_mpi_built
 
@@ -124,7 +124,7 @@ def _request(bucket, entry_point, hps, epochs=2, checkpoint=None, hosts=2, per_h
         per_host,
         "Pipe",
         {"epochs": epochs, **hps},
-        source_dir=SCRIPTS if entry_point != "train_cifar10.py" else REPO / "examples",
+        source_dir=SCRIPTS if entry_point != "train_cifar10.py" else DEMO_JOB_DIR,
         entry_point=entry_point,
         **({"checkpoint_s3_uri": checkpoint} if checkpoint else {}),
     )
@@ -152,7 +152,7 @@ def test_rank_killed_mid_run_stops_the_job_and_a_rerun_resumes(s3, bucket, tmp_p
     killer.start()
     lines = []
     with pytest.raises(LocalJobFailed) as failure:
-        run_local(request, REPO / "examples", work_dir=tmp_path, echo=lines.append, timeout=200)
+        run_local(request, DEMO_JOB_DIR, work_dir=tmp_path, echo=lines.append, timeout=200)
     stopped_after = time.monotonic() - killed["at"]
     # rank 0 is stopped (SIGTERM) or fails in a collective after rank 1 died: never blamed
     assert str(failure.value).startswith("rank 1 (host algo-2) died"), str(failure.value)
@@ -173,7 +173,7 @@ def test_rank_killed_mid_run_stops_the_job_and_a_rerun_resumes(s3, bucket, tmp_p
     # rerun (fewer epochs than trained + 2): resumes from the newest checkpoint and finishes
     rerun = _request(bucket, "train_cifar10.py", hps, epochs=newest + 2, checkpoint=ckpt)
     lines = []
-    result = run_local(rerun, REPO / "examples", work_dir=tmp_path, echo=lines.append, timeout=200)
+    result = run_local(rerun, DEMO_JOB_DIR, work_dir=tmp_path, echo=lines.append, timeout=200)
     out = "\n".join(lines)
     assert "restored" in out
     assert f"Epoch {newest + 1}/{newest + 2}" in out and "Epoch 1/" not in out

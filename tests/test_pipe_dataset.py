@@ -19,7 +19,7 @@ from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo
 tf = pytest.importorskip("tensorflow")
 
 from sagemaker_dist.runtime import PipeModeDataset, rank_dataset  # noqa: E402
-from sagemaker_dist.runtime.pipe_dataset import PipeModeDatasetError  # noqa: E402
+from sagemaker_dist.runtime.pipe import PipeModeDatasetError  # noqa: E402
 
 
 @pytest.fixture
@@ -150,7 +150,7 @@ def test_batch_on_the_dataset_batches_straight_from_the_chunks(opt_ml):
 
 
 def test_large_records_cross_one_by_one_and_small_ones_as_a_blob(opt_ml):
-    from sagemaker_dist.runtime.pipe_dataset import PER_RECORD_MIN_BYTES, _EpochReader
+    from sagemaker_dist.runtime.pipe.reader import PER_RECORD_MIN_BYTES, EpochReader
 
     big = [os.urandom(PER_RECORD_MIN_BYTES + i) for i in range(6)]
     small = [os.urandom(i) for i in range(50)]
@@ -158,7 +158,7 @@ def test_large_records_cross_one_by_one_and_small_ones_as_a_blob(opt_ml):
     data = b"".join(encode_tfrecord(r) for r in records)
     replay = opt_ml / "input" / "data" / "train_0_0"  # a regular file stands in for the FIFO
     replay.write_bytes(data)
-    reader = _EpochReader(
+    reader = EpochReader(
         "train_0",
         "TFRecord",
         opt_ml / "pipe_state",
@@ -190,7 +190,7 @@ def test_large_records_cross_one_by_one_and_small_ones_as_a_blob(opt_ml):
 def test_read_ahead_thread_delivers_in_order_then_the_error_and_stops_with_its_consumer():
     import threading
 
-    from sagemaker_dist.runtime.pipe_dataset import _read_ahead
+    from sagemaker_dist.runtime.pipe.reader import read_ahead
 
     def failing():
         yield from range(5)
@@ -198,7 +198,7 @@ def test_read_ahead_thread_delivers_in_order_then_the_error_and_stops_with_its_c
 
     got = []
     with pytest.raises(ValueError, match="byte offset 42"):
-        for item in _read_ahead(failing(), 2, "t"):
+        for item in read_ahead(failing(), 2, "t"):
             got.append(item)
     assert got == [0, 1, 2, 3, 4]
 
@@ -213,7 +213,7 @@ def test_read_ahead_thread_delivers_in_order_then_the_error_and_stops_with_its_c
         finally:
             closed.set()  # where PipeModeDataset's reader closes its FIFO
 
-    consumer = _read_ahead(endless(), 2, "t")
+    consumer = read_ahead(endless(), 2, "t")
     assert [next(consumer) for _ in range(3)] == [0, 1, 2]
     consumer.close()
     assert closed.wait(5), "the reader thread did not stop after its consumer did"
@@ -350,7 +350,7 @@ def test_large_records_batch_exactly_and_stopping_early_closes_the_fifo(opt_ml):
     SageMaker (like the feeder here) creates the next epoch's FIFO only once the last one is
     closed, so a reader that kept it open would stall the next epoch.
     """
-    from sagemaker_dist.runtime.records import LARGE_RECORD_BYTES
+    from sagemaker_dist.runtime.framing import LARGE_RECORD_BYTES
 
     records = [os.urandom(LARGE_RECORD_BYTES + i) for i in range(150)]  # about 5 MB: more than a pipe holds
     data = b"".join(encode_tfrecord(r) for r in records)
@@ -385,7 +385,7 @@ print(len(got), sum(len(r) for r in got))
 
 def test_tf1_graph_mode_reads_too(opt_ml):
     """With eager execution off (TF1-style scripts) the tensors are made by py_function instead."""
-    from sagemaker_dist.runtime.records import LARGE_RECORD_BYTES
+    from sagemaker_dist.runtime.framing import LARGE_RECORD_BYTES
 
     records = [b"s" * 10] * 4 + [b"L" * LARGE_RECORD_BYTES] * 5 + [b"t" * 20]
     replay = opt_ml / "input" / "data" / "train_0_0"  # a regular file stands in for the FIFO
@@ -399,7 +399,7 @@ def test_tf1_graph_mode_reads_too(opt_ml):
 
 
 def test_handover_keys_may_run_ahead_and_a_dropped_iteration_lets_its_chunks_go():
-    from sagemaker_dist.runtime.pipe_dataset import _Handover
+    from sagemaker_dist.runtime.pipe.tf_bridge import Handover
 
     no_offsets = np.empty(0, dtype=np.int64)
 
@@ -407,7 +407,7 @@ def test_handover_keys_may_run_ahead_and_a_dropped_iteration_lets_its_chunks_go(
         for i in range(5):
             yield convert(b"", no_offsets, no_offsets, [b"r%d" % i])
 
-    handover = _Handover(reader)
+    handover = Handover(reader)
     iteration = handover.iteration()
     k0, k1, k2 = next(iteration), next(iteration), next(iteration)  # tf.data pulled keys ahead
     assert handover.take(k1)[3].numpy().tolist() == [b"r1"]
@@ -417,7 +417,7 @@ def test_handover_keys_may_run_ahead_and_a_dropped_iteration_lets_its_chunks_go(
 
 
 def test_benchmark_reports_progress_for_large_records_too(opt_ml, capfd):
-    from sagemaker_dist.runtime.records import LARGE_RECORD_BYTES
+    from sagemaker_dist.runtime.framing import LARGE_RECORD_BYTES
 
     data = b"".join(encode_tfrecord(b"L" * LARGE_RECORD_BYTES) for _ in range(120))
     feeder = feed(opt_ml, "train_0", [data])

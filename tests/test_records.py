@@ -16,16 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sagemaker_dist.runtime.fifo import FifoReader
-from sagemaker_dist.runtime.records import (
+from sagemaker_dist.contract.record_formats import (
     RECORDIO_MAGIC,
-    RecordFormatError,
     encode_recordio,
     encode_tfrecord,
-    iter_records,
-    make_framer,
     masked_crc32c,
 )
+from sagemaker_dist.runtime.fifo import FifoReader
+from sagemaker_dist.runtime.framing import RecordFormatError, iter_records, make_framer
 
 
 def read_all(data: bytes, record_format: str, chunk_size: int = 64, **kw) -> list[bytes]:
@@ -91,9 +89,9 @@ def test_corrupt_records_are_skipped_within_the_limit_and_counted(caplog):
     data = b"".join(encode_tfrecord(r) for r in records)
     data = corrupt(corrupt(data, 1 * 56 + 20), 4 * 56 + 20)  # records 1 and 4
     framer = make_framer("TFRecord", "train_0", 0, max_corrupted_records_to_skip=1)
-    from sagemaker_dist.runtime.records import frame_stream
+    from sagemaker_dist.runtime.framing import frame_stream
 
-    with caplog.at_level(logging.WARNING, logger="sagemaker_dist.runtime.records"):
+    with caplog.at_level(logging.WARNING, logger="sagemaker_dist.runtime.framing.base"):
         out = []
         for blob, starts, lengths in frame_stream(io.BytesIO(data).readinto, framer, 64):
             out += [blob[s : s + n] for s, n in zip(starts, lengths)]

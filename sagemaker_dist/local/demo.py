@@ -1,5 +1,5 @@
 """The README's demo job: CIFAR-10-shaped TFRecords on the S3 endpoint, sharded per rank into
-manifests, trained by ``examples/train_cifar10.py`` with Horovod through Pipe-mode FIFOs.
+manifests, trained by ``demo_job/train_cifar10.py`` (package data) with Horovod through Pipe-mode FIFOs.
 
 The request is built by the same estimator a SageMaker launch uses; only the last step differs
 (``run_local`` instead of CreateTrainingJob).
@@ -19,7 +19,7 @@ from sagemaker_dist.local.demo_data import DATASET_FILE, DemoDataset, write_demo
 from sagemaker_dist.local.endpoint import s3_client
 from sagemaker_dist.local.feeder import ChannelSpec, epoch_objects, resolve_objects
 
-EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
+DEMO_JOB_DIR = Path(__file__).resolve().parent / "demo_job"  # package data: installed with the package
 DEMO_ENTRY_POINT = "train_cifar10.py"
 DEMO_BUCKET = "sagemaker-dist-demo"
 DEMO_FILES, DEMO_RECORDS_PER_FILE, DEMO_VALIDATION_FILES = 8, 64, 2  # at least; more for many ranks
@@ -90,7 +90,7 @@ def demo_estimator(
     processes_per_host: int = 1,
     input_mode: str = "Pipe",
     hyperparameters: dict | None = None,
-    source_dir: str | Path = EXAMPLES_DIR,
+    source_dir: str | Path = DEMO_JOB_DIR,
     entry_point: str = DEMO_ENTRY_POINT,
     output_path: str | None = None,
     **kwargs,

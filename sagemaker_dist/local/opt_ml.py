@@ -21,33 +21,17 @@ def host_names(count: int) -> list[str]:
     return [f"algo-{i + 1}" for i in range(count)]
 
 
-@dataclass
-class HostTree:
-    """The /opt/ml tree of one simulated host and the environment its ranks get."""
+@dataclass(frozen=True)
+class HostTree(OptMl):
+    """The /opt/ml tree of one simulated host (its paths from the contract) and the environment its
+    ranks get."""
 
-    name: str
-    root: Path
+    name: str = ""
     env: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def paths(self) -> OptMl:
-        return OptMl(self.root)
-
-    @property
-    def data_dir(self) -> Path:
-        return self.paths.data_dir
-
-    @property
-    def model_dir(self) -> Path:
-        return self.paths.model_dir
-
-    @property
-    def output_data_dir(self) -> Path:
-        return self.paths.output_data_dir
 
     def checkpoint_dir(self, local_path: str | None = None) -> Path:
         """CheckpointConfig.LocalPath (default /opt/ml/checkpoints) mapped into this tree."""
-        return self.paths.local_path(local_path, CHECKPOINT_LOCAL_PATH)
+        return self.local_path(local_path, CHECKPOINT_LOCAL_PATH)
 
 
 def input_data_config(channels: list[dict], default_mode: str) -> dict[str, dict]:
@@ -86,14 +70,14 @@ def build_host_trees(
     trees = []
     for name in names:
         root = Path(base_dir) / name
-        tree = HostTree(name, root)
-        config_dir = root / "input" / "config"
+        tree = HostTree(root, name)
+        config_dir = tree.config_dir
         for d in (
             config_dir,
             tree.data_dir,
             tree.model_dir,
             tree.output_data_dir,
-            root / "output" / "tensorboard",
+            tree.output_dir / "tensorboard",
             tree.checkpoint_dir(checkpoint_local_path),
         ):
             d.mkdir(parents=True, exist_ok=True)
@@ -114,7 +98,7 @@ def build_host_trees(
         }
         for filename, doc in files.items():
             (config_dir / filename).write_text(json.dumps(doc, indent=1))
-        tree.env = sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name)
+        tree.env.update(sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name))
         tree.env.update({str(k): str(v) for k, v in (environment or {}).items()})
         trees.append(tree)
     return trees
@@ -134,9 +118,9 @@ def sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name) 
         "SM_HPS": json.dumps(user_hps),
         "SM_MODEL_DIR": str(tree.model_dir),
         "SM_OUTPUT_DATA_DIR": str(tree.output_data_dir),
-        "SM_OUTPUT_DIR": str(tree.paths.output_dir),
+        "SM_OUTPUT_DIR": str(tree.output_dir),
         "SM_INPUT_DIR": str(tree.root / "input"),
-        "SM_INPUT_CONFIG_DIR": str(tree.paths.config_dir),
+        "SM_INPUT_CONFIG_DIR": str(tree.config_dir),
         "SM_INPUT_DATA_CONFIG": json.dumps(data_config),
         "SM_RESOURCE_CONFIG": json.dumps(resource),
         "SM_NETWORK_INTERFACE_NAME": resource["network_interface_name"],

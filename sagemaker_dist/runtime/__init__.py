@@ -10,14 +10,14 @@ import importlib
 
 # public name -> module that defines it
 _LAZY = {
-    "PipeModeDataset": "sagemaker_dist.runtime.pipe_dataset",
-    "PipeModeDatasetError": "sagemaker_dist.runtime.pipe_dataset",
-    "rank_dataset": "sagemaker_dist.runtime.pipe_dataset",
+    "PipeModeDataset": "sagemaker_dist.runtime.pipe.dataset",
+    "PipeModeDatasetError": "sagemaker_dist.runtime.pipe.dataset",
+    "rank_dataset": "sagemaker_dist.runtime.pipe.dataset",
     "ContainerConfig": "sagemaker_dist.runtime.config",
     "RankInfo": "sagemaker_dist.runtime.ranks",
     "RankChannelError": "sagemaker_dist.runtime.ranks",
     "check_rank_channels": "sagemaker_dist.runtime.ranks",
-    "RecordFormatError": "sagemaker_dist.runtime.records",
+    "RecordFormatError": "sagemaker_dist.runtime.framing.base",
     "file_channel_dataset": "sagemaker_dist.runtime.file_dataset",
     "TensorBoardSyncer": "sagemaker_dist.runtime.tensorboard_sync",
 }

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sagemaker_dist.contract.paths import opt_ml_root
-from sagemaker_dist.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 
@@ -197,30 +196,7 @@ def checkpoint_callback(
     every: int = 1,
 ):
     """A Keras callback that restores ``resume_from`` at train begin and saves every ``every`` epochs,
-    on rank 0 only (on other ranks it does nothing)."""
-    import tensorflow as tf
+    on rank 0 only (on other ranks it does nothing): ``runtime.keras.callbacks.RankZeroCheckpoint``."""
+    from sagemaker_dist.runtime.keras.callbacks import RankZeroCheckpoint  # loads TensorFlow
 
-    if every < 1:
-        raise ConfigurationError(f"checkpoint every={every!r} epochs; give a whole number >= 1")
-    directory = Path(directory)
-
-    class RankZeroCheckpoint(tf.keras.callbacks.Callback):
-        """Restore at train begin, save at epoch end; rank 0 only. ``saved`` lists the epochs it wrote."""
-
-        def __init__(self):
-            super().__init__()
-            self.saved: list[int] = []
-
-        def on_train_begin(self, logs=None):
-            if rank != 0:
-                return
-            remove_stale_temporaries(directory)
-            if resume_from is not None:
-                restore_checkpoint(self.model, resume_from)
-
-        def on_epoch_end(self, epoch, logs=None):
-            if rank == 0 and (epoch + 1) % every == 0:
-                save_checkpoint(self.model, directory, epoch + 1, keep=keep, rank=rank)
-                self.saved.append(epoch + 1)
-
-    return RankZeroCheckpoint()
+    return RankZeroCheckpoint(directory, rank=rank, resume_from=resume_from, keep=keep, every=every)

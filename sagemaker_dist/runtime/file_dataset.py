@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sagemaker_dist.errors import DataError
-from sagemaker_dist.runtime.records import check_record_format, iter_records
+from sagemaker_dist.runtime.framing import check_record_format, iter_records
 
 if TYPE_CHECKING:
     import tensorflow as tf

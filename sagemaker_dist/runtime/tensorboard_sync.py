@@ -1,10 +1,10 @@
 """Upload TensorBoard logs from rank 0 to S3 while training runs, so curves show up before the job ends.
 
-A daemon thread scans the log directory every ``interval`` seconds and uploads files that are new or
-changed (size or mtime) with boto3. botocore retries each call; a round that still fails is logged and
-tried again next round. Nothing here raises into the training loop and the training thread never waits
-on S3, except for the final flush, which is bounded by ``flush_timeout``. The client is built by boto3
-itself, so ``AWS_ENDPOINT_URL`` (local mode, tests) and the usual credential chain apply.
+A daemon thread runs a round of the S3 mirror (``s3_mirror``: upload the files new or changed since the
+last round) every ``interval`` seconds. botocore retries each call; a round that still fails is logged
+and tried again next round. Nothing here raises into the training loop and the training thread never
+waits on S3, except for the final flush, which is bounded by ``flush_timeout``. The Keras callback that
+syncs at epoch ends is ``runtime.keras.callbacks.TensorBoardSyncCallback`` (it needs TensorFlow).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from sagemaker_dist.contract.s3_uri import S3UriError, parse_s3_uri
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.runtime.s3_mirror import DEFAULT_MAX_ATTEMPTS, S3Mirror
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class TensorBoardSyncer:
         *,
         interval: float = DEFAULT_INTERVAL,
         flush_timeout: float = DEFAULT_FLUSH_TIMEOUT,
-        max_attempts: int = 5,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         client=None,
     ):
         if interval <= 0:
@@ -62,22 +63,26 @@ class TensorBoardSyncer:
         self.interval = float(interval)
         self.flush_timeout = float(flush_timeout)
         self.max_attempts = int(max_attempts)
-        self.uploads = 0
         self.failures = 0
         self.cpu_seconds = 0.0  # CPU time the sync thread used: what it can take from training
         self.last_error: BaseException | None = None
-        self._client = client
-        self._uploaded: dict[Path, tuple[int, int]] = {}
+        self._mirror = S3Mirror(
+            self.log_dir, self.bucket, self.prefix, max_attempts=max_attempts, client=client
+        )
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._round_lock = threading.Lock()
+
+    @property
+    def uploads(self) -> int:
+        """Files uploaded by the rounds that finished."""
+        return self._mirror.uploads
 
     # -- public API -------------------------------------------------------------------------------
     def start(self) -> TensorBoardSyncer:
         """Start the background thread (idempotent) and register the final flush at exit."""
         if self._thread is None:
-            self._s3()  # build the client now: at interpreter exit boto3 can no longer be set up
+            self._mirror.client()  # build the client now: at interpreter exit boto3 can no longer be set up
             self._thread = threading.Thread(target=self._run, name="tensorboard-s3-sync", daemon=True)
             self._thread.start()
             atexit.register(self.stop)
@@ -113,34 +118,14 @@ class TensorBoardSyncer:
 
     def sync_once(self) -> int:
         """Upload every new or changed file once; returns how many were uploaded. Raises on S3 errors."""
-        with self._round_lock:
-            count = 0
-            for path, signature in self._changed_files():
-                key = self._key_for(path)
-                # no transfer threads: the final flush may run at interpreter exit, when new ones are refused
-                self._s3().upload_file(str(path), self.bucket, key, Config=self._transfer_config())
-                self._uploaded[path] = signature
-                count += 1
-            self.uploads += count
-            return count
+        return self._mirror.upload_changed()
 
     def keras_callback(self, tensorboard=None):
         """A Keras callback: sync at each epoch end (flushing ``tensorboard``'s writers first), stop at
         train end. Pass the ``tf.keras.callbacks.TensorBoard`` instance so epoch scalars reach disk."""
-        import tensorflow as tf
+        from sagemaker_dist.runtime.keras.callbacks import TensorBoardSyncCallback  # loads TensorFlow
 
-        syncer = self
-
-        class TensorBoardSyncCallback(tf.keras.callbacks.Callback):
-            def on_epoch_end(self, epoch, logs=None):
-                _flush_writers(tensorboard)
-                syncer.sync_now()
-
-            def on_train_end(self, logs=None):
-                _flush_writers(tensorboard)
-                syncer.stop()
-
-        return TensorBoardSyncCallback()
+        return TensorBoardSyncCallback(self, tensorboard)
 
     def __enter__(self) -> TensorBoardSyncer:
         return self.start()
@@ -174,51 +159,6 @@ class TensorBoardSyncer:
             )
         finally:
             self.cpu_seconds += time.thread_time() - started
-
-    def _changed_files(self):
-        if not self.log_dir.is_dir():
-            return
-        for path in sorted(p for p in self.log_dir.rglob("*") if p.is_file()):
-            try:
-                st = path.stat()
-            except FileNotFoundError:  # removed between listing and stat
-                continue
-            signature = (st.st_size, st.st_mtime_ns)
-            if self._uploaded.get(path) != signature:
-                yield path, signature
-
-    def _key_for(self, path: Path) -> str:
-        relative = path.relative_to(self.log_dir).as_posix()
-        return f"{self.prefix}/{relative}" if self.prefix else relative
-
-    @staticmethod
-    def _transfer_config():
-        from boto3.s3.transfer import TransferConfig
-
-        return TransferConfig(use_threads=False)
-
-    def _s3(self):
-        if self._client is None:
-            import boto3
-            from botocore.config import Config
-
-            config = Config(
-                retries={"max_attempts": self.max_attempts, "mode": "standard"},
-                connect_timeout=5,
-                read_timeout=30,
-            )
-            self._client = boto3.session.Session().client("s3", config=config)
-        return self._client
-
-
-def _flush_writers(tensorboard) -> None:
-    """Flush a Keras TensorBoard callback's summary writers (Keras only flushes them at train end)."""
-    writers = getattr(tensorboard, "_writers", None) or {}
-    for writer in list(writers.values()):
-        try:
-            writer.flush()
-        except Exception as exc:  # a flush problem must not stop training
-            log.debug("could not flush TensorBoard writer: %s", exc)
 
 
 def start_tensorboard_sync(

@@ -1,24 +1,94 @@
 """The Keras callbacks ``setup()`` returns, and their order, which matters.
 
-1. checkpoints (rank 0 restores at train begin and saves at epoch end);
+1. ``RankZeroCheckpoint`` (rank 0 restores at train begin and saves at epoch end);
 2. ``BroadcastInitialWeights``: rank 0's (restored) weights to every rank before the first step;
 3. Horovod's ``BroadcastGlobalVariablesCallback`` (optimizer slots) and ``MetricAverageCallback``
    (train and ``val_*`` metrics averaged over ranks: horovod#600);
 4. learning-rate warm-up;
-5. rank 0's TensorBoard logging and its sync to S3.
+5. rank 0's TensorBoard logging and its sync to S3 (``TensorBoardSyncCallback``).
 
 This module imports TensorFlow when loaded (its classes subclass ``tf.keras.callbacks.Callback``), so
-only ``setup()`` loads it, after the Keras 2 check; Horovod is imported where it is used.
+only ``setup()`` loads it, after the Keras 2 check, and the factories that return one of its callbacks
+(``checkpoints.checkpoint_callback``, ``TensorBoardSyncer.keras_callback``); Horovod is imported where
+it is used.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from pathlib import Path
 
 import tensorflow as tf
 
+from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime import checkpoints as ckpt
 from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
+
+log = logging.getLogger(__name__)
+
+
+class RankZeroCheckpoint(tf.keras.callbacks.Callback):
+    """Restore ``resume_from`` at train begin and save every ``every`` epochs into ``directory``, on rank
+    0 only: other ranks get rank 0's weights by broadcast. ``saved`` lists the epochs it wrote."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        rank: int,
+        resume_from: ckpt.Checkpoint | None = None,
+        keep: int | None = 3,
+        every: int = 1,
+    ):
+        if every < 1:
+            raise ConfigurationError(f"checkpoint every={every!r} epochs; give a whole number >= 1")
+        super().__init__()
+        self.directory = Path(directory)
+        self.rank = rank
+        self.resume_from = resume_from
+        self.keep = keep
+        self.every = every
+        self.saved: list[int] = []
+
+    def on_train_begin(self, logs=None):
+        if self.rank != 0:
+            return
+        ckpt.remove_stale_temporaries(self.directory)
+        if self.resume_from is not None:
+            ckpt.restore_checkpoint(self.model, self.resume_from)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.rank == 0 and (epoch + 1) % self.every == 0:
+            ckpt.save_checkpoint(self.model, self.directory, epoch + 1, keep=self.keep, rank=self.rank)
+            self.saved.append(epoch + 1)
+
+
+class TensorBoardSyncCallback(tf.keras.callbacks.Callback):
+    """Ask ``syncer`` for an upload at each epoch end and stop it (final flush) at train end. Flushes
+    ``tensorboard``'s summary writers first: Keras flushes them only at train end, so without this the
+    epoch scalars would reach S3 only then."""
+
+    def __init__(self, syncer: TensorBoardSyncer, tensorboard=None):
+        super().__init__()
+        self.syncer = syncer
+        self.tensorboard = tensorboard
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._flush_writers()
+        self.syncer.sync_now()
+
+    def on_train_end(self, logs=None):
+        self._flush_writers()
+        self.syncer.stop()
+
+    def _flush_writers(self) -> None:
+        writers = getattr(self.tensorboard, "_writers", None) or {}
+        for writer in list(writers.values()):
+            try:
+                writer.flush()
+            except Exception as exc:  # a flush problem must not stop training
+                log.debug("could not flush TensorBoard writer: %s", exc)
 
 
 class BroadcastInitialWeights(tf.keras.callbacks.Callback):
@@ -55,9 +125,7 @@ def horovod_callbacks(
     callbacks: list = []
     if checkpoint_dir is not None:
         callbacks.append(
-            ckpt.checkpoint_callback(
-                checkpoint_dir, rank=rank, resume_from=resume_from, keep=keep, every=every
-            )
+            RankZeroCheckpoint(checkpoint_dir, rank=rank, resume_from=resume_from, keep=keep, every=every)
         )
     callbacks.append(BroadcastInitialWeights(0))
     callbacks.append(hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0))
@@ -85,4 +153,4 @@ def tensorboard_callbacks(
         return [tensorboard], None
     syncer = TensorBoardSyncer(tensorboard_dir, s3_uri, interval=interval)
     syncer.start()
-    return [tensorboard, syncer.keras_callback(tensorboard)], syncer
+    return [tensorboard, TensorBoardSyncCallback(syncer, tensorboard)], syncer

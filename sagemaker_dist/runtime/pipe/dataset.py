@@ -1,0 +1,133 @@
+"""``PipeModeDataset`` (the drop-in for ``sagemaker_tensorflow.PipeModeDataset``) and ``rank_dataset``.
+
+Checks the arguments and the channel's input mode, then builds the dataset from the reader
+(``pipe.reader``) and the TensorFlow bridge (``pipe.tf_bridge``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sagemaker_dist.contract.paths import opt_ml_root
+from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.runtime.config import ContainerConfig
+from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT
+from sagemaker_dist.runtime.framing import DEFAULT_CHUNK, check_record_format
+from sagemaker_dist.runtime.pipe.reader import EpochReader
+from sagemaker_dist.runtime.pipe.tf_bridge import records_dataset
+from sagemaker_dist.runtime.ranks import RankInfo, check_rank_channels
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+
+class PipeModeDatasetError(ConfigurationError):
+    """A PipeModeDataset that cannot read its channel."""
+
+
+def _check_channel(config_dir: Path, channel: str) -> None:
+    """Fail at once, naming the file, when ``channel`` is missing or not in Pipe mode (else the
+    dataset would wait ``fifo_timeout`` for a FIFO that never comes)."""
+    path = config_dir / "inputdataconfig.json"
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise PipeModeDatasetError(
+            f"{path} does not exist; set config_dir= (or $SAGEMAKER_DIST_OPT_ML) to the job's /opt/ml tree"
+        ) from exc
+    if channel not in config:
+        raise PipeModeDatasetError(
+            f"channel {channel!r} is not in {path} (channels: {', '.join(sorted(config)) or 'none'})"
+        )
+    mode = config[channel].get("TrainingInputMode", "File")
+    if mode.lower() != "pipe":
+        raise PipeModeDatasetError(f"channel {channel!r} is in {mode!r} mode, not Pipe ({path})")
+
+
+class PipeModeDataset:
+    """A ``tf.data.Dataset`` of scalar ``tf.string`` records from SageMaker Pipe-mode channel ``channel``.
+
+    Same arguments as ``sagemaker_tensorflow.PipeModeDataset``; directories default to the /opt/ml
+    tree named by ``$SAGEMAKER_DIST_OPT_ML`` (else /opt/ml). Calling the class returns a plain
+    ``tf.data.Dataset``, so ``.map``, ``.batch``, ``.repeat`` and Keras ``fit`` work as usual.
+    ``fifo_timeout`` is how long to wait for each epoch's FIFO to appear. ``batch_size=N`` returns
+    batches (1-D ``tf.string``) instead, the same as ``.batch(N, drop_remainder)`` but built without
+    per-record work in tf.data (``Dataset.rebatch``): faster for small records.
+    """
+
+    def __new__(
+        cls,
+        channel: str,
+        record_format: str = "RecordIO",
+        state_dir: str | os.PathLike | None = None,
+        pipe_dir: str | os.PathLike | None = None,
+        config_dir: str | os.PathLike | None = None,
+        benchmark: bool = False,
+        benchmark_records_interval: int = 0,
+        max_corrupted_records_to_skip: int = 0,
+        *,
+        fifo_timeout: float = DEFAULT_FIFO_TIMEOUT,
+        chunk_size: int = DEFAULT_CHUNK,
+        batch_size: int | None = None,
+        drop_remainder: bool = False,
+    ) -> tf.data.Dataset:
+        check_record_format(record_format)
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            raise PipeModeDatasetError(f"batch_size is {batch_size!r}; use a whole number >= 1 or None")
+        if max_corrupted_records_to_skip < 0:
+            raise PipeModeDatasetError(
+                f"max_corrupted_records_to_skip is {max_corrupted_records_to_skip}; use 0 or more"
+            )
+        root = opt_ml_root()
+        state_dir = Path(state_dir) if state_dir is not None else root / "pipe_state"
+        pipe_dir = Path(pipe_dir) if pipe_dir is not None else root / "input" / "data"
+        config_dir = Path(config_dir) if config_dir is not None else root / "input" / "config"
+        _check_channel(config_dir, channel)
+        reader = EpochReader(
+            channel,
+            record_format,
+            state_dir,
+            pipe_dir,
+            benchmark,
+            benchmark_records_interval,
+            max_corrupted_records_to_skip,
+            fifo_timeout,
+            chunk_size,
+        )
+        return records_dataset(reader, batch_size, drop_remainder)
+
+
+def rank_dataset(
+    role: str = "train",
+    record_format: str = "TFRecord",
+    *,
+    root: str | os.PathLike | None = None,
+    rank_info: RankInfo | None = None,
+    **kwargs,
+) -> tf.data.Dataset:
+    """This Horovod rank's own channel for ``role`` as a dataset, after the fail-fast start-up check.
+
+    Call it before ``hvd.init()``'s first collective op (e.g. before broadcasting variables) so a
+    channel/rank mismatch is an immediate error instead of a stall. ``kwargs`` go to PipeModeDataset.
+    A File-mode channel (a shared validation or eval set) is read from its files instead.
+    """
+    config = ContainerConfig.load(root)
+    info = rank_info or RankInfo.detect()
+    channel = check_rank_channels(config, info, role, input_modes=("Pipe", "File"))
+    if config.input_mode(channel) == "File":
+        from sagemaker_dist.runtime.file_dataset import file_channel_dataset
+
+        return file_channel_dataset(config.data_dir / channel, record_format, channel, **kwargs)
+    wrapper = config.record_wrapper(channel)
+    if wrapper == "RecordIO" and record_format != "RecordIO":
+        raise PipeModeDatasetError(
+            f"channel {channel!r} has RecordWrapperType RecordIO, so its stream is RecordIO frames; "
+            f"pass record_format='RecordIO' (got {record_format!r})"
+        )
+    kwargs.setdefault("state_dir", config.pipe_state_dir)
+    kwargs.setdefault("pipe_dir", config.data_dir)
+    kwargs.setdefault("config_dir", config.config_dir)
+    return PipeModeDataset(channel, record_format, **kwargs)

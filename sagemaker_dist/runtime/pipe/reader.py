@@ -1,0 +1,170 @@
+"""The Python half of PipeModeDataset: a thread per iteration reads the next FIFO ahead of TensorFlow.
+
+``EpochReader`` opens the epoch's FIFO, frames it (``framing.frame_views``) and hands out chunks of
+records: small records as one blob plus offsets (cut out later in C++), large ones as a list of
+``bytes`` each. ``read_ahead`` runs that in a thread, so reading and CRC checks (which release the
+GIL) overlap TensorFlow's work on the chunks before.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from sagemaker_dist.contract.paths import fifo_name
+from sagemaker_dist.runtime.fifo import FifoReader, fifo_path, wait_for_fifo
+from sagemaker_dist.runtime.framing import frame_views, make_framer
+from sagemaker_dist.runtime.pipe.epochs import update_epoch
+
+log = logging.getLogger(__name__)
+# Chunks whose records average at least this many bytes cross as one bytes object per record (one
+# copy less than a chunk blob cut up by tf.strings.substr); smaller records cross as a blob.
+PER_RECORD_MIN_BYTES = 4096
+NO_OFFSETS = np.empty(0, dtype=np.int64)
+READ_AHEAD_CHUNKS = 2  # chunks a reader thread frames ahead of TensorFlow (0: frame in TensorFlow's call)
+
+
+def read_ahead(items, depth: int, name: str):
+    """Yield ``items``, produced by a thread up to ``depth`` items ahead; its errors are raised here.
+
+    The thread reads the FIFO while TensorFlow converts and batches the chunks before: readv and
+    crc32c release the GIL. When the consumer stops early, the thread stops at its next item.
+    """
+    done = object()
+    ahead: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                ahead.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def produce():
+        try:
+            for item in items:
+                if not put((item, None)):
+                    break
+            else:
+                put((done, None))
+        except BaseException as exc:  # handed to the consumer, after the chunks ahead of it
+            put((None, exc))
+        finally:
+            items.close()
+
+    thread = threading.Thread(target=produce, name=f"PipeModeDataset-{name}", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, exc = ahead.get()
+            if exc is not None:
+                raise exc
+            if item is done:
+                break
+            yield item
+        thread.join()
+    finally:
+        stop.set()
+
+
+class EpochReader:
+    """The Python half: one call per iteration yields (blob, starts, lengths, records) from the next FIFO.
+
+    A chunk of records is either a blob with offsets (records cut out in C++) or, for large
+    records, a list of the records themselves.
+    """
+
+    def __init__(
+        self, channel, record_format, state_dir, pipe_dir, benchmark, interval, max_skip, timeout, chunk_size
+    ):
+        self.channel = channel
+        self.record_format = record_format
+        self.state_dir = Path(state_dir)
+        self.pipe_dir = Path(pipe_dir)
+        self.benchmark = benchmark
+        self.interval = interval
+        self.max_skip = max_skip
+        self.timeout = timeout
+        self.chunk_size = chunk_size
+
+    def __call__(self, group: int = 0, convert=None):
+        """Chunks of the next epoch's FIFO; ``group`` and ``convert`` as in :meth:`_chunks`."""
+        epoch = update_epoch(self.state_dir, self.channel)
+        try:
+            path = wait_for_fifo(fifo_path(self.pipe_dir, self.channel, epoch), self.timeout)
+        except Exception:
+            update_epoch(self.state_dir, self.channel, undo=epoch)  # a retry waits for the same FIFO
+            raise
+        chunks = self._chunks(epoch, path, group, convert)
+        if READ_AHEAD_CHUNKS:
+            yield from read_ahead(chunks, READ_AHEAD_CHUNKS, fifo_name(self.channel, epoch))
+        else:
+            yield from chunks
+
+    def _chunks(self, epoch, path, group=0, convert=None):
+        """``(blob, starts, lengths, records)`` per chunk, passed through ``convert`` (in the reader thread).
+
+        Large records come in lists of a multiple of ``group`` records where they can (the batch
+        size: TensorFlow's rebatch then passes them through without a copy).
+        """
+        framer = make_framer(self.record_format, self.channel, epoch, self.max_skip)
+        started = time.perf_counter()
+        next_report = self.interval
+        convert = convert or _as_is
+        with FifoReader(path) as reader:
+            chunks = frame_views(
+                reader.readinto, framer, self.chunk_size, ready=reader.ready, read=reader.read, group=group
+            )
+            for chunk in chunks:
+                yield convert(*_as_blob_or_records(chunk))
+                if self.benchmark and self.interval and framer.records >= next_report:
+                    self._report(framer, reader, started, "progress")
+                    next_report = framer.records - framer.records % self.interval + self.interval
+            if framer.skipped:
+                log.warning(
+                    "channel %r, epoch %d: skipped %d corrupted record(s), read %d",
+                    self.channel,
+                    epoch,
+                    framer.skipped,
+                    framer.records,
+                )
+            if self.benchmark:
+                self._report(framer, reader, started, "epoch end")
+
+    def _report(self, framer, reader, started, what):
+        seconds = max(time.perf_counter() - started, 1e-9)
+        print(
+            f"PipeModeDataset {self.channel}_{framer.epoch} {what}: {framer.records} records, "
+            f"{reader.bytes_read} bytes in {seconds:.3f} s ({framer.records / seconds:.0f} records/s, "
+            f"{reader.bytes_read / seconds / 1e6:.1f} MB/s)",
+            flush=True,
+        )
+
+
+def _as_is(*chunk):
+    return chunk
+
+
+def _as_blob_or_records(chunk) -> tuple:
+    """``(blob, starts, lengths, records)`` of an item of ``frame_views``: large records as they
+    came (a list), records averaging PER_RECORD_MIN_BYTES as one ``bytes`` each, others as a blob."""
+    if isinstance(chunk, list):  # large records, read one by one
+        return b"", NO_OFFSETS, NO_OFFSETS, chunk
+    view, starts, lengths, extra = chunk
+    if not extra and int(lengths.sum()) >= PER_RECORD_MIN_BYTES * len(lengths):
+        records = [view[s : s + n].tobytes() for s, n in zip(starts.tolist(), lengths.tolist())]
+        view.release()
+        return b"", NO_OFFSETS, NO_OFFSETS, records
+    blob = view.tobytes()
+    view.release()
+    if extra:
+        blob += b"".join(extra)
+    return blob, starts, lengths, []
