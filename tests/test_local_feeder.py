@@ -12,17 +12,11 @@ import pytest
 from local_s3_proxy import cutting_proxy
 
 from sagemaker_dist.contract.record_formats import RECORDIO_MAGIC
+from sagemaker_dist.local.channel_objects import ChannelSpec, FeedError, epoch_objects, resolve_objects
 from sagemaker_dist.local.demo_data import tfrecord_frame
 from sagemaker_dist.local.endpoint import s3_client
-from sagemaker_dist.local.feeder import (
-    ChannelFeeder,
-    ChannelSpec,
-    FeedError,
-    download_channel,
-    epoch_objects,
-    recordio_headers,
-    resolve_objects,
-)
+from sagemaker_dist.local.feeder import ChannelFeeder, recordio_headers
+from sagemaker_dist.local.feeds import download_channel
 
 
 def _put_objects(s3, bucket, prefix, names):

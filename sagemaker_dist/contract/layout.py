@@ -37,6 +37,12 @@ class LayoutError(ConfigurationError):
     """A channel layout that SageMaker would reject or that would stall Horovod."""
 
 
+def fifo_would_be_shared(input_mode: str | None, readers_per_host: int) -> bool:
+    """A FIFO has one reader: a Pipe channel that several processes of a host read silently splits its
+    bytes between them and stalls the job. The one home of that rule."""
+    return input_mode == "Pipe" and readers_per_host > 1
+
+
 def check_channel_name(name: str) -> str:
     """Return ``name`` if CreateTrainingJob accepts it as a channel name, else raise LayoutError."""
     if not isinstance(name, str) or not name:
@@ -88,6 +94,11 @@ class ChannelLayout:
     @property
     def world_size(self) -> int:
         return self.hosts * self.processes_per_host
+
+    @property
+    def shared_channels(self) -> tuple[str, ...]:
+        """Channels every rank reads in full: single roles (one channel) and extra channels."""
+        return tuple(r.base for r in self.roles if r.spread == SINGLE) + tuple(self.extra_channels)
 
     @property
     def channel_names(self) -> list[str]:
@@ -243,6 +254,40 @@ def plan_layout(
     ``validation`` is None, ``'single'`` or ``'per-worker'``. ``reserved_channels`` counts channels
     a launcher adds on its own (e.g. a code channel).
     """
+    _check_arguments(
+        hosts, processes_per_host, validation, input_mode, record_wrapper, shuffle_seed, reserved_channels
+    )
+    extra = tuple(check_channel_name(n) for n in extra_channels)
+    extra_count = len(extra) + reserved_channels
+
+    def count(s: str) -> int:
+        return _count_channels(s, hosts, processes_per_host, validation, eval_channel, extra_count)
+
+    strategy = _choose_strategy(strategy, count, hosts, processes_per_host)
+    names = (train_name, validation_name, eval_name)
+    roles = _roles(strategy, hosts, processes_per_host, validation, eval_channel, names)
+    layout = ChannelLayout(
+        strategy=strategy,
+        hosts=hosts,
+        processes_per_host=processes_per_host,
+        roles=tuple(roles),
+        input_mode=input_mode,
+        record_wrapper=record_wrapper,
+        shuffle_seed=shuffle_seed,
+        extra_channels=extra,
+    )
+    names = layout.channel_names
+    for n in names:
+        check_channel_name(n)
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise LayoutError(f"channel names repeat: {', '.join(dupes)}; give each role its own name")
+    return layout
+
+
+def _check_arguments(
+    hosts, processes_per_host, validation, input_mode, record_wrapper, shuffle_seed, reserved
+):
     if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 1:
         raise LayoutError(f"instance count is {hosts!r}; it must be a whole number >= 1")
     if not isinstance(processes_per_host, int) or processes_per_host < 1:
@@ -258,14 +303,12 @@ def plan_layout(
         raise LayoutError(f"record wrapper {record_wrapper!r} is not one of {RECORD_WRAPPERS}")
     if shuffle_seed is not None and (not isinstance(shuffle_seed, int) or shuffle_seed < 0):
         raise LayoutError(f"shuffle seed {shuffle_seed!r} must be a whole number >= 0")
-    if isinstance(reserved_channels, bool) or not isinstance(reserved_channels, int) or reserved_channels < 0:
-        raise LayoutError(f"reserved channels {reserved_channels!r} must be a whole number >= 0")
-    extra = tuple(check_channel_name(n) for n in extra_channels)
-    extra_count = len(extra) + reserved_channels
+    if isinstance(reserved, bool) or not isinstance(reserved, int) or reserved < 0:
+        raise LayoutError(f"reserved channels {reserved!r} must be a whole number >= 0")
 
-    def count(s: str) -> int:
-        return _count_channels(s, hosts, processes_per_host, validation, eval_channel, extra_count)
 
+def _choose_strategy(strategy: str, count, hosts: int, processes_per_host: int) -> str:
+    """``auto`` takes the first strategy within the cap; a named one must fit, else say what would."""
     if strategy == "auto":
         fitting = [s for s in STRATEGIES if count(s) <= MAX_CHANNELS]
         if not fitting:
@@ -287,6 +330,11 @@ def plan_layout(
             f"with strategy {strategy!r}, over SageMaker's cap of {MAX_CHANNELS} ({counts}); {hint}"
         )
 
+    return strategy
+
+
+def _roles(strategy, hosts, processes_per_host, validation, eval_channel, names) -> list[RoleLayout]:
+    train_name, validation_name, eval_name = names
     per_worker = _role_count(strategy, hosts, processes_per_host)
     dist = FULLY_REPLICATED if strategy == PER_RANK else SHARDED_BY_S3_KEY
     roles = [RoleLayout("train", train_name, PER_WORKER, per_worker, dist)]
@@ -296,20 +344,4 @@ def plan_layout(
         roles.append(RoleLayout("validation", validation_name, SINGLE, 1, FULLY_REPLICATED))
     if eval_channel:
         roles.append(RoleLayout("eval", eval_name, SINGLE, 1, FULLY_REPLICATED))
-    layout = ChannelLayout(
-        strategy=strategy,
-        hosts=hosts,
-        processes_per_host=processes_per_host,
-        roles=tuple(roles),
-        input_mode=input_mode,
-        record_wrapper=record_wrapper,
-        shuffle_seed=shuffle_seed,
-        extra_channels=extra,
-    )
-    names = layout.channel_names
-    for n in names:
-        check_channel_name(n)
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise LayoutError(f"channel names repeat: {', '.join(dupes)}; give each role its own name")
-    return layout
+    return roles

@@ -17,8 +17,14 @@ from datetime import datetime, timezone
 
 import boto3
 
-from sagemaker_dist.contract import hyperparameters as hp
-from sagemaker_dist.contract.layout import INPUT_MODES, PER_WORKER, SINGLE, ChannelLayout, plan_layout
+from sagemaker_dist.contract.layout import (
+    INPUT_MODES,
+    PER_WORKER,
+    SINGLE,
+    ChannelLayout,
+    fifo_would_be_shared,
+    plan_layout,
+)
 from sagemaker_dist.contract.s3_uri import join_s3
 from sagemaker_dist.launch.aws import AwsRequestError, check_job_name_free, role_arn  # noqa: F401 - API
 from sagemaker_dist.launch.backends import SageMakerBackend, TrainingBackend
@@ -37,9 +43,9 @@ from sagemaker_dist.launch.request import (
     check_mpi_options,
     render_request,
     tags_list,
+    user_hyperparameters,
 )
 from sagemaker_dist.launch.request_validation import MAX_JOB_NAME, validate_request
-from sagemaker_dist.launch.shard_writer import MANIFEST, plan_shard_set, write_shards
 from sagemaker_dist.launch.source_package import (
     MAX_SOURCE_BYTES,
     TARBALL_NAME,
@@ -48,6 +54,7 @@ from sagemaker_dist.launch.source_package import (
     resolve_entry_point,
     upload_source,
 )
+from sagemaker_dist.launch.staging import plan_role_shards
 
 _PLACEHOLDER_ACCOUNT = "000000000000"
 _PLACEHOLDER_OUTPUT = "s3://output-bucket-not-yet-resolved"
@@ -151,7 +158,7 @@ class HorovodPipeEstimator:
         self.shared_channel_input_mode = self.shared_channel_input_mode or self.input_mode
         if self.validation not in (SINGLE, PER_WORKER):
             raise EstimatorError(f"validation={self.validation!r}; use 'single' or 'per-worker'")
-        self.hyperparameters = self._user_hyperparameters(self.hyperparameters)
+        self.hyperparameters = user_hyperparameters(self.hyperparameters)
         for what in ("output_path", "code_location", "checkpoint_s3_uri", "tensorboard_s3_uri"):
             if getattr(self, what) is not None:
                 check_s3_uri(getattr(self, what), what)
@@ -165,20 +172,6 @@ class HorovodPipeEstimator:
         check_mpi_options(extra)
         defaults = DEFAULT_MPI_OPTIONS if self.default_mpi_options else ()
         self.mpi_options = " ".join([*defaults, *extra]).strip()
-
-    @staticmethod
-    def _user_hyperparameters(hyperparameters: Mapping | None) -> dict[str, str]:
-        hps = {}
-        for key, value in (hyperparameters or {}).items():
-            if not isinstance(key, str) or not key:
-                raise EstimatorError(f"hyperparameter key {key!r} must be a non-empty string")
-            if key in hp.FRAMEWORK_HYPERPARAMETERS:
-                raise EstimatorError(
-                    f"hyperparameter {key!r} is set by sagemaker-dist; use the estimator's arguments "
-                    "(entry_point, processes_per_host, mpi_options) instead"
-                )
-            hps[key] = hp.encode_value(value)
-        return hps
 
     @property
     def world_size(self) -> int:
@@ -206,9 +199,8 @@ class HorovodPipeEstimator:
         return layout
 
     def _check_shared_channels(self, layout: ChannelLayout) -> None:
-        """A Pipe FIFO has one reader: channels every rank shares cannot be Pipe with several ranks a host."""
-        shared = [r.base for r in layout.roles if r.spread == SINGLE] + list(layout.extra_channels)
-        if shared and self.shared_channel_input_mode == "Pipe" and layout.processes_per_host > 1:
+        shared = layout.shared_channels
+        if shared and fifo_would_be_shared(self.shared_channel_input_mode, layout.processes_per_host):
             raise EstimatorError(
                 f"channel(s) {', '.join(shared)} are shared by all {layout.processes_per_host} processes "
                 "on each host, but a Pipe-mode FIFO has one reader (several readers split its bytes "
@@ -325,16 +317,6 @@ class HorovodPipeEstimator:
         """Raise EstimatorError if a training job called ``job_name`` exists (DescribeTrainingJob)."""
         check_job_name_free(job_name, self._boto_session())
 
-    def _plan_shards(self, prefix: str, r, client):
-        """List ``prefix`` and balance it into ``r.count`` shards (pure after the listing)."""
-        from sagemaker_dist.launch.s3_objects import list_objects
-        from sagemaker_dist.launch.sharding import check_host_split, plan_shards
-
-        objects = list_objects(prefix, client=client)  # raises EmptyPrefixError if there are none
-        plan = plan_shards([(o.key, o.size) for o in objects], r.count)
-        check_host_split(plan, self.instance_count, r.distribution, r.role)
-        return plan
-
     def prepare(
         self,
         inputs,
@@ -388,23 +370,12 @@ class HorovodPipeEstimator:
         if check:
             self.check_job_name_free(job_name)
         client = self._s3_client()
-        shards_uri = join_s3(output_path, job_name, "shards") + "/"
-        sources, writes = {}, []
-        for r in layout.roles:
-            spec = inputs.roles[r.role]
-            if isinstance(spec, str) and r.spread == PER_WORKER:
-                say(f"sharding {spec} into {r.count} manifest(s) for {r.role}")
-                plan = self._plan_shards(spec, r, client)
-                planned = plan_shard_set(plan, spec, shards_uri, MANIFEST, r.role)
-                writes.append((plan, spec, r.role))
-                spec = ChannelSource(tuple(planned.uris), planned.s3_data_type)
-            sources[r.role] = spec
+        staged = plan_role_shards(inputs, layout, join_s3(output_path, job_name, "shards") + "/", client, say)
         submit = self.source_uri(output_path, job_name)
         names = ResolvedNames(job_name, role, output_path, submit, self._image())
-        request = render_request(self, layout, inputs, sources, names, package.entry_point)
+        request = render_request(self, layout, inputs, staged.sources, names, package.entry_point)
         request = validate_request(backend.complete_request(request, say))
-        for plan, prefix, base in writes:
-            write_shards(plan, prefix, shards_uri, mode=MANIFEST, role=base, client=client)
+        staged.write(client)
         upload_source(package, submit, client=client)
         say(f"uploaded {len(package.files)} source file(s) ({package.source_bytes} bytes) to {submit}")
         return request

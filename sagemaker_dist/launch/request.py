@@ -72,6 +72,21 @@ def check_mpi_options(options: Sequence[str]) -> None:
             )
 
 
+def user_hyperparameters(hyperparameters: Mapping | None) -> dict[str, str]:
+    """The user's hyperparameters as SageMaker stores them; the framework's own names are refused."""
+    hps = {}
+    for key, value in (hyperparameters or {}).items():
+        if not isinstance(key, str) or not key:
+            raise EstimatorError(f"hyperparameter key {key!r} must be a non-empty string")
+        if key in hp.FRAMEWORK_HYPERPARAMETERS:
+            raise EstimatorError(
+                f"hyperparameter {key!r} is set by sagemaker-dist; use the estimator's arguments "
+                "(entry_point, processes_per_host, mpi_options) instead"
+            )
+        hps[key] = hp.encode_value(value)
+    return hps
+
+
 def tags_list(tags) -> list[dict]:
     if tags is None:
         return []

@@ -18,9 +18,9 @@ from sagemaker_dist.contract.layout import (
     LAYOUT_HYPERPARAMETER,
     MAX_CHANNEL_NAME,
     MAX_CHANNELS,
-    SINGLE,
     ChannelLayout,
     LayoutError,
+    fifo_would_be_shared,
 )
 from sagemaker_dist.errors import ConfigurationError
 
@@ -222,9 +222,7 @@ def _shared_pipe_problems(request: Mapping) -> list[str]:
         per_host = int(per_host)
     except (TypeError, ValueError):
         return [f"hyperparameter {PROCESSES_PER_HOST_HYPERPARAMETER} is {per_host!r}; give a whole number"]
-    if per_host <= 1:
-        return []
-    shared = {r.base for r in layout.roles if r.spread == SINGLE} | set(layout.extra_channels)
+    shared = set(layout.shared_channels)
     mode = (request.get("AlgorithmSpecification") or {}).get("TrainingInputMode")
     return [
         f"channel {c.get('ChannelName')!r} is shared by all {per_host} processes per host but is in "
@@ -232,7 +230,9 @@ def _shared_pipe_problems(request: Mapping) -> list[str]:
         "give it InputMode File or FastFile (shared_channel_input_mode='File'), or spread validation "
         "per worker (validation='per-worker')"
         for c in request.get("InputDataConfig") or []
-        if isinstance(c, Mapping) and c.get("ChannelName") in shared and c.get("InputMode", mode) == "Pipe"
+        if isinstance(c, Mapping)
+        and c.get("ChannelName") in shared
+        and fifo_would_be_shared(c.get("InputMode", mode), per_host)
     ]
 
 

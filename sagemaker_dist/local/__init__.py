@@ -13,7 +13,7 @@ import importlib
 _EXPORTS = {
     "LocalBackend": "backend",
     "embedded_s3": "endpoint",
-    "FeedError": "feeder",
+    "FeedError": "channel_objects",
     "LocalJobError": "job",
     "LocalJobFailed": "job",
     "LocalJobResult": "job",

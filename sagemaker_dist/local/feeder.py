@@ -4,15 +4,13 @@ As SageMaker does it: FIFO ``<channel>_0`` is created, the objects are streamed 
 reader opens it, and ``<channel>_1`` is created once the reader has closed ``<channel>_0`` (after
 EOF, or early). ManifestFile, ShardedByS3Key across simulated hosts (by object count), ShuffleConfig
 (a seeded permutation per epoch, taken before sharding as SageMaker documents) and RecordIO wrapping
-are honoured. File mode downloads the same objects into ``<channel>/`` first, for comparison.
+are honoured (``channel_objects`` decides which objects each host gets each epoch).
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import os
-import random
 import stat
 import struct
 import threading
@@ -27,99 +25,10 @@ from sagemaker_dist.contract.record_formats import (
     recordio_padding,
     recordio_parts,
 )
-from sagemaker_dist.contract.s3_uri import parse_s3_uri
-from sagemaker_dist.errors import DataError
-from sagemaker_dist.launch.s3_objects import list_objects
+from sagemaker_dist.local.channel_objects import FeedError, S3Item, epoch_objects
 
 CHUNK = 1 << 20
 POLL_S = 0.02
-
-
-class FeedError(DataError):
-    """A channel could not be fed: names the channel and the S3 object."""
-
-
-@dataclass(frozen=True)
-class S3Item:
-    bucket: str
-    key: str
-    size: int | None
-    rel: str  # path relative to the channel's prefix (File mode keeps it)
-
-    @property
-    def uri(self) -> str:
-        return f"s3://{self.bucket}/{self.key}"
-
-
-@dataclass
-class ChannelSpec:
-    """What the feeder needs from one InputDataConfig entry."""
-
-    name: str
-    s3_uri: str
-    data_type: str = "S3Prefix"
-    distribution: str = "FullyReplicated"
-    record_wrapper: str = "None"
-    shuffle_seed: int | None = None
-    input_mode: str = "Pipe"
-
-    @classmethod
-    def from_request(cls, channel: dict, default_mode: str = "Pipe") -> ChannelSpec:
-        s3 = channel["DataSource"]["S3DataSource"]
-        shuffle = channel.get("ShuffleConfig") or {}
-        mode = channel.get("InputMode") or default_mode
-        return cls(
-            name=channel["ChannelName"],
-            s3_uri=s3["S3Uri"],
-            data_type=s3.get("S3DataType", "S3Prefix"),
-            distribution=s3.get("S3DataDistributionType") or s3.get("S3DistributionType", "FullyReplicated"),
-            record_wrapper=channel.get("RecordWrapperType", "None") or "None",
-            shuffle_seed=shuffle.get("Seed"),
-            input_mode="File" if mode == "FastFile" else mode,
-        )
-
-
-def resolve_objects(spec: ChannelSpec, client) -> list[S3Item]:
-    """The channel's objects in SageMaker's order: key order for a prefix, listed order for a manifest."""
-    if spec.data_type == "ManifestFile":
-        bucket, key = parse_s3_uri(spec.s3_uri)
-        try:
-            doc = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
-        except client.exceptions.NoSuchKey as exc:
-            raise FeedError(f"channel {spec.name!r}: manifest {spec.s3_uri} does not exist") from exc
-        except ValueError as exc:
-            raise FeedError(f"channel {spec.name!r}: manifest {spec.s3_uri} is not JSON ({exc})") from exc
-        if not (isinstance(doc, list) and doc and isinstance(doc[0], dict) and "prefix" in doc[0]):
-            raise FeedError(
-                f"channel {spec.name!r}: manifest {spec.s3_uri} must be a JSON array starting with "
-                '{"prefix": "s3://bucket/prefix/"} followed by relative keys'
-            )
-        pbucket, pkey = parse_s3_uri(doc[0]["prefix"])
-        return [S3Item(pbucket, pkey + rel, None, rel) for rel in doc[1:]]
-    if spec.data_type != "S3Prefix":
-        raise FeedError(
-            f"channel {spec.name!r}: S3DataType {spec.data_type!r} is not S3Prefix or ManifestFile"
-        )
-    bucket, prefix = parse_s3_uri(spec.s3_uri)
-    items = []
-    for obj in sorted(list_objects(spec.s3_uri, client=client), key=lambda o: o.key):
-        if obj.key.endswith("/"):
-            continue
-        rel = obj.key[len(prefix) :].lstrip("/") or obj.key.rsplit("/", 1)[-1]
-        items.append(S3Item(bucket, obj.key, obj.size, rel))
-    if not items:
-        raise FeedError(f"channel {spec.name!r}: no objects under {spec.s3_uri}")
-    return items
-
-
-def epoch_objects(items: list[S3Item], spec: ChannelSpec, epoch: int, host_index: int, hosts: int):
-    """Objects one host receives in one epoch: shuffled (if asked, per epoch), then sharded by key."""
-    order = list(items)
-    if spec.shuffle_seed is not None:
-        random.Random(f"{spec.shuffle_seed}:{epoch}").shuffle(order)
-    if spec.distribution == "ShardedByS3Key" and hosts > 1:
-        order = order[host_index::hosts]
-    return order
 
 
 def recordio_headers(size: int):
@@ -405,24 +314,3 @@ def _stream_wrapped(client, item: S3Item, target: StreamTarget, attempts: int) -
     if size == 0:
         target.write(recordio_header(RECORDIO_WHOLE, 0))
     target.write(recordio_padding(size - state["part_start"]))
-
-
-def download_channel(spec: ChannelSpec, items: list[S3Item], dest: Path, client, host_index: int, hosts: int):
-    """File mode: download this host's objects into ``dest`` (relative key paths kept). Returns bytes."""
-    from boto3.s3.transfer import TransferConfig
-
-    dest.mkdir(parents=True, exist_ok=True)
-    total = 0
-    config = TransferConfig(max_concurrency=4)
-    for item in epoch_objects(items, spec, 0, host_index, hosts):
-        target = dest / item.rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(target.name + ".part")
-        try:
-            client.download_file(item.bucket, item.key, str(tmp), Config=config)
-        except Exception as exc:  # noqa: BLE001 - botocore already retried; name the object
-            tmp.unlink(missing_ok=True)
-            raise FeedError(f"channel {spec.name!r}: cannot download {item.uri}: {exc}") from exc
-        tmp.rename(target)
-        total += target.stat().st_size
-    return total

@@ -6,8 +6,16 @@ mode downloads the host's objects before they start, as SageMaker does.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
-from sagemaker_dist.local.feeder import ChannelFeeder, FeedStats, download_channel, resolve_objects
+from sagemaker_dist.local.channel_objects import (
+    ChannelSpec,
+    FeedError,
+    S3Item,
+    epoch_objects,
+    resolve_objects,
+)
+from sagemaker_dist.local.feeder import ChannelFeeder, FeedStats
 
 
 class FileFeed:
@@ -60,3 +68,24 @@ def open_feeds(specs, trees, client, stop, on_error, echo) -> list:
 def close_feeds(feeds: list) -> None:
     for feed in feeds:
         feed.close()
+
+
+def download_channel(spec: ChannelSpec, items: list[S3Item], dest: Path, client, host_index: int, hosts: int):
+    """File mode: download this host's objects into ``dest`` (relative key paths kept). Returns bytes."""
+    from boto3.s3.transfer import TransferConfig
+
+    dest.mkdir(parents=True, exist_ok=True)
+    total = 0
+    config = TransferConfig(max_concurrency=4)
+    for item in epoch_objects(items, spec, 0, host_index, hosts):
+        target = dest / item.rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".part")
+        try:
+            client.download_file(item.bucket, item.key, str(tmp), Config=config)
+        except Exception as exc:  # noqa: BLE001 - botocore already retried; name the object
+            tmp.unlink(missing_ok=True)
+            raise FeedError(f"channel {spec.name!r}: cannot download {item.uri}: {exc}") from exc
+        tmp.rename(target)
+        total += target.stat().st_size
+    return total

@@ -26,8 +26,8 @@ from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, ChannelLayout
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.errors import ConfigurationError, JobFailedError
 from sagemaker_dist.launch.request_validation import validate_request
+from sagemaker_dist.local.channel_objects import ChannelSpec
 from sagemaker_dist.local.endpoint import s3_client
-from sagemaker_dist.local.feeder import ChannelSpec
 from sagemaker_dist.local.feeds import close_feeds, open_feeds
 from sagemaker_dist.local.launcher import RankGroup, check_hostname_resolves, rank_command
 from sagemaker_dist.local.opt_ml import JOB_ENV, build_host_trees

@@ -13,7 +13,13 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, PER_RANK, SINGLE, LayoutError
+from sagemaker_dist.contract.layout import (
+    LAYOUT_HYPERPARAMETER,
+    PER_RANK,
+    SINGLE,
+    LayoutError,
+    fifo_would_be_shared,
+)
 from sagemaker_dist.contract.rank_slots import RankVariablesError, rank_from_environment
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime.config import ContainerConfig
@@ -82,44 +88,58 @@ def check_rank_channels(
     rank's channel is in inputdataconfig.json with one of ``input_modes``; and a Pipe channel that
     several ranks of one host would read (a shared role) is refused: a FIFO has one reader only.
     """
-    info = rank_info or RankInfo.detect(config.environ or None)
-    present = config.channels
-    who = f"rank {info.rank} (local rank {info.local_rank}; {info.size} rank(s), {info.local_size} per host)"
+    check = _ChannelCheck(config, rank_info or RankInfo.detect(config.environ or None), role)
+    layout, role_layout = check.role_layout()
+    expected = role_layout.base if role_layout.spread == SINGLE else check.worker_channel(layout, role_layout)
+    check.mode(expected, role_layout, input_modes)
+    return expected
 
-    def fail(expected: str, problem: str, hint: str) -> RankChannelError:
+
+class _ChannelCheck:
+    """The start-up check of one rank for one role; every error names the rank and what is present."""
+
+    def __init__(self, config: ContainerConfig, info: RankInfo, role: str):
+        self.config, self.info, self.role = config, info, role
+        self.who = (
+            f"rank {info.rank} (local rank {info.local_rank}; {info.size} rank(s), "
+            f"{info.local_size} per host)"
+        )
+
+    def fail(self, expected: str, problem: str, hint: str) -> RankChannelError:
+        present = _describe(self.config.channels)
         return RankChannelError(
-            f"{who}: expected channel {expected!r}: {problem}. Channels present: {_describe(present)}. {hint}"
+            f"{self.who}: expected channel {expected!r}: {problem}. Channels present: {present}. {hint}"
         )
 
-    try:
-        layout = config.layout
-    except LayoutError as exc:
-        raise RankChannelError(f"{who}: {exc}") from exc
-    if layout is None:
-        raise fail(
-            f"{role}_{info.rank}",
-            f"hyperparameter {LAYOUT_HYPERPARAMETER!r} is missing "
-            f"(hyperparameters from {config.sources.get('hyperparameters.json', 'missing')})",
-            "Launch the job with sagemaker-dist so it records the channel layout, or use "
-            "PipeModeDataset(channel) directly.",
-        )
-    try:
-        role_layout = layout.role(role)
-    except LayoutError as exc:
-        raise RankChannelError(f"{who}: {exc}") from exc
+    def role_layout(self):
+        config, role = self.config, self.role
+        try:
+            layout = config.layout
+        except LayoutError as exc:
+            raise RankChannelError(f"{self.who}: {exc}") from exc
+        if layout is None:
+            raise self.fail(
+                f"{role}_{self.info.rank}",
+                f"hyperparameter {LAYOUT_HYPERPARAMETER!r} is missing "
+                f"(hyperparameters from {config.sources.get('hyperparameters.json', 'missing')})",
+                "Launch the job with sagemaker-dist so it records the channel layout, or use "
+                "PipeModeDataset(channel) directly.",
+            )
+        try:
+            return layout, layout.role(role)
+        except LayoutError as exc:
+            raise RankChannelError(f"{self.who}: {exc}") from exc
 
-    if role_layout.spread == SINGLE:
-        expected = role_layout.base
-    else:
-        per_rank = layout.strategy == PER_RANK
-        index, workers, kind = (
-            (info.rank, info.size, "ranks")
-            if per_rank
-            else (info.local_rank, info.local_size, "ranks per host")
-        )
+    def worker_channel(self, layout, role_layout) -> str:
+        """This rank's own channel of a per-worker role, after checking the layout fits the job."""
+        info, role, data_config = self.info, self.role, self.config.input_data_config
+        if layout.strategy == PER_RANK:
+            index, workers, kind = info.rank, info.size, "ranks"
+        else:
+            index, workers, kind = info.local_rank, info.local_size, "ranks per host"
         expected = f"{role_layout.base}_{index}"
         if role_layout.count != workers:
-            raise fail(
+            raise self.fail(
                 expected,
                 f"the layout ({layout.strategy}) has {role_layout.count} {role} channel(s) "
                 f"({_describe(role_layout.channels)}) for {layout.hosts} host(s) x "
@@ -127,34 +147,36 @@ def check_rank_channels(
                 "Launch with as many processes per host as the layout was planned for "
                 "(sagemaker_mpi_num_of_processes_per_host), or plan the layout for this cluster.",
             )
-        role_present = [c for c in role_layout.channels if c in config.input_data_config]
-        if len(role_present) != role_layout.count:
-            missing = [c for c in role_layout.channels if c not in config.input_data_config]
-            raise fail(
+        missing = [c for c in role_layout.channels if c not in data_config]
+        if missing:
+            raise self.fail(
                 expected,
-                f"{len(role_present)} of the layout's {role_layout.count} {role} channel(s) exist "
-                f"(missing: {_describe(missing)})",
+                f"{role_layout.count - len(missing)} of the layout's {role_layout.count} {role} channel(s) "
+                f"exist (missing: {_describe(missing)})",
                 "Create the job with every channel of the layout (sagemaker-dist does).",
             )
-    if expected not in config.input_data_config:
-        raise fail(
-            expected, "it is not in inputdataconfig.json", "Add the channel to the job's InputDataConfig."
-        )
-    mode = config.input_mode(expected)
-    if mode not in input_modes:
-        wanted = " or ".join(repr(m) for m in input_modes)
-        raise fail(
-            expected,
-            f"its TrainingInputMode is {mode!r}, not {wanted}",
-            "Create the channel with InputMode 'Pipe' (or read its files from "
-            f"{config.data_dir / expected} instead of a PipeModeDataset).",
-        )
-    if mode == "Pipe" and role_layout.spread == SINGLE and info.local_size > 1:
-        raise fail(
-            expected,
-            f"it is one Pipe-mode channel that all {info.local_size} ranks of this host would read, "
-            "but a FIFO has one reader only (several readers silently split its bytes)",
-            f"Give {role!r} one channel per worker (validation='per-worker'), or make this shared "
-            "channel File mode so every rank reads its files.",
-        )
-    return expected
+        return expected
+
+    def mode(self, expected: str, role_layout, input_modes: tuple[str, ...]) -> None:
+        config, info = self.config, self.info
+        if expected not in config.input_data_config:
+            raise self.fail(
+                expected, "it is not in inputdataconfig.json", "Add the channel to the job's InputDataConfig."
+            )
+        mode = config.input_mode(expected)
+        if mode not in input_modes:
+            wanted = " or ".join(repr(m) for m in input_modes)
+            raise self.fail(
+                expected,
+                f"its TrainingInputMode is {mode!r}, not {wanted}",
+                "Create the channel with InputMode 'Pipe' (or read its files from "
+                f"{config.data_dir / expected} instead of a PipeModeDataset).",
+            )
+        if role_layout.spread == SINGLE and fifo_would_be_shared(mode, info.local_size):
+            raise self.fail(
+                expected,
+                f"it is one Pipe-mode channel that all {info.local_size} ranks of this host would read, "
+                "but a FIFO has one reader only (several readers silently split its bytes)",
+                f"Give {self.role!r} one channel per worker (validation='per-worker'), or make this shared "
+                "channel File mode so every rank reads its files.",
+            )
