@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from local_s3_proxy import cutting_proxy
+from helpers.local_s3_proxy import cutting_proxy
 
 from sagemaker_dist.contract.record_formats import RECORDIO_MAGIC
 from sagemaker_dist.local.channel_objects import ChannelSpec, FeedError, epoch_objects, resolve_objects

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from runtime_helpers import FifoFeeder, write_opt_ml
+from helpers.runtime_helpers import FifoFeeder, write_opt_ml
 
 from sagemaker_dist.contract.layout import plan_layout
 from sagemaker_dist.contract.record_formats import encode_recordio, encode_tfrecord

@@ -1,7 +1,7 @@
 """Rank-0 checkpoints: atomic writes, only complete ones resumed, pruning, restore at train begin.
 
 Single process with real TensorFlow (Horovod not initialised, so the epoch broadcast is the identity);
-the two-rank broadcast is covered by tests/test_horovod_training.py.
+the two-rank broadcast is covered by tests/runtime/test_horovod_training.py.
 """
 
 from __future__ import annotations

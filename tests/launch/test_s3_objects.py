@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from s3_data import ODD_NAMES, body_of, dataset, filled_bucket
+from helpers.s3_data import ODD_NAMES, body_of, dataset, filled_bucket
 
 from sagemaker_dist.launch.s3_objects import (
     EmptyPrefixError,

@@ -729,7 +729,7 @@ def test_mpi_defaults_set_nccl_debug_the_way_the_toolkit_reads_it(tmp_path):
 def test_create_training_job_refused_by_aws_is_an_error_naming_the_code(
     aws_env, monkeypatch, assert_no_job, s3, bucket, source_dir, capsys
 ):
-    from fault_proxy import fault_proxy
+    from helpers.fault_proxy import fault_proxy
 
     from sagemaker_dist.cli import main
 

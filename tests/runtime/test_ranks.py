@@ -10,7 +10,7 @@ import textwrap
 import time
 
 import pytest
-from runtime_helpers import write_opt_ml
+from helpers.runtime_helpers import write_opt_ml
 
 from sagemaker_dist.contract.layout import plan_layout
 from sagemaker_dist.runtime.config import ROOT_ENV, ContainerConfig

@@ -1,5 +1,5 @@
 """horovod_keras.setup() in one process (Horovod size 1, real TF): errors before any collective,
-learning-rate scaling, exact epochs; two ranks are covered by tests/test_horovod_training.py."""
+learning-rate scaling, exact epochs; two ranks are covered by tests/runtime/test_horovod_training.py."""
 
 from __future__ import annotations
 

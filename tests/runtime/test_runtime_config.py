@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from runtime_helpers import write_opt_ml
+from helpers.runtime_helpers import write_opt_ml
 
 from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, LayoutError, plan_layout
 from sagemaker_dist.runtime.config import ROOT_ENV, ContainerConfig, ContainerConfigError, opt_ml_root

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from s3_data import ODD_NAMES, all_keys, dataset, put_objects
+from helpers.s3_data import ODD_NAMES, all_keys, dataset, put_objects
 
 from sagemaker_dist.cli import main
 from sagemaker_dist.contract.layout import ChannelLayout

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from runtime_helpers import write_opt_ml
+from helpers.runtime_helpers import write_opt_ml
 
 from sagemaker_dist.contract.layout import plan_layout
 from sagemaker_dist.contract.record_formats import encode_recordio, encode_tfrecord

@@ -26,7 +26,7 @@ import pytest
 from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, plan_layout
 from sagemaker_dist.local.demo_data import encode_example, generate_examples, tfrecord_frame
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORLD = 2
 EPOCHS = 3
 RESUME_EPOCH = 1  # a checkpoint for epoch 1 exists, so the job trains epochs 2 and 3
@@ -96,7 +96,7 @@ def write_config(root: Path) -> None:
 def seed_checkpoint(root: Path) -> dict[str, np.ndarray]:
     """A checkpoint for epoch 1 of the example model, as rank 0 of an earlier run would leave it."""
     import tensorflow as tf
-    from horovod_job import load_example
+    from helpers.horovod_job import load_example
 
     from sagemaker_dist.runtime.checkpoints import save_checkpoint
 
@@ -162,7 +162,7 @@ def job(tmp_path_factory, moto_server):
         f"localhost:{WORLD}",
         "--gloo",
         sys.executable,
-        str(REPO / "tests" / "horovod_job.py"),
+        str(REPO / "tests" / "helpers" / "horovod_job.py"),
         str(out),
         str(EPOCHS),
         str(BATCH),

@@ -20,7 +20,7 @@ from sagemaker_dist.local.job import _final_metrics
 from sagemaker_dist.local.launcher import LaunchError, describe_exit, rank_command
 from sagemaker_dist.local.opt_ml import build_host_trees
 
-SCRIPTS = Path(__file__).parent / "local_scripts"
+SCRIPTS = Path(__file__).resolve().parents[1] / "helpers" / "local_scripts"
 
 
 def _channel(name, mode="Pipe", distribution="FullyReplicated"):

@@ -1,4 +1,4 @@
-"""Training job that tests/test_horovod_training.py runs under ``horovodrun -np 2 --gloo``.
+"""Training job that tests/runtime/test_horovod_training.py runs under ``horovodrun -np 2 --gloo``.
 
 The example's model and input pipeline on the runtime helpers, plus evidence for the test: the record
 ids each rank read, its weights at train begin and at the end, its history and its process id.
@@ -19,7 +19,7 @@ import tensorflow as tf
 from sagemaker_dist.local.demo import DEMO_JOB_DIR
 from sagemaker_dist.runtime import horovod_keras
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def load_example():

@@ -19,15 +19,15 @@ import time
 from pathlib import Path
 
 import pytest
-from local_s3_proxy import cutting_proxy
+from helpers.local_s3_proxy import cutting_proxy
 
 from sagemaker_dist.local import LocalBackend, LocalJobFailed, run_local
 from sagemaker_dist.local.demo import DEMO_JOB_DIR, demo_estimator, prepare_demo_job
 from sagemaker_dist.local.demo_data import write_demo_data
 from sagemaker_dist.local.launcher import LaunchError, horovod_mpi_built
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = REPO / "tests" / "local_scripts"
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "tests" / "helpers" / "local_scripts"
 CLI = [sys.executable, "-m", "sagemaker_dist.cli"]
 
 

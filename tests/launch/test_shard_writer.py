@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 from boto3.s3.transfer import TransferConfig
-from fault_proxy import fault_proxy
-from s3_data import ODD_NAMES, all_keys, dataset, filled_bucket, put_objects
+from helpers.fault_proxy import fault_proxy
+from helpers.s3_data import ODD_NAMES, all_keys, dataset, filled_bucket, put_objects
 
 from sagemaker_dist.contract.layout import LayoutError
 from sagemaker_dist.launch.s3_objects import MissingBucketError, list_objects, parse_s3_uri
