@@ -1,4 +1,4 @@
-"""S3 URIs: ``s3://bucket/key`` parsed, built and joined in one place."""
+"""S3 URIs (``s3://bucket/key`` parsed, built and joined) and the one retry policy every S3 client uses."""
 
 from __future__ import annotations
 
@@ -34,3 +34,20 @@ def s3_uri(bucket: str, key: str = "") -> str:
 def join_s3(base: str, *parts: str) -> str:
     """``join_s3("s3://b/out/", "job", "source")`` -> ``s3://b/out/job/source`` (no doubled slashes)."""
     return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+# botocore's standard retry mode backs off between tries; the timeouts keep a hanging endpoint from
+# hanging a job. Every S3 client of ours (launch, local mode, runtime) is built from these settings.
+S3_MAX_ATTEMPTS = 5
+S3_CONNECT_TIMEOUT_S = 5
+S3_READ_TIMEOUT_S = 30
+
+
+def s3_client_settings(max_attempts: int = S3_MAX_ATTEMPTS, **extra) -> dict:
+    """Keyword arguments for ``botocore.config.Config``: standard retries and our timeouts."""
+    return {
+        "retries": {"mode": "standard", "max_attempts": max_attempts},
+        "connect_timeout": S3_CONNECT_TIMEOUT_S,
+        "read_timeout": S3_READ_TIMEOUT_S,
+        **extra,
+    }

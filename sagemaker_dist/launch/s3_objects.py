@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sagemaker_dist.contract.s3_uri import S3UriError, parse_s3_uri  # noqa: F401 - S3UriError re-exported
+from sagemaker_dist.contract.s3_uri import S3UriError, parse_s3_uri, s3_client_settings  # noqa: F401 - S3UriError re-exported
 from sagemaker_dist.errors import AwsError, DataError
 
 
@@ -36,8 +36,11 @@ def make_client(max_pool_connections: int = 50):
     import boto3
     from botocore.config import Config
 
-    retries = {"mode": "standard", "max_attempts": 10}
-    return boto3.client("s3", config=Config(retries=retries, max_pool_connections=max_pool_connections))
+    # many concurrent server-side copies of 64 MiB parts: more tries, a longer read timeout
+    settings = s3_client_settings(
+        max_attempts=10, max_pool_connections=max_pool_connections, read_timeout=120
+    )
+    return boto3.client("s3", config=Config(**settings))
 
 
 def describe_client_error(exc, bucket: str, action: str, missing_codes=("NoSuchBucket",)) -> S3AccessError:

@@ -7,6 +7,7 @@ objects and a rerun finds the checkpoints the previous run synced.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
@@ -14,6 +15,9 @@ import socket
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+
+from sagemaker_dist.contract.s3_uri import s3_client_settings
+from sagemaker_dist.errors import ConfigurationError
 
 _CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
 DEFAULT_STATE_DIR = _CACHE / "sagemaker-dist" / "local-s3"
@@ -23,8 +27,6 @@ FAKE_CREDENTIALS = {
     "AWS_DEFAULT_REGION": "us-east-1",
     "SAGEMAKER_VALIDATE_ROLE": "false",
 }
-# Retries for every request local mode makes; botocore's standard mode backs off between tries.
-RETRY_CONFIG = {"mode": "standard", "max_attempts": 5}
 
 
 def s3_client(endpoint_url: str | None = None, max_attempts: int | None = None):
@@ -32,14 +34,23 @@ def s3_client(endpoint_url: str | None = None, max_attempts: int | None = None):
     import boto3
     from botocore.config import Config
 
-    retries = dict(RETRY_CONFIG)
-    if max_attempts is not None:
-        retries["max_attempts"] = max_attempts
-    config = Config(retries=retries, connect_timeout=5, read_timeout=30)
-    kwargs = {"config": config}
+    settings = s3_client_settings() if max_attempts is None else s3_client_settings(max_attempts)
+    kwargs = {"config": Config(**settings)}
     if endpoint_url:
         kwargs["endpoint_url"] = endpoint_url
     return boto3.client("s3", **kwargs)
+
+
+def _local_client(url: str):
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=url,
+        region_name="us-east-1",
+        aws_access_key_id="local",
+        aws_secret_access_key="local",
+    )
 
 
 def _free_port() -> int:
@@ -84,6 +95,31 @@ def _save_state(client, state_dir: Path) -> None:
 
 
 @contextmanager
+def _state_lock(state_dir: Path):
+    """One command at a time per state dir: two would each load it and the last to save would win."""
+    state_dir.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = state_dir.with_name(state_dir.name + ".lock")
+    with open(lock_path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "?"
+            raise ConfigurationError(
+                f"the embedded S3 state dir {state_dir} is in use by another sagemaker-dist command "
+                f"(pid {holder}); wait for it to finish, or give this one its own --s3-state-dir"
+            ) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(str(os.getpid()))
+        lock.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextmanager
 def embedded_s3(state_dir: str | Path | None = DEFAULT_STATE_DIR, set_env: bool = True):
     """Start a moto S3 server on 127.0.0.1, load ``state_dir`` into it; save and stop on exit.
 
@@ -92,36 +128,31 @@ def embedded_s3(state_dir: str | Path | None = DEFAULT_STATE_DIR, set_env: bool 
     """
     from moto.server import ThreadedMotoServer
 
+    if state_dir is not None:
+        with _state_lock(Path(state_dir)), embedded_s3(None, set_env) as url:
+            client = _local_client(url)
+            _load_state(client, Path(state_dir))
+            try:
+                yield url
+            finally:  # also after a failed or interrupted job: a rerun resumes from its checkpoints
+                try:
+                    _save_state(client, Path(state_dir))
+                except Exception as exc:  # noqa: BLE001 - report, never mask the job's own error
+                    print(f"warning: could not save the embedded S3 state to {state_dir}: {exc}")
+        return
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
     port = _free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     url = f"http://127.0.0.1:{port}"
-    client = None
     saved = {k: os.environ.get(k) for k in [*FAKE_CREDENTIALS, "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN"]}
     try:
         if set_env:
             os.environ.update(FAKE_CREDENTIALS)
             os.environ["AWS_ENDPOINT_URL"] = url
             os.environ.pop("AWS_SESSION_TOKEN", None)
-        import boto3
-
-        client = boto3.client(
-            "s3",
-            endpoint_url=url,
-            region_name="us-east-1",
-            aws_access_key_id="local",
-            aws_secret_access_key="local",
-        )
-        if state_dir is not None:
-            _load_state(client, Path(state_dir))
         yield url
     finally:
-        if state_dir is not None and client is not None:
-            try:  # also after a failed or interrupted job: a rerun resumes from its checkpoints
-                _save_state(client, Path(state_dir))
-            except Exception as exc:  # noqa: BLE001 - report, never mask the job's own error
-                print(f"warning: could not save the embedded S3 state to {state_dir}: {exc}")
         if set_env:
             for key, value in saved.items():
                 if value is None:

@@ -12,7 +12,9 @@ import os
 import threading
 from pathlib import Path
 
-DEFAULT_MAX_ATTEMPTS = 5
+from sagemaker_dist.contract.s3_uri import S3_MAX_ATTEMPTS, s3_client_settings
+
+DEFAULT_MAX_ATTEMPTS = S3_MAX_ATTEMPTS
 
 
 def s3_client(max_attempts: int = DEFAULT_MAX_ATTEMPTS):
@@ -21,12 +23,7 @@ def s3_client(max_attempts: int = DEFAULT_MAX_ATTEMPTS):
     import boto3
     from botocore.config import Config
 
-    config = Config(
-        retries={"max_attempts": max_attempts, "mode": "standard"},
-        connect_timeout=5,
-        read_timeout=30,
-    )
-    return boto3.session.Session().client("s3", config=config)
+    return boto3.session.Session().client("s3", config=Config(**s3_client_settings(max_attempts)))
 
 
 def _transfer_config():

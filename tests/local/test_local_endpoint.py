@@ -60,3 +60,23 @@ def test_demo_data_command_writes_tfrecords_to_the_endpoint(aws_env, s3, bucket,
         "d/validation/part-00000.tfrecord"
     ]
     assert "16 records" in capsys.readouterr().out
+
+
+def test_two_commands_cannot_share_one_state_dir_at_once(tmp_path):
+    """Both would load the state and the last to save would silently drop the other's objects."""
+    import pytest
+
+    from sagemaker_dist.errors import ConfigurationError
+    from sagemaker_dist.local import embedded_s3
+    from sagemaker_dist.local.endpoint import s3_client
+
+    state = tmp_path / "state"
+    in_use = rf"{state} is in use .*pid {os.getpid()}.*--s3-state-dir"
+    with embedded_s3(state, set_env=False) as url:
+        s3_client(url).create_bucket(Bucket="kept-bucket")
+        with pytest.raises(ConfigurationError, match=in_use):
+            with embedded_s3(state, set_env=False):
+                pass
+    assert (state / "kept-bucket").is_dir()  # the first one saved its state
+    with embedded_s3(state, set_env=False) as url:  # free again once the first one is done
+        assert "kept-bucket" in [b["Name"] for b in s3_client(url).list_buckets()["Buckets"]]
