@@ -7,11 +7,11 @@ ShardSet alone is ``train``.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sagemaker_dist.contract.layout import PER_WORKER, SINGLE, check_channel_name
+from sagemaker_dist.contract.s3_uri import S3UriError, parse_s3_uri
 from sagemaker_dist.errors import ConfigurationError
 
 LAYOUT_ROLES = ("train", "validation", "eval")
@@ -50,8 +50,13 @@ class JobInputs:
 
 
 def check_s3_uri(uri, what: str) -> str:
-    if not isinstance(uri, str) or not re.match(r"^s3://[^/]+(/.*)?$", uri):
-        raise EstimatorError(f"{what} is {uri!r}; give an S3 URI like 's3://bucket/prefix/'")
+    """``uri`` if it is an S3 URI (the contract's parser decides), else an error naming ``what``."""
+    try:
+        parse_s3_uri(uri)
+    except S3UriError as exc:
+        raise EstimatorError(
+            f"{what} is {uri!r}; give an S3 URI like 's3://bucket/prefix/' ({exc})"
+        ) from None
     return uri
 
 

@@ -10,22 +10,31 @@ import threading
 from pathlib import Path
 
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
+from sagemaker_dist.runtime.s3_mirror import S3Mirror
 
 CHECKPOINT_SYNC_S = 2.0
 
 
 class CheckpointSync:
-    """CheckpointConfig emulation: download at start, upload new/changed files every 2 s and at the end."""
+    """CheckpointConfig emulation: download at start, upload new/changed files every 2 s and at the end
+    (one runtime ``S3Mirror`` per host's checkpoint dir, all to the same prefix)."""
 
     def __init__(self, s3_uri: str | None, local_dirs: list[Path], client):
         self.s3_uri, self.dirs, self.client = s3_uri, local_dirs, client
         self.bucket, self.prefix = parse_s3_uri(s3_uri) if s3_uri else (None, "")
         self.prefix = self.prefix.rstrip("/")
-        self._seen: dict[Path, tuple[int, int]] = {}
+        self.mirrors = (
+            [S3Mirror(d, self.bucket, self.prefix, client=client, skip_in_progress=True) for d in local_dirs]
+            if s3_uri
+            else []
+        )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.uploaded = 0
         self.errors: list[str] = []
+
+    @property
+    def uploaded(self) -> int:
+        return sum(m.uploads for m in self.mirrors)
 
     def restore(self) -> int:
         if not self.s3_uri:
@@ -37,12 +46,11 @@ class CheckpointSync:
                 rel = obj["Key"][len(self.prefix) :].lstrip("/")
                 if not rel or rel.endswith("/"):
                     continue
-                for d in self.dirs:
-                    target = d / rel
+                for mirror in self.mirrors:
+                    target = mirror.local_dir / rel
                     target.parent.mkdir(parents=True, exist_ok=True)
                     self.client.download_file(self.bucket, obj["Key"], str(target))
-                    stat = target.stat()
-                    self._seen[target] = (stat.st_size, stat.st_mtime_ns)
+                    mirror.mark_current(target)
                 count += 1
         return count
 
@@ -56,24 +64,8 @@ class CheckpointSync:
             self.sync_once()
 
     def sync_once(self) -> None:
-        for d in self.dirs:
-            for path in sorted(p for p in d.rglob("*") if p.is_file()):
-                rel = path.relative_to(d).as_posix()
-                if any(part.startswith(".") for part in rel.split("/")) or rel.endswith((".tmp", ".partial")):
-                    continue  # files being written; the runtime renames them into place when complete
-                try:
-                    stat = path.stat()
-                    state = (stat.st_size, stat.st_mtime_ns)
-                    if self._seen.get(path) == state:
-                        continue
-                    key = f"{self.prefix}/{rel}" if self.prefix else rel
-                    self.client.upload_file(str(path), self.bucket, key)
-                    self._seen[path] = state
-                    self.uploaded += 1
-                except FileNotFoundError:
-                    continue  # replaced while we looked; the next round uploads the new one
-                except Exception as exc:  # noqa: BLE001 - retried next round, reported in the summary
-                    self.errors.append(f"{rel}: {exc}")
+        for mirror in self.mirrors:  # failed files are retried next round and reported in the summary
+            mirror.upload_changed(errors=self.errors)
 
     def stop(self) -> None:
         self._stop.set()

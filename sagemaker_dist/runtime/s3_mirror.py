@@ -46,6 +46,7 @@ class S3Mirror:
         *,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         client=None,
+        skip_in_progress: bool = False,
     ):
         self.local_dir = Path(local_dir)
         self.bucket = bucket
@@ -55,6 +56,8 @@ class S3Mirror:
         self._client = client
         self._uploaded: dict[Path, tuple[int, int]] = {}
         self._round_lock = threading.Lock()
+        # dot files and *.tmp / *.partial are being written (renamed into place when complete)
+        self.skip_in_progress = skip_in_progress
 
     def client(self):
         """The S3 client, built on first use (build it early where boto3 could not be set up later)."""
@@ -62,19 +65,39 @@ class S3Mirror:
             self._client = s3_client(self.max_attempts)
         return self._client
 
-    def upload_changed(self) -> int:
+    def upload_changed(self, errors: list[str] | None = None) -> int:
         """Upload every new or changed file once; returns how many were uploaded. Raises on S3 errors
-        (files uploaded before the error are not uploaded again next round)."""
+        (files uploaded before the error are not uploaded again next round), unless ``errors`` is
+        given: then each failed file is noted there and the round goes on (tried again next round)."""
         with self._round_lock:
             count = 0
             for path, signature in self._changed_files():
-                self.client().upload_file(
-                    str(path), self.bucket, self.key_for(path), Config=_transfer_config()
-                )
+                try:
+                    self.client().upload_file(
+                        str(path), self.bucket, self.key_for(path), Config=_transfer_config()
+                    )
+                except FileNotFoundError:
+                    continue  # replaced while we looked; the next round uploads the new one
+                except Exception as exc:  # noqa: BLE001 - with ``errors``: noted, retried next round
+                    if errors is None:
+                        raise
+                    errors.append(f"{path.relative_to(self.local_dir).as_posix()}: {exc}")
+                    continue
                 self._uploaded[path] = signature
                 count += 1
             self.uploads += count
             return count
+
+    def mark_current(self, path: Path) -> None:
+        """``path`` is in S3 as it is now (just downloaded from there): skip it until it changes."""
+        st = path.stat()
+        self._uploaded[path] = (st.st_size, st.st_mtime_ns)
+
+    def _in_progress(self, path: Path) -> bool:
+        relative = path.relative_to(self.local_dir).as_posix()
+        return any(part.startswith(".") for part in relative.split("/")) or relative.endswith(
+            (".tmp", ".partial")
+        )
 
     def key_for(self, path: Path) -> str:
         """The S3 key of ``path``, a file under ``local_dir``."""
@@ -85,6 +108,8 @@ class S3Mirror:
         if not self.local_dir.is_dir():
             return
         for path in sorted(p for p in self.local_dir.rglob("*") if p.is_file()):
+            if self.skip_in_progress and self._in_progress(path):
+                continue
             try:
                 st = path.stat()
             except FileNotFoundError:  # removed between listing and stat
