@@ -20,6 +20,7 @@ _EXPORTS = {
     "DataError": "errors",
     "AwsError": "errors",
     "JobFailedError": "errors",
+    "ToolkitArgumentWarning": "contract.toolkit",
     # channel layout (pure)
     "plan_layout": "contract.layout",
     "ChannelLayout": "contract.layout",

@@ -36,4 +36,14 @@ if ! "$PY" -c 'import horovod.tensorflow' 2>/dev/null; then
 fi
 
 "$PY" -m pip install -q -e ".[sdk,tensorflow,horovod,local,dev]"
-echo "sagemaker-dist is installed in $VENV"
+
+# AWS's sagemaker-training toolkit, as the TF DLCs carry it, in its own environment (it pins an old
+# protobuf; the image has no SageMaker SDK either). Tests compare our model of it with the real thing.
+TOOLKIT_VENV=${TOOLKIT_VENV:-.venv-toolkit}
+TOOLKIT_PIN="sagemaker-training==4.8.3"
+if ! "$TOOLKIT_VENV/bin/python" -c 'import sagemaker_training.process' 2>/dev/null; then
+  "$PYTHON" -m venv "$TOOLKIT_VENV"
+  "$TOOLKIT_VENV/bin/python" -m pip install -q --upgrade "pip>=24" "setuptools>=69,<80" wheel
+  "$TOOLKIT_VENV/bin/python" -m pip install -q "$TOOLKIT_PIN"
+fi
+echo "sagemaker-dist is installed in $VENV (the sagemaker-training toolkit in $TOOLKIT_VENV)"

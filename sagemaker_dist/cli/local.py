@@ -6,6 +6,7 @@ import json
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
+from sagemaker_dist.contract.toolkit import DEFAULT_TOOLKIT_VERSION
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.defaults import LOCAL_INSTANCE_TYPE, LOCAL_ROLE
 
@@ -68,6 +69,12 @@ def register(subparsers) -> None:
     )
     p.add_argument("--epochs", type=int, help="shorthand for -p epochs=N")
     p.add_argument("--launcher", choices=("horovodrun", "mpirun"), default="horovodrun")
+    p.add_argument(
+        "--toolkit-version",
+        default=DEFAULT_TOOLKIT_VERSION,
+        help="the image's sagemaker-training version: the entry script gets its arguments as that toolkit "
+        f"passes them (before 5.0 through /bin/sh; default {DEFAULT_TOOLKIT_VERSION}, the TF DLCs')",
+    )
     _add_endpoint_args(p)
     p.add_argument("--work-dir", type=Path, help="where the per-host /opt/ml trees go (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the /opt/ml trees after the job")
@@ -245,6 +252,7 @@ def run_local_command(args) -> int:
             work_dir=args.work_dir,
             keep_work_dir=args.keep,
             timeout=args.timeout,
+            toolkit_version=args.toolkit_version,
         )
     return 0
 

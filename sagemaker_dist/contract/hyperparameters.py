@@ -62,11 +62,3 @@ def decode_one(hyperparameters: Mapping[str, Any], key: str, default=None):
 def user_hyperparameters(hyperparameters: Mapping[str, Any]) -> dict[str, Any]:
     """The script's own hyperparameters: every key but the framework's ``sagemaker_*``."""
     return {k: v for k, v in hyperparameters.items() if not is_framework(k)}
-
-
-def script_args(hyperparameters: Mapping[str, str]) -> list[str]:
-    """The command-line arguments the entry script gets: ``--key value`` per user hyperparameter."""
-    args = []
-    for key, value in user_hyperparameters(hyperparameters).items():
-        args += [f"--{key}", value]
-    return args

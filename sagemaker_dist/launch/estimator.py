@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import tempfile
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime, timezone
@@ -26,6 +27,11 @@ from sagemaker_dist.contract.layout import (
     plan_layout,
 )
 from sagemaker_dist.contract.s3_uri import join_s3
+from sagemaker_dist.contract.toolkit import (
+    DEFAULT_TOOLKIT_VERSION,
+    ToolkitArgumentWarning,
+    changed_hyperparameters,
+)
 from sagemaker_dist.launch.aws import AwsRequestError, check_job_name_free, role_arn  # noqa: F401 - API
 from sagemaker_dist.launch.backends import SageMakerBackend, TrainingBackend
 from sagemaker_dist.launch.images import container_image_uri
@@ -99,7 +105,9 @@ class HorovodPipeEstimator:
     channel every rank reads in full) or ``'per-worker'`` (sharded). ``shared_channel_input_mode`` is
     the input mode of channels all ranks share (single roles, extra channels): File by default,
     since a Pipe FIFO can have only one reader. ``mpi_options`` extend ``DEFAULT_MPI_OPTIONS``
-    (drop those with ``default_mpi_options=False``).
+    (drop those with ``default_mpi_options=False``). ``toolkit_version`` is the image's
+    sagemaker-training (the TF DLCs carry 4.8.3): a hyperparameter it would hand the script changed
+    gets a ``ToolkitArgumentWarning`` here, before any AWS call.
     """
 
     entry_point: str
@@ -139,6 +147,7 @@ class HorovodPipeEstimator:
     mpi_options: str | Sequence[str] = ()
     default_mpi_options: bool = True
     base_job_name: str = "sagemaker-dist"
+    toolkit_version: str = DEFAULT_TOOLKIT_VERSION
     max_source_bytes: int = MAX_SOURCE_BYTES
     sagemaker_session: object = field(default=None, repr=False)
 
@@ -159,6 +168,8 @@ class HorovodPipeEstimator:
         if self.validation not in (SINGLE, PER_WORKER):
             raise EstimatorError(f"validation={self.validation!r}; use 'single' or 'per-worker'")
         self.hyperparameters = user_hyperparameters(self.hyperparameters)
+        for problem in changed_hyperparameters(self.hyperparameters, self.toolkit_version):
+            warnings.warn(problem, ToolkitArgumentWarning, stacklevel=3)  # before any AWS call
         for what in ("output_path", "code_location", "checkpoint_s3_uri", "tensorboard_s3_uri"):
             if getattr(self, what) is not None:
                 check_s3_uri(getattr(self, what), what)

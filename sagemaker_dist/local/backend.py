@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sagemaker_dist.contract.toolkit import DEFAULT_TOOLKIT_VERSION
+
 
 @dataclass
 class LocalBackend:
@@ -16,6 +18,7 @@ class LocalBackend:
     work_dir: str | None = None
     keep_work_dir: bool = False
     extra_env: dict[str, str] | None = None
+    toolkit_version: str = DEFAULT_TOOLKIT_VERSION  # the image's sagemaker-training (argument passing)
     checks_job_name = False
 
     def complete_request(self, request: dict, printer=print) -> dict:
@@ -34,4 +37,5 @@ class LocalBackend:
             echo=printer or (lambda _line: None),
             timeout=timeout,
             extra_env=self.extra_env,
+            toolkit_version=self.toolkit_version,
         )

@@ -155,7 +155,8 @@ def prepare_demo_job(
     request_hps = prepared.request["HyperParameters"]
     for role in ("train", "validation"):
         counts = records_per_rank(prepared.request, role, info["records_per_file"], client)
-        request_hps.setdefault(f"{role}_records_per_rank", json.dumps(counts))
+        # comma-separated, not a JSON list: the toolkit would pass '[256, 256]' through /bin/sh as two words
+        request_hps.setdefault(f"{role}_records_per_rank", ",".join(map(str, counts)))
     tensorboard = prepared.request.get("TensorBoardOutputConfig", {}).get("S3OutputPath")
     if tensorboard:  # the example script's rank 0 syncs its logs there with the runtime's syncer
         request_hps.setdefault("tensorboard_s3_uri", tensorboard)

@@ -22,8 +22,10 @@ from pathlib import Path
 
 import sagemaker_dist
 from sagemaker_dist.contract import hyperparameters as hp
+from sagemaker_dist.contract import toolkit
 from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, ChannelLayout
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
+from sagemaker_dist.contract.shell_words import ShellSyntaxError
 from sagemaker_dist.errors import ConfigurationError, JobFailedError
 from sagemaker_dist.launch.request_validation import validate_request
 from sagemaker_dist.local.channel_objects import ChannelSpec
@@ -60,13 +62,16 @@ class LocalJobSpec:
     default_mode: str
     specs: tuple[ChannelSpec, ...]
     timeout: float | None
+    toolkit_version: str = toolkit.DEFAULT_TOOLKIT_VERSION  # the image's sagemaker-training
 
     @property
     def world(self) -> int:
         return self.hosts * self.processes_per_host
 
     @classmethod
-    def from_request(cls, request, timeout: float | None = None) -> LocalJobSpec:
+    def from_request(
+        cls, request, timeout: float | None = None, toolkit_version: str = toolkit.DEFAULT_TOOLKIT_VERSION
+    ) -> LocalJobSpec:
         if not isinstance(request, dict):
             raise LocalJobError(f"the request is a {type(request).__name__}, not a CreateTrainingJob dict")
         validate_request(request)  # what CreateTrainingJob would refuse, local mode refuses too
@@ -98,6 +103,7 @@ class LocalJobSpec:
             default_mode=default_mode,
             specs=tuple(ChannelSpec.from_request(ch, default_mode) for ch in channels),
             timeout=timeout,
+            toolkit_version=toolkit_version,
         )
 
 
@@ -158,6 +164,7 @@ def run_local(
     echo=print,
     timeout: float | None = None,
     extra_env: dict[str, str] | None = None,
+    toolkit_version: str = toolkit.DEFAULT_TOOLKIT_VERSION,
 ) -> LocalJobResult:
     """Run the CreateTrainingJob ``request`` (as the estimator builds it) here, with real Horovod ranks.
 
@@ -165,10 +172,11 @@ def run_local(
     ``sagemaker_submit_directory`` tarball is downloaded. S3 is whatever boto3 is configured for
     (``AWS_ENDPOINT_URL``; the CLI starts an embedded moto server by default). Raises LocalJobError
     for a request it cannot run and LocalJobFailed naming the failed rank or S3 object; on any exit
-    every rank, FIFO and temp dir is removed.
+    every rank, FIFO and temp dir is removed. The entry script gets its arguments as the image's
+    sagemaker-training toolkit (``toolkit_version``, default the TF DLCs' 4.8.3) would pass them.
     """
     started = time.monotonic()
-    job = LocalJobSpec.from_request(request, timeout)
+    job = LocalJobSpec.from_request(request, timeout, toolkit_version)
     command = rank_command(launcher, job.world)
     if launcher == "horovodrun":
         check_hostname_resolves()
@@ -248,21 +256,21 @@ def _rank_group(job: LocalJobSpec, trees, code_dir: Path, work: Path, command, e
     pid_dir = work / "ranks"
     pid_dir.mkdir()
     job_file = work / "job.json"
-    description = {
-        "processes_per_host": job.processes_per_host,
-        "hosts": [{"name": t.name, "env": t.env} for t in trees],
-        "source_dir": str(code_dir),
-        "entry_point": job.entry_point,
-        "args": hp.script_args(job.hyperparameters),
-        "pid_dir": str(pid_dir),
-    }
-    job_file.write_text(json.dumps(description))
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.update(extra_env or {})
     env.update({JOB_ENV: str(job_file), "PYTHONUNBUFFERED": "1"})
     package_parent = str(Path(sagemaker_dist.__file__).resolve().parents[1])  # where this package is
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    description = {
+        "processes_per_host": job.processes_per_host,
+        "hosts": [{"name": t.name, "env": t.env} for t in trees],
+        "source_dir": str(code_dir),
+        "entry_point": job.entry_point,
+        "args": _script_argv(job, env, code_dir),
+        "pid_dir": str(pid_dir),
+    }
+    job_file.write_text(json.dumps(description))
 
     def show(rank, text):
         if rank is None:
@@ -272,6 +280,15 @@ def _rank_group(job: LocalJobSpec, trees, code_dir: Path, work: Path, command, e
             echo(f"[rank {rank} {trees[rank // job.processes_per_host].name}] {text}")
 
     return RankGroup(command, env, pid_dir, job.world, show)
+
+
+def _script_argv(job: LocalJobSpec, env: dict, code_dir: Path) -> list[str]:
+    """The entry script's arguments exactly as the image's sagemaker-training toolkit passes them."""
+    try:
+        return toolkit.script_argv(job.hyperparameters, job.toolkit_version, env, str(code_dir))
+    except ShellSyntaxError:
+        problems = toolkit.changed_hyperparameters(job.hyperparameters, job.toolkit_version, env)
+        raise LocalJobError("; ".join(p for p in problems if "broken command line" in p)) from None
 
 
 def _result(job: LocalJobSpec, trees, feeds, group, ckpt, client, started, launch_time, work_dir):

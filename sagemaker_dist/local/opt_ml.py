@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sagemaker_dist.contract import hyperparameters as hp
+from sagemaker_dist.contract import toolkit
 from sagemaker_dist.contract.paths import CHECKPOINT_LOCAL_PATH, ROOT_ENV, OptMl
 
 JOB_ENV = "SAGEMAKER_DIST_LOCAL_JOB"  # tells each rank's entry where the job description is
@@ -115,7 +116,6 @@ def sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name) 
         "SM_NUM_GPUS": str(num_gpus),
         "SM_NUM_CPUS": str(os.cpu_count() or 1),
         "SM_CHANNELS": json.dumps(sorted(data_config)),
-        "SM_HPS": json.dumps(user_hps),
         "SM_MODEL_DIR": str(tree.model_dir),
         "SM_OUTPUT_DATA_DIR": str(tree.output_data_dir),
         "SM_OUTPUT_DIR": str(tree.output_dir),
@@ -125,12 +125,10 @@ def sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name) 
         "SM_RESOURCE_CONFIG": json.dumps(resource),
         "SM_NETWORK_INTERFACE_NAME": resource["network_interface_name"],
         "SM_CURRENT_INSTANCE_TYPE": resource["current_instance_type"],
-        "SM_USER_ARGS": json.dumps(hp.script_args(hps)),
     }
     for channel in data_config:
         env[f"SM_CHANNEL_{channel.upper()}"] = str(tree.data_dir / channel)
-    for key, value in user_hps.items():
-        env[f"SM_HP_{key.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+    env.update(toolkit.user_environment(hps))  # SM_HPS, SM_USER_ARGS, SM_HP_<KEY> as the toolkit writes them
     env["SM_TRAINING_ENV"] = json.dumps(
         {
             "hosts": names,

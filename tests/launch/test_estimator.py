@@ -802,3 +802,36 @@ def test_a_role_name_whose_account_sts_cannot_tell_is_our_aws_error(aws_env, mon
     ):
         role_arn("SageMakerRole", "us-east-1", boto_session=boto3.Session(region_name="us-east-1"))
     assert role_arn(ROLE_ARN) == ROLE_ARN  # an ARN needs no STS call
+
+
+def test_hyperparameters_the_toolkit_would_change_are_warned_about_before_any_aws_call(aws_env):
+    from sagemaker_dist.contract.toolkit import ToolkitArgumentWarning
+
+    with pytest.warns(ToolkitArgumentWarning) as caught:
+        HorovodPipeEstimator(
+            "train.py",
+            role=ROLE_ARN,
+            instance_type="ml.p3.2xlarge",
+            hyperparameters={"train_records_per_rank": [256, 256], "epochs": 3, "tag": "a b"},
+        )
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 2, messages
+    assert any("'train_records_per_rank'" in m and "'[256,' '256]'" in m for m in messages)
+    assert any("'tag'" in m and "'a' 'b'" in m for m in messages)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ToolkitArgumentWarning)
+        HorovodPipeEstimator(  # what the demo passes survives unchanged: no warning
+            "train.py",
+            role=ROLE_ARN,
+            instance_type="ml.p3.2xlarge",
+            hyperparameters={"epochs": 2, "batch_size": 32, "train_records_per_rank": "256,256"},
+        )
+        HorovodPipeEstimator(  # 5.x runs no shell: a space survives
+            "train.py",
+            role=ROLE_ARN,
+            instance_type="ml.p3.2xlarge",
+            hyperparameters={"tag": "a b"},
+            toolkit_version="5.1.4",
+        )

@@ -89,7 +89,7 @@ def test_demo_runs_end_to_end_on_the_embedded_endpoint(tmp_path):
     # 4 files x 64 records per rank x 2 epochs: train_epoch takes exactly the shard each epoch and no
     # iterator opens a third FIFO, so the feeder streams exactly that much (its count of records written)
     assert [int(r[3]) for r in rows] == [512, 512], rows
-    assert "--train_records_per_rank [256, 256]" in out  # each rank's own count, from the shard plan
+    assert "--train_records_per_rank 256,256" in out  # each rank's own count, from the shard plan
     assert "final metrics (rank 0): loss=" in out
     # the embedded endpoint saved its buckets on exit: model, checkpoints and TensorBoard logs are there
     jobs = state / "sagemaker-dist-demo" / "jobs"
@@ -108,8 +108,8 @@ def test_demo_with_unequal_shards_on_three_ranks_of_one_host(s3, bucket, tmp_pat
     )
     job = prepare_demo_job(bucket, 1, 3, hyperparameters={"epochs": 1}, printer=None)
     hps = job.request["HyperParameters"]
-    assert json.loads(hps["train_records_per_rank"]) == [320, 256, 256]
-    assert json.loads(hps["validation_records_per_rank"]) == [64, 64, 64]
+    assert hps["train_records_per_rank"] == "320,256,256"  # survives the toolkit unchanged
+    assert hps["validation_records_per_rank"] == "64,64,64"
     lines = []
     result = run_local(job.request, job.source_dir, work_dir=tmp_path, echo=lines.append, timeout=150)
     out = "\n".join(lines)

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from sagemaker_dist.contract.hyperparameters import encode_all, script_args
+from sagemaker_dist.contract.hyperparameters import encode_all
 from sagemaker_dist.contract.layout import plan_layout
 from sagemaker_dist.contract.rank_slots import rank_slots, slot_environment
+from sagemaker_dist.contract.toolkit import script_argv
 from sagemaker_dist.launch.request_validation import RequestValidationError
 from sagemaker_dist.local import LocalJobError, run_local
 from sagemaker_dist.local.demo_data import encode_example, generate_examples, tfrecord_file
@@ -57,7 +58,7 @@ def test_host_trees_follow_the_container_contract(tmp_path):
     assert env["SM_CHANNEL_TRAIN_0"] == str(trees[1].root / "input" / "data" / "train_0")
     assert env["SM_HP_EPOCHS"] == "3" and "SM_HP_SAGEMAKER_DIST_LAYOUT" not in env
     assert json.loads(env["SM_HPS"]) == {"epochs": 3, "lr": 0.1, "name": "x"}
-    assert script_args(encode_all(hps)) == ["--epochs", "3", "--lr", "0.1", "--name", "x"]
+    assert script_argv(encode_all(hps)) == ["--epochs", "3", "--lr", "0.1", "--name", "x"]
 
 
 @pytest.mark.parametrize(("rank", "local", "cross"), [(0, 0, 0), (1, 1, 0), (2, 0, 1), (5, 1, 2)])
@@ -292,3 +293,27 @@ def test_the_machines_own_host_name_is_the_one_checked():
         timeout=60,
     )
     assert proc.returncode != 0 and "'gloo-cannot-resolve-me' does not resolve" in proc.stderr, proc.stderr
+
+
+def test_a_hyperparameter_the_toolkits_shell_cannot_parse_fails_the_local_job_as_it_would_fail_the_real_one(
+    tmp_path, aws_env, s3, bucket
+):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    request = _request(sagemaker_program="train.py", note="it's broken")
+    request["ResourceConfig"]["InstanceCount"] = 1
+    request["InputDataConfig"] = [
+        _channel("train_0")
+        | {
+            "DataSource": {
+                "S3DataSource": {
+                    "S3DataType": "S3Prefix",
+                    "S3Uri": f"s3://{bucket}/none/",
+                    "S3DataDistributionType": "FullyReplicated",
+                }
+            }
+        }
+    ]
+    s3.put_object(Bucket=bucket, Key="none/x", Body=b"")
+    with pytest.raises(LocalJobError, match=r"'note' = \"it's broken\".*broken command line.*unterminated"):
+        run_local(request, tmp_path, work_dir=tmp_path / "w")
+    assert not os.listdir(tmp_path / "w")  # refused before any rank started

@@ -18,7 +18,6 @@ goes to ``$SM_MODEL_DIR`` (else ``<root>/model``) from rank 0; checkpoints to ``
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -37,6 +36,12 @@ FEATURES = {
 }
 
 
+def int_list(text: str) -> list[int]:
+    """``256,256`` -> [256, 256]: a comma-separated list reaches the script unchanged through the
+    sagemaker-training toolkit (a JSON list would come back as ``[256, 256]`` and be split by its shell)."""
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 
@@ -48,9 +53,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     arg("learning-rate", type=float, default=0.001, help="single-worker rate; scaled by the rank count")
     arg("warmup-epochs", type=float, default=0)
     arg("train-records", type=int, default=None, help="records in this rank's train shard")
-    arg("train-records-per-rank", type=json.loads, default=None, help="JSON list: records per rank")
+    arg("train-records-per-rank", type=int_list, default=None, help="records per rank, e.g. 256,256")
     arg("validation-records", type=int, default=None, help="records in this rank's validation shard")
-    arg("validation-records-per-rank", type=json.loads, default=None, help="JSON list: records per rank")
+    arg("validation-records-per-rank", type=int_list, default=None, help="records per rank, e.g. 64,64")
     arg("tensorboard-s3-uri", default=None)
     arg("tensorboard-interval", type=float, default=30.0)
     arg("model-dir", default=None, help="local directory; default $SM_MODEL_DIR, else <root>/model")
@@ -59,7 +64,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         unknown += ["--model_dir", args.model_dir]
         args.model_dir = None
     if args.train_records is None and args.train_records_per_rank is None:
-        p.error("give --train-records-per-rank (JSON list, records in each rank's shard) or --train-records")
+        p.error(
+            "give --train-records-per-rank (records in each rank's shard, e.g. 256,256) or --train-records"
+        )
     if unknown:
         logging.getLogger(__name__).info("ignoring arguments %s", unknown)
     return args

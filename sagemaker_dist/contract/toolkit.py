@@ -1,0 +1,126 @@
+"""What AWS's sagemaker-training toolkit (the Deep Learning Containers' entry point) does with the
+hyperparameters: the arguments the user script receives and the ``SM_*`` variables it sees.
+
+The toolkit json-decodes every value it can (``environment.read_hyperparameters``), keeps the user's
+(not ``sagemaker_*``), sorts the keys, writes ``--key`` (``-k`` for a one-letter key) and turns each
+value back into text with ``str()`` (a dict becomes ``k=v,k2=v2``): ``true`` -> ``True``, ``1.50``
+-> ``1.5``, ``[256,256]`` -> ``[256, 256]`` (``mapping.to_cmd_args``). Versions before 5 then run
+the command through ``/bin/sh`` (``process.run_async``), which re-parses it: ``[256, 256]`` arrives
+as two arguments. The TF DLCs carry 4.8.3 (``sagemaker-tensorflow-training`` 20.5.0 pins <= 4.8.3).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from sagemaker_dist.contract.hyperparameters import decode_all, user_hyperparameters
+from sagemaker_dist.contract.shell_words import ShellSyntaxError, shell_words
+from sagemaker_dist.errors import ConfigurationError
+
+DEFAULT_TOOLKIT_VERSION = "4.8.3"
+
+
+class ToolkitArgumentWarning(UserWarning):
+    """A hyperparameter the image's sagemaker-training toolkit would hand the script changed."""
+
+
+def runs_through_shell(toolkit_version: str) -> bool:
+    """sagemaker-training before 5.0 joins the command and runs it with ``/bin/sh``."""
+    major = toolkit_version.split(".", 1)[0]
+    if not major.isdigit():
+        raise ConfigurationError(f"toolkit version {toolkit_version!r} is not a version like '4.8.3'")
+    return int(major) < 5
+
+
+def _text(value) -> str:
+    return "" if value is None else str(value)
+
+
+def cmd_args(decoded: Mapping) -> list[str]:
+    """``mapping.to_cmd_args`` of decoded user hyperparameters: sorted ``--key value`` pairs."""
+    args = []
+    for key in sorted(decoded):
+        name = _text(key)
+        flag = ("--" if len(name) > 1 else "-") + name if name else ""
+        value = decoded[key]
+        if hasattr(value, "items"):
+            value = ",".join(f"{k}={v}" for k, v in sorted(value.items()))
+        args += [flag, _text(value)]
+    return args
+
+
+def env_value(value) -> str:
+    """How the toolkit writes a value into an ``SM_*`` variable: text as is, else compact sorted JSON."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def toolkit_args(hyperparameters: Mapping[str, str]) -> list[str]:
+    """The toolkit's argument list for the stored (string) hyperparameters, before any shell."""
+    return cmd_args(user_hyperparameters(decode_all(hyperparameters)))
+
+
+def script_argv(
+    hyperparameters: Mapping[str, str],
+    toolkit_version: str = DEFAULT_TOOLKIT_VERSION,
+    environ: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+) -> list[str]:
+    """The arguments the entry script receives (``sys.argv[1:]``) under that toolkit version.
+
+    Raises ``ShellSyntaxError`` where the toolkit's shell would not pass a plain argument list
+    (an unterminated quote, ``;``, ``$(...)``): the job would fail or run something else.
+    """
+    args = toolkit_args(hyperparameters)
+    if runs_through_shell(toolkit_version):
+        return shell_words(" ".join(args), environ, cwd)
+    return args
+
+
+def user_environment(hyperparameters: Mapping[str, str]) -> dict[str, str]:
+    """``SM_HPS``, ``SM_USER_ARGS`` and ``SM_HP_<KEY>`` as the toolkit sets them."""
+    user = user_hyperparameters(decode_all(hyperparameters))
+    env = {
+        "SM_HPS": env_value(user),
+        "SM_USER_ARGS": env_value(cmd_args(user)),
+    }
+    env.update({f"SM_HP_{str(key).upper()}": env_value(value) for key, value in user.items()})
+    return env
+
+
+def changed_hyperparameters(
+    hyperparameters: Mapping[str, str],
+    toolkit_version: str = DEFAULT_TOOLKIT_VERSION,
+    environ: Mapping[str, str] | None = None,
+) -> list[str]:
+    """One sentence per user hyperparameter the script would not receive as ``--key <stored value>``:
+    what it gets instead under that toolkit version, and the way out."""
+    env = {"HOME": "/root"} if environ is None else environ  # the container's shell, not this machine's
+    out = []
+    for key, stored in user_hyperparameters(hyperparameters).items():
+        try:
+            received = script_argv({key: stored}, toolkit_version, env)
+        except ShellSyntaxError as exc:  # the command would fail or do something else
+            received_text = f"a broken command line ({exc})"
+        else:
+            if received == [f"--{key}", stored]:
+                continue
+            received_text = " ".join(repr(a) for a in received) or "nothing"
+        out.append(
+            f"hyperparameter {key!r} = {stored!r} reaches the script as {received_text} under the "
+            f"sagemaker-training toolkit {toolkit_version} (the TensorFlow DLCs' entry point): it "
+            "json-decodes each value and writes it back with str()"
+            + (
+                ", then re-parses the command line with /bin/sh"
+                if runs_through_shell(toolkit_version)
+                else ""
+            )
+            + ". Use a value that survives that (a comma-separated string such as '256,256' instead of a "
+            "list; no spaces, quotes, '$' or '#'; a key of two or more characters), or read it from SM_HPS "
+            "or hyperparameters.json in the script"
+        )
+    return out
