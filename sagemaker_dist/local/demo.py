@@ -11,10 +11,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, ChannelLayout
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.local.backend import LocalBackend
-from sagemaker_dist.local.channel_objects import ChannelSpec, epoch_objects, resolve_objects
 from sagemaker_dist.local.defaults import LOCAL_INSTANCE_TYPE, LOCAL_ROLE
 from sagemaker_dist.local.demo_data import DATASET_FILE, DemoDataset, write_demo_data
 from sagemaker_dist.local.endpoint import s3_client
@@ -67,23 +65,6 @@ def _dataset_info(client, bucket: str, key: str) -> dict | None:
         return None
 
 
-def records_per_rank(request: dict, role: str, records_per_file: int, client=None) -> list[int]:
-    """Records in each rank's shard of ``role``, from the request's own channels (manifest or prefix,
-    ShardedByS3Key applied), for files of ``records_per_file`` records. Shards are balanced by bytes,
-    so these counts differ (8 equal files over 3 ranks: 3, 3 and 2 files); each rank passes its own
-    to ``horovod_keras.setup(train_records=...)``."""
-    client = client or s3_client()
-    layout = ChannelLayout.from_json(request["HyperParameters"][LAYOUT_HYPERPARAMETER])
-    channels = {c["ChannelName"]: c for c in request["InputDataConfig"]}
-    mode = request.get("AlgorithmSpecification", {}).get("TrainingInputMode", "Pipe")
-    per_host, counts = layout.processes_per_host, []
-    for rank in range(layout.hosts * per_host):
-        spec = ChannelSpec.from_request(channels[layout.channel_for(role, rank, rank % per_host)], mode)
-        objects = epoch_objects(resolve_objects(spec, client), spec, 0, rank // per_host, layout.hosts)
-        counts.append(len(objects) * records_per_file)
-    return counts
-
-
 def demo_estimator(
     bucket: str = DEMO_BUCKET,
     hosts: int = 2,
@@ -127,7 +108,7 @@ def prepare_demo_job(
     """Write the data if missing, shard it into per-rank manifests and build the request.
 
     The file counts grow with the world size (4 train files and 1 validation file per rank at least),
-    and each rank is told the records of its own shards (``train_records_per_rank``).
+    and no rank is told any record count: every epoch ends where the first rank runs out.
     """
     world = hosts * processes_per_host
     client = s3_client()
@@ -143,7 +124,6 @@ def prepare_demo_job(
             f"wrote demo data: {dataset.files} TFRecord files, {dataset.records} records, "
             f"{dataset.bytes / 1e6:.1f} MB under s3://{bucket}/cifar10-demo/"
         )
-    info = _dataset_info(client, bucket, "cifar10-demo/")
     hps = {"epochs": 2, "batch_size": 32, "tensorboard_interval": 5}
     hps.update(hyperparameters or {})
     estimator = demo_estimator(bucket, hosts, processes_per_host, input_mode, hps)
@@ -152,11 +132,7 @@ def prepare_demo_job(
         "validation": f"s3://{bucket}/cifar10-demo/validation/",
     }
     prepared = estimator.prepare(inputs, job_name, printer=printer, backend=LocalBackend())
-    request_hps = prepared.request["HyperParameters"]
-    for role in ("train", "validation"):
-        counts = records_per_rank(prepared.request, role, info["records_per_file"], client)
-        # comma-separated, not a JSON list: the toolkit would pass '[256, 256]' through /bin/sh as two words
-        request_hps.setdefault(f"{role}_records_per_rank", ",".join(map(str, counts)))
+    request_hps = prepared.request["HyperParameters"]  # no record counts: the ranks agree on epoch ends
     tensorboard = prepared.request.get("TensorBoardOutputConfig", {}).get("S3OutputPath")
     if tensorboard:  # the example script's rank 0 syncs its logs there with the runtime's syncer
         request_hps.setdefault("tensorboard_s3_uri", tensorboard)

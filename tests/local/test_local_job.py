@@ -89,7 +89,8 @@ def test_demo_runs_end_to_end_on_the_embedded_endpoint(tmp_path):
     # 4 files x 64 records per rank x 2 epochs: train_epoch takes exactly the shard each epoch and no
     # iterator opens a third FIFO, so the feeder streams exactly that much (its count of records written)
     assert [int(r[3]) for r in rows] == [512, 512], rows
-    assert "--train_records_per_rank 256,256" in out  # each rank's own count, from the shard plan
+    assert "_records" not in out.split("rank 0/2 on algo-1")[1].splitlines()[0]  # no count is passed
+    assert "train epoch ended for every rank after 8 step(s)" in out  # 256 records / 32 each epoch
     assert "final metrics (rank 0): loss=" in out
     # the embedded endpoint saved its buckets on exit: model, checkpoints and TensorBoard logs are there
     jobs = state / "sagemaker-dist-demo" / "jobs"
@@ -101,19 +102,19 @@ def test_demo_runs_end_to_end_on_the_embedded_endpoint(tmp_path):
 
 
 def test_demo_with_unequal_shards_on_three_ranks_of_one_host(s3, bucket, tmp_path):
-    """13 equal files over 3 ranks are shards of 5, 4 and 4 files: each rank is told its own count,
-    all agree on the smallest shard's steps, and the job ends (total // size would stall)."""
+    """13 equal files over 3 ranks are shards of 5, 4 and 4 files, and no rank is told a count: every
+    epoch ends for all when the 4-file ranks run out, and what rank 0 had read ahead is reported."""
     write_demo_data(
         f"s3://{bucket}/cifar10-demo/", files=13, records_per_file=64, validation_files=3, client=s3
     )
     job = prepare_demo_job(bucket, 1, 3, hyperparameters={"epochs": 1}, printer=None)
-    hps = job.request["HyperParameters"]
-    assert hps["train_records_per_rank"] == "320,256,256"  # survives the toolkit unchanged
-    assert hps["validation_records_per_rank"] == "64,64,64"
+    assert not [k for k in job.request["HyperParameters"] if "records" in k]
     lines = []
     result = run_local(job.request, job.source_dir, work_dir=tmp_path, echo=lines.append, timeout=150)
     out = "\n".join(lines)
-    assert "steps per epoch 8" in out  # min(320, 256, 256) // 32
+    # 320, 256, 256 records, batches of 32: ranks 1 and 2 run out after 8 steps
+    assert "train epoch ended for every rank after 8 step(s): rank(s) 1, 2 ran out of data" in out
+    assert "Records read per rank: [256, 256, 256]" in out and "rank 0: 32" in out
     assert len(result.ranks) == 3 and "val_loss" in result.metrics
 
 
@@ -196,15 +197,13 @@ def test_rank_raising_an_exception_is_named_with_its_traceback(s3, bucket, tmp_p
     assert not list(tmp_path.iterdir())
 
 
-def test_setup_without_this_ranks_record_count_fails_on_several_ranks(s3, bucket, tmp_path):
-    """No train_records on 2 ranks: an error before any collective, not a stall at the first short shard."""
+def test_setup_without_any_record_count_works_on_several_ranks(s3, bucket, tmp_path):
+    """No train_records on 2 ranks: setup() no longer refuses; the ranks agree on epoch ends instead."""
     _small_data(s3, bucket, files=2, records=2)
     request = _request(bucket, "setup_without_counts.py", {}, hosts=1, per_host=2)
-    with pytest.raises(LocalJobFailed) as failure:
-        run_local(request, SCRIPTS, work_dir=tmp_path, echo=lambda line: None, timeout=120)
-    message = str(failure.value)
-    assert "HorovodSetupError: rank" in message and "pass train_records=" in message, message
-    assert "setup returned" not in message
+    lines = []
+    run_local(request, SCRIPTS, work_dir=tmp_path, echo=lines.append, timeout=120)
+    assert sum("setup returned without a record count" in line for line in lines) == 2
 
 
 def test_s3_failing_mid_job_stops_it_naming_the_object(s3, bucket, tmp_path, monkeypatch, aws_env):
@@ -333,3 +332,116 @@ def test_estimator_refuses_local_options_for_a_sagemaker_launch(s3, bucket):
         estimator.fit({"train": f"s3://{bucket}/data/train/"}, printer=None, work_dir="/tmp")
     # refused before any AWS call: nothing sharded, no source uploaded, no job created
     assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="jobs/")
+
+
+def _uneven_request(bucket, s3, entry_point, hps, source_dir):
+    """2 hosts x 1 rank; rank 0's shard is 1 file, rank 1's is 5 (no counts anywhere)."""
+    for name, files in (("one", 1), ("five", 5)):
+        write_demo_data(
+            f"s3://{bucket}/{name}/", files=files, records_per_file=32, validation_files=files, client=s3
+        )
+    estimator = demo_estimator(bucket, 2, 1, "Pipe", hps, source_dir=source_dir, entry_point=entry_point)
+    inputs = {
+        "train": [f"s3://{bucket}/one/train/", f"s3://{bucket}/five/train/"],
+        "validation": [f"s3://{bucket}/one/validation/", f"s3://{bucket}/five/validation/"],
+    }
+    return estimator.prepare(inputs, printer=None, backend=LocalBackend()).request
+
+
+def test_the_example_script_trains_unchanged_on_uneven_shards_without_counts(s3, bucket, tmp_path):
+    """1 file against 5 on 2 hosts, the demo's own script, no counts: ends 0, every epoch ends at the
+    short shard's last batch on both ranks, validation (MetricAverageCallback) does not stall."""
+    request = _uneven_request(bucket, s3, "train_cifar10.py", {"epochs": 2}, DEMO_JOB_DIR)
+    lines = []
+    result = run_local(request, DEMO_JOB_DIR, work_dir=tmp_path, echo=lines.append, timeout=200)
+    out = "\n".join(lines)
+    ends = [line for line in lines if "train epoch ended for every rank" in line]
+    assert len(ends) == 2 and all("after 1 step(s): rank(s) 0 ran out" in e for e in ends), ends
+    assert sum("validation epoch ended for every rank after 1 step(s)" in line for line in lines) == 2
+    assert "val_loss" in result.metrics and result.model_uri, out[-2000:]
+
+
+def test_ranks_end_each_epoch_together_and_finish_with_equal_weights(s3, bucket, tmp_path):
+    request = _uneven_request(bucket, s3, "train_without_counts.py", {"epochs": 3}, SCRIPTS)
+    lines = []
+    run_local(request, SCRIPTS, work_dir=tmp_path, echo=lines.append, timeout=200)
+    per_rank = {}
+    for line in lines:
+        for key in ("train steps", "validation steps", "weights"):
+            if f"] {key} " in line:
+                per_rank.setdefault(key, []).append(line.split(f"] {key} ", 1)[1])
+    assert per_rank["train steps"] == ["[4, 4, 4]", "[4, 4, 4]"]  # 32 records / batches of 8
+    assert per_rank["validation steps"][0] == per_rank["validation steps"][1] == "[4, 4, 4]"
+    assert per_rank["weights"][0] == per_rank["weights"][1]
+
+
+def test_sharded_by_key_with_a_shuffle_changes_host_shards_per_epoch_and_never_stalls(s3, bucket, tmp_path):
+    """2 hosts share one ShardedByS3Key channel; the shuffle deals other objects to each host every
+    epoch (files of different record counts), no counts: 3 epochs end together, none stalls."""
+    for i, records in enumerate([8, 16, 24, 40, 8, 32]):
+        write_demo_data(
+            f"s3://{bucket}/mixed/{i}/", files=1, records_per_file=records, validation_files=0, client=s3
+        )
+        s3.copy_object(
+            Bucket=bucket,
+            Key=f"pool/part-{i}.tfrecord",
+            CopySource={"Bucket": bucket, "Key": f"mixed/{i}/train/part-00000.tfrecord"},
+        )
+    estimator = demo_estimator(
+        bucket,
+        2,
+        1,
+        "Pipe",
+        {"epochs": 3, "validate": "no"},
+        source_dir=SCRIPTS,
+        entry_point="train_without_counts.py",
+        strategy="per-local-rank",
+        shuffle_seed=3,
+    )
+    request = estimator.prepare(
+        {"train": f"s3://{bucket}/pool/"}, printer=None, backend=LocalBackend()
+    ).request
+    assert (
+        request["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3DataDistributionType"]
+        == "ShardedByS3Key"
+    )
+    lines = []
+    result = run_local(request, SCRIPTS, work_dir=tmp_path, echo=lines.append, timeout=200)
+    steps = [line.split("] train steps ", 1)[1] for line in lines if "] train steps " in line]
+    read = [json.loads(line.split("] train read ", 1)[1]) for line in lines if "] train read " in line]
+    assert len(steps) == 2 and steps[0] == steps[1], steps
+    assert len(json.loads(steps[0])) == 3
+    assert read[0] == read[1]  # every rank logs the same gathered report
+    per_epoch = read[0]
+    assert len({tuple(r) for r in per_epoch}) > 1, per_epoch  # the hosts' shards changed between epochs
+    streamed = {s.host: s.records for s in result.feed_stats}
+    for rank, host in enumerate(("algo-1", "algo-2")):
+        assert sum(epoch[rank] for epoch in per_epoch) <= streamed[host]  # trained on what was streamed
+
+
+def test_a_rank_whose_fifo_delivers_nothing_ends_the_epoch_for_all_without_hanging(s3, bucket, tmp_path):
+    """One object, ShardedByS3Key over 2 hosts: host 2's FIFO is empty every epoch. The epoch ends
+    for every rank at step 0 with a line saying so; Keras then stops on an empty epoch: no hang."""
+    write_demo_data(f"s3://{bucket}/lone/", files=1, records_per_file=16, validation_files=0, client=s3)
+    estimator = demo_estimator(
+        bucket,
+        2,
+        1,
+        "Pipe",
+        {"epochs": 2, "validate": "no"},
+        source_dir=SCRIPTS,
+        entry_point="train_without_counts.py",
+        strategy="per-local-rank",
+    )
+    request = estimator.build_request(
+        {"train": [f"s3://{bucket}/lone/train/"]}, submit_directory="s3://x-y/z"
+    )
+    lines = []
+    started = time.monotonic()
+    with pytest.raises(LocalJobFailed):
+        run_local(request, SCRIPTS, work_dir=tmp_path, echo=lines.append, timeout=150)
+    assert time.monotonic() - started < 120
+    assert any(
+        "train epoch ended for every rank after 0 step(s): rank(s) 1 ran out of data" in line
+        for line in lines
+    )

@@ -4,15 +4,13 @@ Records are ``tf.train.Example`` with ``image`` (32x32x3 uint8, raw bytes) and `
 The sagemaker-training toolkit runs this as ``sagemaker_program`` under mpirun and passes the user
 hyperparameters as ``--name value`` (``sagemaker-dist local`` does the same):
 
-    --epochs 2 --batch-size 32 --learning-rate 0.001 --train-records-per-rank "[192, 192, 128]"
-    [--validation-records-per-rank "[64, 64, 64]"] [--warmup-epochs 1]
-    [--tensorboard-s3-uri s3://bucket/tb/job] [--tensorboard-interval 30]
+    --epochs 2 --batch-size 32 --learning-rate 0.001 [--tensorboard-s3-uri s3://bucket/tb/job]
+    [--tensorboard-interval 30]
 
-``--train-records-per-rank`` lists the records in each rank's shard (shards are balanced by bytes, so
-they differ; ``sagemaker-dist local --demo`` computes them from the shard plan) and each rank picks
-its own; ``--train-records`` gives one count for every rank. Every rank runs the steps of the
-smallest shard, so no rank waits on another. The model
-goes to ``$SM_MODEL_DIR`` (else ``<root>/model``) from rank 0; checkpoints to ``<root>/checkpoints``.
+No record counts: shards are balanced by bytes, so their record counts differ, and the ranks agree at
+every step whether each still has a batch; every epoch ends on every rank when the first runs out
+(``horovod_keras``). The job validates when it has a validation channel. The model goes to
+``$SM_MODEL_DIR`` (else ``<root>/model``) from rank 0; checkpoints to ``<root>/checkpoints``.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ import tensorflow as tf
 
 from sagemaker_dist.contract.paths import opt_ml_root
 from sagemaker_dist.runtime import horovod_keras, rank_dataset
-from sagemaker_dist.runtime.ranks import RankInfo
+from sagemaker_dist.runtime.config import ContainerConfig
 
 IMAGE_SHAPE = (32, 32, 3)
 NUM_CLASSES = 10
@@ -34,12 +32,6 @@ FEATURES = {
     "image": tf.io.FixedLenFeature([], tf.string),
     "label": tf.io.FixedLenFeature([], tf.int64),
 }
-
-
-def int_list(text: str) -> list[int]:
-    """``256,256`` -> [256, 256]: a comma-separated list reaches the script unchanged through the
-    sagemaker-training toolkit (a JSON list would come back as ``[256, 256]`` and be split by its shell)."""
-    return [int(part) for part in text.split(",") if part.strip()]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -52,10 +44,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     arg("batch-size", type=int, default=32, help="per rank")
     arg("learning-rate", type=float, default=0.001, help="single-worker rate; scaled by the rank count")
     arg("warmup-epochs", type=float, default=0)
-    arg("train-records", type=int, default=None, help="records in this rank's train shard")
-    arg("train-records-per-rank", type=int_list, default=None, help="records per rank, e.g. 256,256")
-    arg("validation-records", type=int, default=None, help="records in this rank's validation shard")
-    arg("validation-records-per-rank", type=int_list, default=None, help="records per rank, e.g. 64,64")
     arg("tensorboard-s3-uri", default=None)
     arg("tensorboard-interval", type=float, default=30.0)
     arg("model-dir", default=None, help="local directory; default $SM_MODEL_DIR, else <root>/model")
@@ -63,22 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.model_dir and args.model_dir.startswith("s3://"):  # the TF toolkit's legacy --model_dir
         unknown += ["--model_dir", args.model_dir]
         args.model_dir = None
-    if args.train_records is None and args.train_records_per_rank is None:
-        p.error(
-            "give --train-records-per-rank (records in each rank's shard, e.g. 256,256) or --train-records"
-        )
     if unknown:
         logging.getLogger(__name__).info("ignoring arguments %s", unknown)
     return args
-
-
-def own_count(count: int | None, per_rank: list | None, rank: int, name: str) -> int | None:
-    """This rank's record count: ``--<name>`` as is, else its entry of ``--<name>-per-rank``."""
-    if count is not None or per_rank is None:
-        return count
-    if rank >= len(per_rank):
-        raise SystemExit(f"--{name}-per-rank has {len(per_rank)} entries; rank {rank} has none")
-    return int(per_rank[rank])
 
 
 def parse_record(serialized):
@@ -112,20 +87,14 @@ def build_model() -> tf.keras.Model:
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
-    rank = RankInfo.detect().rank  # from the launcher's variables; Horovod starts in setup()
-    train_records = own_count(args.train_records, args.train_records_per_rank, rank, "train-records")
-    validation_records = own_count(
-        args.validation_records, args.validation_records_per_rank, rank, "validation-records"
-    )
-    validate = validation_records is not None
+    layout = ContainerConfig.load().layout
+    validate = layout is not None and layout.has_role("validation")
     log_dir = os.path.join(os.environ.get("SM_OUTPUT_DATA_DIR") or opt_ml_root() / "output" / "data", "tb")
 
     hv = horovod_keras.setup(
         tf.keras.optimizers.legacy.Adam,
         learning_rate=args.learning_rate,
         batch_size=args.batch_size,
-        train_records=train_records,
-        validation_records=validation_records,
         warmup_epochs=args.warmup_epochs,
         tensorboard_dir=log_dir if args.tensorboard_s3_uri else None,
         tensorboard_s3_uri=args.tensorboard_s3_uri,

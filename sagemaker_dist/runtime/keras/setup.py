@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sagemaker_dist.runtime import checkpoints as ckpt
+from sagemaker_dist.runtime.keras.agreement import EpochReports, agreed_epoch, allow_epochs_of_any_length
 from sagemaker_dist.runtime.keras.arguments import SetupArguments, check_arguments, check_world
 from sagemaker_dist.runtime.keras.gpu import pin_gpu
 from sagemaker_dist.runtime.keras.optimizer import build_scaled_optimizer
@@ -53,6 +54,9 @@ class HorovodKeras:
     resume_from: ckpt.Checkpoint | None = None
     tensorboard_syncer: TensorBoardSyncer | None = None
     gpu: str | None = None
+    hvd: Any = field(default=None, repr=False)  # horovod.tensorflow, for the per-step agreement
+    train_reports: EpochReports | None = None  # how each epoch ended, without counts
+    validation_reports: EpochReports | None = None
 
     @property
     def is_chief(self) -> bool:
@@ -65,21 +69,26 @@ class HorovodKeras:
         return 2 if self.is_chief else 0
 
     def train_epoch(self, batches):
-        """One epoch of this rank's train batches: exactly ``steps_per_epoch`` of them.
+        """One epoch of this rank's train batches, ending at the same step on every rank.
 
-        Pass it to ``fit`` as is (no ``.repeat()``, no ``steps_per_epoch``): its cardinality is known,
-        so Keras makes a new iterator each epoch, which opens the channel's next FIFO, counts its steps
-        up front (warm-up and progress are exact) and every rank runs the same steps. A shard shorter
-        than that fails with a clear error naming the rank and the counts instead of stalling the
-        other ranks. (A ``.repeat()``-ed Pipe dataset would read ahead into the next epoch's FIFO.)
+        Pass it to ``fit`` as is (no ``.repeat()``, no ``steps_per_epoch``): Keras makes a new iterator
+        each epoch, which opens the channel's next FIFO. Without counts, the ranks agree every step
+        (a min-allreduce of "I have a batch") and the epoch ends when the first rank runs out; the
+        records the others still hold are reported (``train_reports``). With ``train_records`` given,
+        each epoch is exactly ``steps_per_epoch`` batches and needs no per-step agreement; a shard
+        shorter than promised fails naming the rank. (A ``.repeat()``-ed Pipe dataset would read
+        ahead into the next epoch's FIFO.)
         """
         return self._epoch(batches, self.steps_per_epoch, self.train_counts, "train")
 
     def validation_epoch(self, batches):
-        """One validation pass over this rank's own shard: exactly ``validation_steps`` batches."""
+        """One validation pass over this rank's own shard, ending at the same step on every rank."""
         return self._epoch(batches, self.validation_steps, self.validation_counts, "validation")
 
     def _epoch(self, batches, steps: int | None, counts: list[int] | None, what: str):
+        if steps is None and self.size > 1:
+            allow_epochs_of_any_length()
+            return agreed_epoch(batches, what, self.hvd, getattr(self, f"{what}_reports"))
         return exact_epoch(
             batches,
             steps=steps,
@@ -125,11 +134,12 @@ def setup(
 ) -> HorovodKeras:
     """Initialise Horovod and return the optimizer, callbacks and step counts for ``model.fit``.
 
-    ``train_records`` is the number of records in this rank's own shard (required with more than one
-    rank; ``total_train_records`` is accepted on one rank only, since shards are balanced by bytes);
-    ``steps_per_epoch`` is the smallest shard's ``records // batch_size`` so no rank runs out first.
-    The same for validation: every rank validates its own shard for ``validation_steps`` steps
-    and ``MetricAverageCallback`` averages ``val_*`` (horovod#600). ``check_channels`` verifies this
+    Record counts are optional: without them the ranks agree at every step whether each still has a
+    batch, and every epoch ends on every rank when the first runs out (``HorovodKeras.train_epoch``).
+    ``train_records`` (this rank's own shard; ``total_train_records`` on one rank only, since shards
+    are balanced by bytes) fixes ``steps_per_epoch`` to the smallest shard's ``records // batch_size``
+    instead, with no per-step agreement. The same for validation; ``MetricAverageCallback`` averages
+    ``val_*`` (horovod#600). ``check_channels`` verifies this
     rank's channels before the first collective when the job carries a sagemaker-dist layout.
     Every argument is checked before Horovod starts; a bad one raises ``HorovodSetupError`` naming it.
     """
@@ -197,6 +207,9 @@ def _start(args: SetupArguments) -> HorovodKeras:
         resume_from=resume_from,
         tensorboard_syncer=syncer,
         gpu=gpu,
+        hvd=hvd,
+        train_reports=EpochReports("train", rank),
+        validation_reports=EpochReports("validation", rank),
     )
     if hv.is_chief:
         _log_start(hv, base_lr, args.warmup_epochs)

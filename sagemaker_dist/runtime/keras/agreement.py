@@ -1,0 +1,144 @@
+"""Epochs that end together without record counts: every step, each rank says whether it has a batch
+and the ranks agree (a min-allreduce of that flag); the epoch ends on every rank at the first step
+where some rank has none, as tf.distribute's distributed iterators do for MultiWorkerMirroredStrategy.
+
+The policy is "shortest": the records other ranks still hold are not trained on this epoch, but
+reported (the batch each had read ahead; the rest of its FIFO is closed unread, so SageMaker opens the
+next epoch's FIFO). A rank whose FIFO delivers nothing ends the epoch for all at its first step.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EpochReport:
+    """How one epoch of one role ended, as every rank saw it (rank 0 logs it)."""
+
+    what: str
+    steps: int
+    records_read: tuple[int, ...]  # per rank: records in the batches trained on
+    records_left: tuple[int, ...]  # per rank: records read ahead and not trained on (at least)
+    ran_out: tuple[int, ...]  # ranks that had no batch at the last step
+
+    def line(self) -> str:
+        left = [f"rank {r}: {n}" for r, n in enumerate(self.records_left) if n]
+        text = (
+            f"{self.what} epoch ended for every rank after {self.steps} step(s): rank(s) "
+            f"{', '.join(map(str, self.ran_out)) or '-'} ran out of data. Records read per rank: "
+            f"{list(self.records_read)}"
+        )
+        if left:
+            text += f"; read ahead and not trained on (the rest of the FIFO closed unread): {', '.join(left)}"
+        return text
+
+
+class EpochReports:
+    """The reports of one role's epochs, in order; ``on_report`` gets each as it happens."""
+
+    def __init__(self, what: str, rank: int):
+        self.what, self.rank = what, rank
+        self.reports: list[EpochReport] = []
+
+    def add(self, steps, gathered) -> None:
+        rows = gathered.reshape(-1, 3)
+        report = EpochReport(
+            self.what,
+            int(steps),
+            tuple(int(r[0]) for r in rows),
+            tuple(int(r[1]) for r in rows),
+            tuple(i for i, r in enumerate(rows) if not r[2]),
+        )
+        self.reports.append(report)
+        if self.rank == 0:
+            print(report.line(), flush=True)  # the job's log: every epoch says where it ended and why
+
+
+def _records_in(batch):
+    """Records in one element: the first tensor's batch dimension (1 for unbatched records)."""
+    import tensorflow as tf
+
+    first = tf.nest.flatten(batch)[0]
+    return tf.cast(tf.shape(first)[0] if first.shape.rank else 1, tf.int64)
+
+
+AGREED = "_sagemaker_dist_agreed_epochs"  # marks a dataset whose epochs end by agreement
+
+
+def allow_epochs_of_any_length(data_handler_class=None) -> None:
+    """Keras 2 takes the first epoch's step count as every epoch's, and stops training ("Your input ran
+    out of data") when a later epoch is shorter. An agreed epoch may be: for datasets marked ``AGREED``,
+    forget the count at each epoch's start, so every epoch runs until the ranks agree it has ended."""
+    if data_handler_class is None:
+        import importlib
+
+        import tensorflow as tf
+
+        engine = tf.keras.Model.__module__.rsplit(".", 1)[0]  # keras.src.engine, or tf_keras's
+        data_handler_class = importlib.import_module(f"{engine}.data_adapter").DataHandler
+    original = data_handler_class.enumerate_epochs
+    if getattr(original, AGREED, False):
+        return
+
+    def enumerate_epochs(self):
+        agreed = getattr(self._dataset, AGREED, False)
+        for epoch, iterator in original(self):
+            if agreed:
+                self._inferred_steps = None
+            yield epoch, iterator
+
+    setattr(enumerate_epochs, AGREED, True)
+    data_handler_class.enumerate_epochs = enumerate_epochs
+
+
+def agreed_epoch(batches, what: str, hvd, reports: EpochReports):
+    """``batches`` ended at the step where the first rank runs out, the same step on every rank."""
+    import tensorflow as tf
+
+    specs = tf.nest.flatten(batches.element_spec)
+    blank = tf.nest.pack_sequence_as(
+        batches.element_spec,
+        [tf.zeros([d if d is not None else 0 for d in spec.shape], spec.dtype) for spec in specs],
+    )
+    def has_batch(*b):
+        return tf.constant(1, tf.int64), (b if len(b) > 1 else b[0])
+
+    def agreed_to_go_on(everyone, batch):
+        return everyone > 0
+
+    def the_batch(everyone, batch):
+        return batch
+
+    flagged = batches.map(has_batch)
+    out_of_data = tf.data.Dataset.from_tensors((tf.constant(0, tf.int64), blank)).repeat()
+    padded = flagged.concatenate(out_of_data)
+
+    def step(state, item):
+        steps, read = state
+        has, batch = item
+        everyone = hvd.allreduce(has, op=hvd.Min, name=f"sagemaker_dist_{what}_has_batch")
+        records = _records_in(batch) * has
+
+        def report():  # every rank takes this branch at the same step: the allgather is safe
+            mine = tf.stack([read, records, has])
+            gathered = hvd.allgather(tf.expand_dims(mine, 0), name=f"sagemaker_dist_{what}_epoch_end")
+            return tf.py_function(_add_report, [steps, gathered], tf.int64)
+
+        def _add_report(steps_done, gathered):
+            reports.add(steps_done.numpy(), gathered.numpy())
+            return 0
+
+        ended = tf.cond(everyone > 0, lambda: tf.constant(0, tf.int64), report)
+        with tf.control_dependencies([ended]):
+            state = (steps + everyone, read + records * everyone)
+        return state, (everyone, batch)
+
+    zero = tf.constant(0, tf.int64)
+    agreed = padded.scan((zero, zero), step)
+    epoch = agreed.take_while(agreed_to_go_on).map(the_batch)
+    setattr(epoch, AGREED, True)
+    return epoch
