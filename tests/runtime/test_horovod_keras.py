@@ -21,10 +21,11 @@ from sagemaker_dist.runtime.ranks import RankChannelError
 
 @pytest.fixture(autouse=True)
 def horovod_shut_down_afterwards():
-    """setup() runs hvd.init() in this process; shut it down so later tests see no Horovod ranks."""
+    """setup() runs hvd.init() in this process; shut it down so later tests see no Horovod ranks. An
+    MPI-built Horovod cannot start again once MPI is finalized: it stays up (one rank of one)."""
     yield
     hvd = sys.modules.get("horovod.tensorflow")
-    if hvd is not None and hvd.is_initialized():
+    if hvd is not None and hvd.is_initialized() and not hvd.mpi_built():
         hvd.shutdown()
 
 
@@ -148,16 +149,29 @@ def test_setup_trains_exact_epochs_and_checkpoints(single_rank_job):
     assert len(list(hv.train_epoch(batches))) == 4  # a full shard passes the end check
 
 
-def test_several_ranks_need_each_ranks_own_record_count():
-    """total // size is no rank's shard (bytes are balanced, not records), and no count means no end."""
+def test_several_ranks_without_counts_agree_on_epoch_ends_instead():
+    """total // size is no rank's shard (bytes are balanced, not records); no count at all is fine:
+    the epoch then ends by agreement (the dataset is marked for it)."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    from sagemaker_dist.runtime.keras.agreement import AGREED, EpochReports
+
     with pytest.raises(HorovodSetupError, match=r"3, 3 and 2 files.*train_records= the records in this rank"):
         arguments._per_rank(None, 512, 3, "train")
     assert arguments._per_rank(None, 512, 1, "train") == 512
     hv = horovod_keras.HorovodKeras(
-        rank=1, local_rank=0, size=2, local_size=1, optimizer=None, learning_rate=1
+        rank=1,
+        local_rank=0,
+        size=2,
+        local_size=1,
+        optimizer=None,
+        learning_rate=1,
+        hvd=hvd,
+        validation_reports=EpochReports("validation", 1),
     )
-    with pytest.raises(HorovodSetupError, match="pass validation_records="):
-        hv.validation_epoch(object())
+    epoch = hv.validation_epoch(tf.data.Dataset.range(6).batch(2))
+    assert getattr(epoch, AGREED) is True and epoch.element_spec.shape.as_list() == [None]
 
 
 def test_keras_3_is_refused_with_what_to_install():
@@ -253,7 +267,6 @@ def test_optimizer_whose_rate_is_a_schedule_fails_before_horovod_starts(tmp_path
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"batch_size": 4}, r"rank 1 of 3: pass train_records="),
         ({"batch_size": 8, "total_train_records": 512}, r"3, 3 and 2 files.*train_records= the records"),
         (
             {"batch_size": 8, "train_records": 64, "total_validation_records": 30},
@@ -269,6 +282,13 @@ def test_arguments_that_cannot_work_on_several_ranks_fail_before_horovod_starts(
         monkeypatch.setenv(f"OMPI_COMM_WORLD_{name}", value)
     with pytest.raises(HorovodSetupError, match=message):
         horovod_keras.setup(lambda lr: None, learning_rate=0.1, root=tmp_path / "no-job", **kwargs)
+
+
+def test_no_record_count_on_several_ranks_gets_past_the_checks(tmp_path, monkeypatch, horovod_tripwire):
+    for name, value in (("RANK", "1"), ("LOCAL_RANK", "1"), ("SIZE", "3"), ("LOCAL_SIZE", "3")):
+        monkeypatch.setenv(f"OMPI_COMM_WORLD_{name}", value)
+    with pytest.raises(AssertionError, match="reached horovod.tensorflow.init"):
+        horovod_keras.setup(lambda lr: None, learning_rate=0.1, batch_size=4, root=tmp_path / "no-job")
 
 
 def test_bad_arguments_load_neither_tensorflow_nor_horovod(tmp_path):
