@@ -74,6 +74,8 @@ def _expand(line: str, i: int, env: Mapping[str, str]) -> tuple[str, int]:
             raise ShellSyntaxError(f"${{{name}}} is not a plain parameter expansion")
         return env.get(name, ""), end + 1
     match = _NAME.match(line, i + 1)
+    if match and match.group() == "_":
+        raise ShellSyntaxError("$_ is set by the shell itself (the last argument of its last command)")
     if match:
         return env.get(match.group(), ""), match.end()
     if nxt and (nxt.isdigit() or nxt in "$?#!@*-"):
@@ -108,12 +110,15 @@ def shell_words(line: str, environ: Mapping[str, str] | None = None, cwd: str | 
     words: list[str] = []
     word = _Word()
     i = 0
+    in_token = False  # comments and tildes are recognised at the start of a token, before expansion
     while i < len(line):
         c = line[i]
         if c in " \t\n":
             words += word.finish(cwd)
-            word, i = _Word(), i + 1
-        elif c == "#" and not word.started:
+            word, i, in_token = _Word(), i + 1, False
+            continue
+        starts_token, in_token = not in_token, True
+        if c == "#" and starts_token:
             break  # a comment: the rest of the line is gone
         elif c == "\\":
             if i + 1 == len(line):
@@ -148,7 +153,7 @@ def shell_words(line: str, environ: Mapping[str, str] | None = None, cwd: str | 
             raise ShellSyntaxError("command substitution `...` would run a command")
         elif c in _OPERATORS:
             raise ShellSyntaxError(f"{c!r} is a shell operator: it would end or redirect the command")
-        elif c == "~" and not word.started and _TILDE.match(line, i):
+        elif c == "~" and starts_token and _TILDE.match(line, i):
             user = _TILDE.match(line, i).group(1)
             if user:
                 raise ShellSyntaxError(f"~{user} expands to that user's home directory")
