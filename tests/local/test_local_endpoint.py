@@ -63,20 +63,27 @@ def test_demo_data_command_writes_tfrecords_to_the_endpoint(aws_env, s3, bucket,
 
 
 def test_two_commands_cannot_share_one_state_dir_at_once(tmp_path):
-    """Both would load the state and the last to save would silently drop the other's objects."""
-    import pytest
-
-    from sagemaker_dist.errors import ConfigurationError
-    from sagemaker_dist.local import embedded_s3
-    from sagemaker_dist.local.endpoint import s3_client
+    """Both would load the state and the last to save would silently drop the other's objects: a second
+    command on a state dir in use stops at once, naming it and the holder."""
+    from sagemaker_dist.local.endpoint import _state_lock
 
     state = tmp_path / "state"
-    in_use = rf"{state} is in use .*pid {os.getpid()}.*--s3-state-dir"
-    with embedded_s3(state, set_env=False) as url:
-        s3_client(url).create_bucket(Bucket="kept-bucket")
-        with pytest.raises(ConfigurationError, match=in_use):
-            with embedded_s3(state, set_env=False):
-                pass
-    assert (state / "kept-bucket").is_dir()  # the first one saved its state
-    with embedded_s3(state, set_env=False) as url:  # free again once the first one is done
-        assert "kept-bucket" in [b["Name"] for b in s3_client(url).list_buckets()["Buckets"]]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    command = [
+        sys.executable,
+        "-m",
+        "sagemaker_dist.cli",
+        "demo-data",
+        "--files",
+        "1",
+        "--s3-state-dir",
+        str(state),
+    ]
+    with _state_lock(state):
+        held = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert held.returncode == 2, held.stderr
+    assert f"{state} is in use by another sagemaker-dist command (pid {os.getpid()})" in held.stderr
+    assert "--s3-state-dir" in held.stderr and not state.exists()
+    free = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert free.returncode == 0, free.stderr
+    assert (state / "sagemaker-dist-demo").is_dir()  # saved on exit, once the dir was free
