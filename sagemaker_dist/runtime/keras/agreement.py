@@ -139,6 +139,8 @@ def agreed_epoch(batches, what: str, hvd, reports: EpochReports):
 
     zero = tf.constant(0, tf.int64)
     agreed = padded.scan((zero, zero), step)
-    epoch = agreed.take_while(agreed_to_go_on).map(the_batch)
+    # prefetch: the next step's agreement runs while this step trains (every rank still submits the
+    # same collectives in the same order, and nothing is read past the agreed end)
+    epoch = agreed.take_while(agreed_to_go_on).map(the_batch).prefetch(1)
     setattr(epoch, AGREED, True)
     return epoch
