@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from sagemaker_dist.runtime.keras.steps import blank_like
+
 log = logging.getLogger(__name__)
 
 
@@ -99,11 +101,8 @@ def agreed_epoch(batches, what: str, hvd, reports: EpochReports):
     """``batches`` ended at the step where the first rank runs out, the same step on every rank."""
     import tensorflow as tf
 
-    specs = tf.nest.flatten(batches.element_spec)
-    blank = tf.nest.pack_sequence_as(
-        batches.element_spec,
-        [tf.zeros([d if d is not None else 0 for d in spec.shape], spec.dtype) for spec in specs],
-    )
+    blank = blank_like(batches.element_spec)
+
     def has_batch(*b):
         return tf.constant(1, tf.int64), (b if len(b) > 1 else b[0])
 

@@ -63,6 +63,15 @@ def exact_epoch(batches, *, steps, counts, what, rank, size, batch_size):
     return cut_to_steps(batches, steps, message)
 
 
+def blank_like(element_spec):
+    """An element of ``element_spec`` with no records: zeros, unknown dimensions 0 (an end marker)."""
+    import tensorflow as tf
+
+    specs = tf.nest.flatten(element_spec)
+    zeros = [tf.zeros([d if d is not None else 0 for d in spec.shape], spec.dtype) for spec in specs]
+    return tf.nest.pack_sequence_as(element_spec, zeros)
+
+
 def cut_to_steps(batches, steps: int, message: str | None = None):
     """``batches`` cut to ``steps`` with that cardinality; ending early raises ``message`` (plus the
     count), checked by an end marker appended after the batches, before TensorFlow's own check."""
@@ -74,10 +83,7 @@ def cut_to_steps(batches, steps: int, message: str | None = None):
         isinstance(spec, tf.TensorSpec) and spec.shape.rank is not None for spec in specs
     ):
         return cut.apply(tf.data.experimental.assert_cardinality(steps))
-    blank = tf.nest.pack_sequence_as(
-        batches.element_spec,
-        [tf.zeros([d if d is not None else 0 for d in spec.shape], spec.dtype) for spec in specs],
-    )
+    blank = blank_like(batches.element_spec)
     marked = cut.map(lambda *b: (False, b if len(b) > 1 else b[0])).concatenate(
         tf.data.Dataset.from_tensors((True, blank))
     )
