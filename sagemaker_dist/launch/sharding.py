@@ -107,7 +107,7 @@ def _check_objects(objects: Sequence[tuple[str, int]], num_shards: int) -> tuple
         raw_sizes = [n for _, n in objects]
     except (TypeError, ValueError) as exc:
         raise ShardingError(f"objects must be (key, size_bytes) pairs ({exc})") from exc
-    if not all(isinstance(k, str) for k in keys):
+    if set(map(type, keys)) != {str}:  # one pass in C; the slow search only for the error
         bad = next(k for k in keys if not isinstance(k, str))
         raise ShardingError(f"key {bad!r} is not a string; objects must be (key, size_bytes) pairs")
     sizes = np.asarray(raw_sizes)
@@ -121,7 +121,7 @@ def _check_objects(objects: Sequence[tuple[str, int]], num_shards: int) -> tuple
         raise ShardingError(f"object {keys[i]!r} has a negative size ({raw_sizes[i]}); sizes are bytes >= 0")
     if not all(map(operator.lt, keys, islice(keys, 1, None))):  # S3 listings come sorted: O(n)
         order = sorted(range(len(keys)), key=keys.__getitem__)
-        keys = [keys[i] for i in order]
+        keys = list(map(keys.__getitem__, order))
         sizes = sizes[np.array(order, dtype=np.int64)]
         if any(map(operator.eq, keys, islice(keys, 1, None))):
             dupes = sorted({a for a, b in zip(keys, keys[1:]) if a == b})
@@ -139,7 +139,11 @@ def _lpt_assign(sizes: np.ndarray, num_shards: int) -> np.ndarray:
     mask = (1 << bits) - 1
     # Heap entries are (load << bits) | shard: the smallest int is the lightest shard, the lowest
     # index on ties. Adding (size << bits) to an entry adds size to that shard's load.
-    steps = [int(s) << bits for s in sizes[order].tolist()]
+    ordered = sizes[order]
+    if ordered.dtype != object and int(ordered[0]) < 1 << (62 - bits):  # shift in numpy: no overflow
+        steps = (ordered << bits).tolist()
+    else:
+        steps = [int(s) << bits for s in ordered.tolist()]
     # The largest num_shards objects open one shard each (what LPT does anyway for positive sizes);
     # this keeps every shard non-empty even when objects have zero bytes.
     picked = list(range(num_shards))
@@ -172,7 +176,7 @@ def plan_shards(objects: Sequence[tuple[str, int]], num_shards: int) -> ShardPla
     # Group by shard; a stable sort keeps name order inside each shard.
     grouped = np.argsort(shard_of, kind="stable")
     bounds = np.searchsorted(shard_of[grouped], np.arange(num_shards + 1)).tolist()
-    key_list = np.array(keys, dtype=object)[grouped].tolist()
+    key_list = list(map(keys.__getitem__, grouped.tolist()))
     size_list = sizes[grouped].tolist()  # Python ints (object arrays hold them already)
     shards = [key_list[bounds[i] : bounds[i + 1]] for i in range(num_shards)]
     shard_sizes = [size_list[bounds[i] : bounds[i + 1]] for i in range(num_shards)]
