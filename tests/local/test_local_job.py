@@ -375,6 +375,22 @@ def test_ranks_end_each_epoch_together_and_finish_with_equal_weights(s3, bucket,
     assert per_rank["weights"][0] == per_rank["weights"][1]
 
 
+def _one_channel_over_two_hosts(bucket, epochs, **options):
+    """train_without_counts.py on 2 hosts x 1 rank reading one ShardedByS3Key channel, no validation."""
+    hps = {"epochs": epochs, "validate": "no"}
+    return demo_estimator(
+        bucket,
+        2,
+        1,
+        "Pipe",
+        hps,
+        source_dir=SCRIPTS,
+        entry_point="train_without_counts.py",
+        strategy="per-local-rank",
+        **options,
+    )
+
+
 def test_sharded_by_key_with_a_shuffle_changes_host_shards_per_epoch_and_never_stalls(s3, bucket, tmp_path):
     """2 hosts share one ShardedByS3Key channel; the shuffle deals other objects to each host every
     epoch (files of different record counts), no counts: 3 epochs end together, none stalls."""
@@ -387,17 +403,7 @@ def test_sharded_by_key_with_a_shuffle_changes_host_shards_per_epoch_and_never_s
             Key=f"pool/part-{i}.tfrecord",
             CopySource={"Bucket": bucket, "Key": f"mixed/{i}/train/part-00000.tfrecord"},
         )
-    estimator = demo_estimator(
-        bucket,
-        2,
-        1,
-        "Pipe",
-        {"epochs": 3, "validate": "no"},
-        source_dir=SCRIPTS,
-        entry_point="train_without_counts.py",
-        strategy="per-local-rank",
-        shuffle_seed=3,
-    )
+    estimator = _one_channel_over_two_hosts(bucket, epochs=3, shuffle_seed=3)
     request = estimator.prepare(
         {"train": f"s3://{bucket}/pool/"}, printer=None, backend=LocalBackend()
     ).request
@@ -423,16 +429,7 @@ def test_a_rank_whose_fifo_delivers_nothing_ends_the_epoch_for_all_without_hangi
     """One object, ShardedByS3Key over 2 hosts: host 2's FIFO is empty every epoch. The epoch ends
     for every rank at step 0 with a line saying so; Keras then stops on an empty epoch: no hang."""
     write_demo_data(f"s3://{bucket}/lone/", files=1, records_per_file=16, validation_files=0, client=s3)
-    estimator = demo_estimator(
-        bucket,
-        2,
-        1,
-        "Pipe",
-        {"epochs": 2, "validate": "no"},
-        source_dir=SCRIPTS,
-        entry_point="train_without_counts.py",
-        strategy="per-local-rank",
-    )
+    estimator = _one_channel_over_two_hosts(bucket, epochs=2)
     request = estimator.build_request(
         {"train": [f"s3://{bucket}/lone/train/"]}, submit_directory="s3://x-y/z"
     )
