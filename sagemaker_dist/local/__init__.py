@@ -16,7 +16,7 @@ _EXPORTS = {
     "FeedError": "channel_objects",
     "LocalJobError": "job",
     "LocalJobFailed": "job",
-    "LocalJobResult": "job",
+    "LocalJobResult": "result",
     "run_local": "job",
 }
 __all__ = sorted(_EXPORTS)

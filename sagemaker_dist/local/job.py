@@ -34,10 +34,8 @@ from sagemaker_dist.local.feeds import close_feeds, open_feeds
 from sagemaker_dist.local.launcher import RankGroup, check_hostname_resolves, rank_command
 from sagemaker_dist.local.opt_ml import JOB_ENV, build_host_trees
 from sagemaker_dist.local.outputs import CheckpointSync, pack_and_upload
-from sagemaker_dist.local.result import LocalJobResult, RankSummary, final_metrics, rank_summaries  # noqa: F401
+from sagemaker_dist.local.result import LocalJobResult, final_metrics, rank_summaries
 from sagemaker_dist.local.supervision import interrupt_guard, supervise
-
-_final_metrics = final_metrics  # the name the unit tests use
 
 
 class LocalJobError(ConfigurationError):

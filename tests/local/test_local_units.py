@@ -17,9 +17,9 @@ from sagemaker_dist.contract.toolkit import script_argv
 from sagemaker_dist.launch.request_validation import RequestValidationError
 from sagemaker_dist.local import LocalJobError, run_local
 from sagemaker_dist.local.demo_data import encode_example, generate_examples, tfrecord_file
-from sagemaker_dist.local.job import _final_metrics
 from sagemaker_dist.local.launcher import LaunchError, describe_exit, rank_command
 from sagemaker_dist.local.opt_ml import build_host_trees
+from sagemaker_dist.local.result import final_metrics
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "helpers" / "local_scripts"
 
@@ -96,9 +96,9 @@ def test_final_metrics_from_keras_lines_or_metric_definitions():
         "Epoch 2/2",
         "8/8 - 0s - loss: 2.24 - accuracy: 0.12 - val_loss: 2.30 - 445ms/epoch",
     ]
-    assert _final_metrics(lines, []) == {"loss": 2.24, "accuracy": 0.12, "val_loss": 2.30}
+    assert final_metrics(lines, []) == {"loss": 2.24, "accuracy": 0.12, "val_loss": 2.30}
     definitions = [{"Name": "train:loss", "Regex": r"loss: ([0-9.]+) -"}]
-    assert _final_metrics(lines, definitions) == {"train:loss": 2.24}
+    assert final_metrics(lines, definitions) == {"train:loss": 2.24}
 
 
 def test_launcher_commands_and_exit_descriptions():
