@@ -29,11 +29,11 @@ for version in "$@"; do
   fi
   # This venv has no Horovod (a 7-minute build): the two tests that start it are left to CI.
   if "${keras2[@]}" env PYTHONPATH="$PWD" "$tmp/venv/bin/python" -m pytest -q -p no:cacheprovider \
-      tests/test_records.py tests/test_large_records.py tests/test_pipe_dataset.py \
-      tests/test_runtime_config.py tests/test_ranks.py tests/test_file_channels.py \
-      tests/test_checkpoints.py tests/test_horovod_keras.py \
-      --deselect tests/test_horovod_keras.py::test_shard_smaller_than_a_batch_is_named \
-      --deselect tests/test_horovod_keras.py::test_setup_trains_exact_epochs_and_checkpoints; then
+      tests/runtime/test_records.py tests/runtime/test_large_records.py tests/runtime/test_pipe_dataset.py \
+      tests/runtime/test_runtime_config.py tests/runtime/test_ranks.py tests/runtime/test_file_channels.py \
+      tests/runtime/test_checkpoints.py tests/runtime/test_horovod_keras.py \
+      --deselect tests/runtime/test_horovod_keras.py::test_shard_smaller_than_a_batch_is_named \
+      --deselect tests/runtime/test_horovod_keras.py::test_setup_trains_exact_epochs_and_checkpoints; then
     "${keras2[@]}" env PYTHONPATH="$PWD" "$tmp/venv/bin/python" bench/bench_pipe_reader.py \
       --mb "${BENCH_MB:-64}" --repeats "${BENCH_REPEATS:-3}" || status=1
   else

@@ -190,8 +190,13 @@ def _read_request(path: Path) -> dict:
     return request
 
 
+def _given(args, keys) -> list[str]:
+    """The flags of ``keys`` given on the command line (repeatable options default to [])."""
+    return [_JOB_OPTIONS[key] for key in keys if getattr(args, key, None) not in (None, [])]
+
+
 def _check_request_options(args) -> None:
-    given = [flag for key, flag in _JOB_OPTIONS.items() if getattr(args, key, None) not in (None, [])]
+    given = _given(args, _JOB_OPTIONS)
     if given:
         raise ConfigurationError(
             f"{', '.join(given)} cannot be combined with --request: the request file is run as written. "
@@ -206,7 +211,7 @@ def run_local_command(args) -> int:
 
     request = None
     if args.demo:
-        given = [_JOB_OPTIONS[k] for k in _ENTRY_POINT_ONLY if getattr(args, k, None) is not None]
+        given = _given(args, _ENTRY_POINT_ONLY)
         if given:
             raise ConfigurationError(f"{', '.join(given)} apply to --entry-point jobs; the demo job is fixed")
     if args.request:  # before any endpoint starts: a bad file or option fails at once

@@ -62,6 +62,11 @@ class OptMl:
         return self.root / "output" / "data"
 
     @property
+    def checkpoint_dir(self) -> Path:
+        """Where the runtime writes checkpoints (CheckpointConfig.LocalPath as the estimator sets it)."""
+        return self.local_path(None, CHECKPOINT_LOCAL_PATH)
+
+    @property
     def pipe_state_dir(self) -> Path:
         """Where the reader keeps each channel's next epoch (as AWS's PipeModeDataset does)."""
         return self.root / "pipe_state"

@@ -1,6 +1,6 @@
 """The record formats a Pipe-mode channel carries, written once: TFRecord and SageMaker RecordIO.
 
-Readers (``runtime.records``) frame these bytes; writers (local mode's feeder, demo data, tests and
+Readers (``runtime.framing``) frame these bytes; writers (local mode's feeder, demo data, tests and
 benchmarks) encode them with the functions here. The one dependency beyond the stdlib is the
 C-backed ``crc32c`` that TFRecord's checksums need (the SDK side never imports this module).
 """

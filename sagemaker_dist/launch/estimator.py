@@ -47,6 +47,7 @@ from sagemaker_dist.launch.request import (
     DEFAULT_MPI_OPTIONS,
     ResolvedNames,
     check_mpi_options,
+    framework_hyperparameters,
     render_request,
     tags_list,
     user_hyperparameters,
@@ -221,8 +222,6 @@ class HorovodPipeEstimator:
 
     def framework_hyperparameters(self, layout: ChannelLayout, program: str, submit_directory: str) -> dict:
         """The hyperparameters the sagemaker-training toolkit reads to run mpirun on every host."""
-        from sagemaker_dist.launch.request import framework_hyperparameters
-
         return framework_hyperparameters(layout, program, submit_directory, self.mpi_options)
 
     def source_uri(self, output_path: str, job_name: str) -> str:

@@ -241,7 +241,7 @@ def _host_trees(stack: ExitStack, job: LocalJobSpec, work: Path, client, echo):
         environment=request.get("Environment"),
         checkpoint_local_path=ckpt_cfg.get("LocalPath"),
     )
-    local_dirs = [t.checkpoint_dir(ckpt_cfg.get("LocalPath")) for t in trees]
+    local_dirs = [t.checkpoint_path(ckpt_cfg.get("LocalPath")) for t in trees]
     ckpt = stack.enter_context(CheckpointSync(ckpt_cfg.get("S3Uri"), local_dirs, client))
     restored = ckpt.restore()
     if restored:

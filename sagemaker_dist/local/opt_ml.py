@@ -30,7 +30,7 @@ class HostTree(OptMl):
     name: str = ""
     env: dict[str, str] = field(default_factory=dict)
 
-    def checkpoint_dir(self, local_path: str | None = None) -> Path:
+    def checkpoint_path(self, local_path: str | None) -> Path:
         """CheckpointConfig.LocalPath (default /opt/ml/checkpoints) mapped into this tree."""
         return self.local_path(local_path, CHECKPOINT_LOCAL_PATH)
 
@@ -79,7 +79,7 @@ def build_host_trees(
             tree.model_dir,
             tree.output_data_dir,
             tree.output_dir / "tensorboard",
-            tree.checkpoint_dir(checkpoint_local_path),
+            tree.checkpoint_path(checkpoint_local_path),
         ):
             d.mkdir(parents=True, exist_ok=True)
         resource = {

@@ -21,11 +21,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sagemaker_dist.contract.paths import opt_ml_root
+from sagemaker_dist.contract.paths import OptMl, opt_ml_root
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_SUBDIR = "checkpoints"
 META_FILE = "meta.json"
 TF_PREFIX = "ckpt"
 FORMAT_VERSION = 1
@@ -47,7 +46,7 @@ class Checkpoint:
 
 def checkpoint_dir(root: str | os.PathLike | None = None) -> Path:
     """``<root>/checkpoints``; root is the argument, else ``$SAGEMAKER_DIST_OPT_ML``, else ``/opt/ml``."""
-    return opt_ml_root(root) / CHECKPOINT_SUBDIR
+    return OptMl(opt_ml_root(root)).checkpoint_dir
 
 
 def _complete(path: Path) -> Checkpoint | None:

@@ -120,7 +120,7 @@ class ContainerConfig:
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.root / "checkpoints"
+        return self.paths.checkpoint_dir
 
     # Cluster.
     @property

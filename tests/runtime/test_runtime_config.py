@@ -91,7 +91,7 @@ def test_runtime_imports_neither_tensorflow_nor_the_sagemaker_sdk():
         "import sys\n"
         "import sagemaker_dist.runtime as rt\n"
         "import sagemaker_dist.runtime.config, sagemaker_dist.runtime.ranks\n"
-        "import sagemaker_dist.runtime.records, sagemaker_dist.runtime.fifo\n"
+        "import sagemaker_dist.runtime.framing, sagemaker_dist.runtime.fifo\n"
         "rt.ContainerConfig, rt.RankInfo, rt.check_rank_channels, rt.RecordFormatError\n"
         "roots = ('tensorflow', 'sagemaker', 'horovod')\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in roots)\n"
