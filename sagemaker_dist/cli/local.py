@@ -9,6 +9,7 @@ from pathlib import Path
 from sagemaker_dist.contract.toolkit import DEFAULT_TOOLKIT_VERSION
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.defaults import LOCAL_INSTANCE_TYPE, LOCAL_ROLE
+from sagemaker_dist.local.launcher import LAUNCHERS
 
 
 def register(subparsers) -> None:
@@ -68,7 +69,20 @@ def register(subparsers) -> None:
         help="hyperparameter for the entry script (repeatable)",
     )
     p.add_argument("--epochs", type=int, help="shorthand for -p epochs=N")
-    p.add_argument("--launcher", choices=("horovodrun", "mpirun"), default="horovodrun")
+    p.add_argument(
+        "--launcher",
+        choices=LAUNCHERS,
+        default="horovodrun",
+        help="horovodrun (Gloo) or mpirun: our rank entry sets up each rank; toolkit: AWS's "
+        "sagemaker-training entry point runs the host as in the TF DLC and starts mpirun itself "
+        "(root, one host; needs the container environment, see --container-python)",
+    )
+    p.add_argument(
+        "--container-python",
+        type=Path,
+        help="launcher toolkit: the Python of the image's environment (default "
+        "$SAGEMAKER_DIST_CONTAINER_PYTHON, else the .venv-toolkit that scripts/setup.sh makes)",
+    )
     p.add_argument(
         "--toolkit-version",
         default=DEFAULT_TOOLKIT_VERSION,
@@ -258,6 +272,7 @@ def run_local_command(args) -> int:
             keep_work_dir=args.keep,
             timeout=args.timeout,
             toolkit_version=args.toolkit_version,
+            container_python=args.container_python,
         )
     return 0
 

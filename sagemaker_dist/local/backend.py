@@ -19,6 +19,7 @@ class LocalBackend:
     keep_work_dir: bool = False
     extra_env: dict[str, str] | None = None
     toolkit_version: str = DEFAULT_TOOLKIT_VERSION  # the image's sagemaker-training (argument passing)
+    container_python: str | None = None  # launcher "toolkit": the image's environment (default .venv-toolkit)
     checks_job_name = False
 
     def complete_request(self, request: dict, printer=print) -> dict:
@@ -38,4 +39,5 @@ class LocalBackend:
             timeout=timeout,
             extra_env=self.extra_env,
             toolkit_version=self.toolkit_version,
+            container_python=self.container_python,
         )

@@ -36,6 +36,11 @@ from sagemaker_dist.local.opt_ml import JOB_ENV, build_host_trees
 from sagemaker_dist.local.outputs import CheckpointSync, pack_and_upload
 from sagemaker_dist.local.result import LocalJobResult, final_metrics, rank_summaries
 from sagemaker_dist.local.supervision import interrupt_guard, supervise
+from sagemaker_dist.local.toolkit_launcher import (
+    check_toolkit_host,
+    toolkit_environment,
+    toolkit_host_command,
+)
 
 
 class LocalJobError(ConfigurationError):
@@ -163,6 +168,7 @@ def run_local(
     timeout: float | None = None,
     extra_env: dict[str, str] | None = None,
     toolkit_version: str = toolkit.DEFAULT_TOOLKIT_VERSION,
+    container_python: str | os.PathLike | None = None,
 ) -> LocalJobResult:
     """Run the CreateTrainingJob ``request`` (as the estimator builds it) here, with real Horovod ranks.
 
@@ -172,10 +178,21 @@ def run_local(
     for a request it cannot run and LocalJobFailed naming the failed rank or S3 object; on any exit
     every rank, FIFO and temp dir is removed. The entry script gets its arguments as the image's
     sagemaker-training toolkit (``toolkit_version``, default the TF DLCs' 4.8.3) would pass them.
+    With ``launcher="toolkit"`` the toolkit itself (in ``container_python``'s environment) starts the
+    ranks, as in the DLC.
     """
     started = time.monotonic()
     job = LocalJobSpec.from_request(request, timeout, toolkit_version)
-    command = rank_command(launcher, job.world)
+    if launcher == "toolkit":
+        container = check_toolkit_host(container_python)
+        if job.hosts != 1:
+            raise LocalJobError(
+                f"launcher 'toolkit' simulates one host (its ranks started by the toolkit's mpirun); this "
+                f"job has {job.hosts}. Use --instance-count 1 with --processes-per-host for the ranks, or "
+                "launcher 'horovodrun' or 'mpirun' for several hosts"
+            )
+    else:
+        command = rank_command(launcher, job.world)
     if launcher == "horovodrun":
         check_hostname_resolves()
     client = s3_client()
@@ -189,7 +206,13 @@ def run_local(
         stack.callback(close_feeds, feeds)  # after stop is set (LIFO): the feeders see it and end
         stack.callback(stop.set)
         feeds += open_feeds(job.specs, trees, client, stop, feed_errors.append, echo)
-        group = _rank_group(job, trees, code_dir, work, command, extra_env, echo)
+        if launcher == "toolkit":
+            group = _toolkit_group(
+                job, trees, code_dir if source_dir else None, work, container, extra_env, echo
+            )
+            command = group.command
+        else:
+            group = _rank_group(job, trees, code_dir, work, command, extra_env, echo)
         stack.callback(group.kill)
         stack.callback(guard.hold)  # runs first on the way out: a second Ctrl-C cannot cut it short
         echo(
@@ -204,6 +227,8 @@ def run_local(
         group.start()
         failure = supervise(group, feed_errors, trees, job.processes_per_host, started, job.timeout)
         group.finish_output()
+        if launcher == "toolkit":
+            failure = _toolkit_outcome(failure, trees[0])
         if failure:
             raise LocalJobFailed(failure)
         stop.set()
@@ -269,15 +294,53 @@ def _rank_group(job: LocalJobSpec, trees, code_dir: Path, work: Path, command, e
         "pid_dir": str(pid_dir),
     }
     job_file.write_text(json.dumps(description))
+    return RankGroup(command, env, pid_dir, job.world, _rank_echo(trees, job.processes_per_host, echo))
+
+
+def _rank_echo(trees, per_host: int, echo):
+    """Print a launcher line as is and a rank's line with its rank and host in front."""
 
     def show(rank, text):
         if rank is None:
             if text.strip():
                 echo(f"[launcher] {text}")
         else:
-            echo(f"[rank {rank} {trees[rank // job.processes_per_host].name}] {text}")
+            echo(f"[rank {rank} {trees[rank // per_host].name}] {text}")
 
-    return RankGroup(command, env, pid_dir, job.world, show)
+    return show
+
+
+def _toolkit_group(
+    job: LocalJobSpec, trees, code_dir: Path | None, work: Path, python: Path, extra_env, echo
+) -> RankGroup:
+    """The one simulated host, its toolkit entry point in a namespace of its own, not yet started.
+
+    A source dir given here is put at /opt/ml/code, where the toolkit looks first; otherwise the
+    toolkit downloads ``sagemaker_submit_directory`` from S3 itself.
+    """
+    (tree,) = trees
+    if code_dir is not None:
+        shutil.copytree(code_dir, tree.root / "code")
+    state = work / "namespace"
+    command = toolkit_host_command(python, tree.root, state, [t.name for t in trees])
+    env = toolkit_environment(dict(os.environ), python, job.name, job.request.get("Environment"))
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.update(extra_env or {})
+    pid_dir = work / "ranks"  # stays empty: the toolkit's mpirun starts the ranks, not our entry
+    pid_dir.mkdir()
+    return RankGroup(command, env, pid_dir, job.world, _rank_echo(trees, job.processes_per_host, echo))
+
+
+def _toolkit_outcome(failure: str | None, tree) -> str | None:
+    """The toolkit's own verdict: /opt/ml/output/success, or the failure file it wrote."""
+    failure_file = tree.output_dir / "failure"
+    if failure_file.is_file():
+        text = failure_file.read_text(errors="replace").strip()
+        shown = "\n".join(f"  {line}" for line in text.splitlines()[-15:])
+        return f"{failure or 'the toolkit reported a failure'}\n/opt/ml/output/failure says:\n{shown}"
+    if failure is None and not (tree.output_dir / "success").is_file():
+        return "the toolkit exited 0 but wrote no /opt/ml/output/success"
+    return failure
 
 
 def _script_argv(job: LocalJobSpec, env: dict, code_dir: Path) -> list[str]:

@@ -18,10 +18,14 @@ from pathlib import Path
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.exit_files import TERMINATED
 
-LAUNCHERS = ("horovodrun", "mpirun")
+LAUNCHERS = ("horovodrun", "mpirun", "toolkit")  # toolkit: see local/toolkit_launcher.py
 _PREFIX = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
-_MPI_TRAILING_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:$")  # mpirun --tag-output glitch
-_HOROVOD_FAILED = re.compile(r"Process name: (\d+)\s*\n\s*Exit code: (-?\d+)")
+# mpirun --tag-output: [1,0]<stdout>: and, under the toolkit's options, [1,mpirank:0,algo-1]<stdout>:
+_MPI_TAG = re.compile(r"^\[\d+,(?:mpirank:)?(\d+)(?:,[^\]]*)?\]<(stdout|stderr)>:(.*)$")
+_MPI_TRAILING_TAG = re.compile(r"\[\d+,[^\]]*\]<std(?:out|err)>:$")  # mpirun --tag-output glitch
+# the first failed process as horovodrun reports it ("Process name: 1") and as mpirun does
+# ("Process name: [[27860,1],1]")
+_FAILED_PROCESS = re.compile(r"Process name: (?:\[\[\d+,\d+\],)?(\d+)\]?\s*\n\s*Exit code:\s*(-?\d+)")
 
 
 class LaunchError(ConfigurationError):
@@ -147,11 +151,10 @@ class RankGroup:
         self._reader.start()
 
     def _relay(self) -> None:
-        tag = re.compile(r"^\[1,(\d+)\]<(stdout|stderr)>:(.*)$")  # mpirun --tag-output
         for raw in self.proc.stdout:
             line = raw.rstrip("\n")
             self.output.append(line)
-            match = _PREFIX.match(line) or tag.match(line)
+            match = _PREFIX.match(line) or _MPI_TAG.match(line)
             if match:
                 rank, text = int(match.group(1)), _MPI_TRAILING_TAG.sub("", match.group(3))
                 self.rank_lines.setdefault(rank, []).append(text)
@@ -230,8 +233,8 @@ class RankGroup:
             return 0.0
 
     def failed_rank(self) -> tuple[int, int] | None:
-        """(rank, exit code) from horovodrun's report of the first failed process, if it printed one."""
-        match = _HOROVOD_FAILED.search("\n".join(self.output))
+        """(rank, exit code) from the launcher's report of the first failed process, if it printed one."""
+        match = _FAILED_PROCESS.search("\n".join(self.output))
         if match:
             return int(match.group(1)), int(match.group(2))
         return None

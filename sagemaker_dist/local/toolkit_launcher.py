@@ -1,0 +1,101 @@
+"""``launcher="toolkit"``: each simulated host runs AWS's sagemaker-training entry point itself, in the
+container environment (TF, Horovod, mpi4py, the toolkit, no SageMaker SDK), inside a private mount
+and PID namespace where its tree is ``/opt/ml``. The toolkit then builds and runs mpirun, and the
+entry script sees what it would see in the TF DLC: its arguments, ``SM_*``, ``LD_PRELOAD``.
+
+The host network is kept: the toolkit downloads the source package from the S3 endpoint and the
+ranks sync TensorBoard to it, as they reach S3 on SageMaker.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from sagemaker_dist.errors import ConfigurationError
+
+CONTAINER_PYTHON_ENV = "SAGEMAKER_DIST_CONTAINER_PYTHON"
+TF_TRAINING_MODULE = "sagemaker_tensorflow_container.training:main"  # the TF DLCs' ENV
+_NEEDED = (
+    "sagemaker_training.cli.train",
+    "sagemaker_tensorflow_container.training",
+    "mpi4py",
+    "sagemaker_dist.runtime",
+)
+
+
+class ToolkitLauncherError(ConfigurationError):
+    """The toolkit launcher cannot run on this machine as set up; the message says what to do."""
+
+
+def default_container_python() -> Path:
+    """``$SAGEMAKER_DIST_CONTAINER_PYTHON``, else the ``.venv-toolkit`` that scripts/setup.sh makes
+    beside the environment running this."""
+    if os.environ.get(CONTAINER_PYTHON_ENV):
+        return Path(os.environ[CONTAINER_PYTHON_ENV])
+    return Path(sys.prefix).parent / ".venv-toolkit" / "bin" / "python"
+
+
+def check_toolkit_host(container_python: Path | None = None) -> Path:
+    """Fail early, naming the fix, where a toolkit host cannot start: not root, no ``unshare``, no
+    namespaces, or a container Python without the toolkit. Returns the container Python."""
+    python = Path(container_python or default_container_python())
+    if os.geteuid() != 0:
+        raise ToolkitLauncherError(
+            "launcher 'toolkit' needs root: each simulated host mounts its tree at /opt/ml in a private "
+            "mount namespace (unshare). Run as root, or use launcher 'horovodrun' or 'mpirun'"
+        )
+    if not shutil.which("unshare") or not shutil.which("mount"):
+        raise ToolkitLauncherError(
+            "launcher 'toolkit' needs unshare and mount (util-linux: apt-get install util-linux mount)"
+        )
+    probe = subprocess.run(
+        ["unshare", "-m", "-p", "-f", "--mount-proc", "true"], capture_output=True, text=True
+    )
+    if probe.returncode:
+        raise ToolkitLauncherError(
+            "launcher 'toolkit' needs private mount and PID namespaces, and `unshare -m -p -f --mount-proc` "
+            f"failed here: {probe.stderr.strip() or probe.returncode}. Use launcher 'horovodrun' or 'mpirun'"
+        )
+    check = "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]]"
+    try:
+        found = subprocess.run([str(python), "-c", check, *_NEEDED], capture_output=True, text=True)
+    except OSError as exc:
+        found = subprocess.CompletedProcess([], 1, "", str(exc))
+    if found.returncode:
+        last = (found.stderr.strip().splitlines() or ["not found"])[-1]
+        raise ToolkitLauncherError(
+            f"launcher 'toolkit' runs the image's environment, and {python} cannot import "
+            f"{', '.join(_NEEDED)} ({last}). Run scripts/setup.sh (it makes .venv-toolkit) or set "
+            f"${CONTAINER_PYTHON_ENV} to a Python with sagemaker-training 4.8.3, "
+            "sagemaker-tensorflow-training 20.5.0, mpi4py, TensorFlow, Horovod and sagemaker-dist[runtime]"
+        )
+    return python
+
+
+def toolkit_host_command(python: Path, tree: Path, state: Path, hosts: list[str]) -> list[str]:
+    """The command that runs one simulated host: a new namespace, our set-up as its PID 1, then the
+    toolkit's ``train`` (the DLC's entry point) from the container environment."""
+    train = python.parent / "train"
+    return [
+        "unshare", "-m", "-p", "-f", "--mount-proc",
+        str(python), "-m", "sagemaker_dist.local.toolkit_host",
+        "--tree", str(tree), "--state", str(state), "--hosts", ",".join(hosts),
+        str(python), str(train),
+    ]  # fmt: skip
+
+
+def toolkit_environment(
+    base: dict[str, str], python: Path, job_name: str, container_env: dict | None
+) -> dict[str, str]:
+    """The container's environment: this machine's (S3 endpoint and credentials included), the
+    request's ``Environment``, and what the DLC and the platform set; no ``SM_*`` (the toolkit makes
+    those), the container environment's ``bin`` first on PATH."""
+    env = {k: v for k, v in base.items() if not k.startswith("SM_") and k != "PYTHONPATH"}
+    env.update({str(k): str(v) for k, v in (container_env or {}).items()})
+    env.update({"SAGEMAKER_TRAINING_MODULE": TF_TRAINING_MODULE, "TRAINING_JOB_NAME": job_name})
+    env["PATH"] = os.pathsep.join([str(python.parent), env.get("PATH", os.defpath)])
+    return env
