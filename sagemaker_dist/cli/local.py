@@ -56,9 +56,13 @@ def register(subparsers) -> None:
         "--instance-count",
         dest="hosts",
         type=int,
-        help="simulated hosts algo-1..algo-H (default 2)",
+        help="simulated hosts algo-1..algo-H (default 2; 1 with --launcher toolkit)",
     )
-    p.add_argument("--processes-per-host", type=int, help="ranks per simulated host (default 1)")
+    p.add_argument(
+        "--processes-per-host",
+        type=int,
+        help="ranks per simulated host (default 1; 2 with --launcher toolkit)",
+    )
     p.add_argument("--input-mode", choices=("Pipe", "File"), help="default Pipe")
     p.add_argument(
         "--hyperparameter",
@@ -231,8 +235,10 @@ def run_local_command(args) -> int:
     if args.request:  # before any endpoint starts: a bad file or option fails at once
         _check_request_options(args)
         request = _read_request(args.request)
-    hosts = 2 if args.hosts is None else args.hosts
-    per_host = 1 if args.processes_per_host is None else args.processes_per_host
+    # the toolkit launcher simulates one host, so its ranks are processes of that host
+    default_hosts, default_per_host = (1, 2) if args.launcher == "toolkit" else (2, 1)
+    hosts = default_hosts if args.hosts is None else args.hosts
+    per_host = default_per_host if args.processes_per_host is None else args.processes_per_host
     input_mode = args.input_mode or "Pipe"
     bucket = args.bucket or DEMO_BUCKET
     with ExitStack() as stack:
