@@ -4,7 +4,7 @@ at run time (what importing each module loads).
 - ``errors`` imports nothing of ours; ``contract`` imports only ``errors`` and itself (stdlib only);
 - ``runtime`` imports only ``contract``, ``errors`` and itself (it ships into the container);
 - ``launch`` imports neither ``local`` nor ``runtime`` nor ``cli``;
-- nothing but ``cli`` imports ``local`` (and ``local`` itself);
+- nothing but ``cli`` and ``platforms`` imports ``local`` (and ``local`` itself);
 - the SDK side never loads TensorFlow/Horovod, the runtime never loads the SageMaker SDK.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import sagemaker_dist
 
 PACKAGE = Path(sagemaker_dist.__file__).parent
-WINGS = ("errors", "contract", "launch", "local", "runtime", "cli")
+WINGS = ("errors", "contract", "launch", "local", "runtime", "platforms", "cli")
 # wing -> the wings of ours it may import
 ALLOWED = {
     "errors": set(),
@@ -28,7 +28,8 @@ ALLOWED = {
     "runtime": {"errors", "contract"},
     "launch": {"errors", "contract"},
     "local": {"errors", "contract", "launch", "runtime"},
-    "cli": {"errors", "contract", "launch", "local"},
+    "platforms": {"errors", "contract", "launch", "local"},
+    "cli": {"errors", "contract", "launch", "local", "platforms"},
 }
 THIRD_PARTY_OK_IN_CONTRACT = {"crc32c"}  # stdlib only, but TFRecord's checksum (record_formats)
 

@@ -13,6 +13,7 @@ COMMAND_MODULES = (
     "sagemaker_dist.cli.sharding",
     "sagemaker_dist.cli.launch",
     "sagemaker_dist.cli.local",
+    "sagemaker_dist.cli.platforms",
 )
 
 

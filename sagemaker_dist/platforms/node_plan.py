@@ -1,0 +1,111 @@
+"""What one node's Pipe-mode agent does, as pure data: which host of the job it is, which ranks run on
+it, and which channels it feeds (those its ranks read, as the channel layout maps them, plus the
+channels every rank shares). No I/O: the agent (``pipe_agent``) acts on the plan.
+
+On SageMaker every host gets a FIFO for every channel; an agent feeds only its own ranks' channels,
+so a node never waits on a FIFO nobody will open.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from sagemaker_dist.contract.rank_slots import RankSlot, rank_slots
+from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.local.channel_objects import ChannelSpec
+from sagemaker_dist.local.job import LocalJobSpec
+from sagemaker_dist.local.opt_ml import host_names
+
+
+class NodePlanError(ConfigurationError):
+    """A node index, rank list or option that does not fit the job; the message says what does."""
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One node of a job: its host name (``algo-<i+1>``), its ranks and the channels it feeds."""
+
+    job: LocalJobSpec
+    node_index: int
+    slots: tuple[RankSlot, ...]
+    channels: tuple[ChannelSpec, ...]
+    epochs: int | None
+
+    @property
+    def host(self) -> str:
+        return host_names(self.job.hosts)[self.node_index]
+
+    @property
+    def ranks(self) -> list[int]:
+        return [s.rank for s in self.slots]
+
+    def describe(self) -> str:
+        names = ", ".join(c.name for c in self.channels) or "none"
+        return (
+            f"node {self.node_index} ({self.host}) of {self.job.hosts}, job {self.job.name}: "
+            f"rank(s) {', '.join(map(str, self.ranks))}; channels {names}"
+        )
+
+
+def parse_ranks(text: str) -> list[int]:
+    """``"0,1"`` or ``"8-15"`` (or both, comma-separated) -> the ranks, in order."""
+    ranks: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        low, dash, high = part.partition("-")
+        try:
+            ranks += list(range(int(low), int(high) + 1)) if dash else [int(low)]
+        except ValueError:
+            raise NodePlanError(f"ranks {text!r}: {part!r} is not a rank or a range such as 0-7") from None
+    return ranks
+
+
+def plan_node(
+    request: dict,
+    node_index: int,
+    ranks: list[int] | None = None,
+    epochs: int | None = None,
+    shuffle_seed: int | None = None,
+) -> NodePlan:
+    """The plan of node ``node_index`` of the job ``request`` (a CreateTrainingJob request).
+
+    ``ranks`` are checked against the job: ranks fill nodes in order, processes-per-host each (as
+    mpirun's ``-map-by slot``, Slurm's block distribution and mpi-operator's hostfile place them).
+    ``shuffle_seed`` turns on a per-epoch shuffle of every channel (overriding the request's).
+    """
+    job = LocalJobSpec.from_request(request)
+    if not 0 <= node_index < job.hosts:
+        raise NodePlanError(
+            f"node index {node_index} is not a node of job {job.name}: it has {job.hosts} node(s), "
+            f"0..{job.hosts - 1} (ResourceConfig.InstanceCount)"
+        )
+    if epochs is not None and epochs < 1:
+        raise NodePlanError(
+            f"epochs {epochs}: give a whole number >= 1, or leave it out to feed until stopped"
+        )
+    slots = tuple(
+        s for s in rank_slots(host_names(job.hosts), job.processes_per_host) if s.cross_rank == node_index
+    )
+    expected = [s.rank for s in slots]
+    if ranks is not None and sorted(ranks) != expected:
+        raise NodePlanError(
+            f"node {node_index} runs rank(s) {', '.join(map(str, expected))} of job {job.name} "
+            f"({job.hosts} node(s) x {job.processes_per_host} process(es), filled in order), not "
+            f"{', '.join(map(str, ranks)) or 'none'}; start the ranks that way or fix --node-index"
+        )
+    channels = _node_channels(job, slots)
+    if shuffle_seed is not None:
+        channels = tuple(dataclasses.replace(c, shuffle_seed=shuffle_seed) for c in channels)
+    return NodePlan(job, node_index, slots, channels, epochs)
+
+
+def _node_channels(job: LocalJobSpec, slots) -> tuple[ChannelSpec, ...]:
+    """The channels this node's ranks read; every channel when the request carries no layout."""
+    layout = job.layout
+    if layout is None:
+        return job.specs
+    mine = set(layout.shared_channels)
+    for slot in slots:
+        mine |= {layout.channel_for(role.role, slot.rank, slot.local_rank) for role in layout.roles}
+    laid_out = set(layout.channel_names)
+    return tuple(s for s in job.specs if s.name in mine or s.name not in laid_out)

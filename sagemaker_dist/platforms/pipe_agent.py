@@ -1,0 +1,255 @@
+"""The Pipe-mode agent of one node, for any platform (Slurm, Kubernetes, a plain machine): what the
+SageMaker platform does on each host before and while the ranks run.
+
+Given the job's CreateTrainingJob request and the node's index, it checks that it can read every
+channel it feeds (before anything starts), writes the /opt/ml config files the runtime reads under
+the node's root (``$SAGEMAKER_DIST_OPT_ML``, ``/opt/ml`` by default), unpacks the source package into
+``<root>/code``, restores and syncs checkpoints, and feeds ``<channel>_<epoch>`` FIFOs with local
+mode's feeder (next FIFO once the previous is closed, per-epoch shuffle, Range resume) until it is
+stopped: SIGTERM/SIGINT, the ``until_pid`` process exiting, or every feeder done with its epochs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+from sagemaker_dist.contract import hyperparameters as hp
+from sagemaker_dist.contract.s3_uri import parse_s3_uri
+from sagemaker_dist.errors import ConfigurationError, DataError
+from sagemaker_dist.launch.s3_objects import S3AccessError
+from sagemaker_dist.local.channel_objects import FeedError, resolve_objects
+from sagemaker_dist.local.feeder import ChannelFeeder
+from sagemaker_dist.local.feeds import FileFeed, close_feeds
+from sagemaker_dist.local.job import _source_dir
+from sagemaker_dist.local.opt_ml import HostTree, build_host_trees
+from sagemaker_dist.local.outputs import CheckpointSync
+from sagemaker_dist.platforms.node_plan import NodePlan
+
+READY_FILE = "pipe_agent_ready"  # in the node's root once config, code and FIFOs are in place
+POLL_S = 0.2
+_STAGING = ".pipe-agent-staging"
+
+
+class JobSpecError(ConfigurationError):
+    """The job spec cannot be read or is not a CreateTrainingJob request."""
+
+
+class AgentS3AccessError(ConfigurationError):
+    """The agent cannot read a channel's data; found before anything starts."""
+
+
+class PipeAgentError(DataError):
+    """A channel could not be fed while the job ran; names the node, channel and S3 object."""
+
+
+def load_job_spec(source: str, client=None) -> dict:
+    """The CreateTrainingJob request in a JSON file or at an ``s3://`` URI (as ``sagemaker-dist k8s``
+    uploads it)."""
+    if source.startswith("s3://"):
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        bucket, key = parse_s3_uri(source)
+        try:
+            text = client.get_object(Bucket=bucket, Key=key)["Body"].read().decode()
+        except (ClientError, BotoCoreError) as exc:
+            raise JobSpecError(
+                f"cannot read the job spec {source}: {_error_code(exc)}. {_access_hint(bucket)}"
+            ) from exc
+    else:
+        try:
+            text = Path(source).read_text()
+        except OSError as exc:
+            raise JobSpecError(f"cannot read the job spec file {source}: {exc.strerror or exc}") from exc
+    try:
+        spec = json.loads(text)
+    except ValueError as exc:
+        raise JobSpecError(f"the job spec {source} is not JSON ({exc})") from exc
+    if not isinstance(spec, dict) or not {"AlgorithmSpecification", "InputDataConfig"} <= set(spec):
+        raise JobSpecError(
+            f"the job spec {source} is not a CreateTrainingJob request (a JSON object with "
+            "AlgorithmSpecification, HyperParameters and InputDataConfig): write one with "
+            "'sagemaker-dist launch ... --dry-run' or HorovodPipeEstimator.prepare(...).request"
+        )
+    return spec
+
+
+def _error_code(exc) -> str:
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code") or exc)
+
+
+def _access_hint(bucket: str) -> str:
+    return (
+        f"Give this node read access to bucket {bucket!r} (s3:ListBucket on arn:aws:s3:::{bucket}, "
+        f"s3:GetObject on arn:aws:s3:::{bucket}/*): on EKS through the pod's service account (IRSA or "
+        "EKS Pod Identity), on Slurm or EC2 through the instance profile or AWS_* credentials; check "
+        "AWS_ENDPOINT_URL if you use another S3 endpoint"
+    )
+
+
+def check_s3_access(plan: NodePlan, client) -> dict[str, list]:
+    """List every channel the node feeds and HEAD its first object: no access fails here, naming the
+    channel, the object and what to grant, not minutes later inside a FIFO. Returns the objects."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    found = {}
+    for spec in plan.channels:
+        where = spec.s3_uri
+        try:
+            items = resolve_objects(spec, client)
+            where = items[0].uri
+            client.head_object(Bucket=items[0].bucket, Key=items[0].key)
+        except (ClientError, BotoCoreError, S3AccessError) as exc:
+            bucket, _ = parse_s3_uri(where)
+            raise AgentS3AccessError(
+                f"node {plan.node_index}: the pipe agent cannot read channel {spec.name!r} "
+                f"({where}): {_error_code(exc)}. {_access_hint(bucket)}"
+            ) from exc
+        except FeedError as exc:
+            raise AgentS3AccessError(f"node {plan.node_index}: {exc}") from exc
+        found[spec.name] = items
+    return found
+
+
+def install_opt_ml(plan: NodePlan, root: Path, client) -> HostTree:
+    """Write this node's /opt/ml tree under ``root`` (config files, directories, ``code/``).
+
+    Everything is built in a staging directory inside ``root`` (which may be a mount point, as an
+    emptyDir is) and moved into place file by file, so the runtime never reads a half-written file.
+    """
+    request = plan.job.request
+    root.mkdir(parents=True, exist_ok=True)
+    staging = root / _STAGING
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        trees = build_host_trees(
+            staging / "hosts",
+            plan.job.hosts,
+            list(request.get("InputDataConfig") or []),
+            plan.job.hyperparameters,
+            default_mode=plan.job.default_mode,
+            instance_type=(request.get("ResourceConfig") or {}).get("InstanceType", "local"),
+            job_name=plan.job.name,
+            environment=request.get("Environment"),
+            checkpoint_local_path=(request.get("CheckpointConfig") or {}).get("LocalPath"),
+        )
+        _move_tree(trees[plan.node_index].root, root)
+        if str(hp.decode_one(plan.job.hyperparameters, hp.SUBMIT_DIRECTORY, "")).startswith("s3://"):
+            code = _source_dir(None, plan.job.hyperparameters, staging, client)  # unpacked in staging/code
+            shutil.rmtree(root / "code", ignore_errors=True)
+            os.replace(code, root / "code")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return HostTree(root, plan.host)
+
+
+def _move_tree(source: Path, target: Path) -> None:
+    """Move every file of ``source`` to the same place under ``target`` (each one atomically)."""
+    for path in sorted(source.rglob("*")):
+        dest = target / path.relative_to(source)
+        if path.is_dir():
+            dest.mkdir(parents=True, exist_ok=True)
+        else:
+            os.replace(path, dest)
+
+
+def pid_running(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def run_agent(
+    plan: NodePlan,
+    root: Path,
+    client,
+    stop: threading.Event | None = None,
+    until_pid: int | None = None,
+    echo=print,
+) -> None:
+    """Check access, write the node's tree, then feed until ``stop`` is set, ``until_pid`` exits or
+    every feeder has fed its epochs. Raises PipeAgentError naming the object that could not be fed."""
+    stop = stop or threading.Event()
+    root = Path(root)
+    items = check_s3_access(plan, client)
+    tree = install_opt_ml(plan, root, client)
+    echo(f"pipe agent: {plan.describe()}; root {root}")
+    ckpt_cfg = plan.job.request.get("CheckpointConfig") or {}
+    errors: list[str] = []
+    feeds: list = []
+    ready = root / READY_FILE
+    with CheckpointSync(
+        ckpt_cfg.get("S3Uri"), [tree.checkpoint_path(ckpt_cfg.get("LocalPath"))], client
+    ) as ckpt:
+        restored = ckpt.restore()
+        if restored:
+            echo(f"pipe agent: restored {restored} checkpoint file(s) from {ckpt.s3_uri}")
+        try:
+            feeds += _node_feeds(plan, tree, items, client, stop, errors.append, echo)
+            for feed in feeds:
+                feed.start()
+            ckpt.start()
+            ready.write_text(str(os.getpid()))
+            _wait(plan, feeds, errors, stop, until_pid, echo)
+        finally:
+            stop.set()
+            close_feeds(feeds)
+            ready.unlink(missing_ok=True)
+    for feed in feeds:
+        s = feed.stats
+        echo(f"pipe agent: {s.channel}: {s.epochs} epoch(s), {s.objects} object(s), {s.bytes} bytes")
+    if errors:
+        raise PipeAgentError("; ".join(errors))
+
+
+def _node_feeds(plan: NodePlan, tree: HostTree, items, client, stop, on_error, echo) -> list:
+    """One feed per channel of this node: File mode is downloaded now, Pipe mode streams later."""
+    feeds = []
+    for spec in plan.channels:
+        args = (items[spec.name], plan.node_index, plan.job.hosts)
+        if spec.input_mode == "File":
+            feeds.append(FileFeed(spec, args[0], tree, client, *args[1:], echo))
+        else:
+            feeds.append(
+                ChannelFeeder(
+                    spec, *args[:1], tree.data_dir, *args[1:], client, stop, on_error,
+                    host_name=tree.name, max_epochs=plan.epochs,
+                )
+            )  # fmt: skip
+    return feeds
+
+
+def _wait(plan: NodePlan, feeds, errors, stop, until_pid, echo) -> None:
+    pipes = [f for f in feeds if isinstance(f, ChannelFeeder)]
+    while not stop.wait(POLL_S):
+        if errors:
+            return
+        if until_pid is not None and not pid_running(until_pid):
+            echo(f"pipe agent: process {until_pid} has exited; stopping")
+            return
+        if plan.epochs is not None and not any(f.is_alive() for f in pipes):
+            echo(f"pipe agent: fed {plan.epochs} epoch(s) of every channel; stopping")
+            return
+    echo("pipe agent: stopped")
+
+
+def wait_ready(root: Path, timeout: float, agent=None) -> None:
+    """Wait until the agent of ``root`` is feeding (its ready file exists); for launchers and tests."""
+    deadline = time.monotonic() + timeout
+    while not (Path(root) / READY_FILE).exists():
+        if agent is not None and agent.poll() is not None:
+            raise PipeAgentError(
+                f"the pipe agent for {root} exited with code {agent.returncode} before it was ready"
+            )
+        if time.monotonic() > deadline:
+            raise PipeAgentError(f"the pipe agent for {root} was not ready after {timeout:.0f} s")
+        time.sleep(0.05)
