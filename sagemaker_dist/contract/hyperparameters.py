@@ -15,6 +15,8 @@ SUBMIT_DIRECTORY = "sagemaker_submit_directory"  # the source tarball (S3 URI or
 MPI_ENABLED = "sagemaker_mpi_enabled"
 MPI_PROCESSES_PER_HOST = "sagemaker_mpi_num_of_processes_per_host"
 MPI_CUSTOM_OPTIONS = "sagemaker_mpi_custom_mpi_options"
+# the TF toolkit writes TF_CONFIG (one worker per host, <host>:8890) and runs the script once per host
+MWMS_ENABLED = "sagemaker_multi_worker_mirrored_strategy_enabled"
 LAYOUT = "sagemaker_dist_layout"  # the channel layout, so the container never guesses
 FRAMEWORK_PREFIX = "sagemaker_"  # the toolkit keeps these from the script's arguments
 FRAMEWORK_HYPERPARAMETERS = (
@@ -23,6 +25,7 @@ FRAMEWORK_HYPERPARAMETERS = (
     MPI_ENABLED,
     MPI_PROCESSES_PER_HOST,
     MPI_CUSTOM_OPTIONS,
+    MWMS_ENABLED,
     LAYOUT,
 )
 

@@ -32,6 +32,12 @@ SHARDED_BY_S3_KEY = "ShardedByS3Key"
 RECORD_WRAPPERS = ("None", "RecordIO")
 INPUT_MODES = ("Pipe", "File", "FastFile")
 
+# How the workers train together: Horovod ranks under mpirun (one per GPU), or TensorFlow's
+# MultiWorkerMirroredStrategy (one worker per host driving all its GPUs; the toolkit writes TF_CONFIG).
+HOROVOD = "horovod"
+TF_MWMS = "tf-mwms"
+DISTRIBUTIONS = (HOROVOD, TF_MWMS)
+
 
 class LayoutError(ConfigurationError):
     """A channel layout that SageMaker would reject or that would stall Horovod."""
@@ -90,6 +96,7 @@ class ChannelLayout:
     record_wrapper: str = "None"
     shuffle_seed: int | None = None
     extra_channels: tuple[str, ...] = field(default_factory=tuple)
+    distribution: str = HOROVOD
 
     @property
     def world_size(self) -> int:
@@ -181,6 +188,8 @@ class ChannelLayout:
             ],
             "extra_channels": list(self.extra_channels),
         }
+        if self.distribution != HOROVOD:  # absent means Horovod: layouts written before stay readable
+            doc["distribution"] = self.distribution
         return json.dumps(doc, separators=(",", ":"), sort_keys=True)
 
     @classmethod
@@ -195,6 +204,8 @@ class ChannelLayout:
                 )
             if doc["strategy"] not in STRATEGIES:
                 raise LayoutError(f"unknown strategy {doc['strategy']!r}")
+            if doc.get("distribution", HOROVOD) not in DISTRIBUTIONS:
+                raise LayoutError(f"unknown distribution {doc['distribution']!r}")
             roles = tuple(RoleLayout(**r) for r in doc["roles"])
             return cls(
                 strategy=doc["strategy"],
@@ -205,6 +216,7 @@ class ChannelLayout:
                 record_wrapper=doc.get("record_wrapper", "None"),
                 shuffle_seed=doc.get("shuffle_seed"),
                 extra_channels=tuple(doc.get("extra_channels", ())),
+                distribution=doc.get("distribution", HOROVOD),
             )
         except LayoutError:
             raise
@@ -246,17 +258,20 @@ def plan_layout(
     input_mode: str = "Pipe",
     record_wrapper: str = "None",
     shuffle_seed: int | None = None,
+    distribution: str = HOROVOD,
 ) -> ChannelLayout:
     """Choose a channel layout for ``hosts`` x ``processes_per_host`` workers.
 
     ``strategy='auto'`` takes per-rank (one FullyReplicated channel per rank, exact byte balance)
     when it fits in 20 channels, else per-local-rank (ShardedByS3Key, fits any number of hosts).
     ``validation`` is None, ``'single'`` or ``'per-worker'``. ``reserved_channels`` counts channels
-    a launcher adds on its own (e.g. a code channel).
+    a launcher adds on its own (e.g. a code channel). ``distribution='tf-mwms'`` has one worker per
+    host, so one channel per host (``train_<host index>``), ShardedByS3Key above the cap.
     """
     _check_arguments(
         hosts, processes_per_host, validation, input_mode, record_wrapper, shuffle_seed, reserved_channels
     )
+    check_distribution(distribution, processes_per_host)
     extra = tuple(check_channel_name(n) for n in extra_channels)
     extra_count = len(extra) + reserved_channels
 
@@ -275,6 +290,7 @@ def plan_layout(
         record_wrapper=record_wrapper,
         shuffle_seed=shuffle_seed,
         extra_channels=extra,
+        distribution=distribution,
     )
     names = layout.channel_names
     for n in names:
@@ -283,6 +299,18 @@ def plan_layout(
     if dupes:
         raise LayoutError(f"channel names repeat: {', '.join(dupes)}; give each role its own name")
     return layout
+
+
+def check_distribution(distribution: str, processes_per_host: int) -> None:
+    """The one rule of each distribution about processes per host."""
+    if distribution not in DISTRIBUTIONS:
+        raise LayoutError(f"distribution={distribution!r}; use one of {', '.join(DISTRIBUTIONS)}")
+    if distribution == TF_MWMS and processes_per_host != 1:
+        raise LayoutError(
+            f"distribution {TF_MWMS!r} runs one worker per host (MultiWorkerMirroredStrategy drives every "
+            f"GPU of its host), so processes per host must be 1, not {processes_per_host!r}; leave "
+            "processes_per_host unset, or use distribution 'horovod' for one process per GPU"
+        )
 
 
 def _check_arguments(

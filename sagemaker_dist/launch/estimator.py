@@ -19,10 +19,14 @@ from datetime import datetime, timezone
 import boto3
 
 from sagemaker_dist.contract.layout import (
+    HOROVOD,
     INPUT_MODES,
     PER_WORKER,
     SINGLE,
+    TF_MWMS,
     ChannelLayout,
+    LayoutError,
+    check_distribution,
     fifo_would_be_shared,
     plan_layout,
 )
@@ -34,7 +38,7 @@ from sagemaker_dist.contract.toolkit import (
 )
 from sagemaker_dist.launch.aws import AwsRequestError, check_job_name_free, role_arn  # noqa: F401 - API
 from sagemaker_dist.launch.backends import SageMakerBackend, TrainingBackend
-from sagemaker_dist.launch.images import container_image_uri
+from sagemaker_dist.launch.images import MWMS_DLC, container_image_uri, dlc_tensorflow_image_uri
 from sagemaker_dist.launch.inputs import (  # noqa: F401 - ChannelSource is part of the API
     ChannelSource,
     EstimatorError,
@@ -108,7 +112,9 @@ class HorovodPipeEstimator:
     since a Pipe FIFO can have only one reader. ``mpi_options`` extend ``DEFAULT_MPI_OPTIONS``
     (drop those with ``default_mpi_options=False``). ``toolkit_version`` is the image's
     sagemaker-training (the TF DLCs carry 4.8.3): a hyperparameter it would hand the script changed
-    gets a ``ToolkitArgumentWarning`` here, before any AWS call.
+    gets a ``ToolkitArgumentWarning`` here, before any AWS call. ``distribution='tf-mwms'`` runs
+    TensorFlow's MultiWorkerMirroredStrategy instead of Horovod: one worker (and one channel) per host,
+    no MPI, the AWS TF 2.21 DLC by default (``runtime.mwms_keras`` in the script).
     """
 
     entry_point: str
@@ -122,6 +128,7 @@ class HorovodPipeEstimator:
     hyperparameters: Mapping | None = None
     input_mode: str = "Pipe"
     strategy: str = "auto"
+    distribution: str = HOROVOD
     validation: str = SINGLE
     shared_channel_input_mode: str | None = "File"
     record_wrapper: str = "None"
@@ -157,6 +164,10 @@ class HorovodPipeEstimator:
         count = self.instance_count
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise EstimatorError(f"instance_count={count!r}; it must be a whole number >= 1")
+        self._check_distribution()
+        if self.distribution == TF_MWMS:
+            self.processes_per_host = 1 if self.processes_per_host is None else self.processes_per_host
+            check_distribution(self.distribution, self.processes_per_host)
         self.processes_per_host = processes_per_host(self.instance_type, self.processes_per_host)
         if self.input_mode not in INPUT_MODES:
             raise EstimatorError(f"input_mode={self.input_mode!r}; use one of {', '.join(INPUT_MODES)}")
@@ -185,6 +196,23 @@ class HorovodPipeEstimator:
         defaults = DEFAULT_MPI_OPTIONS if self.default_mpi_options else ()
         self.mpi_options = " ".join([*defaults, *extra]).strip()
 
+    def _check_distribution(self) -> None:
+        """The distribution is known, and no Horovod-only option comes with the strategy."""
+        try:
+            check_distribution(self.distribution, 1)
+        except LayoutError as exc:
+            raise EstimatorError(str(exc)) from None
+        if self.distribution != TF_MWMS:
+            return
+        given = [name for name in ("mpi_options",) if getattr(self, name)]
+        if not self.default_mpi_options:
+            given.append("default_mpi_options=False")
+        if given:
+            raise EstimatorError(
+                f"{', '.join(given)} is a Horovod (mpirun) option, and distribution {TF_MWMS!r} runs no MPI; "
+                "drop it, or use distribution 'horovod'"
+            )
+
     @property
     def world_size(self) -> int:
         """Total Horovod ranks: hosts x processes per host."""
@@ -206,6 +234,7 @@ class HorovodPipeEstimator:
             input_mode=self.input_mode,
             record_wrapper=self.record_wrapper,
             shuffle_seed=self.shuffle_seed,
+            distribution=self.distribution,
         )
         self._check_shared_channels(layout)
         return layout
@@ -296,6 +325,8 @@ class HorovodPipeEstimator:
         """``image_uri``, else our container in the caller's ECR (``account`` given: no STS call)."""
         if self.image_uri:
             return self.image_uri
+        if self.distribution == TF_MWMS:  # AWS's current TF DLC as is: no Horovod needed
+            return dlc_tensorflow_image_uri(self._region(), self.instance_type, *MWMS_DLC)
         return container_image_uri(region=self._region(), account=account)
 
     def _region(self) -> str | None:

@@ -12,6 +12,7 @@ from sagemaker_dist.errors import ConfigurationError
 DEFAULT_REPOSITORY = "sagemaker-dist"
 DLC_TF_VERSION = "2.14"  # the container's base: the newest DLC with TF <= 2.15 (Keras 2, Horovod)
 DLC_PY_VERSION = "py310"
+MWMS_DLC = ("2.21", "py312")  # distribution tf-mwms: the current TF training DLC (Keras 3, no Horovod)
 _ACCOUNT_RE = re.compile(r"^\d{12}$")
 _REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
 _REPO_RE = re.compile(r"^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*/)*[a-z0-9]+(?:[._-][a-z0-9]+)*$")

@@ -14,7 +14,7 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 from sagemaker_dist.contract import hyperparameters as hp
-from sagemaker_dist.contract.layout import PER_WORKER, ChannelLayout
+from sagemaker_dist.contract.layout import PER_WORKER, TF_MWMS, ChannelLayout
 from sagemaker_dist.contract.paths import (
     CHECKPOINT_LOCAL_PATH,
     CODE_CHANNEL,
@@ -98,15 +98,17 @@ def tags_list(tags) -> list[dict]:
 def framework_hyperparameters(
     layout: ChannelLayout, program: str, submit_directory: str, mpi_options: str
 ) -> dict[str, str]:
-    """The hyperparameters the sagemaker-training toolkit reads to run mpirun on every host."""
-    return {
-        hp.PROGRAM: program,
-        hp.SUBMIT_DIRECTORY: submit_directory,
-        hp.MPI_ENABLED: "true",
-        hp.MPI_PROCESSES_PER_HOST: str(layout.processes_per_host),
-        hp.MPI_CUSTOM_OPTIONS: mpi_options,
-        hp.LAYOUT: layout.to_json(),
-    }
+    """The hyperparameters the sagemaker-training toolkit reads: mpirun on every host for Horovod, or
+    TF_CONFIG and one process per host for MultiWorkerMirroredStrategy (no MPI)."""
+    if layout.distribution == TF_MWMS:
+        launch = {hp.MWMS_ENABLED: "true"}
+    else:
+        launch = {
+            hp.MPI_ENABLED: "true",
+            hp.MPI_PROCESSES_PER_HOST: str(layout.processes_per_host),
+            hp.MPI_CUSTOM_OPTIONS: mpi_options,
+        }
+    return {hp.PROGRAM: program, hp.SUBMIT_DIRECTORY: submit_directory, **launch, hp.LAYOUT: layout.to_json()}
 
 
 def check_sources(layout: ChannelLayout, sources: Mapping[str, ChannelSource | str]) -> None:
