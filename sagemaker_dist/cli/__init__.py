@@ -17,6 +17,20 @@ COMMAND_MODULES = (
 )
 
 
+def add_distribution_argument(p) -> None:
+    """``--distribution`` for plan, launch and local: how the workers train together."""
+    from sagemaker_dist.contract.layout import DISTRIBUTIONS, HOROVOD
+
+    p.add_argument(
+        "--distribution",
+        default=HOROVOD,
+        choices=DISTRIBUTIONS,
+        help="horovod: one process per GPU under mpirun (Horovod 0.28.1, TF <= 2.15); tf-mwms: "
+        "TensorFlow's MultiWorkerMirroredStrategy, one worker per host (any TF, Keras 3, the current "
+        "DLC). Default horovod",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sagemaker-dist",
@@ -51,4 +65,3 @@ def main(argv: list[str] | None = None) -> int:
     except SageMakerDistError as exc:  # ours say what to do; anything else is a bug and keeps its traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
-

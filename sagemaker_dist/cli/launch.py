@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from sagemaker_dist.cli import add_distribution_argument
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.launch.estimator import HorovodPipeEstimator
 from sagemaker_dist.launch.training_job import TrainingJobFailed
@@ -49,6 +50,7 @@ def register(subparsers) -> None:
     p.add_argument("--output-path", help="S3 prefix for outputs (default: the SDK session's default bucket)")
     p.add_argument("--job-name")
     p.add_argument("--strategy", default="auto", choices=("auto", "per-rank", "per-local-rank"))
+    add_distribution_argument(p)
     p.add_argument("--input-mode", default="Pipe", choices=("Pipe", "File", "FastFile"))
     p.add_argument("--record-wrapper", default="None", choices=("None", "RecordIO"))
     p.add_argument("--shuffle-seed", type=int)
@@ -80,6 +82,7 @@ def _estimator(args) -> HorovodPipeEstimator:
         hyperparameters=_pairs(args.hp, "--hp"),
         input_mode=args.input_mode,
         strategy=args.strategy,
+        distribution=args.distribution,
         validation=args.validation_spread,
         record_wrapper=args.record_wrapper,
         shuffle_seed=args.shuffle_seed,

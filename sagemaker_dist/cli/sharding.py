@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 
+from sagemaker_dist.cli import add_distribution_argument
 from sagemaker_dist.contract.layout import (
     LAYOUT_HYPERPARAMETER,
     PER_LOCAL_RANK,
     STRATEGIES,
+    TF_MWMS,
     ChannelLayout,
     check_channel_name,
     plan_layout,
@@ -42,6 +44,7 @@ def _add_layout_arguments(p: argparse.ArgumentParser) -> None:
         "ShardedByS3Key channel per GPU, split across hosts by SageMaker; auto: per-rank if it fits "
         "in 20 channels (default)",
     )
+    add_distribution_argument(g)
     g.add_argument("--validation", choices=("single", "per-worker"), help="add validation channel(s)")
     g.add_argument("--eval", action="store_true", help="add one 'eval' channel every rank reads")
     g.add_argument(
@@ -58,7 +61,10 @@ def _add_layout_arguments(p: argparse.ArgumentParser) -> None:
 
 def _layout_from_args(args) -> ChannelLayout:
     check_channel_name(args.role)
-    per_host = processes_per_host(args.instance_type, args.processes_per_host)
+    per_host = args.processes_per_host
+    if args.distribution == TF_MWMS and per_host is None:
+        per_host = 1  # one worker per host, whatever its GPUs
+    per_host = processes_per_host(args.instance_type, per_host)
     return plan_layout(
         args.instance_count,
         per_host,
@@ -71,6 +77,7 @@ def _layout_from_args(args) -> ChannelLayout:
         input_mode=args.input_mode,
         record_wrapper=args.record_wrapper,
         shuffle_seed=args.shuffle_seed,
+        distribution=args.distribution,
     )
 
 

@@ -141,7 +141,8 @@ class ChannelLayout:
         """Human-readable lines saying what the layout is and why."""
         lines = [
             f"{self.hosts} host(s) x {self.processes_per_host} process(es) = {self.world_size} "
-            f"Horovod rank(s); strategy {self.strategy}; {len(self.channel_names)} of "
+            + ("Horovod rank(s)" if self.distribution == HOROVOD else "MultiWorkerMirroredStrategy worker(s)")
+            + f"; strategy {self.strategy}; {len(self.channel_names)} of "
             f"{MAX_CHANNELS} channels; input mode {self.input_mode}",
         ]
         for r in self.roles:
