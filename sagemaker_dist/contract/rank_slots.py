@@ -4,11 +4,13 @@
 ranks that fill hosts of ``processes_per_host`` in order (how mpirun and horovodrun place them).
 ``slot_environment`` renders a slot into Horovod's and Open MPI's variables; ``rank_from_environment``
 reads them back, with one precedence everywhere: Open MPI's (the toolkit launches mpirun) first,
-then Horovod's (horovodrun with Gloo).
+then Horovod's (horovodrun with Gloo), then ``TF_CONFIG`` (MultiWorkerMirroredStrategy: one worker
+per host, its task index the rank).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -73,6 +75,30 @@ class RankVariablesError(ValueError):
     """Rank variables that are set but incomplete or not numbers (the caller wraps it in its error)."""
 
 
+TF_CONFIG = "TF_CONFIG"
+
+
+def rank_from_tf_config(text: str) -> tuple[int, int, int, int]:
+    """(task index, 0, workers, 1) from a ``TF_CONFIG`` of workers only (as the TF toolkit writes it)."""
+    try:
+        doc = json.loads(text)
+        workers = doc["cluster"]["worker"]
+        task = doc["task"]
+        index = int(task["index"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RankVariablesError(
+            f"TF_CONFIG is not a cluster of workers with a task ({exc}): {text[:200]}"
+        ) from exc
+    if task.get("type") != "worker" or set(doc["cluster"]) != {"worker"}:
+        raise RankVariablesError(
+            f"TF_CONFIG has task type {task.get('type')!r} and jobs {sorted(doc['cluster'])}; sagemaker-dist "
+            "runs MultiWorkerMirroredStrategy with workers only (as SageMaker's TF toolkit writes it)"
+        )
+    if not 0 <= index < len(workers):
+        raise RankVariablesError(f"TF_CONFIG task index {index} is not one of the {len(workers)} worker(s)")
+    return index, 0, len(workers), 1
+
+
 def rank_from_environment(environ: Mapping[str, str]) -> tuple[tuple[int, int, int, int], str] | None:
     """((rank, local rank, size, local size), family) from the first family set, else None."""
     for names in RANK_VARIABLES:
@@ -84,4 +110,6 @@ def rank_from_environment(environ: Mapping[str, str]) -> tuple[tuple[int, int, i
             except ValueError as exc:
                 raise RankVariablesError(f"rank variables {names} are not whole numbers: {exc}") from exc
             return values, names[0].rsplit("_", 1)[0] + "_*"
+    if environ.get(TF_CONFIG):
+        return rank_from_tf_config(environ[TF_CONFIG]), TF_CONFIG
     return None

@@ -104,6 +104,7 @@ def prepare_demo_job(
     hyperparameters: dict | None = None,
     job_name: str | None = None,
     printer=print,
+    distribution: str = "horovod",
 ) -> DemoJob:
     """Write the data if missing, shard it into per-rank manifests and build the request.
 
@@ -126,7 +127,7 @@ def prepare_demo_job(
         )
     hps = {"epochs": 2, "batch_size": 32, "tensorboard_interval": 5}
     hps.update(hyperparameters or {})
-    estimator = demo_estimator(bucket, hosts, processes_per_host, input_mode, hps)
+    estimator = demo_estimator(bucket, hosts, processes_per_host, input_mode, hps, distribution=distribution)
     inputs = {
         "train": f"s3://{bucket}/cifar10-demo/train/",
         "validation": f"s3://{bucket}/cifar10-demo/validation/",

@@ -19,6 +19,7 @@ from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.exit_files import TERMINATED
 
 LAUNCHERS = ("horovodrun", "mpirun", "toolkit")  # toolkit: see local/toolkit_launcher.py
+TF_CONFIG_LAUNCHER = "tf-config"  # distribution tf-mwms: one worker per host with TF_CONFIG
 _PREFIX = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
 # mpirun --tag-output: [1,0]<stdout>: and, under the toolkit's options, [1,mpirank:0,algo-1]<stdout>:
 _MPI_TAG = re.compile(r"^\[\d+,(?:mpirank:)?(\d+)(?:,[^\]]*)?\]<(stdout|stderr)>:(.*)$")
@@ -54,6 +55,16 @@ def check_hostname_resolves(hostname: str | None = None) -> None:
 def rank_command(launcher: str, world_size: int, python: str = sys.executable) -> list[str]:
     """The command that starts ``world_size`` ranks of the local rank entry on this machine."""
     entry = [python, "-u", "-m", "sagemaker_dist.local.rank_entry"]
+    if launcher == TF_CONFIG_LAUNCHER:
+        return [
+            python,
+            "-u",
+            "-m",
+            "sagemaker_dist.local.worker_launcher",
+            "--workers",
+            str(world_size),
+            *entry,
+        ]
     if launcher == "horovodrun":
         tool = _tool("horovodrun")
         if not tool:

@@ -18,6 +18,7 @@ import shutil
 import socket
 import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,6 +165,14 @@ def remove_stale_temporaries(directory: str | os.PathLike) -> None:
     for p in directory.iterdir():
         if p.name.startswith((".tmp-epoch-", ".old-epoch-")):
             shutil.rmtree(p, ignore_errors=True)
+
+
+def writing_dir(chief: bool, directory: str | os.PathLike):
+    """Where a worker writes its checkpoint: ``directory`` on the chief, a temporary one elsewhere
+    (removed on exit): TensorFlow's multi-worker pattern, where every worker saves, one copy is kept."""
+    if chief:
+        return nullcontext(directory)
+    return tempfile.TemporaryDirectory(prefix="sagemaker-dist-worker-ckpt-")
 
 
 def _broadcast_from_rank0(value):

@@ -1,4 +1,6 @@
-"""Train a small CNN on CIFAR-10-shaped TFRecords with Horovod, each rank reading its own Pipe-mode channel.
+"""Train a small CNN on CIFAR-10-shaped TFRecords, each worker reading its own Pipe-mode channel: Horovod
+ranks, or TensorFlow's MultiWorkerMirroredStrategy for ``distribution='tf-mwms'`` jobs (the helper is
+chosen from the job's layout; a script of your own imports the one it uses).
 
 Records are ``tf.train.Example`` with ``image`` (32x32x3 uint8, raw bytes) and ``label`` (int64, 0-9).
 The sagemaker-training toolkit runs this as ``sagemaker_program`` under mpirun and passes the user
@@ -22,8 +24,9 @@ import sys
 
 import tensorflow as tf
 
+from sagemaker_dist.contract.layout import TF_MWMS
 from sagemaker_dist.contract.paths import opt_ml_root
-from sagemaker_dist.runtime import horovod_keras, rank_dataset
+from sagemaker_dist.runtime import horovod_keras, mwms_keras, rank_dataset
 from sagemaker_dist.runtime.config import ContainerConfig
 
 IMAGE_SHAPE = (32, 32, 3)
@@ -90,9 +93,10 @@ def main(argv=None) -> int:
     layout = ContainerConfig.load().layout
     validate = layout is not None and layout.has_role("validation")
     log_dir = os.path.join(os.environ.get("SM_OUTPUT_DATA_DIR") or opt_ml_root() / "output" / "data", "tb")
-
-    hv = horovod_keras.setup(
-        tf.keras.optimizers.legacy.Adam,
+    strategy_job = layout is not None and layout.distribution == TF_MWMS
+    distributed = mwms_keras if strategy_job else horovod_keras  # the one line a script switches
+    hv = distributed.setup(
+        tf.keras.optimizers.Adam if strategy_job else tf.keras.optimizers.legacy.Adam,
         learning_rate=args.learning_rate,
         batch_size=args.batch_size,
         warmup_epochs=args.warmup_epochs,
@@ -100,22 +104,22 @@ def main(argv=None) -> int:
         tensorboard_s3_uri=args.tensorboard_s3_uri,
         tensorboard_interval=args.tensorboard_interval,
     )
-    model = build_model()
-    model.compile(
-        optimizer=hv.optimizer,
-        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-    )
+    with hv.scope():
+        model = build_model()
+        model.compile(
+            optimizer=hv.optimizer,
+            loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
     model.fit(
         hv.train_epoch(batches("train", args.batch_size)),
         validation_data=hv.validation_epoch(batches("validation", args.batch_size)) if validate else None,
         epochs=args.epochs,
         **hv.fit_kwargs(),
     )
-    if hv.is_chief:
-        model_dir = args.model_dir or os.environ.get("SM_MODEL_DIR") or str(opt_ml_root() / "model")
-        export = os.path.join(model_dir, "1")  # TensorFlow Serving wants a numbered version directory
-        model.save(export, include_optimizer=False)
+    model_dir = args.model_dir or os.environ.get("SM_MODEL_DIR") or str(opt_ml_root() / "model")
+    export = os.path.join(model_dir, "1")  # TensorFlow Serving wants a numbered version directory
+    if hv.save_model(model, export):  # the chief's copy; every worker takes part under the strategy
         print(f"model saved to {export}", flush=True)
     return 0
 

@@ -64,6 +64,31 @@ class RankZeroCheckpoint(tf.keras.callbacks.Callback):
             self.saved.append(epoch + 1)
 
 
+class WorkerCheckpoint(tf.keras.callbacks.Callback):
+    """MultiWorkerMirroredStrategy's checkpoints: every worker restores ``resume_from`` (the epoch all
+    hold) and saves every ``every`` epochs; only the chief's copy lands in ``directory``."""
+
+    def __init__(self, directory, *, chief: bool, resume_from=None, keep: int | None = 3, every: int = 1):
+        if every < 1:
+            raise ConfigurationError(f"checkpoint every={every!r} epochs; give a whole number >= 1")
+        super().__init__()
+        self.directory, self.chief, self.resume_from = Path(directory), chief, resume_from
+        self.keep, self.every = keep, every
+        self.saved: list[int] = []
+
+    def on_train_begin(self, logs=None):
+        if self.resume_from is not None:
+            ckpt.restore_checkpoint(self.model, self.resume_from)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if (epoch + 1) % self.every:
+            return
+        with ckpt.writing_dir(self.chief, self.directory) as where:
+            ckpt.save_checkpoint(self.model, where, epoch + 1, keep=self.keep, rank=0 if self.chief else -1)
+        if self.chief:
+            self.saved.append(epoch + 1)
+
+
 class TensorBoardSyncCallback(tf.keras.callbacks.Callback):
     """Ask ``syncer`` for an upload at each epoch end and stop it (final flush) at train end. Flushes
     ``tensorboard``'s summary writers first: Keras flushes them only at train end, so without this the

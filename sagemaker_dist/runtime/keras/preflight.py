@@ -8,7 +8,10 @@ in well under 10 s; ``check_tf_keras`` runs once TensorFlow is imported, before 
 from __future__ import annotations
 
 import importlib
+import os
 
+from sagemaker_dist.contract.layout import HOROVOD, TF_MWMS
+from sagemaker_dist.contract.rank_slots import RANK_VARIABLES, TF_CONFIG
 from sagemaker_dist.runtime.config import ContainerConfig
 from sagemaker_dist.runtime.keras.errors import HorovodSetupError
 from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo, check_rank_channels
@@ -29,6 +32,14 @@ def _tf_keras_version(tf) -> str:
     """The version of the package behind ``tf.keras``: keras (2 or 3) or tf_keras (Keras 2)."""
     package = importlib.import_module(tf.keras.__name__.split(".", 1)[0])
     return str(getattr(package, "__version__", "2"))
+
+
+def keras_major() -> int:
+    """The major version behind ``tf.keras`` (imports TensorFlow)."""
+    import tensorflow as tf
+
+    major = _tf_keras_version(tf).split(".", 1)[0]
+    return int(major) if major.isdigit() else 2
 
 
 def check_tf_keras(tf) -> None:
@@ -58,3 +69,28 @@ def launched_world() -> RankInfo | None:
         return RankInfo.detect()
     except RankChannelError:  # odd launcher variables: Horovod's own numbers decide after init
         return None
+
+
+_HELPERS = {HOROVOD: "sagemaker_dist.runtime.horovod_keras", TF_MWMS: "sagemaker_dist.runtime.mwms_keras"}
+
+
+def check_job_distribution(expected: str, root=None) -> None:
+    """The script's helper must match how the job was launched: the layout's distribution where the job
+    has one, else the launcher's variables (mpirun/horovodrun ranks, or the toolkit's ``TF_CONFIG``).
+    Caught here, before any collective; otherwise each process trains alone or waits for ever."""
+    layout = ContainerConfig.load(root).layout
+    mpi_launched = any(names[0] in os.environ for names in RANK_VARIABLES)
+    if layout is not None:
+        launched, how = layout.distribution, "planned"
+    elif mpi_launched:
+        launched, how = HOROVOD, "launched by mpirun or horovodrun"
+    elif os.environ.get(TF_CONFIG):
+        launched, how = TF_MWMS, "launched with TF_CONFIG"
+    else:
+        return  # one process on its own: either helper runs it
+    if launched != expected:
+        raise HorovodSetupError(
+            f"the script calls {_HELPERS[expected]}.setup(), but this job was {how} for distribution "
+            f"{launched!r}: call {_HELPERS[launched]}.setup() instead (the same arguments), or launch with "
+            f"distribution={expected!r}"
+        )

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sagemaker_dist.contract.layout import HOROVOD
 from sagemaker_dist.runtime import checkpoints as ckpt
 from sagemaker_dist.runtime.keras.agreement import EpochReports, agreed_epoch, allow_epochs_of_any_length
 from sagemaker_dist.runtime.keras.arguments import SetupArguments, check_arguments, check_world
@@ -22,17 +23,19 @@ from sagemaker_dist.runtime.keras.gpu import pin_gpu
 from sagemaker_dist.runtime.keras.optimizer import build_scaled_optimizer
 from sagemaker_dist.runtime.keras.preflight import (
     check_channels_before_collectives,
+    check_job_distribution,
     check_tf_keras,
     launched_world,
 )
 from sagemaker_dist.runtime.keras.steps import agree_on_steps, exact_epoch
+from sagemaker_dist.runtime.keras.surface import FitSurface
 from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class HorovodKeras:
+class HorovodKeras(FitSurface):
     """What a training script needs after ``setup()``: rank info, the wrapped optimizer, callbacks and
     the agreed step counts. ``model.fit(hv.train_epoch(ds), validation_data=hv.validation_epoch(v),
     epochs=n, **hv.fit_kwargs())``."""
@@ -57,16 +60,6 @@ class HorovodKeras:
     hvd: Any = field(default=None, repr=False)  # horovod.tensorflow, for the per-step agreement
     train_reports: EpochReports | None = None  # how each epoch ended, without counts
     validation_reports: EpochReports | None = None
-
-    @property
-    def is_chief(self) -> bool:
-        """True on rank 0, the only rank that writes checkpoints, logs and the model."""
-        return self.rank == 0
-
-    @property
-    def verbose(self) -> int:
-        """Keras ``verbose`` for this rank: one line per epoch on rank 0, silent elsewhere."""
-        return 2 if self.is_chief else 0
 
     def train_epoch(self, batches):
         """One epoch of this rank's train batches, ending at the same step on every rank.
@@ -98,18 +91,6 @@ class HorovodKeras:
             size=self.size,
             batch_size=self.batch_size,
         )
-
-    def fit_kwargs(self, **extra) -> dict:
-        """Keyword arguments for ``model.fit``: callbacks (plus ``callbacks=`` given here, run after
-        ours), initial epoch and verbosity; anything else given is passed through."""
-        kwargs = {
-            "callbacks": list(self.callbacks),
-            "initial_epoch": self.initial_epoch,
-            "verbose": self.verbose,
-        }
-        kwargs["callbacks"].extend(extra.pop("callbacks", None) or [])
-        kwargs.update(extra)
-        return kwargs
 
 
 def setup(
@@ -145,6 +126,7 @@ def setup(
     """
     args = SetupArguments(**locals())  # every parameter above, by name
     check_arguments(args)
+    check_job_distribution(HOROVOD, args.root)
     if args.check_channels:  # before Horovod and TensorFlow load: a mismatch fails in well under 10 s
         check_channels_before_collectives(args.root, validation=args.validates)
     launched = launched_world()

@@ -1,0 +1,214 @@
+"""``setup()`` for TensorFlow's MultiWorkerMirroredStrategy: the twin of the Horovod helper, with the
+same surface, so a script switches with one line (``horovod_keras`` -> ``mwms_keras``).
+
+One worker per host (SageMaker's TF toolkit writes ``TF_CONFIG`` and runs the script once per host),
+driving every GPU of its host. Each worker reads its own channel (``rank_dataset`` takes the task
+index from ``TF_CONFIG``), so tf.data auto-sharding is off. Epochs end together by tf.distribute's
+own rule for uneven input: while any worker still has a batch, the others contribute empty ones, so
+no record is dropped and every FIFO is read to its end. Every worker saves checkpoints (the
+multi-worker pattern); only the chief's copy is kept. Works with Keras 2 (TF <= 2.15) and Keras 3.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from sagemaker_dist.contract.layout import TF_MWMS
+from sagemaker_dist.runtime import checkpoints as ckpt
+from sagemaker_dist.runtime.keras.agreement import AGREED, allow_epochs_of_any_length
+from sagemaker_dist.runtime.keras.arguments import SetupArguments, check_arguments
+from sagemaker_dist.runtime.keras.errors import HorovodSetupError
+from sagemaker_dist.runtime.keras.optimizer import build_scaled_optimizer
+from sagemaker_dist.runtime.keras.preflight import (
+    check_channels_before_collectives,
+    check_job_distribution,
+    keras_major,
+)
+from sagemaker_dist.runtime.keras.surface import FitSurface
+from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StrategyKeras(FitSurface):
+    """What a script needs after ``setup()``; the same names as ``HorovodKeras``. Build and compile the
+    model inside ``with hv.scope():``, then ``model.fit(hv.train_epoch(ds), ..., **hv.fit_kwargs())``."""
+
+    strategy: Any
+    rank: int  # the worker's task index
+    size: int  # workers (hosts)
+    replicas: int  # replicas in sync: every GPU of every worker (one per CPU worker)
+    optimizer: Any
+    learning_rate: float
+    batch_size: int | None = None
+    callbacks: list = field(default_factory=list)
+    initial_epoch: int = 0
+    checkpoint_dir: Any = None
+    resume_from: ckpt.Checkpoint | None = None
+    tensorboard_syncer: TensorBoardSyncer | None = None
+    local_rank: int = 0
+    local_size: int = 1
+
+    saves_on_every_worker = True
+
+    def scope(self):
+        """The strategy's scope: create and compile the model (and its optimizer) inside it."""
+        return self.strategy.scope()
+
+    def train_epoch(self, batches):
+        """This worker's batches (of ``batch_size`` records per replica) for ``fit``: merged into the
+        worker's share of the global batch, which tf.distribute splits over its replicas again.
+
+        Pass it as is (no ``.repeat()``): Keras makes a new iterator each epoch, which opens the next
+        FIFO. The epoch ends when every worker has run out; workers that ran out first take empty
+        steps meanwhile, so the collectives stay in step."""
+        return self._epoch(batches)
+
+    def validation_epoch(self, batches):
+        """This worker's validation batches, ending together on every worker like ``train_epoch``."""
+        return self._epoch(batches)
+
+    def _epoch(self, batches):
+        import tensorflow as tf
+
+        per_replica = _batch_size(batches, self.batch_size)
+        # tf.distribute splits each batch of a worker's dataset over all the replicas in sync, so a
+        # worker offers replicas x per-replica records a step. Its size is dynamic and its length
+        # unknown: tf.distribute then agrees every step across workers whether any still has data (its
+        # get_next_as_optional), which is what keeps uneven shards in step.
+        merged = batches.rebatch(per_replica * self.replicas)
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        epoch = merged.with_options(options)
+        if keras_major() < 3:
+            allow_epochs_of_any_length()  # Keras 2 would hold every epoch to the first one's length
+            setattr(epoch, AGREED, True)
+        return epoch
+
+
+def _batch_size(batches, given: int | None) -> int:
+    """Records per batch of the script's dataset: its static batch dimension, else ``batch_size=``."""
+    import tensorflow as tf
+
+    first = tf.nest.flatten(batches.element_spec)[0]
+    static = first.shape[0] if first.shape.rank else None
+    if static is None and given is None:
+        raise HorovodSetupError(
+            "the dataset's batch size is not fixed (batch with drop_remainder=True) and setup() got no "
+            "batch_size=; give one so each replica gets that many records per step"
+        )
+    return int(static if static is not None else given)
+
+
+def setup(
+    optimizer,
+    *,
+    learning_rate: float | None = None,
+    batch_size: int | None = None,
+    checkpoints: bool = True,
+    keep_checkpoints: int | None = 3,
+    checkpoint_every: int = 1,
+    tensorboard_dir=None,
+    tensorboard_s3_uri: str | None = None,
+    tensorboard_interval: float = 30.0,
+    root=None,
+    check_channels: bool = True,
+    **horovod_only,
+) -> StrategyKeras:
+    """Create the strategy (before any other TensorFlow op, as it requires), scale the learning rate by
+    the replicas in sync, and return the optimizer (built in the strategy's scope), callbacks and the
+    resume epoch. Arguments as ``horovod_keras.setup``; record counts are not needed (epochs end by
+    tf.distribute's agreement), and Horovod-only ones are refused by name."""
+    given = sorted(k for k, v in horovod_only.items() if v not in (None, 0, False, True))
+    if given:
+        raise HorovodSetupError(
+            f"{', '.join(given)}: not an argument of mwms_keras.setup() (record counts and warm-up are "
+            "Horovod's); drop it"
+        )
+    args = SetupArguments(
+        optimizer=optimizer,
+        learning_rate=learning_rate,
+        batch_size=batch_size,
+        checkpoints=checkpoints,
+        keep_checkpoints=keep_checkpoints,
+        checkpoint_every=checkpoint_every,
+        tensorboard_dir=tensorboard_dir,
+        tensorboard_s3_uri=tensorboard_s3_uri,
+        tensorboard_interval=tensorboard_interval,
+        root=root,
+        check_channels=check_channels,
+    )
+    check_arguments(args)
+    check_job_distribution(TF_MWMS, root)
+    if check_channels:
+        check_channels_before_collectives(root)
+    return _start(args)
+
+
+def _start(args: SetupArguments) -> StrategyKeras:
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    resolver = strategy.cluster_resolver
+    rank = int(resolver.task_id) if resolver is not None and resolver.task_id is not None else 0
+    size = max(1, len((resolver.cluster_spec().as_dict() if resolver else {}).get("worker", [])))
+    replicas = int(strategy.num_replicas_in_sync)
+    with strategy.scope():
+        opt, base_lr, scaled_lr = build_scaled_optimizer(args.optimizer, replicas, args.learning_rate)
+    ckpt_dir = ckpt.checkpoint_dir(args.root) if args.checkpoints else None
+    initial_epoch, resume_from = _agreed_resume_point(strategy, ckpt_dir) if ckpt_dir else (0, None)
+    from sagemaker_dist.runtime.keras import callbacks as keras_callbacks  # loads TensorFlow's Keras
+
+    callbacks = []
+    if ckpt_dir is not None:
+        callbacks.append(
+            keras_callbacks.WorkerCheckpoint(
+                ckpt_dir, chief=rank == 0, resume_from=resume_from, keep=args.keep_checkpoints,
+                every=args.checkpoint_every,
+            )
+        )  # fmt: skip
+    tensorboard, syncer = keras_callbacks.tensorboard_callbacks(
+        args.tensorboard_dir, args.tensorboard_s3_uri, args.tensorboard_interval, rank=rank
+    )
+    hv = StrategyKeras(
+        strategy=strategy,
+        rank=rank,
+        size=size,
+        replicas=replicas,
+        optimizer=opt,
+        learning_rate=scaled_lr,
+        batch_size=args.batch_size,
+        callbacks=callbacks + tensorboard,
+        initial_epoch=initial_epoch,
+        checkpoint_dir=ckpt_dir,
+        resume_from=resume_from,
+        tensorboard_syncer=syncer,
+    )
+    if hv.is_chief:
+        log.info(
+            "MultiWorkerMirroredStrategy: %d worker(s), %d replica(s) in sync; learning rate %g x %d = %g; "
+            "starting at epoch %d%s",
+            size, replicas, base_lr, replicas, scaled_lr, initial_epoch,
+            f" from {resume_from.path}" if resume_from else "",
+        )  # fmt: skip
+    return hv
+
+
+def _agreed_resume_point(strategy, directory) -> tuple[int, ckpt.Checkpoint | None]:
+    """The newest epoch every worker holds a complete checkpoint of (SageMaker restores the checkpoint
+    prefix onto every host): each worker's newest, gathered, and the smallest taken."""
+    import tensorflow as tf
+
+    ckpt.remove_stale_temporaries(directory)
+    found = ckpt.list_checkpoints(directory)
+    newest = found[-1].epoch if found else 0
+    if int(strategy.num_replicas_in_sync) > 1:
+        mine = strategy.experimental_distribute_values_from_function(
+            lambda _ctx: tf.constant([newest], tf.int64)
+        )
+        newest = int(tf.reduce_min(strategy.gather(mine, axis=0)).numpy())
+    chosen = next((c for c in found if c.epoch == newest), None)
+    return (newest, chosen) if chosen else (0, None)
