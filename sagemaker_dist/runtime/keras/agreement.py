@@ -72,10 +72,16 @@ AGREED = "_sagemaker_dist_agreed_epochs"  # marks a dataset whose epochs end by 
 
 
 def allow_epochs_of_any_length(data_handler_class=None) -> None:
-    """Keras 2 takes the first epoch's step count as every epoch's, and stops training ("Your input ran
-    out of data") when a later epoch is shorter. An agreed epoch may be: for datasets marked ``AGREED``,
-    forget the count at each epoch's start, so every epoch runs until the ranks agree it has ended."""
+    """Keras takes the first epoch's step count as every epoch's: Keras 2 stops training ("Your input
+    ran out of data") when a later epoch is shorter, Keras 3 also cuts a longer one short. An agreed
+    epoch may be either: for datasets marked ``AGREED``, forget the count at each epoch's start, so
+    every epoch runs until the workers agree it has ended."""
     if data_handler_class is None:
+        from sagemaker_dist.runtime.keras.preflight import keras_major
+
+        if keras_major() >= 3:
+            _keras3_epochs_of_any_length()
+            return
         import importlib
 
         import tensorflow as tf
@@ -95,6 +101,27 @@ def allow_epochs_of_any_length(data_handler_class=None) -> None:
 
     setattr(enumerate_epochs, AGREED, True)
     data_handler_class.enumerate_epochs = enumerate_epochs
+
+
+def agreed(epoch_iterator) -> bool:
+    """Whether a Keras 3 epoch iterator runs over a dataset marked ``AGREED``."""
+    return getattr(getattr(getattr(epoch_iterator, "data_adapter", None), "_dataset", None), AGREED, False)
+
+
+def _keras3_epochs_of_any_length() -> None:
+    from keras.src.trainers.epoch_iterator import EpochIterator
+
+    original_enumerate = EpochIterator._enumerate_iterator
+    if getattr(original_enumerate, AGREED, False):
+        return
+
+    def _enumerate_iterator(self):
+        if agreed(self):
+            self._num_batches = None
+        return original_enumerate(self)
+
+    setattr(_enumerate_iterator, AGREED, True)
+    EpochIterator._enumerate_iterator = _enumerate_iterator
 
 
 def agreed_epoch(batches, what: str, hvd, reports: EpochReports):

@@ -83,9 +83,8 @@ class StrategyKeras(FitSurface):
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         epoch = merged.with_options(options)
-        if keras_major() < 3:
-            allow_epochs_of_any_length()  # Keras 2 would hold every epoch to the first one's length
-            setattr(epoch, AGREED, True)
+        allow_epochs_of_any_length()  # Keras would hold every epoch to the first one's length
+        setattr(epoch, AGREED, True)
         return epoch
 
 
@@ -152,6 +151,10 @@ def _start(args: SetupArguments) -> StrategyKeras:
     import tensorflow as tf
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    if keras_major() >= 3:
+        from sagemaker_dist.runtime.keras.keras3_strategy import mend_keras3_for_strategy
+
+        mend_keras3_for_strategy()
     resolver = strategy.cluster_resolver
     rank = int(resolver.task_id) if resolver is not None and resolver.task_id is not None else 0
     size = max(1, len((resolver.cluster_spec().as_dict() if resolver else {}).get("worker", [])))
