@@ -7,7 +7,11 @@ import signal
 import threading
 from pathlib import Path
 
+from sagemaker_dist.cli.local import _add_endpoint_args, _endpoint, _ensure_bucket, _read_request
 from sagemaker_dist.contract.paths import opt_ml_root
+from sagemaker_dist.errors import ConfigurationError
+
+DEFAULT_IMAGE = "sagemaker-dist:latest"
 
 
 def register(subparsers) -> None:
@@ -39,6 +43,38 @@ def register(subparsers) -> None:
     )
     a.set_defaults(func=pipe_agent_command)
 
+    k = subparsers.add_parser(
+        "k8s",
+        help="write the job as a Kubeflow MPIJob (kubeflow.org/v2beta1) with a pipe-agent sidecar per worker",
+        description=(
+            "Plan the job as for SageMaker (shards, manifests, source package and the request, uploaded to "
+            "S3), then print a Kubeflow MPIJob for mpi-operator v0.8: one worker per instance with its "
+            "GPUs (and EFA), a pipe-agent sidecar feeding the FIFOs, and a launcher running mpirun. Apply it "
+            "with kubectl apply -f. S3 as for 'local': embedded unless --bucket or --endpoint-url."
+        ),
+    )
+    what = k.add_mutually_exclusive_group(required=True)
+    what.add_argument("--demo", action="store_true", help="the CIFAR-10-shaped demo job (writes its data)")
+    what.add_argument("--request", type=Path, help="a CreateTrainingJob request as JSON (launch --dry-run)")
+    k.add_argument("--instance-type", help="the worker nodes' type, for --demo (default ml.p4d.24xlarge)")
+    k.add_argument("--instance-count", type=int, help="workers, for --demo (default 2)")
+    k.add_argument("--processes-per-host", type=int, help="ranks per worker (default: its GPUs; CPU types)")
+    k.add_argument("--epochs", type=int, help="for --demo: -p epochs=N")
+    k.add_argument("--image", default=DEFAULT_IMAGE, help=f"the training image (default {DEFAULT_IMAGE}; "
+                   "container/Dockerfile: sshd, mpi4py, Horovod and sagemaker-dist)")  # fmt: skip
+    k.add_argument("--namespace", default="default")
+    k.add_argument(
+        "--service-account", default="sagemaker-dist", help="the pods' service account (S3 access)"
+    )
+    k.add_argument(
+        "--spec-uri", help="where to upload the request (default <output path>/<job>/spec/request.json)"
+    )
+    k.add_argument("--backoff-limit", type=int, default=0, help="runPolicy.backoffLimit (default 0)")
+    k.add_argument("--ttl", type=int, default=3600, help="runPolicy.ttlSecondsAfterFinished (default 3600)")
+    k.add_argument("-o", "--output", type=Path, help="write the YAML here instead of stdout")
+    _add_endpoint_args(k)
+    k.set_defaults(func=k8s_command)
+
 
 def pipe_agent_command(args) -> int:
     from sagemaker_dist.local.endpoint import s3_client
@@ -58,3 +94,68 @@ def pipe_agent_command(args) -> int:
 
 def _echo(line: str) -> None:
     print(line, flush=True)
+
+
+def k8s_command(args) -> int:
+    import json
+    import sys
+    from contextlib import ExitStack
+
+    from sagemaker_dist.local.demo import DEMO_BUCKET, prepare_demo_job
+    from sagemaker_dist.local.endpoint import s3_client
+    from sagemaker_dist.platforms.k8s_mpijob import MPIJobOptions, plan_mpijob, slots_per_worker, to_yaml
+
+    request = None
+    if args.request:  # before anything is written: a bad file or option fails at once
+        flags = {"--instance-type": args.instance_type, "--instance-count": args.instance_count}
+        given = [flag for flag, value in {**flags, "--epochs": args.epochs}.items() if value is not None]
+        if given:
+            raise ConfigurationError(
+                f"{', '.join(given)} cannot be combined with --request: the request says it "
+                "(ResourceConfig, HyperParameters); edit it instead"
+            )
+        request = _read_request(args.request)
+    instance_type = args.instance_type or "ml.p4d.24xlarge"
+    count = 2 if args.instance_count is None else args.instance_count
+    if args.demo:
+        if count < 1:
+            raise ConfigurationError(f"--instance-count {count}: give at least 1 worker")
+        per_host, _ = slots_per_worker(instance_type, args.processes_per_host)  # GPU checks before any S3
+    bucket = args.bucket or DEMO_BUCKET
+    with ExitStack() as stack:
+        url = stack.enter_context(_endpoint(args))
+        if url:
+            _ensure_bucket(bucket)
+        if args.demo:
+            hps = {"epochs": args.epochs} if args.epochs is not None else {}
+            request = prepare_demo_job(bucket, count, per_host, hyperparameters=hps, printer=None).request
+            request["ResourceConfig"]["InstanceType"] = instance_type  # the demo plans for CPU; run on these
+        spec_uri = args.spec_uri or _default_spec_uri(request)
+        options = MPIJobOptions(
+            image=args.image,
+            spec_uri=spec_uri,
+            namespace=args.namespace,
+            service_account=args.service_account,
+            backoff_limit=args.backoff_limit,
+            ttl_seconds_after_finished=args.ttl,
+            endpoint_url=args.endpoint_url,  # the embedded endpoint ends with this command: not for pods
+            processes_per_host=args.processes_per_host,
+        )
+        text = to_yaml(plan_mpijob(request, options))  # every check before the spec is uploaded
+        spec_bucket, _, spec_key = spec_uri.removeprefix("s3://").partition("/")
+        s3_client().put_object(Bucket=spec_bucket, Key=spec_key, Body=json.dumps(request).encode())
+    if args.output:
+        tmp = args.output.with_name(args.output.name + ".part")
+        tmp.write_text(text)
+        tmp.replace(args.output)
+        print(f"wrote {args.output}; the job spec is {spec_uri}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _default_spec_uri(request: dict) -> str:
+    output = (request.get("OutputDataConfig") or {}).get("S3OutputPath", "").rstrip("/")
+    if not output.startswith("s3://"):
+        raise ConfigurationError("the request has no OutputDataConfig.S3OutputPath; give --spec-uri s3://...")
+    return f"{output}/{request.get('TrainingJobName', 'job')}/spec/request.json"

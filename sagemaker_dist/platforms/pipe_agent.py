@@ -27,7 +27,7 @@ from sagemaker_dist.local.feeder import ChannelFeeder
 from sagemaker_dist.local.feeds import FileFeed, close_feeds
 from sagemaker_dist.local.job import _source_dir
 from sagemaker_dist.local.opt_ml import HostTree, build_host_trees
-from sagemaker_dist.local.outputs import CheckpointSync
+from sagemaker_dist.local.outputs import CheckpointSync, pack_and_upload
 from sagemaker_dist.platforms.node_plan import NodePlan
 
 READY_FILE = "pipe_agent_ready"  # in the node's root once config, code and FIFOs are in place
@@ -209,6 +209,27 @@ def run_agent(
         echo(f"pipe agent: {s.channel}: {s.epochs} epoch(s), {s.objects} object(s), {s.bytes} bytes")
     if errors:
         raise PipeAgentError("; ".join(errors))
+    if plan.node_index == 0:
+        upload_outputs(plan, tree, client, echo)
+
+
+def upload_outputs(plan: NodePlan, tree: HostTree, client, echo) -> None:
+    """Node 0, as SageMaker after the job: ``model.tar.gz`` and ``output.tar.gz`` into the output path.
+
+    Only what rank 0 wrote is there (the runtime saves the model after training), so an empty model
+    directory (a failed or stopped job) uploads nothing."""
+    output = (plan.job.request.get("OutputDataConfig") or {}).get("S3OutputPath", "").rstrip("/")
+    if not output:
+        return
+    for directory, name in ((tree.model_dir, "model.tar.gz"), (tree.output_data_dir, "output.tar.gz")):
+        uri = f"{output}/{plan.job.name}/output/{name}"
+        try:
+            if pack_and_upload(directory, uri, client):
+                echo(f"pipe agent: uploaded {uri}")
+        except Exception as exc:  # noqa: BLE001 - boto3's upload errors vary; name the target
+            raise PipeAgentError(
+                f"node {plan.node_index}: cannot upload {directory} to {uri}: {exc}"
+            ) from exc
 
 
 def _node_feeds(plan: NodePlan, tree: HostTree, items, client, stop, on_error, echo) -> list:

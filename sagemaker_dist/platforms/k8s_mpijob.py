@@ -1,0 +1,243 @@
+"""The job as a Kubeflow MPIJob (``kubeflow.org/v2beta1``, mpi-operator v0.8), as plain data.
+
+One worker pod per SageMaker host: the training container runs sshd (mpi-operator's launcher reaches
+the workers over SSH with the hostfile it mounts), a pipe-agent sidecar feeds the node's FIFOs into an
+``emptyDir`` both containers mount at ``/opt/ml``, and the launcher runs ``mpirun ... python -m mpi4py
+<entry script> <arguments>`` with the arguments the sagemaker-training toolkit would pass, so the
+script sees what it sees on SageMaker. S3 access comes from the pods' service account (IRSA or EKS
+Pod Identity). Pure: no I/O, no Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from sagemaker_dist.contract import hyperparameters as hp
+from sagemaker_dist.contract import toolkit
+from sagemaker_dist.contract.paths import DEFAULT_ROOT
+from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.launch.instances import (
+    ProcessesPerHostError,
+    UnknownInstanceTypeError,
+    gpus_per_instance,
+    normalize_instance_type,
+)
+from sagemaker_dist.local.job import LocalJobSpec
+from sagemaker_dist.platforms.pipe_agent import READY_FILE
+
+API_VERSION = "kubeflow.org/v2beta1"
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"  # set by mpi-operator on each worker pod
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+# EFA interfaces per instance type (AWS's EFA "supported instance types"); what the EFA device plugin
+# offers as vpc.amazonaws.com/efa. Types missing here get no EFA request.
+EFA_INTERFACES = {
+    "ml.p3dn.24xlarge": 1,
+    "ml.p4d.24xlarge": 4,
+    "ml.p4de.24xlarge": 4,
+    "ml.p5.48xlarge": 32,
+    "ml.p5e.48xlarge": 32,
+    "ml.p5en.48xlarge": 16,
+    "ml.g5.48xlarge": 1,
+    "ml.g6.48xlarge": 1,
+    "ml.g6e.48xlarge": 4,
+    "ml.trn1.32xlarge": 8,
+    "ml.trn1n.32xlarge": 16,
+}
+_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+OPT_ML_VOLUME = "opt-ml"
+SSHD = ["/usr/sbin/sshd", "-De"]  # the workers' main process: mpirun reaches them over SSH
+
+
+class MPIJobError(ConfigurationError):
+    """A job that cannot run as an MPIJob as asked; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class MPIJobOptions:
+    """Where and how the MPIJob runs (what the request does not say)."""
+
+    image: str
+    spec_uri: str  # the request in S3, read by every pipe agent
+    namespace: str = "default"
+    service_account: str = "sagemaker-dist"  # with S3 read (and checkpoint/TensorBoard write) access
+    backoff_limit: int = 0
+    ttl_seconds_after_finished: int = 3600
+    endpoint_url: str | None = None  # another S3 endpoint, for agents and ranks
+    processes_per_host: int | None = None  # fewer ranks than GPUs, or the count of a CPU type
+    toolkit_version: str = toolkit.DEFAULT_TOOLKIT_VERSION
+
+
+def slots_per_worker(instance_type: str, processes_per_host: int | None) -> tuple[int, int]:
+    """(ranks per worker, GPUs per worker): the type's GPUs, or fewer; a CPU type needs the count."""
+    try:
+        gpus = gpus_per_instance(instance_type)
+    except UnknownInstanceTypeError as exc:
+        if processes_per_host is None:
+            raise MPIJobError(
+                f"{instance_type!r} has no GPUs sagemaker-dist knows of, and a Horovod GPU job needs them: "
+                f"use a GPU type (ml.p4d.24xlarge, ml.g5.12xlarge, ...), or give --processes-per-host N to "
+                f"run N CPU ranks per worker ({exc})"
+            ) from None
+        return processes_per_host, 0
+    if processes_per_host is not None and processes_per_host > gpus:
+        raise ProcessesPerHostError(
+            f"{processes_per_host} ranks per worker but {normalize_instance_type(instance_type)} has {gpus} "
+            f"GPU(s): Horovod runs one rank per GPU, so use at most {gpus}"
+        )
+    return (processes_per_host or gpus), gpus
+
+
+def mpirun_options(custom: str) -> list[str]:
+    """The request's ``sagemaker_mpi_custom_mpi_options`` as the toolkit turns them into mpirun's:
+    split on whitespace, ``--NCCL_DEBUG X`` becoming ``-x NCCL_DEBUG=X``."""
+    words, out = custom.split(), []
+    while words:
+        word = words.pop(0)
+        if word == "--NCCL_DEBUG" and words:
+            out += ["-x", f"NCCL_DEBUG={words.pop(0)}"]
+        else:
+            out.append(word)
+    return out
+
+
+def launcher_command(job: LocalJobSpec, world: int, options: MPIJobOptions, efa: bool) -> list[str]:
+    """``mpirun`` over the hostfile mpi-operator mounts, the ranks starting the entry script with
+    mpi4py (an uncaught exception aborts the whole job instead of hanging the others)."""
+    env = ["-x", "PATH", "-x", "LD_LIBRARY_PATH"]
+    if options.endpoint_url:
+        env += ["-x", f"AWS_ENDPOINT_URL={options.endpoint_url}"]
+    if efa:
+        env += ["-x", "FI_PROVIDER=efa"]
+    custom = str(hp.decode_one(job.hyperparameters, hp.MPI_CUSTOM_OPTIONS, "") or "")
+    argv = toolkit.script_argv(job.hyperparameters, options.toolkit_version, {"HOME": "/root"}, None)
+    return [
+        "mpirun", "--allow-run-as-root", "-np", str(world), "-bind-to", "none", "-map-by", "slot",
+        *env, *mpirun_options(custom), "-wdir", f"{DEFAULT_ROOT}/code",
+        "python", "-m", "mpi4py", job.entry_point, *argv,
+    ]  # fmt: skip
+
+
+def agent_command(options: MPIJobOptions) -> list[str]:
+    """The sidecar: this worker's pipe agent, its node index from mpi-operator's replica-index label."""
+    return [
+        "python", "-m", "sagemaker_dist.cli", "pipe-agent", "--spec", options.spec_uri,
+        "--node-index", "$(NODE_INDEX)", "--root", DEFAULT_ROOT,
+    ]  # fmt: skip
+
+
+def check_name(name: str, workers: int) -> str:
+    """The job name, if ``<name>-worker-<N-1>`` is a DNS-1035 label (mpi-operator's rule)."""
+    last = f"{name}-worker-{workers - 1}"
+    if len(last) > 63 or not _DNS_1035.match(last):
+        raise MPIJobError(
+            f"job name {name!r} cannot name an MPIJob: its last worker pod {last!r} must be a DNS-1035 "
+            "label (lower-case letters, digits and '-', starting with a letter, at most 63 characters); "
+            "choose a shorter lower-case job name"
+        )
+    return name
+
+
+def plan_mpijob(request: dict, options: MPIJobOptions) -> dict:
+    """The MPIJob that runs ``request`` (a CreateTrainingJob request): one worker per instance."""
+    job = LocalJobSpec.from_request(request, toolkit_version=options.toolkit_version)
+    instance_type = normalize_instance_type((request.get("ResourceConfig") or {}).get("InstanceType", ""))
+    slots, gpus = slots_per_worker(instance_type, options.processes_per_host)
+    if slots != job.processes_per_host:
+        raise MPIJobError(
+            f"the request runs {job.processes_per_host} rank(s) per host but {slots} slot(s) per worker "
+            f"were asked for ({instance_type}); plan the request for {slots} (processes_per_host) or pass "
+            f"--processes-per-host {job.processes_per_host}"
+        )
+    name = check_name(job.name, job.hosts)
+    efa = EFA_INTERFACES.get(instance_type, 0)
+    worker_limits = {GPU_RESOURCE: gpus} if gpus else {}
+    if efa:
+        worker_limits[EFA_RESOURCE] = efa
+    env = (
+        {"env": [{"name": "AWS_ENDPOINT_URL", "value": options.endpoint_url}]} if options.endpoint_url else {}
+    )
+    opt_ml = {"name": OPT_ML_VOLUME, "mountPath": DEFAULT_ROOT}
+    worker = {
+        "name": "worker",
+        "image": options.image,
+        "command": SSHD,
+        **env,
+        "resources": {"limits": worker_limits},
+        "volumeMounts": [opt_ml, {"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    node_index = {"fieldRef": {"fieldPath": f"metadata.labels['{REPLICA_INDEX_LABEL}']"}}
+    agent = {
+        "name": "pipe-agent",
+        "image": options.image,
+        "command": agent_command(options),
+        "env": [{"name": "NODE_INDEX", "valueFrom": node_index}, *env.get("env", [])],
+        # ready once the tree and the FIFOs are in place: the launcher waits for ready workers
+        "readinessProbe": {
+            "exec": {"command": ["test", "-f", f"{DEFAULT_ROOT}/{READY_FILE}"]},
+            "periodSeconds": 2,
+        },
+        "volumeMounts": [opt_ml],
+    }
+    launcher = {
+        "name": "launcher",
+        "image": options.image,
+        "command": launcher_command(job, job.world, options, bool(efa)),
+        **env,
+    }
+    volumes = [
+        {"name": OPT_ML_VOLUME, "emptyDir": {}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+    ]
+    max_run = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
+    run_policy = {
+        "cleanPodPolicy": "Running",
+        "backoffLimit": options.backoff_limit,
+        "ttlSecondsAfterFinished": options.ttl_seconds_after_finished,
+    }
+    if max_run:
+        run_policy["activeDeadlineSeconds"] = int(max_run)  # SageMaker's MaxRuntimeInSeconds
+    labels = {"app.kubernetes.io/name": "sagemaker-dist", "sagemaker-dist/job": name}
+    pod = {"serviceAccountName": options.service_account}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "MPIJob",
+        "metadata": {"name": name, "namespace": options.namespace, "labels": labels},
+        "spec": {
+            "slotsPerWorker": slots,
+            "launcherCreationPolicy": "WaitForWorkersReady",
+            "mpiImplementation": "OpenMPI",
+            "sshAuthMountPath": "/root/.ssh",
+            "runPolicy": run_policy,
+            "mpiReplicaSpecs": {
+                "Launcher": {
+                    "replicas": 1,
+                    "restartPolicy": "Never",
+                    "template": {"metadata": {"labels": labels}, "spec": {**pod, "containers": [launcher]}},
+                },
+                "Worker": {
+                    "replicas": job.hosts,
+                    "restartPolicy": "Never",
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {**pod, "containers": [worker, agent], "volumes": volumes},
+                    },
+                },
+            },
+        },
+    }
+
+
+def to_yaml(document: dict) -> str:
+    """The manifest as YAML (keys in the order written, as kubectl users read them)."""
+    try:
+        import yaml
+    except ImportError:
+        raise MPIJobError("writing YAML needs PyYAML: pip install 'pyyaml>=6,<7'") from None
+
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data):  # the same dict twice is written out twice, not as &id001
+            return True
+
+    return yaml.dump(document, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=100)

@@ -1,0 +1,239 @@
+"""Run an MPIJob's own commands on this machine, as mpi-operator and the kubelet would run them: the
+check that the manifest's wiring (launcher command, hostfile, sidecar agents, the shared /opt/ml)
+trains the job, before a cluster is involved.
+
+Each worker pod is a directory whose ``opt_ml`` is bind-mounted at ``/opt/ml`` in a private mount
+namespace (as the ``emptyDir`` is mounted in both of the pod's containers). The sidecar's command runs
+in one such namespace, with ``$(NODE_INDEX)`` expanded as the kubelet expands it from the replica-index
+label. The launcher's command runs as written, with the environment mpi-operator gives it and a
+hostfile in its format; Open MPI reaches each "worker" through this module's ``ssh`` stand-in, which
+starts the remote command in that worker's namespace with the worker container's environment (what
+sshd would give it). Needs root and ``unshare`` (as local mode's toolkit launcher).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from sagemaker_dist.contract.paths import DEFAULT_ROOT, ROOT_ENV
+from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.local.toolkit_host import prepare_host
+from sagemaker_dist.local.toolkit_launcher import check_toolkit_host
+from sagemaker_dist.platforms.pipe_agent import wait_ready
+
+MODULE = "sagemaker_dist.platforms.k8s_simulation"  # run as -m, where __name__ is __main__
+SIM_DIR_ENV = "SAGEMAKER_DIST_K8S_SIM_DIR"  # tells the ssh stand-in where the worker pods are
+_WORKER = re.compile(r"-worker-(\d+)(\.|$)")
+AGENT_READY_S = 120.0
+STOP_GRACE_S = 10.0
+
+
+class SimulationError(ConfigurationError):
+    """The manifest cannot be simulated here; says why."""
+
+
+@dataclass
+class SimulationResult:
+    returncode: int
+    launcher_output: str
+    agent_outputs: list[str]
+    worker_roots: list[Path]
+
+
+def hostfile_text(manifest: dict) -> str:
+    """``/etc/mpi/hostfile`` as mpi-operator writes it for Open MPI (``<worker>.<job>.<ns>.svc slots=N``)."""
+    meta, spec = manifest["metadata"], manifest["spec"]
+    name, namespace = meta["name"], meta.get("namespace", "default")
+    workers = spec["mpiReplicaSpecs"]["Worker"]["replicas"]
+    slots = spec.get("slotsPerWorker", 1)
+    return "".join(f"{name}-worker-{i}.{name}.{namespace}.svc slots={slots}\n" for i in range(workers))
+
+
+def _containers(manifest: dict, replica: str) -> dict[str, dict]:
+    spec = manifest["spec"]["mpiReplicaSpecs"][replica]["template"]["spec"]
+    return {c["name"]: c for c in spec["containers"]}
+
+
+def _container_env(container: dict, values: dict[str, str]) -> dict[str, str]:
+    """A container's ``env``: plain values, and ``valueFrom`` entries from ``values`` (the downward API)."""
+    env = {}
+    for item in container.get("env", []):
+        env[item["name"]] = item["value"] if "value" in item else values[item["name"]]
+    return env
+
+
+def _expand(command: list[str], env: dict[str, str]) -> list[str]:
+    """The kubelet's ``$(VAR)`` expansion of a container's command."""
+    return [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), word) for word in command]
+
+
+def _pod_command(python: Path, root: Path, state: Path, hosts: list[str], command: list[str]) -> list[str]:
+    return [
+        "unshare", "-m", str(python), "-m", MODULE, "pod",
+        "--tree", str(root), "--state", str(state), "--hosts", ",".join(hosts), "--", *command,
+    ]  # fmt: skip
+
+
+def simulate(
+    manifest: dict,
+    work: Path,
+    python: Path | None = None,
+    base_env: dict[str, str] | None = None,
+    timeout: float = 600,
+    echo=print,
+) -> SimulationResult:
+    """Run ``manifest``'s agents and launcher here; returns the launcher's exit code and the outputs.
+
+    ``python`` is the image's interpreter (default: local mode's container environment, .venv-toolkit);
+    ``base_env`` what the image and the service account give every container (S3 credentials).
+    """
+    python = check_toolkit_host(python)
+    work = Path(work)
+    name = manifest["metadata"]["name"]
+    workers = manifest["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"]
+    hosts = [line.split()[0] for line in hostfile_text(manifest).splitlines()]
+    (work / "hostfile").write_text(hostfile_text(manifest))
+    image_env = dict(base_env if base_env is not None else os.environ)
+    image_env.setdefault("LD_LIBRARY_PATH", "")  # the image sets it (CUDA); the launcher passes it on
+    image_env["PATH"] = os.pathsep.join([str(python.parent), "/usr/local/bin", "/usr/bin", "/bin"])
+    for name in ("PYTHONPATH", ROOT_ENV):  # the pods' /opt/ml is /opt/ml
+        image_env.pop(name, None)
+    worker_containers = _containers(manifest, "Worker")
+    (agent_container,) = [c for n, c in worker_containers.items() if n == "pipe-agent"]
+    roots, agents = [], []
+    try:
+        for index in range(workers):
+            pod = work / f"worker-{index}"
+            root = pod / "opt_ml"
+            root.mkdir(parents=True)
+            roots.append(root)
+            worker_env = {**image_env, **_container_env(worker_containers["worker"], {})}
+            (pod / "env.json").write_text(json.dumps(worker_env))  # what sshd gives remote commands
+            agent_env = {**image_env, **_container_env(agent_container, {"NODE_INDEX": str(index)})}
+            command = _expand(agent_container["command"], agent_env)
+            agents.append(
+                subprocess.Popen(
+                    _pod_command(python, root, pod / "agent-state", hosts, command),
+                    env=agent_env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
+        for root, agent in zip(roots, agents):
+            wait_ready(root, AGENT_READY_S, agent)  # launcherCreationPolicy: WaitForWorkersReady
+        echo(f"k8s simulation: {workers} worker(s) of {name} ready; starting the launcher")
+        launcher_env = {
+            **image_env,
+            **_container_env(_containers(manifest, "Launcher")["launcher"], {}),
+            # what mpi-operator sets on the launcher for Open MPI, with this module standing in for ssh
+            "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+            "OMPI_MCA_orte_default_hostfile": str(work / "hostfile"),
+            "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
+            "OMPI_MCA_plm_rsh_agent": f"{python} -m {MODULE} ssh",
+            SIM_DIR_ENV: str(work),
+        }
+        (launcher,) = _containers(manifest, "Launcher").values()
+        try:
+            proc = subprocess.run(
+                launcher["command"],
+                env=launcher_env,
+                cwd=work,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                timeout=timeout,
+                start_new_session=True,
+            )
+            code, out = proc.returncode, proc.stdout
+        except subprocess.TimeoutExpired as exc:
+            code, out = (
+                124,
+                (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else "",
+            )
+        echo(f"k8s simulation: launcher exited with code {code}")
+    finally:
+        outputs = [_stop(agent) for agent in agents]  # the worker pods are deleted: SIGTERM
+    return SimulationResult(code, out, outputs, roots)
+
+
+def _run_launcher(command: list[str], env: dict[str, str], cwd: Path, timeout: float) -> tuple[int, str]:
+    """The launcher's command in a session of its own (mpirun, its ssh stand-ins, the orteds, the
+    ranks), all killed if it runs past ``timeout`` (code 124, as timeout(1) reports it)."""
+    proc = subprocess.Popen(
+        command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return 124, out + f"\nk8s simulation: the launcher ran past {timeout:.0f} s and was killed"
+
+
+def _stop(agent: subprocess.Popen) -> str:
+    if agent.poll() is None:
+        os.killpg(agent.pid, signal.SIGTERM)
+    try:
+        out, _ = agent.communicate(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(agent.pid, signal.SIGKILL)
+        out, _ = agent.communicate()
+    return out
+
+
+def _ssh(argv: list[str]) -> None:
+    """``ssh [-o opt]... [-x] host command...`` run in that worker's pod, with its container's environment."""
+    while argv and argv[0].startswith("-"):
+        argv = argv[2:] if argv[0] == "-o" else argv[1:]
+    host, command = argv[0], " ".join(argv[1:])
+    match = _WORKER.search(host)
+    if not match:
+        raise SystemExit(f"k8s simulation ssh: {host!r} is not a worker of the simulated MPIJob")
+    pod = Path(os.environ[SIM_DIR_ENV]) / f"worker-{match.group(1)}"
+    env = json.loads((pod / "env.json").read_text())
+    env[SIM_DIR_ENV] = os.environ[SIM_DIR_ENV]
+    state = Path(tempfile.mkdtemp(prefix="ssh-", dir=pod))
+    hosts = [host]
+    os.execvpe(
+        "unshare",
+        _pod_command(Path(sys.executable), pod / "opt_ml", state, hosts, ["/bin/sh", "-c", command]),
+        env,
+    )
+
+
+def _pod(argv: list[str]) -> None:
+    """Inside a new mount namespace: the pod's ``/opt/ml``, then the container's command."""
+    split = argv.index("--")
+    options, command = dict(zip(argv[:split:2], argv[1:split:2])), argv[split + 1 :]
+    prepare_host(Path(options["--tree"]), Path(options["--state"]), options["--hosts"].split(","))
+    if not Path(DEFAULT_ROOT).samefile(options["--tree"]):
+        raise SystemExit(f"k8s simulation: {DEFAULT_ROOT} is not the pod's tree after mounting it")
+    os.execvp(command[0], command)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["ssh"]:
+        _ssh(argv[1:])
+    elif argv[:1] == ["pod"]:
+        _pod(argv[1:])
+    else:
+        raise SystemExit(
+            f"usage: python -m {__name__} ssh HOST COMMAND... | pod --tree T --state S --hosts H -- CMD"
+        )
+
+
+if __name__ == "__main__":
+    main()
