@@ -71,6 +71,7 @@ _MODULE_MARKERS = {
     "test_horovod_training": ("slow", "horovod", "tensorflow"),
     "test_local_job": ("slow", "horovod", "tensorflow"),
     "test_toolkit_launcher": ("slow", "horovod", "tensorflow"),
+    "test_mwms_job": ("slow", "tensorflow"),
     "test_notebook": ("slow", "horovod", "tensorflow"),
     "test_horovod_keras": ("tensorflow",),
     "test_checkpoints": ("tensorflow",),
