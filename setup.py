@@ -13,6 +13,9 @@ SDK = [
 LOCAL = ["moto[server,s3]>=5.1,<6", "crc32c>=2.4,<3"]
 RUNTIME = ["crc32c>=2.4,<3", "numpy>=1.23,<3", "boto3>=1.34,<2"]  # numpy: vectorised record framing
 TENSORFLOW = ["tensorflow-cpu==2.15.1"]
+# distribution tf-mwms on the current DLC's TensorFlow (Keras 3, no Horovod); CI checks it in a venv of
+# its own (scripts/tf-latest-check.sh). This TF wheel leaves TensorBoard out.
+TF_LATEST = ["tensorflow-cpu==2.21.0", "tensorboard==2.21.0"]
 HOROVOD = ["horovod==0.28.1"]
 DEV = [
     "pytest>=8,<10",
@@ -40,6 +43,7 @@ setup(
         "sdk": SDK,
         "runtime": RUNTIME,
         "tensorflow": TENSORFLOW + RUNTIME,
+        "tf-latest": TF_LATEST + RUNTIME,
         "horovod": HOROVOD,
         "local": SDK + LOCAL,
         "dev": DEV + RUNTIME,

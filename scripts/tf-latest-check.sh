@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Run the demo with distribution tf-mwms on the current SageMaker TF DLC's TensorFlow (2.21, Keras 3,
+# Python 3.12), its ranks in a virtual environment of their own (.venv-tf-latest; the SDK side stays
+# in .venv, made by scripts/setup.sh). Idempotent: a second run only checks what is there.
+# Usage: scripts/tf-latest-check.sh        (CI runs it after the tests)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${TF_LATEST_VENV:-.venv-tf-latest}
+if [ -z "${TF_LATEST_PYTHON:-}" ]; then
+  # pyenv's shim exists even where 3.12 is not selected: take a Python that runs
+  for candidate in python3.12 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python; do
+    if "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
+      TF_LATEST_PYTHON=$candidate
+      break
+    fi
+  done
+fi
+if [ -z "${TF_LATEST_PYTHON:-}" ]; then
+  echo "tf-latest-check: no Python 3.12 (the DLC's); set TF_LATEST_PYTHON=/path/to/python3.12" >&2
+  exit 2
+fi
+if [ ! -x .venv/bin/sagemaker-dist ]; then
+  echo "tf-latest-check: run scripts/setup.sh first (the SDK side runs in .venv)" >&2
+  exit 2
+fi
+if ! "$VENV/bin/python" -c 'import tensorflow, tensorboard, sagemaker_dist.runtime' 2>/dev/null; then
+  "$TF_LATEST_PYTHON" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade "pip>=24"
+  "$VENV/bin/python" -m pip install -q -e ".[tf-latest]"
+fi
+"$VENV/bin/python" -c 'import tensorflow as tf, keras; print("TensorFlow", tf.__version__, "Keras", keras.__version__)'
+started=$(date +%s)
+.venv/bin/sagemaker-dist local --demo --distribution tf-mwms --container-python "$VENV/bin/python" --timeout 600
+echo "tf-latest-check: the tf-mwms demo ended 0 on TF $("$VENV/bin/python" -c 'import tensorflow as tf; print(tf.__version__)') in $(( $(date +%s) - started )) s"
