@@ -15,14 +15,22 @@ from sagemaker_dist.local.demo_data import write_demo_data
 SCRIPTS = Path(__file__).resolve().parents[1] / "helpers" / "local_scripts"
 
 
-def _uneven_request(s3, bucket, hps, distribution="tf-mwms"):
+def _uneven_request(s3, bucket, hps, distribution="tf-mwms", **kwargs):
     """2 hosts; host 0's shard is 1 file of 32 records, host 1's is 5 (no counts anywhere)."""
     for name, files in (("one", 1), ("five", 5)):
         write_demo_data(
             f"s3://{bucket}/{name}/", files=files, records_per_file=32, validation_files=1, client=s3
         )
     estimator = demo_estimator(
-        bucket, 2, 1, "Pipe", hps, source_dir=SCRIPTS, entry_point="mwms_steps.py", distribution=distribution
+        bucket,
+        2,
+        1,
+        "Pipe",
+        hps,
+        source_dir=SCRIPTS,
+        entry_point="mwms_steps.py",
+        distribution=distribution,
+        **kwargs,
     )
     inputs = {"train": [f"s3://{bucket}/one/train/", f"s3://{bucket}/five/train/"]}
     return estimator.prepare(inputs, printer=None, backend=LocalBackend()).request
@@ -63,3 +71,21 @@ def test_mpirun_is_refused_for_a_strategy_job(s3, bucket, tmp_path):
     request = _uneven_request(s3, bucket, {"epochs": 1})
     with pytest.raises(LocalJobError, match="launcher 'mpirun' is for Horovod jobs"):
         run_local(request, SCRIPTS, launcher="mpirun", work_dir=tmp_path, echo=lambda _: None)
+
+
+def test_a_rerun_resumes_every_worker_from_the_chiefs_newest_checkpoint(s3, bucket, tmp_path):
+    """Only the chief's checkpoints reach S3; a rerun restores them onto every host, and both workers
+    start at the epoch after the newest."""
+    checkpoint = f"s3://{bucket}/ckpt/mwms"
+    first = _uneven_request(s3, bucket, {"epochs": 2}, checkpoint_s3_uri=checkpoint)
+    run_local(first, SCRIPTS, work_dir=tmp_path, echo=lambda _: None, timeout=240)
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix="ckpt/mwms/")["Contents"]
+    metas = [o["Key"] for o in listed if o["Key"].endswith("meta.json")]
+    assert metas == ["ckpt/mwms/epoch-00001/meta.json", "ckpt/mwms/epoch-00002/meta.json"]
+    assert all('"rank": 0' in s3.get_object(Bucket=bucket, Key=k)["Body"].read().decode() for k in metas)
+    lines = []
+    rerun = _uneven_request(s3, bucket, {"epochs": 3}, checkpoint_s3_uri=checkpoint)
+    run_local(rerun, SCRIPTS, work_dir=tmp_path, echo=lines.append, timeout=240)
+    done = sorted(line.split("] ", 1)[1] for line in lines if "DONE worker=" in line)
+    assert done == ["DONE worker=0 initial_epoch=2", "DONE worker=1 initial_epoch=2"], lines[-30:]
+    assert sorted(re.findall(r"STEPS worker=(\d) epoch=(\d)", "\n".join(lines))) == [("0", "2"), ("1", "2")]

@@ -41,4 +41,4 @@ with hv.scope():
     model.compile(hv.optimizer, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 batches = rank_dataset("train", "TFRecord").map(parse).batch(args.batch_size, drop_remainder=True)
 model.fit(hv.train_epoch(batches), epochs=args.epochs, **hv.fit_kwargs(callbacks=[StepCounter()]))
-print(f"DONE worker={hv.rank}", flush=True)
+print(f"DONE worker={hv.rank} initial_epoch={hv.initial_epoch}", flush=True)
