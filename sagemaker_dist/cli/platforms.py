@@ -75,6 +75,44 @@ def register(subparsers) -> None:
     _add_endpoint_args(k)
     k.set_defaults(func=k8s_command)
 
+    s = subparsers.add_parser(
+        "slurm",
+        help="write (and submit) an sbatch script: a pipe agent per node, the ranks with srun --mpi=pmix",
+        description=(
+            "Plan the job as for SageMaker (shards, manifests, source package and the request, uploaded to "
+            "S3), then write an sbatch script: one pipe agent per node in the background, the ranks with "
+            "srun --mpi=pmix (an MPI-built Horovod), a failing rank failing the job. --submit runs sbatch on "
+            "the cluster $SLURM_CONF names; --wait waits and exits with the job's exit code. S3 as for "
+            "'local': embedded (only with --wait: it lives as long as this command) unless --bucket or "
+            "--endpoint-url."
+        ),
+    )
+    what = s.add_mutually_exclusive_group(required=True)
+    what.add_argument("--demo", action="store_true", help="the CIFAR-10-shaped demo job (writes its data)")
+    what.add_argument("--request", type=Path, help="a CreateTrainingJob request as JSON (launch --dry-run)")
+    s.add_argument("--nodes", type=int, help="nodes, for --demo (default 2)")
+    s.add_argument("--tasks-per-node", type=int, help="ranks per node (default: its GPUs, else 1)")
+    gpus = s.add_mutually_exclusive_group()
+    gpus.add_argument("--gpus-per-node", type=int, help="GPUs per node (default 0: CPU nodes)")
+    gpus.add_argument(
+        "--instance-type", help="the nodes' SageMaker type (HyperPod: ml.p5.48xlarge, ...): its GPUs"
+    )
+    s.add_argument("--epochs", type=int, help="for --demo: -p epochs=N")
+    s.add_argument("--python", help="the nodes' Python with Horovod (MPI), TensorFlow, sagemaker-dist "
+                   "(default: this one)")  # fmt: skip
+    s.add_argument("--partition", help="#SBATCH --partition")
+    s.add_argument(
+        "--spec-uri", help="where to upload the request (default <output path>/<job>/spec/request.json)"
+    )
+    s.add_argument("-o", "--output", type=Path, help="the script's path (default ./<job name>.sbatch)")
+    s.add_argument("--submit", action="store_true", help="run sbatch on the cluster $SLURM_CONF names")
+    s.add_argument(
+        "--wait", action="store_true", help="with --submit: wait, print its output, exit with its code"
+    )
+    s.add_argument("--timeout", type=float, help="with --wait: cancel the job after this many seconds")
+    _add_endpoint_args(s)
+    s.set_defaults(func=slurm_command)
+
 
 def pipe_agent_command(args) -> int:
     from sagemaker_dist.local.endpoint import s3_client
@@ -103,7 +141,8 @@ def k8s_command(args) -> int:
 
     from sagemaker_dist.local.demo import DEMO_BUCKET, prepare_demo_job
     from sagemaker_dist.local.endpoint import s3_client
-    from sagemaker_dist.platforms.k8s_mpijob import MPIJobOptions, plan_mpijob, slots_per_worker, to_yaml
+    from sagemaker_dist.platforms.k8s_mpijob import MPIJobOptions, plan_mpijob, to_yaml
+    from sagemaker_dist.platforms.node_plan import ranks_per_node
 
     request = None
     if args.request:  # before anything is written: a bad file or option fails at once
@@ -120,7 +159,7 @@ def k8s_command(args) -> int:
     if args.demo:
         if count < 1:
             raise ConfigurationError(f"--instance-count {count}: give at least 1 worker")
-        per_host, _ = slots_per_worker(instance_type, args.processes_per_host)  # GPU checks before any S3
+        per_host, _ = ranks_per_node(instance_type, args.processes_per_host)  # GPU checks before any S3
     bucket = args.bucket or DEMO_BUCKET
     with ExitStack() as stack:
         url = stack.enter_context(_endpoint(args))
@@ -152,6 +191,115 @@ def k8s_command(args) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _demo_request(args, bucket: str, nodes: int, tasks: int, instance_type: str | None) -> dict:
+    from sagemaker_dist.local.demo import prepare_demo_job
+
+    hps = {"epochs": args.epochs} if args.epochs is not None else {}
+    request = prepare_demo_job(bucket, nodes, tasks, hyperparameters=hps, printer=None).request
+    if instance_type:
+        request["ResourceConfig"]["InstanceType"] = instance_type  # the demo plans for CPU; run on these
+    return request
+
+
+def _upload_spec(request: dict, spec_uri: str) -> None:
+    import json
+
+    from sagemaker_dist.local.endpoint import s3_client
+
+    bucket, _, key = spec_uri.removeprefix("s3://").partition("/")
+    s3_client().put_object(Bucket=bucket, Key=key, Body=json.dumps(request).encode())
+
+
+def _write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(text)
+    tmp.chmod(mode)
+    tmp.replace(path)
+
+
+def _refuse_with_request(args, flags: dict) -> None:
+    given = [flag for flag, value in flags.items() if value is not None]
+    if given:
+        raise ConfigurationError(
+            f"{', '.join(given)} cannot be combined with --request: the request says it "
+            "(ResourceConfig, HyperParameters); edit it instead"
+        )
+
+
+def slurm_command(args) -> int:
+    import sys
+    from contextlib import ExitStack
+
+    from sagemaker_dist.local.demo import DEMO_BUCKET
+    from sagemaker_dist.platforms.node_plan import ranks_per_node
+    from sagemaker_dist.platforms.slurm import SlurmOptions, check_tasks, sbatch_script
+    from sagemaker_dist.platforms.slurm_submit import check_slurm_client, submit, wait_for_job
+
+    # every check before anything is written or submitted
+    if args.wait and not args.submit:
+        raise ConfigurationError("--wait waits for a submitted job: add --submit")
+    if args.submit:
+        check_slurm_client()
+        if not args.wait and not (args.bucket or args.endpoint_url):
+            raise ConfigurationError(
+                "--submit without --wait needs S3 that outlives this command (the embedded endpoint stops "
+                "with it): give --bucket (real S3) or --endpoint-url, or add --wait"
+            )
+    request = None
+    if args.request:
+        _refuse_with_request(
+            args, {"--nodes": args.nodes, "--epochs": args.epochs, "--tasks-per-node": args.tasks_per_node}
+        )
+        request = _read_request(args.request)
+    if args.instance_type:
+        tasks, gpus = ranks_per_node(args.instance_type, args.tasks_per_node)
+    else:
+        gpus = args.gpus_per_node or 0
+        tasks = args.tasks_per_node or gpus or 1
+    check_tasks(tasks, gpus)
+    nodes = 2 if args.nodes is None else args.nodes
+    if nodes < 1:
+        raise ConfigurationError(f"--nodes {nodes}: give at least 1")
+    bucket = args.bucket or DEMO_BUCKET
+    with ExitStack() as stack:
+        url = stack.enter_context(_endpoint(args))
+        if url:
+            _ensure_bucket(bucket)
+        if args.demo:
+            request = _demo_request(args, bucket, nodes, tasks, args.instance_type)
+        spec_uri = args.spec_uri or _default_spec_uri(request)
+        script_path = (args.output or Path(f"{request['TrainingJobName']}.sbatch")).resolve()
+        options = SlurmOptions(
+            spec=spec_uri,
+            python=args.python or sys.executable,
+            gpus_per_node=gpus,
+            partition=args.partition,
+            output=str(script_path.parent / "%x-%j.out"),
+            endpoint_url=args.endpoint_url,
+        )
+        script = sbatch_script(request, options)  # checks the request before anything is written
+        _upload_spec(request, spec_uri)
+        _write_atomically(script_path, script, 0o755)
+        print(f"wrote {script_path}; the job spec is {spec_uri}", file=sys.stderr)
+        if not args.submit:
+            return 0
+        job_id = submit(script_path)
+        print(f"submitted slurm job {job_id}", file=sys.stderr)
+        if not args.wait:
+            return 0
+        code, fields = wait_for_job(
+            job_id, echo=lambda line: print(line, file=sys.stderr), timeout=args.timeout
+        )
+    output = Path(fields.get("StdOut", ""))
+    if output.is_file():
+        sys.stdout.write(output.read_text(errors="replace"))
+    print(
+        f"slurm job {job_id} ended {fields.get('JobState')} with exit code {code}; output {output}",
+        file=sys.stderr,
+    )
+    return code
 
 
 def _default_spec_uri(request: dict) -> str:

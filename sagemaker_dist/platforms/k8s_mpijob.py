@@ -17,13 +17,9 @@ from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract import toolkit
 from sagemaker_dist.contract.paths import DEFAULT_ROOT
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.launch.instances import (
-    ProcessesPerHostError,
-    UnknownInstanceTypeError,
-    gpus_per_instance,
-    normalize_instance_type,
-)
+from sagemaker_dist.launch.instances import normalize_instance_type
 from sagemaker_dist.local.job import LocalJobSpec
+from sagemaker_dist.platforms.node_plan import ranks_per_node
 from sagemaker_dist.platforms.pipe_agent import READY_FILE
 
 API_VERSION = "kubeflow.org/v2beta1"
@@ -67,26 +63,6 @@ class MPIJobOptions:
     endpoint_url: str | None = None  # another S3 endpoint, for agents and ranks
     processes_per_host: int | None = None  # fewer ranks than GPUs, or the count of a CPU type
     toolkit_version: str = toolkit.DEFAULT_TOOLKIT_VERSION
-
-
-def slots_per_worker(instance_type: str, processes_per_host: int | None) -> tuple[int, int]:
-    """(ranks per worker, GPUs per worker): the type's GPUs, or fewer; a CPU type needs the count."""
-    try:
-        gpus = gpus_per_instance(instance_type)
-    except UnknownInstanceTypeError as exc:
-        if processes_per_host is None:
-            raise MPIJobError(
-                f"{instance_type!r} has no GPUs sagemaker-dist knows of, and a Horovod GPU job needs them: "
-                f"use a GPU type (ml.p4d.24xlarge, ml.g5.12xlarge, ...), or give --processes-per-host N to "
-                f"run N CPU ranks per worker ({exc})"
-            ) from None
-        return processes_per_host, 0
-    if processes_per_host is not None and processes_per_host > gpus:
-        raise ProcessesPerHostError(
-            f"{processes_per_host} ranks per worker but {normalize_instance_type(instance_type)} has {gpus} "
-            f"GPU(s): Horovod runs one rank per GPU, so use at most {gpus}"
-        )
-    return (processes_per_host or gpus), gpus
 
 
 def mpirun_options(custom: str) -> list[str]:
@@ -143,7 +119,7 @@ def plan_mpijob(request: dict, options: MPIJobOptions) -> dict:
     """The MPIJob that runs ``request`` (a CreateTrainingJob request): one worker per instance."""
     job = LocalJobSpec.from_request(request, toolkit_version=options.toolkit_version)
     instance_type = normalize_instance_type((request.get("ResourceConfig") or {}).get("InstanceType", ""))
-    slots, gpus = slots_per_worker(instance_type, options.processes_per_host)
+    slots, gpus = ranks_per_node(instance_type, options.processes_per_host)
     if slots != job.processes_per_host:
         raise MPIJobError(
             f"the request runs {job.processes_per_host} rank(s) per host but {slots} slot(s) per worker "

@@ -13,6 +13,12 @@ from dataclasses import dataclass
 
 from sagemaker_dist.contract.rank_slots import RankSlot, rank_slots
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.launch.instances import (
+    ProcessesPerHostError,
+    UnknownInstanceTypeError,
+    gpus_per_instance,
+    normalize_instance_type,
+)
 from sagemaker_dist.local.channel_objects import ChannelSpec
 from sagemaker_dist.local.job import LocalJobSpec
 from sagemaker_dist.local.opt_ml import host_names
@@ -46,6 +52,27 @@ class NodePlan:
             f"node {self.node_index} ({self.host}) of {self.job.hosts}, job {self.job.name}: "
             f"rank(s) {', '.join(map(str, self.ranks))}; channels {names}"
         )
+
+
+def ranks_per_node(instance_type: str, processes_per_host: int | None) -> tuple[int, int]:
+    """(ranks per node, GPUs per node) on ``instance_type``: its GPUs, or fewer; a CPU type needs the
+    count (the rule of ``launch.instances.processes_per_host``, said for a node rather than a host)."""
+    try:
+        gpus = gpus_per_instance(instance_type)
+    except UnknownInstanceTypeError as exc:
+        if processes_per_host is None:
+            raise NodePlanError(
+                f"{instance_type!r} has no GPUs sagemaker-dist knows of, and a Horovod GPU job needs them: "
+                f"use a GPU type (ml.p4d.24xlarge, ml.g5.12xlarge, ...), or give --processes-per-host N to "
+                f"run N CPU ranks per node ({exc})"
+            ) from None
+        return processes_per_host, 0
+    if processes_per_host is not None and processes_per_host > gpus:
+        raise ProcessesPerHostError(
+            f"{processes_per_host} ranks per node but {normalize_instance_type(instance_type)} has {gpus} "
+            f"GPU(s): Horovod runs one rank per GPU, so use at most {gpus}"
+        )
+    return (processes_per_host or gpus), gpus
 
 
 def parse_ranks(text: str) -> list[int]:

@@ -20,7 +20,8 @@ import jsonschema
 import pytest
 import yaml
 
-from sagemaker_dist.platforms.k8s_mpijob import MPIJobError, check_name, mpirun_options, slots_per_worker
+from sagemaker_dist.platforms.k8s_mpijob import MPIJobError, check_name, mpirun_options
+from sagemaker_dist.platforms.node_plan import ranks_per_node
 
 CLI = [sys.executable, "-m", "sagemaker_dist.cli", "k8s"]
 FIXTURE = Path(__file__).parent / "fixtures" / "mpijob_v2beta1_openapi.json"
@@ -183,11 +184,11 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path):
     assert cpu.returncode == 2 and "'ml.c5.18xlarge' has no GPUs" in cpu.stderr, cpu.stderr
     assert "--processes-per-host" in cpu.stderr
     many = _k8s("--demo", "--processes-per-host", 9, "--endpoint-url", "http://127.0.0.1:9", env=nowhere)
-    assert many.returncode == 2 and "9 ranks per worker but ml.p4d.24xlarge has 8 GPU(s)" in many.stderr
+    assert many.returncode == 2 and "9 ranks per node but ml.p4d.24xlarge has 8 GPU(s)" in many.stderr
     with pytest.raises(MPIJobError, match="DNS-1035"):
         check_name("x" * 60, 2)
-    assert slots_per_worker("ml.g5.12xlarge", None) == (4, 4)
-    assert slots_per_worker("ml.c5.xlarge", 2) == (2, 0)  # a CPU job says so
+    assert ranks_per_node("ml.g5.12xlarge", None) == (4, 4)
+    assert ranks_per_node("ml.c5.xlarge", 2) == (2, 0)  # a CPU job says so
     assert mpirun_options("-x A=1 --NCCL_DEBUG INFO -mca btl ^openib") == [
         "-x", "A=1", "-x", "NCCL_DEBUG=INFO", "-mca", "btl", "^openib"
     ]  # fmt: skip

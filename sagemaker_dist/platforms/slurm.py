@@ -1,0 +1,143 @@
+"""The job as an sbatch script, as text: one pipe agent per node in the background, then the ranks with
+``srun --mpi=pmix`` (an MPI-built Horovod), each in its node's /opt/ml tree. Pure: no I/O.
+
+Every node's tree is ``$SD_ROOT/node-<SLURM_NODEID>`` (node-local ``/tmp`` by default; the node id
+keeps trees apart where several slurmds share one file system). Ranks get it as
+``$SAGEMAKER_DIST_OPT_ML`` and start in its ``code/``, with the arguments the sagemaker-training
+toolkit would pass. ``srun --kill-on-bad-exit=1 --label`` stops every rank when one fails and says
+which (``srun: error: n2: task 1: Exited with exit code 3``); the script exits with the step's code.
+Checkpoints (CheckpointConfig.S3Uri) are synced by each node's agent; rank 0 syncs TensorBoard.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass
+
+from sagemaker_dist.contract import toolkit
+from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.local.job import LocalJobSpec
+from sagemaker_dist.platforms.pipe_agent import READY_FILE
+
+AGENT_STEP = "sagemaker-dist-pipe-agents"  # the agents' step name, to signal that step alone
+DEFAULT_ROOT_BASE = "/tmp/sagemaker-dist-$SLURM_JOB_ID"  # expanded by the batch shell
+
+
+class SlurmJobError(ConfigurationError):
+    """A job that cannot run under Slurm as asked; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What the request does not say: where the spec is, which Python, the allocation's extras."""
+
+    spec: str  # the request: a path every node can read, or an s3:// URI
+    python: str = "python3"  # with Horovod built with MPI, TensorFlow and sagemaker-dist
+    gpus_per_node: int = 0
+    partition: str | None = None
+    output: str = "%x-%j.out"
+    root_base: str = DEFAULT_ROOT_BASE
+    endpoint_url: str | None = None
+    agent_ready_seconds: int = 300
+    toolkit_version: str = toolkit.DEFAULT_TOOLKIT_VERSION
+
+
+def check_tasks(tasks_per_node: int, gpus_per_node: int) -> None:
+    """One rank per GPU: more tasks per node than GPUs is refused (0 GPUs: a CPU job, any count)."""
+    if tasks_per_node < 1:
+        raise SlurmJobError(f"--tasks-per-node {tasks_per_node}: give at least 1")
+    if gpus_per_node and tasks_per_node > gpus_per_node:
+        raise SlurmJobError(
+            f"{tasks_per_node} tasks per node but {gpus_per_node} GPU(s) per node: Horovod runs one rank per "
+            f"GPU, so use --tasks-per-node {gpus_per_node} or fewer"
+        )
+
+
+def _q(words) -> str:
+    return " ".join(shlex.quote(str(w)) for w in words)
+
+
+def sbatch_script(request: dict, options: SlurmOptions) -> str:
+    """The sbatch script that runs ``request`` on InstanceCount nodes x processes-per-host tasks."""
+    job = LocalJobSpec.from_request(request, toolkit_version=options.toolkit_version)
+    check_tasks(job.processes_per_host, options.gpus_per_node)
+    nodes, tasks = job.hosts, job.processes_per_host
+    argv = toolkit.script_argv(job.hyperparameters, options.toolkit_version, {"HOME": "/root"}, None)
+    max_run = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
+    directives = [
+        f"--job-name={job.name}",
+        f"--nodes={nodes}",
+        f"--ntasks-per-node={tasks}",
+        f"--output={options.output}",
+    ]
+    if options.gpus_per_node:
+        directives.append(f"--gpus-per-node={options.gpus_per_node}")
+    if max_run:
+        directives.append(f"--time={math.ceil(int(max_run) / 60)}")  # minutes: SageMaker's MaxRuntime
+    if options.partition:
+        directives.append(f"--partition={options.partition}")
+    per_node = f"--nodes={nodes} --ntasks={nodes} --ntasks-per-node=1"
+    endpoint = (
+        f"export AWS_ENDPOINT_URL={shlex.quote(options.endpoint_url)}\n" if options.endpoint_url else ""
+    )
+    agent = _q([options.python, "-m", "sagemaker_dist.cli", "pipe-agent", "--spec", options.spec])
+    ranks = _q([options.python, job.entry_point, *argv])
+    wait_ready = (
+        f"for i in $(seq {options.agent_ready_seconds * 2}); do "
+        f'[ -f "$SD_ROOT/node-$SLURM_NODEID/{READY_FILE}" ] && exit 0; sleep 0.5; done; '
+        f'echo "node $SLURM_NODEID: its pipe agent was not ready after {options.agent_ready_seconds} s" >&2; '
+        "exit 1"
+    )
+    in_tree = (  # the runtime reads mpirun's rank variables; under srun, Slurm's say the same
+        'export SAGEMAKER_DIST_OPT_ML="$SD_ROOT/node-$SLURM_NODEID" OMPI_COMM_WORLD_RANK="$SLURM_PROCID" '
+        f'OMPI_COMM_WORLD_SIZE="$SLURM_NTASKS" OMPI_COMM_WORLD_LOCAL_RANK="$SLURM_LOCALID" '
+        f"OMPI_COMM_WORLD_LOCAL_SIZE={tasks}; "
+        'cd "$SAGEMAKER_DIST_OPT_ML/code" && exec "$0" "$@"'
+    )
+    failed = "the training step failed with exit code $STATUS; srun's 'task N' lines above name the rank(s)"
+    return f"""#!/bin/bash
+# Written by sagemaker-dist slurm: job {job.name}, {nodes} node(s) x {tasks} rank(s), Pipe-mode FIFOs
+# fed by one pipe agent per node.
+{chr(10).join("#SBATCH " + d for d in directives)}
+set -uo pipefail
+export SD_ROOT="${{SAGEMAKER_DIST_ROOT_BASE:-{options.root_base}}}"  # each node's tree: $SD_ROOT/node-<id>
+{endpoint}
+# One pipe agent per node, in the background: it writes the node's /opt/ml tree and feeds its FIFOs.
+srun --overlap {per_node} --kill-on-bad-exit=1 --label --job-name={AGENT_STEP} \\
+  sh -c 'exec "$0" "$@" --node-index "$SLURM_NODEID" --root "$SD_ROOT/node-$SLURM_NODEID"' \\
+  {agent} &
+AGENTS=$!
+stop_agents() {{  # SIGTERM to each agent (a SIGTERM to srun itself would end them with SIGKILL)
+  local step
+  step=$(squeue -h -s -j "$SLURM_JOB_ID" -o "%i %j" | awk '$2 == "{AGENT_STEP}" {{print $1}}')
+  if [ -n "$step" ]; then scancel --signal=TERM "$step"; else kill "$AGENTS" 2>/dev/null; fi
+  wait "$AGENTS"
+}}
+trap 'stop_agents; exit 143' TERM INT
+
+# Start the ranks once every node's agent is feeding (and stop if an agent fails first).
+srun --overlap {per_node} sh -c {shlex.quote(wait_ready)} &
+WAITER=$!
+while kill -0 "$WAITER" 2>/dev/null; do
+  if ! kill -0 "$AGENTS" 2>/dev/null; then
+    echo "sagemaker-dist: a pipe agent stopped before the ranks started (its error is above)" >&2
+    kill "$WAITER" 2>/dev/null; exit 1
+  fi
+  sleep 0.5
+done
+if ! wait "$WAITER"; then stop_agents; exit 1; fi
+
+srun --overlap --mpi=pmix --nodes={nodes} --ntasks-per-node={tasks} --kill-on-bad-exit=1 --label \\
+  sh -c {shlex.quote(in_tree)} \\
+  {ranks}
+STATUS=$?
+stop_agents
+# the trees go with the job (outputs are in S3); SAGEMAKER_DIST_KEEP_ROOT=1 keeps them
+[ -n "${{SAGEMAKER_DIST_KEEP_ROOT:-}}" ] ||
+  srun --overlap {per_node} sh -c 'rm -rf "$SD_ROOT/node-$SLURM_NODEID"'
+if [ "$STATUS" -ne 0 ]; then
+  echo "sagemaker-dist: {failed}" >&2
+fi
+exit "$STATUS"
+"""

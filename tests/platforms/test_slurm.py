@@ -1,0 +1,170 @@
+"""``sagemaker-dist slurm``: the sbatch script, bad input refused before anything is written or
+submitted, and (slow) the demo and a failing-rank job on a private 2-node Slurm cluster
+(``scripts/slurm-cluster.sh``) with S3 on a moto server over HTTP."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sagemaker_dist.local.backend import LocalBackend
+from sagemaker_dist.local.demo import demo_estimator, prepare_demo_job
+from sagemaker_dist.local.demo_data import write_demo_data
+from sagemaker_dist.platforms.slurm import SlurmJobError, SlurmOptions, check_tasks, sbatch_script
+
+REPO = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "sagemaker_dist.cli", "slurm"]
+DEAD_ENDPOINT = "http://127.0.0.1:9"  # any S3 call would fail: the checks come first
+
+
+def _slurm(*args, env=None, cwd=None, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd
+    )
+
+
+def test_the_script_runs_an_agent_per_node_then_the_ranks_with_pmix(s3, bucket, tmp_path):
+    request = prepare_demo_job(bucket, 2, 4, printer=None).request
+    options = SlurmOptions(
+        spec="s3://b/spec.json", python="/opt/py/bin/python", gpus_per_node=4, partition="gpu"
+    )
+    script = sbatch_script(request, options)
+    for directive in (
+        "--nodes=2",
+        "--ntasks-per-node=4",
+        "--gpus-per-node=4",
+        "--partition=gpu",
+        "--time=1440",
+    ):
+        assert f"#SBATCH {directive}\n" in script
+    assert "pipe-agent --spec s3://b/spec.json" in script and '--node-index "$SLURM_NODEID"' in script
+    assert "srun --overlap --mpi=pmix --nodes=2 --ntasks-per-node=4 --kill-on-bad-exit=1 --label" in script
+    assert "/opt/py/bin/python train_cifar10.py --batch_size 32 --epochs 2" in script  # the toolkit's argv
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    with pytest.raises(SlurmJobError, match="4 tasks per node but 2 GPU.s. per node"):
+        sbatch_script(request, SlurmOptions(spec="s3://b/s.json", gpus_per_node=2))
+
+
+def test_bad_input_is_refused_before_anything_is_written(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    env["AWS_ENDPOINT_URL"] = DEAD_ENDPOINT
+    base = ["--demo", "--endpoint-url", DEAD_ENDPOINT]
+
+    def refused(*args, **extra) -> str:
+        proc = _slurm(*base, *args, env={**env, **extra}, cwd=tmp_path)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        return proc.stderr
+
+    assert "SLURM_CONF is not set" in refused("--submit", "--wait")
+    assert "is not a file" in refused("--submit", "--wait", SLURM_CONF=str(tmp_path / "none.conf"))
+    (tmp_path / "slurm.conf").write_text("")
+    no_sbatch = refused("--submit", "--wait", SLURM_CONF=str(tmp_path / "slurm.conf"), PATH=str(tmp_path))
+    assert "sbatch is not on PATH" in no_sbatch
+    assert "5 tasks per node but 4 GPU(s)" in refused("--gpus-per-node", 4, "--tasks-per-node", 5)
+    assert "9 ranks per node but ml.p4d.24xlarge has 8" in refused(
+        "--instance-type", "ml.p4d.24xlarge", "--tasks-per-node", 9
+    )
+    assert "'ml.c5.xlarge' has no GPUs" in refused("--instance-type", "ml.c5.xlarge")
+    assert "--wait waits for a submitted job" in refused("--wait")
+    assert list(tmp_path.iterdir()) == [tmp_path / "slurm.conf"]  # no script written
+    check_tasks(16, 0)  # CPU nodes: any count
+
+
+def _free_ports(count: int) -> int:
+    """The first of ``count`` consecutive free TCP ports on 127.0.0.1."""
+    for _ in range(100):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count > 65535:
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in range(base, base + count):
+                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise AssertionError("no free ports for the Slurm cluster")
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory):
+    """A private 2-node cluster (n1, n2 on 127.0.0.1), up for this module; yields SLURM_CONF."""
+    if os.geteuid() != 0 or not all(shutil.which(t) for t in ("slurmctld", "slurmd", "munged", "sbatch")):
+        pytest.skip("needs root and slurm-wlm, munge (scripts/slurm-cluster.sh)")
+    cluster = tmp_path_factory.mktemp("slurm")
+    env = {**os.environ, "SLURM_CLUSTER_PORT": str(_free_ports(3))}
+    up = subprocess.run(
+        [REPO / "scripts" / "slurm-cluster.sh", "up", cluster], capture_output=True, text=True, env=env
+    )
+    assert up.returncode == 0, up.stderr
+    try:
+        yield up.stdout.strip().removeprefix("export SLURM_CONF=")
+    finally:
+        subprocess.run([REPO / "scripts" / "slurm-cluster.sh", "down", cluster], capture_output=True)
+
+
+@pytest.mark.slow
+@pytest.mark.horovod
+@pytest.mark.tensorflow
+def test_the_demo_trains_on_two_slurm_nodes(slurm_cluster, aws_env, s3, bucket, tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_CONF", slurm_cluster)
+    proc = _slurm(
+        "--demo", "--nodes", 2, "--tasks-per-node", 1, "--submit", "--wait", "--timeout", 400,
+        "--bucket", bucket, "--endpoint-url", aws_env["AWS_ENDPOINT_URL"], cwd=tmp_path, timeout=500,
+    )  # fmt: skip
+    out = proc.stdout
+    assert proc.returncode == 0, out[-6000:] + proc.stderr[-2000:]
+    assert "ended COMPLETED with exit code 0" in proc.stderr
+    assert "0: train epoch ended for every rank after 8 step(s)" in out
+    assert "pipe agent: node 1 (algo-2) of 2" in out and "1: pipe agent: train_1: 2 epoch(s)" in out
+    (script,) = tmp_path.glob("*.sbatch")
+    job = script.stem
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=f"jobs/{job}/").get("Contents", [])]
+    assert f"jobs/{job}/output/model.tar.gz" in keys
+    assert f"jobs/{job}/checkpoints/epoch-00002/meta.json" in keys
+    assert not list(
+        Path("/tmp").glob(f"sagemaker-dist-{proc.stderr.split('submitted slurm job ')[1].split()[0]}/*")
+    )
+
+
+FAILING = """import os, sys, time
+rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+print(f"rank {rank} in {os.getcwd()}", flush=True)
+if rank == 1:
+    sys.exit(3)
+time.sleep(120)
+"""
+
+
+@pytest.mark.slow
+def test_a_failing_rank_fails_the_job_and_the_output_names_it(
+    slurm_cluster, aws_env, s3, bucket, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("SLURM_CONF", slurm_cluster)
+    write_demo_data(f"s3://{bucket}/data/", files=4, records_per_file=4, validation_files=2, client=s3)
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "fail_rank.py").write_text(FAILING)
+    estimator = demo_estimator(bucket, 2, 1, source_dir=source, entry_point="fail_rank.py")
+    request = estimator.prepare(
+        {"train": f"s3://{bucket}/data/train/"}, backend=LocalBackend(), printer=None
+    ).request
+    (tmp_path / "request.json").write_text(json.dumps(request))
+    proc = _slurm(
+        "--request", tmp_path / "request.json", "--submit", "--wait", "--timeout", 200,
+        "--endpoint-url", aws_env["AWS_ENDPOINT_URL"], cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    out = proc.stdout
+    assert proc.returncode not in (0, 2), out + proc.stderr
+    assert "srun: error: n2: task 1: Exited with exit code 3" in out
+    assert "the training step failed with exit code" in out and "ended FAILED" in proc.stderr
