@@ -10,7 +10,7 @@ SDK = [
     "tqdm>=4.66,<5",
 ]
 # Local mode: an embedded S3 endpoint and the record framing of the demo data.
-LOCAL = ["moto[server,s3]>=5.1,<6", "crc32c>=2.4,<3"]
+LOCAL = ["moto[server,s3]>=5.1,<6", "crc32c>=2.4,<3", "pyyaml>=6,<7"]  # pyyaml: sagemaker-dist k8s
 RUNTIME = ["crc32c>=2.4,<3", "numpy>=1.23,<3", "boto3>=1.34,<2"]  # numpy: vectorised record framing
 TENSORFLOW = ["tensorflow-cpu==2.15.1"]
 # distribution tf-mwms on the current DLC's TensorFlow (Keras 3, no Horovod); CI checks it in a venv of
