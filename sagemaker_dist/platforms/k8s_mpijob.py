@@ -19,7 +19,7 @@ from sagemaker_dist.contract.paths import DEFAULT_ROOT
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.launch.instances import normalize_instance_type
 from sagemaker_dist.local.job import LocalJobSpec
-from sagemaker_dist.platforms.node_plan import ranks_per_node
+from sagemaker_dist.platforms.node_plan import check_mpi_job, ranks_per_node
 from sagemaker_dist.platforms.pipe_agent import READY_FILE
 
 API_VERSION = "kubeflow.org/v2beta1"
@@ -118,6 +118,7 @@ def check_name(name: str, workers: int) -> str:
 def plan_mpijob(request: dict, options: MPIJobOptions) -> dict:
     """The MPIJob that runs ``request`` (a CreateTrainingJob request): one worker per instance."""
     job = LocalJobSpec.from_request(request, toolkit_version=options.toolkit_version)
+    check_mpi_job(job, "an MPIJob")
     instance_type = normalize_instance_type((request.get("ResourceConfig") or {}).get("InstanceType", ""))
     slots, gpus = ranks_per_node(instance_type, options.processes_per_host)
     if slots != job.processes_per_host:

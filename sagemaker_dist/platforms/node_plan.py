@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from sagemaker_dist.contract.layout import HOROVOD
 from sagemaker_dist.contract.rank_slots import RankSlot, rank_slots
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.launch.instances import (
@@ -73,6 +74,16 @@ def ranks_per_node(instance_type: str, processes_per_host: int | None) -> tuple[
             f"GPU(s): Horovod runs one rank per GPU, so use at most {gpus}"
         )
     return (processes_per_host or gpus), gpus
+
+
+def check_mpi_job(job: LocalJobSpec, platform: str) -> None:
+    """``platform`` starts the ranks with MPI (mpirun, srun --mpi=pmix): a Horovod job, not tf-mwms."""
+    if job.layout is not None and job.layout.distribution != HOROVOD:
+        raise NodePlanError(
+            f"job {job.name} is a {job.layout.distribution!r} job (one worker per host with TF_CONFIG, no "
+            f"MPI), and {platform} starts Horovod ranks with MPI: plan the job with distribution "
+            f"{HOROVOD!r}, or run it with 'sagemaker-dist local' or on SageMaker"
+        )
 
 
 def parse_ranks(text: str) -> list[int]:

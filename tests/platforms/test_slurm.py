@@ -18,6 +18,7 @@ import pytest
 from sagemaker_dist.local.backend import LocalBackend
 from sagemaker_dist.local.demo import demo_estimator, prepare_demo_job
 from sagemaker_dist.local.demo_data import write_demo_data
+from sagemaker_dist.platforms.node_plan import NodePlanError
 from sagemaker_dist.platforms.slurm import SlurmJobError, SlurmOptions, check_tasks, sbatch_script
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,6 +50,15 @@ def test_the_script_runs_an_agent_per_node_then_the_ranks_with_pmix(s3, bucket, 
     assert "srun --overlap --mpi=pmix --nodes=2 --ntasks-per-node=4 --kill-on-bad-exit=1 --label" in script
     assert "/opt/py/bin/python train_cifar10.py --batch_size 32 --epochs 2" in script  # the toolkit's argv
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    mwms = json.loads(request["HyperParameters"]["sagemaker_dist_layout"]) | {"distribution": "tf-mwms"}
+    tf_mwms = {
+        **request,
+        "HyperParameters": {**request["HyperParameters"], "sagemaker_dist_layout": json.dumps(mwms)},
+    }
+    with pytest.raises(
+        NodePlanError, match="'tf-mwms' job .* the sbatch script starts Horovod ranks with MPI"
+    ):
+        sbatch_script(tf_mwms, options)
     with pytest.raises(SlurmJobError, match="4 tasks per node but 2 GPU.s. per node"):
         sbatch_script(request, SlurmOptions(spec="s3://b/s.json", gpus_per_node=2))
 
