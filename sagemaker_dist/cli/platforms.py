@@ -254,7 +254,7 @@ def slurm_command(args) -> int:
         )
         request = _read_request(args.request)
     if args.instance_type:
-        tasks, gpus = ranks_per_node(args.instance_type, args.tasks_per_node)
+        tasks, gpus = ranks_per_node(args.instance_type, args.tasks_per_node, "--tasks-per-node")
     else:
         gpus = args.gpus_per_node or 0
         tasks = args.tasks_per_node or gpus or 1

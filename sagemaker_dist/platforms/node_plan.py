@@ -55,17 +55,19 @@ class NodePlan:
         )
 
 
-def ranks_per_node(instance_type: str, processes_per_host: int | None) -> tuple[int, int]:
+def ranks_per_node(
+    instance_type: str, processes_per_host: int | None, option: str = "--processes-per-host"
+) -> tuple[int, int]:
     """(ranks per node, GPUs per node) on ``instance_type``: its GPUs, or fewer; a CPU type needs the
-    count (the rule of ``launch.instances.processes_per_host``, said for a node rather than a host)."""
+    count, given as ``option`` (the rule of ``launch.instances.processes_per_host``, for a node)."""
     try:
         gpus = gpus_per_instance(instance_type)
-    except UnknownInstanceTypeError as exc:
+    except UnknownInstanceTypeError:
         if processes_per_host is None:
             raise NodePlanError(
                 f"{instance_type!r} has no GPUs sagemaker-dist knows of, and a Horovod GPU job needs them: "
-                f"use a GPU type (ml.p4d.24xlarge, ml.g5.12xlarge, ...), or give --processes-per-host N to "
-                f"run N CPU ranks per node ({exc})"
+                f"use a GPU type (ml.p4d.24xlarge, ml.g5.12xlarge, ...), or give {option} N to run N CPU "
+                "ranks per node"
             ) from None
         return processes_per_host, 0
     if processes_per_host is not None and processes_per_host > gpus:

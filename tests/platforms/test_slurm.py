@@ -82,7 +82,8 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path):
     assert "9 ranks per node but ml.p4d.24xlarge has 8" in refused(
         "--instance-type", "ml.p4d.24xlarge", "--tasks-per-node", 9
     )
-    assert "'ml.c5.xlarge' has no GPUs" in refused("--instance-type", "ml.c5.xlarge")
+    cpu = refused("--instance-type", "ml.c5.xlarge")
+    assert "'ml.c5.xlarge' has no GPUs" in cpu and "give --tasks-per-node N" in cpu
     assert "--wait waits for a submitted job" in refused("--wait")
     assert list(tmp_path.iterdir()) == [tmp_path / "slurm.conf"]  # no script written
     check_tasks(16, 0)  # CPU nodes: any count
