@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from helpers.fault_proxy import fault_proxy
+from helpers.local_s3_proxy import cutting_proxy
 
 from sagemaker_dist.local.demo import prepare_demo_job
 from sagemaker_dist.platforms.node_plan import NodePlanError, parse_ranks, plan_node
@@ -120,6 +121,27 @@ def test_stops_when_the_watched_process_exits(demo_request, tmp_path):
         agent.kill()
         sleeper.kill()
     assert agent.returncode == 0 and f"process {sleeper.pid} has exited" in out
+
+
+def test_a_stream_cut_mid_object_resumes_with_a_range_request(aws_env, s3, demo_request, tmp_path):
+    request, spec = demo_request
+    root = tmp_path / "n"
+    with cutting_proxy(aws_env["AWS_ENDPOINT_URL"], fail_times=2, match="cifar10-demo/train/") as (
+        proxy,
+        url,
+    ):
+        agent = _agent(
+            ["--spec", spec, "--node-index", 0, "--root", root, "--epochs", 1],
+            env={**os.environ, "AWS_ENDPOINT_URL": url},
+        )
+        try:
+            wait_ready(root, 60, agent)
+            assert _read_fifo(root / "input" / "data" / "train_0_0") == _shard_bytes(s3, request, "train_0")
+            _read_fifo(root / "input" / "data" / "validation_0_0")
+            out, _ = agent.communicate(timeout=30)
+        finally:
+            agent.kill()
+    assert proxy.cut == 2 and agent.returncode == 0, out
 
 
 def test_a_missing_object_fails_the_agent_naming_it(s3, bucket, demo_request, tmp_path):
