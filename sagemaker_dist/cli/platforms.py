@@ -163,7 +163,7 @@ def k8s_command(args) -> int:
     bucket = args.bucket or DEMO_BUCKET
     with ExitStack() as stack:
         url = stack.enter_context(_endpoint(args))
-        if url:
+        if url and args.demo:  # the demo writes its data into this bucket; a request brings its own
             _ensure_bucket(bucket)
         if args.demo:
             hps = {"epochs": args.epochs} if args.epochs is not None else {}
@@ -265,7 +265,7 @@ def slurm_command(args) -> int:
     bucket = args.bucket or DEMO_BUCKET
     with ExitStack() as stack:
         url = stack.enter_context(_endpoint(args))
-        if url:
+        if url and args.demo:  # the demo writes its data into this bucket; a request brings its own
             _ensure_bucket(bucket)
         if args.demo:
             request = _demo_request(args, bucket, nodes, tasks, args.instance_type)
