@@ -135,24 +135,17 @@ def _echo(line: str) -> None:
 
 
 def k8s_command(args) -> int:
-    import json
     import sys
     from contextlib import ExitStack
 
-    from sagemaker_dist.local.demo import DEMO_BUCKET, prepare_demo_job
-    from sagemaker_dist.local.endpoint import s3_client
+    from sagemaker_dist.local.demo import DEMO_BUCKET
     from sagemaker_dist.platforms.k8s_mpijob import MPIJobOptions, plan_mpijob, to_yaml
     from sagemaker_dist.platforms.node_plan import ranks_per_node
 
     request = None
     if args.request:  # before anything is written: a bad file or option fails at once
         flags = {"--instance-type": args.instance_type, "--instance-count": args.instance_count}
-        given = [flag for flag, value in {**flags, "--epochs": args.epochs}.items() if value is not None]
-        if given:
-            raise ConfigurationError(
-                f"{', '.join(given)} cannot be combined with --request: the request says it "
-                "(ResourceConfig, HyperParameters); edit it instead"
-            )
+        _refuse_with_request({**flags, "--epochs": args.epochs})
         request = _read_request(args.request)
     instance_type = args.instance_type or "ml.p4d.24xlarge"
     count = 2 if args.instance_count is None else args.instance_count
@@ -166,9 +159,7 @@ def k8s_command(args) -> int:
         if url and args.demo:  # the demo writes its data into this bucket; a request brings its own
             _ensure_bucket(bucket)
         if args.demo:
-            hps = {"epochs": args.epochs} if args.epochs is not None else {}
-            request = prepare_demo_job(bucket, count, per_host, hyperparameters=hps, printer=None).request
-            request["ResourceConfig"]["InstanceType"] = instance_type  # the demo plans for CPU; run on these
+            request = _demo_request(args, bucket, count, per_host, instance_type)
         spec_uri = args.spec_uri or _default_spec_uri(request)
         options = MPIJobOptions(
             image=args.image,
@@ -181,12 +172,9 @@ def k8s_command(args) -> int:
             processes_per_host=args.processes_per_host,
         )
         text = to_yaml(plan_mpijob(request, options))  # every check before the spec is uploaded
-        spec_bucket, _, spec_key = spec_uri.removeprefix("s3://").partition("/")
-        s3_client().put_object(Bucket=spec_bucket, Key=spec_key, Body=json.dumps(request).encode())
+        _upload_spec(request, spec_uri)
     if args.output:
-        tmp = args.output.with_name(args.output.name + ".part")
-        tmp.write_text(text)
-        tmp.replace(args.output)
+        _write_atomically(args.output, text)
         print(f"wrote {args.output}; the job spec is {spec_uri}", file=sys.stderr)
     else:
         sys.stdout.write(text)
@@ -219,7 +207,8 @@ def _write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
     tmp.replace(path)
 
 
-def _refuse_with_request(args, flags: dict) -> None:
+def _refuse_with_request(flags: dict) -> None:
+    """Options that build a job cannot change a request file, which is run as written."""
     given = [flag for flag, value in flags.items() if value is not None]
     if given:
         raise ConfigurationError(
