@@ -238,9 +238,8 @@ def slurm_command(args) -> int:
             )
     request = None
     if args.request:
-        _refuse_with_request(
-            args, {"--nodes": args.nodes, "--epochs": args.epochs, "--tasks-per-node": args.tasks_per_node}
-        )
+        flags = {"--nodes": args.nodes, "--epochs": args.epochs, "--tasks-per-node": args.tasks_per_node}
+        _refuse_with_request(flags)
         request = _read_request(args.request)
     if args.instance_type:
         tasks, gpus = ranks_per_node(args.instance_type, args.tasks_per_node, "--tasks-per-node")
