@@ -85,6 +85,10 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path):
     cpu = refused("--instance-type", "ml.c5.xlarge")
     assert "'ml.c5.xlarge' has no GPUs" in cpu and "give --tasks-per-node N" in cpu
     assert "--wait waits for a submitted job" in refused("--wait")
+    request_flags = _slurm("--request", tmp_path / "r.json", "--nodes", 3, env=env, cwd=tmp_path)
+    assert (
+        request_flags.returncode == 2 and "--nodes cannot be combined with --request" in request_flags.stderr
+    )
     assert list(tmp_path.iterdir()) == [tmp_path / "slurm.conf"]  # no script written
     check_tasks(16, 0)  # CPU nodes: any count
 
