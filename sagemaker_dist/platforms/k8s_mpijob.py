@@ -155,6 +155,8 @@ def plan_mpijob(request: dict, options: MPIJobOptions) -> dict:
             "exec": {"command": ["test", "-f", f"{DEFAULT_ROOT}/{READY_FILE}"]},
             "periodSeconds": 2,
         },
+        # an agent that fails (no S3 access, say) leaves the pod unready: its error shows in kubectl describe
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [opt_ml],
     }
     launcher = {

@@ -152,6 +152,31 @@ def test_the_demo_trains_on_two_slurm_nodes(slurm_cluster, aws_env, s3, bucket, 
     )
 
 
+@pytest.mark.slow
+def test_an_agent_that_cannot_read_its_data_fails_the_job_before_the_ranks(
+    slurm_cluster, aws_env, s3, bucket, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("SLURM_CONF", slurm_cluster)
+    written = _slurm(
+        "--demo", "--nodes", 2, "--tasks-per-node", 1, "--bucket", bucket,
+        "--endpoint-url", aws_env["AWS_ENDPOINT_URL"], "-o", tmp_path / "job.sbatch", cwd=tmp_path,
+    )  # fmt: skip
+    assert written.returncode == 0, written.stderr
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix="jobs/")["Contents"]
+    (manifest,) = [o["Key"] for o in listed if o["Key"].endswith("shards/train/1.manifest")]
+    entries = json.loads(s3.get_object(Bucket=bucket, Key=manifest)["Body"].read())
+    gone = entries[0]["prefix"].split("/", 3)[3] + entries[1]  # the first object of node 1's shard
+    s3.delete_object(Bucket=bucket, Key=gone)
+    proc = subprocess.run(
+        ["sbatch", "--wait", str(tmp_path / "job.sbatch")], capture_output=True, text=True, timeout=200
+    )
+    assert proc.returncode != 0
+    (output,) = tmp_path.glob("*.out")
+    log = output.read_text()
+    assert f"s3://{bucket}/{gone}): 404" in log and "pipe agent cannot read channel" in log, log
+    assert "a pipe agent stopped before the ranks started" in log and "train epoch" not in log
+
+
 FAILING = """import os, sys, time
 rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
 print(f"rank {rank} in {os.getcwd()}", flush=True)
