@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import threading
 import time
 from pathlib import Path
@@ -140,6 +141,9 @@ def install_opt_ml(plan: NodePlan, root: Path, client) -> HostTree:
             checkpoint_local_path=(request.get("CheckpointConfig") or {}).get("LocalPath"),
         )
         _move_tree(trees[plan.node_index].root, root)
+        for stale in (root / "input" / "data").iterdir():  # an earlier agent's FIFOs would block mkfifo
+            if stat.S_ISFIFO(stale.lstat().st_mode):
+                stale.unlink()
         if str(hp.decode_one(plan.job.hyperparameters, hp.SUBMIT_DIRECTORY, "")).startswith("s3://"):
             code = _source_dir(None, plan.job.hyperparameters, staging, client)  # unpacked in staging/code
             shutil.rmtree(root / "code", ignore_errors=True)

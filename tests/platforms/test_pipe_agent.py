@@ -58,6 +58,8 @@ def _read_fifo(path: Path, timeout: float = 20) -> bytes:
 def test_node_writes_its_tree_and_feeds_its_ranks_channels_epoch_by_epoch(s3, demo_request, tmp_path):
     request, spec = demo_request
     root = tmp_path / "node1"
+    (root / "input" / "data").mkdir(parents=True)
+    os.mkfifo(root / "input" / "data" / "train_1_0")  # left by an agent that was killed
     agent = _agent(["--spec", spec, "--node-index", 1, "--ranks", "1", "--root", root, "--epochs", 2])
     try:
         wait_ready(root, 60, agent)
