@@ -104,8 +104,8 @@ def simulate(
     image_env = dict(base_env if base_env is not None else os.environ)
     image_env.setdefault("LD_LIBRARY_PATH", "")  # the image sets it (CUDA); the launcher passes it on
     image_env["PATH"] = os.pathsep.join([str(python.parent), "/usr/local/bin", "/usr/bin", "/bin"])
-    for name in ("PYTHONPATH", ROOT_ENV):  # the pods' /opt/ml is /opt/ml
-        image_env.pop(name, None)
+    for variable in ("PYTHONPATH", ROOT_ENV):  # the pods' /opt/ml is /opt/ml
+        image_env.pop(variable, None)
     worker_containers = _containers(manifest, "Worker")
     (agent_container,) = [c for n, c in worker_containers.items() if n == "pipe-agent"]
     roots, agents = [], []
@@ -119,16 +119,16 @@ def simulate(
             (pod / "env.json").write_text(json.dumps(worker_env))  # what sshd gives remote commands
             agent_env = {**image_env, **_container_env(agent_container, {"NODE_INDEX": str(index)})}
             command = _expand(agent_container["command"], agent_env)
-            agents.append(
-                subprocess.Popen(
-                    _pod_command(python, root, pod / "agent-state", hosts, command),
-                    env=agent_env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                    start_new_session=True,
+            with open(pod / "pipe-agent.log", "w") as log:  # a file: a pipe nobody reads could fill up
+                agents.append(
+                    subprocess.Popen(
+                        _pod_command(python, root, pod / "agent-state", hosts, command),
+                        env=agent_env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
                 )
-            )
         for root, agent in zip(roots, agents):
             wait_ready(root, AGENT_READY_S, agent)  # launcherCreationPolicy: WaitForWorkersReady
         echo(f"k8s simulation: {workers} worker(s) of {name} ready; starting the launcher")
@@ -162,7 +162,8 @@ def simulate(
             )
         echo(f"k8s simulation: launcher exited with code {code}")
     finally:
-        outputs = [_stop(agent) for agent in agents]  # the worker pods are deleted: SIGTERM
+        # the worker pods are deleted: SIGTERM
+        outputs = [_stop(agent, root.parent / "pipe-agent.log") for agent, root in zip(agents, roots)]
     return SimulationResult(code, out, outputs, roots)
 
 
@@ -182,15 +183,16 @@ def _run_launcher(command: list[str], env: dict[str, str], cwd: Path, timeout: f
         return 124, out + f"\nk8s simulation: the launcher ran past {timeout:.0f} s and was killed"
 
 
-def _stop(agent: subprocess.Popen) -> str:
+def _stop(agent: subprocess.Popen, log: Path) -> str:
+    """SIGTERM (the pod is deleted), SIGKILL after ``STOP_GRACE_S``; returns what the agent printed."""
     if agent.poll() is None:
         os.killpg(agent.pid, signal.SIGTERM)
     try:
-        out, _ = agent.communicate(timeout=STOP_GRACE_S)
+        agent.wait(timeout=STOP_GRACE_S)
     except subprocess.TimeoutExpired:
         os.killpg(agent.pid, signal.SIGKILL)
-        out, _ = agent.communicate()
-    return out
+        agent.wait()
+    return log.read_text(errors="replace")
 
 
 def _ssh(argv: list[str]) -> None:
