@@ -222,7 +222,7 @@ def slurm_command(args) -> int:
     from contextlib import ExitStack
 
     from sagemaker_dist.local.demo import DEMO_BUCKET
-    from sagemaker_dist.platforms.node_plan import ranks_per_node
+    from sagemaker_dist.platforms.node_plan import efa_interfaces, ranks_per_node
     from sagemaker_dist.platforms.slurm import SlurmOptions, check_tasks, sbatch_script
     from sagemaker_dist.platforms.slurm_submit import check_slurm_client, submit, wait_for_job
 
@@ -263,6 +263,7 @@ def slurm_command(args) -> int:
             spec=spec_uri,
             python=args.python or sys.executable,
             gpus_per_node=gpus,
+            efa=bool(args.instance_type and efa_interfaces(args.instance_type)),
             partition=args.partition,
             output=str(script_path.parent / "%x-%j.out"),
             endpoint_url=args.endpoint_url,

@@ -19,28 +19,13 @@ from sagemaker_dist.contract.paths import DEFAULT_ROOT
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.launch.instances import normalize_instance_type
 from sagemaker_dist.local.job import LocalJobSpec
-from sagemaker_dist.platforms.node_plan import check_mpi_job, ranks_per_node
+from sagemaker_dist.platforms.node_plan import check_mpi_job, efa_interfaces, ranks_per_node
 from sagemaker_dist.platforms.pipe_agent import READY_FILE
 
 API_VERSION = "kubeflow.org/v2beta1"
 REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"  # set by mpi-operator on each worker pod
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
-# EFA interfaces per instance type (AWS's EFA "supported instance types"); what the EFA device plugin
-# offers as vpc.amazonaws.com/efa. Types missing here get no EFA request.
-EFA_INTERFACES = {
-    "ml.p3dn.24xlarge": 1,
-    "ml.p4d.24xlarge": 4,
-    "ml.p4de.24xlarge": 4,
-    "ml.p5.48xlarge": 32,
-    "ml.p5e.48xlarge": 32,
-    "ml.p5en.48xlarge": 16,
-    "ml.g5.48xlarge": 1,
-    "ml.g6.48xlarge": 1,
-    "ml.g6e.48xlarge": 4,
-    "ml.trn1.32xlarge": 8,
-    "ml.trn1n.32xlarge": 16,
-}
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 OPT_ML_VOLUME = "opt-ml"
 SSHD = ["/usr/sbin/sshd", "-De"]  # the workers' main process: mpirun reaches them over SSH
@@ -128,7 +113,7 @@ def plan_mpijob(request: dict, options: MPIJobOptions) -> dict:
             f"--processes-per-host {job.processes_per_host}"
         )
     name = check_name(job.name, job.hosts)
-    efa = EFA_INTERFACES.get(instance_type, 0)
+    efa = efa_interfaces(instance_type)
     worker_limits = {GPU_RESOURCE: gpus} if gpus else {}
     if efa:
         worker_limits[EFA_RESOURCE] = efa

@@ -24,6 +24,22 @@ from sagemaker_dist.local.channel_objects import ChannelSpec
 from sagemaker_dist.local.job import LocalJobSpec
 from sagemaker_dist.local.opt_ml import host_names
 
+# EFA interfaces per instance type (AWS's EFA "supported instance types"); what the EFA device plugin
+# offers as vpc.amazonaws.com/efa. Types missing here get no EFA request.
+EFA_INTERFACES = {
+    "ml.p3dn.24xlarge": 1,
+    "ml.p4d.24xlarge": 4,
+    "ml.p4de.24xlarge": 4,
+    "ml.p5.48xlarge": 32,
+    "ml.p5e.48xlarge": 32,
+    "ml.p5en.48xlarge": 16,
+    "ml.g5.48xlarge": 1,
+    "ml.g6.48xlarge": 1,
+    "ml.g6e.48xlarge": 4,
+    "ml.trn1.32xlarge": 8,
+    "ml.trn1n.32xlarge": 16,
+}
+
 
 class NodePlanError(ConfigurationError):
     """A node index, rank list or option that does not fit the job; the message says what does."""
@@ -76,6 +92,11 @@ def ranks_per_node(
             f"GPU(s): Horovod runs one rank per GPU, so use at most {gpus}"
         )
     return (processes_per_host or gpus), gpus
+
+
+def efa_interfaces(instance_type: str) -> int:
+    """EFA interfaces of ``instance_type`` (0 where it has none or is not in the table)."""
+    return EFA_INTERFACES.get(normalize_instance_type(instance_type), 0)
 
 
 def check_mpi_job(job: LocalJobSpec, platform: str) -> None:

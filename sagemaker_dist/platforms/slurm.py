@@ -36,6 +36,7 @@ class SlurmOptions:
     spec: str  # the request: a path every node can read, or an s3:// URI
     python: str = "python3"  # with Horovod built with MPI, TensorFlow and sagemaker-dist
     gpus_per_node: int = 0
+    efa: bool = False  # the nodes have EFA: libfabric's efa provider for NCCL and Open MPI
     partition: str | None = None
     output: str = "%x-%j.out"
     root_base: str = DEFAULT_ROOT_BASE
@@ -80,9 +81,8 @@ def sbatch_script(request: dict, options: SlurmOptions) -> str:
     if options.partition:
         directives.append(f"--partition={options.partition}")
     per_node = f"--nodes={nodes} --ntasks={nodes} --ntasks-per-node=1"
-    endpoint = (
-        f"export AWS_ENDPOINT_URL={shlex.quote(options.endpoint_url)}\n" if options.endpoint_url else ""
-    )
+    exports = f"export AWS_ENDPOINT_URL={shlex.quote(options.endpoint_url)}\n" if options.endpoint_url else ""
+    exports += "export FI_PROVIDER=efa  # EFA for NCCL and Open MPI\n" if options.efa else ""
     agent = _q([options.python, "-m", "sagemaker_dist.cli", "pipe-agent", "--spec", options.spec])
     ranks = _q([options.python, job.entry_point, *argv])
     wait_ready = (
@@ -104,7 +104,7 @@ def sbatch_script(request: dict, options: SlurmOptions) -> str:
 {chr(10).join("#SBATCH " + d for d in directives)}
 set -uo pipefail
 export SD_ROOT="${{SAGEMAKER_DIST_ROOT_BASE:-{options.root_base}}}"  # each node's tree: $SD_ROOT/node-<id>
-{endpoint}
+{exports}
 # One pipe agent per node, in the background: it writes the node's /opt/ml tree and feeds its FIFOs.
 srun --overlap {per_node} --kill-on-bad-exit=1 --label --job-name={AGENT_STEP} \\
   sh -c 'exec "$0" "$@" --node-index "$SLURM_NODEID" --root "$SD_ROOT/node-$SLURM_NODEID"' \\

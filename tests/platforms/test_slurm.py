@@ -50,6 +50,8 @@ def test_the_script_runs_an_agent_per_node_then_the_ranks_with_pmix(s3, bucket, 
     assert "srun --overlap --mpi=pmix --nodes=2 --ntasks-per-node=4 --kill-on-bad-exit=1 --label" in script
     assert "/opt/py/bin/python train_cifar10.py --batch_size 32 --epochs 2" in script  # the toolkit's argv
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    assert "FI_PROVIDER" not in script
+    assert "export FI_PROVIDER=efa" in sbatch_script(request, SlurmOptions(spec="s3://b/s.json", efa=True))
     mwms = json.loads(request["HyperParameters"]["sagemaker_dist_layout"]) | {"distribution": "tf-mwms"}
     tf_mwms = {
         **request,
