@@ -8,6 +8,7 @@ from pathlib import Path
 
 from sagemaker_dist.contract.toolkit import DEFAULT_TOOLKIT_VERSION
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.local.container_launcher import CONTAINER_LAUNCHER
 from sagemaker_dist.local.defaults import LOCAL_INSTANCE_TYPE, LOCAL_ROLE
 from sagemaker_dist.local.launcher import LAUNCHERS
 
@@ -56,12 +57,12 @@ def register(subparsers) -> None:
         "--instance-count",
         dest="hosts",
         type=int,
-        help="simulated hosts algo-1..algo-H (default 2; 1 with --launcher toolkit)",
+        help="simulated hosts algo-1..algo-H (default 2; 1 with --launcher toolkit or container)",
     )
     p.add_argument(
         "--processes-per-host",
         type=int,
-        help="ranks per simulated host (default 1; 2 with --launcher toolkit)",
+        help="ranks per simulated host (default 1; 2 with --launcher toolkit or container)",
     )
     p.add_argument("--input-mode", choices=("Pipe", "File"), help="default Pipe")
     p.add_argument(
@@ -75,11 +76,17 @@ def register(subparsers) -> None:
     p.add_argument("--epochs", type=int, help="shorthand for -p epochs=N")
     p.add_argument(
         "--launcher",
-        choices=LAUNCHERS,
+        choices=(*LAUNCHERS, CONTAINER_LAUNCHER),
         default="horovodrun",
         help="horovodrun (Gloo) or mpirun: our rank entry sets up each rank; toolkit: AWS's "
         "sagemaker-training entry point runs the host as in the TF DLC and starts mpirun itself "
-        "(root, one host; needs the container environment, see --container-python)",
+        "(root, one host; needs the container environment, see --container-python); container: the "
+        "training image runs the host as on SageMaker, podman run IMAGE train (one host; see --image)",
+    )
+    p.add_argument(
+        "--image",
+        help="launcher container: the training image, in podman's storage (scripts/container-test.sh "
+        "builds container/Dockerfile as localhost/sagemaker-dist:test)",
     )
     p.add_argument(
         "--container-python",
@@ -235,8 +242,9 @@ def run_local_command(args) -> int:
     if args.request:  # before any endpoint starts: a bad file or option fails at once
         _check_request_options(args)
         request = _read_request(args.request)
-    # the toolkit launcher simulates one host, so its ranks are processes of that host
-    default_hosts, default_per_host = (1, 2) if args.launcher == "toolkit" else (2, 1)
+    # the toolkit and container launchers simulate one host, so its ranks are processes of that host
+    one_host = args.launcher in ("toolkit", CONTAINER_LAUNCHER)
+    default_hosts, default_per_host = (1, 2) if one_host else (2, 1)
     hosts = default_hosts if args.hosts is None else args.hosts
     per_host = default_per_host if args.processes_per_host is None else args.processes_per_host
     input_mode = args.input_mode or "Pipe"
@@ -279,6 +287,7 @@ def run_local_command(args) -> int:
             timeout=args.timeout,
             toolkit_version=args.toolkit_version,
             container_python=args.container_python,
+            image=args.image,
         )
     return 0
 

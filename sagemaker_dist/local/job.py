@@ -29,18 +29,27 @@ from sagemaker_dist.contract.shell_words import ShellSyntaxError
 from sagemaker_dist.errors import ConfigurationError, JobFailedError
 from sagemaker_dist.launch.request_validation import validate_request
 from sagemaker_dist.local.channel_objects import ChannelSpec
+from sagemaker_dist.local.container_launcher import (
+    CONTAINER_LAUNCHER,
+    ContainerGroup,
+    check_container_image,
+    container_environment,
+)
 from sagemaker_dist.local.endpoint import s3_client
 from sagemaker_dist.local.feeds import close_feeds, open_feeds
 from sagemaker_dist.local.launcher import RankGroup, check_hostname_resolves, rank_command
 from sagemaker_dist.local.opt_ml import JOB_ENV, build_host_trees
 from sagemaker_dist.local.outputs import CheckpointSync, pack_and_upload
 from sagemaker_dist.local.result import LocalJobResult, final_metrics, rank_summaries
-from sagemaker_dist.local.supervision import interrupt_guard, supervise
+from sagemaker_dist.local.supervision import interrupt_guard, rank_failure, supervise
 from sagemaker_dist.local.toolkit_launcher import (
     check_toolkit_host,
     toolkit_environment,
     toolkit_host_command,
 )
+
+# the launchers whose simulated host runs the image's toolkit entry point, which starts the ranks
+TOOLKIT_HOST_LAUNCHERS = ("toolkit", CONTAINER_LAUNCHER)
 
 
 class LocalJobError(ConfigurationError):
@@ -169,6 +178,7 @@ def run_local(
     extra_env: dict[str, str] | None = None,
     toolkit_version: str = toolkit.DEFAULT_TOOLKIT_VERSION,
     container_python: str | os.PathLike | None = None,
+    image: str | None = None,
 ) -> LocalJobResult:
     """Run the CreateTrainingJob ``request`` (as the estimator builds it) here, with real Horovod ranks.
 
@@ -179,15 +189,17 @@ def run_local(
     every rank, FIFO and temp dir is removed. The entry script gets its arguments as the image's
     sagemaker-training toolkit (``toolkit_version``, default the TF DLCs' 4.8.3) would pass them.
     With ``launcher="toolkit"`` the toolkit itself (in ``container_python``'s environment) starts the
-    ranks, as in the DLC.
+    ranks, as in the DLC; with ``launcher="container"`` the training ``image`` itself runs the host
+    (``podman run <image> train``), as on SageMaker.
     """
     started = time.monotonic()
     job = LocalJobSpec.from_request(request, timeout, toolkit_version)
-    if launcher == "toolkit":
-        container = check_toolkit_host(container_python)
+    if launcher in TOOLKIT_HOST_LAUNCHERS:
+        container = check_toolkit_host(container_python) if launcher == "toolkit" else None
+        image = check_container_image(image) if launcher == CONTAINER_LAUNCHER else None
         if job.hosts != 1:
             raise LocalJobError(
-                f"launcher 'toolkit' simulates one host (its ranks started by the toolkit's mpirun); this "
+                f"launcher {launcher!r} simulates one host (its ranks started by the toolkit's mpirun); this "
                 f"job has {job.hosts}. Use --instance-count 1 with --processes-per-host for the ranks, or "
                 "launcher 'horovodrun' or 'mpirun' for several hosts"
             )
@@ -206,9 +218,9 @@ def run_local(
         stack.callback(close_feeds, feeds)  # after stop is set (LIFO): the feeders see it and end
         stack.callback(stop.set)
         feeds += open_feeds(job.specs, trees, client, stop, feed_errors.append, echo)
-        if launcher == "toolkit":
+        if launcher in TOOLKIT_HOST_LAUNCHERS:
             group = _toolkit_group(
-                job, trees, code_dir if source_dir else None, work, container, extra_env, echo
+                job, trees, code_dir if source_dir else None, work, container, extra_env, echo, image
             )
             command = group.command
         else:
@@ -227,7 +239,8 @@ def run_local(
         group.start()
         failure = supervise(group, feed_errors, trees, job.processes_per_host, started, job.timeout)
         group.finish_output()
-        if launcher == "toolkit":
+        if launcher in TOOLKIT_HOST_LAUNCHERS:
+            failure = _blame_the_rank_that_raised(failure, group, trees, job.processes_per_host)
             failure = _toolkit_outcome(failure, trees[0])
         if failure:
             raise LocalJobFailed(failure)
@@ -311,9 +324,17 @@ def _rank_echo(trees, per_host: int, echo):
 
 
 def _toolkit_group(
-    job: LocalJobSpec, trees, code_dir: Path | None, work: Path, python: Path, extra_env, echo
+    job: LocalJobSpec,
+    trees,
+    code_dir: Path | None,
+    work: Path,
+    python: Path | None,
+    extra_env,
+    echo,
+    image: str | None = None,
 ) -> RankGroup:
-    """The one simulated host, its toolkit entry point in a namespace of its own, not yet started.
+    """The one simulated host, its toolkit entry point in a namespace of its own (or, given an
+    ``image``, in that image's container), not yet started.
 
     A source dir given here is put at /opt/ml/code, where the toolkit looks first; otherwise the
     toolkit downloads ``sagemaker_submit_directory`` from S3 itself.
@@ -321,6 +342,14 @@ def _toolkit_group(
     (tree,) = trees
     if code_dir is not None:
         shutil.copytree(code_dir, tree.root / "code")
+    if image is not None:
+        pid_dir = work / "ranks"  # stays empty, as below
+        pid_dir.mkdir()
+        env = container_environment(os.environ, job.name, job.request.get("Environment"), extra_env)
+        show = _rank_echo(trees, job.processes_per_host, echo)
+        return ContainerGroup(
+            image, tree.root, [t.name for t in trees], job.name, env, pid_dir, job.world, show
+        )
     state = work / "namespace"
     command = toolkit_host_command(python, tree.root, state, [t.name for t in trees])
     env = toolkit_environment(dict(os.environ), python, job.name, job.request.get("Environment"))
@@ -329,6 +358,33 @@ def _toolkit_group(
     pid_dir = work / "ranks"  # stays empty: the toolkit's mpirun starts the ranks, not our entry
     pid_dir.mkdir()
     return RankGroup(command, env, pid_dir, job.world, _rank_echo(trees, job.processes_per_host, echo))
+
+
+_HOROVOD_SHUT_DOWN = "Horovod has been shut down"  # a collective failed by another rank's exit
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def _blame_the_rank_that_raised(failure: str | None, group: RankGroup, trees, per_host: int) -> str | None:
+    """Under the toolkit's mpirun, the rank that raised and the ranks its Horovod shutdown failed race
+    to exit, and mpirun names whichever exits first. When the rank it names only failed that way,
+    blame the rank with a traceback of its own instead."""
+    reported = group.failed_rank()
+    if failure is None or reported is None:
+        return failure
+    lines = group.rank_lines
+    if not any(_HOROVOD_SHUT_DOWN in line for line in lines.get(reported[0], [])):
+        return failure
+    raised = [
+        rank
+        for rank, rank_lines in sorted(lines.items())
+        if rank != reported[0]
+        and any(line.startswith(_TRACEBACK) for line in rank_lines)
+        and not any(_HOROVOD_SHUT_DOWN in line for line in rank_lines)
+    ]
+    if not raised:
+        return failure
+    what = f"raised an exception (mpirun named rank {reported[0]}, whose collective failed after it)"
+    return rank_failure(group, raised[0], what, trees, per_host)
 
 
 def _toolkit_outcome(failure: str | None, tree) -> str | None:

@@ -1,0 +1,129 @@
+"""``launcher="container"``: the simulated host is the training image itself, run the way SageMaker
+runs it: ``podman run <image> train`` with the host's tree bind-mounted at ``/opt/ml``. The image's
+own entry point (sagemaker-training's ``train`` with the image's ``SAGEMAKER_TRAINING_MODULE``)
+reads the tree, starts sshd and mpirun, and writes ``/opt/ml/output/success`` or ``failure``; the
+Pipe FIFOs in the tree are fed from this machine, through the bind mount.
+
+Host networking: the toolkit downloads the source package from the S3 endpoint (a moto server on
+this machine included) and the ranks reach S3, as a SageMaker container reaches S3. The container
+gets what SageMaker gives it: the request's ``Environment``, ``TRAINING_JOB_NAME``, S3 credentials,
+region and endpoint; nothing else of this machine's environment.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.local.launcher import RankGroup
+
+CONTAINER_LAUNCHER = "container"
+ENGINE = "podman"
+# What the container needs of this machine's AWS settings: credentials, region, endpoint. Not the
+# AWS_*_FILE or AWS_CA_BUNDLE paths, which name files of this machine.
+_AWS_NAMES = re.compile(
+    r"^AWS_(ACCESS_KEY_ID|SECRET_ACCESS_KEY|SESSION_TOKEN|DEFAULT_REGION|REGION|ENDPOINT_URL(_S3)?)$"
+)
+_STOP_TIMEOUT_S = 60.0  # for `podman rm` itself, beyond the container's stop grace
+
+
+class ContainerLauncherError(ConfigurationError):
+    """The container launcher cannot run here as set up; the message says what to do."""
+
+
+def check_container_image(image: str | None) -> str:
+    """Fail early, naming the fix, where the image cannot be run: no image given, no podman, or an
+    image podman does not have. Returns the image."""
+    if not image:
+        raise ContainerLauncherError(
+            "launcher 'container' runs a training image: pass --image NAME (scripts/container-test.sh "
+            "builds localhost/sagemaker-dist:test from container/Dockerfile)"
+        )
+    if not shutil.which(ENGINE):
+        raise ContainerLauncherError(
+            f"launcher 'container' runs the image with {ENGINE}, which is not installed "
+            "(Debian: apt-get install podman runc; see scripts/container-test.sh for its settings)"
+        )
+    found = subprocess.run([ENGINE, "image", "exists", image], capture_output=True, text=True)
+    if found.returncode:
+        why = found.stderr.strip() or f"{ENGINE} has no image {image}"
+        raise ContainerLauncherError(
+            f"launcher 'container': {why}. Build it (scripts/container-test.sh builds "
+            "container/Dockerfile as localhost/sagemaker-dist:test) or pull it; podman finds images "
+            "through CONTAINERS_STORAGE_CONF"
+        )
+    return image
+
+
+def container_environment(
+    base: Mapping[str, str], job_name: str, request_env: dict | None, extra_env: dict | None
+) -> dict[str, str]:
+    """The variables the container gets: S3 credentials, region and endpoint from ``base``, the
+    request's ``Environment`` and ``TRAINING_JOB_NAME`` (as SageMaker sets them), then ``extra_env``.
+    The image supplies the rest (``PATH``, ``SAGEMAKER_TRAINING_MODULE``)."""
+    env = {k: v for k, v in base.items() if _AWS_NAMES.match(k)}
+    env["TF_CPP_MIN_LOG_LEVEL"] = base.get("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.update({str(k): str(v) for k, v in (request_env or {}).items()})
+    env["TRAINING_JOB_NAME"] = job_name
+    env.update(extra_env or {})
+    return env
+
+
+def container_name(job_name: str) -> str:
+    """A name podman accepts, unique per run, that says which job the container belongs to."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "-", job_name)[:40].strip("-.") or "job"
+    return f"sagemaker-dist-{stem}-{uuid.uuid4().hex[:8]}"
+
+
+def container_host_command(
+    image: str, tree: Path, hosts: list[str], name: str, env_names: list[str]
+) -> list[str]:
+    """``podman run`` of one simulated host: its tree at /opt/ml, the algo-N names on loopback, the
+    named variables passed by name (their values stay out of the command line), the image's
+    ``train``."""
+    command = [ENGINE, "run", "--rm", "--name", name, "--network", "host"]
+    command += [f"--add-host={host}:127.0.0.1" for host in hosts]
+    command += ["--volume", f"{tree}:/opt/ml"]
+    for key in env_names:
+        command += ["--env", key]
+    return [*command, image, "train"]
+
+
+class ContainerGroup(RankGroup):
+    """The one simulated host as a running container (the toolkit's mpirun starts its ranks)."""
+
+    def __init__(
+        self,
+        image: str,
+        tree: Path,
+        hosts: list[str],
+        job_name: str,
+        container_env: dict[str, str],
+        pid_dir: Path,
+        world_size: int,
+        on_line,
+    ):
+        self.name = container_name(job_name)
+        command = container_host_command(image, tree, hosts, self.name, sorted(container_env))
+        # podman reads each --env NAME from its own environment; its own settings come from ours
+        super().__init__(command, {**os.environ, **container_env}, pid_dir, world_size, on_line)
+
+    def kill(self, grace: float = 3.0) -> None:
+        """Stop and remove the container (SIGTERM, SIGKILL after ``grace``), then the podman client:
+        the container's processes are not the client's children, so killing the client alone would
+        leave them running."""
+        try:
+            subprocess.run(
+                [ENGINE, "rm", "--force", "--ignore", "--time", str(max(0, round(grace))), self.name],
+                capture_output=True,
+                timeout=grace + _STOP_TIMEOUT_S,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            pass  # the client's kill below is still worth doing
+        super().kill(grace)

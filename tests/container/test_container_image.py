@@ -1,0 +1,158 @@
+"""The training image built from container/Dockerfile runs jobs the way SageMaker runs them:
+``podman run <image> train`` with the host's /opt/ml tree bind-mounted, the image's own toolkit
+starting 2 MPI ranks, Pipe FIFOs fed from a moto S3 server on this machine.
+
+The image tests run under scripts/container-test.sh, which builds the image on a stand-in for the TF
+DLC and sets SAGEMAKER_DIST_TEST_IMAGE and podman's storage; elsewhere they skip. Each successful job
+pays the toolkit's own 30 s sleep after mpirun.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sagemaker_dist.local import LocalJobFailed, run_local
+from sagemaker_dist.local.container_launcher import ContainerLauncherError
+from sagemaker_dist.local.demo import DEMO_JOB_DIR, demo_estimator
+from sagemaker_dist.local.demo_data import write_demo_data
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "tests" / "helpers" / "local_scripts"
+BIN = Path(sys.executable).parent
+IMAGE = os.environ.get("SAGEMAKER_DIST_TEST_IMAGE")
+ROOTFS_IMAGE = "localhost/sagemaker-dist-bookworm-minbase:latest"  # what container-test.sh imports
+
+needs_image = pytest.mark.skipif(
+    not IMAGE or not shutil.which("podman"),
+    reason="no training image: scripts/container-test.sh builds it and runs these tests",
+)
+
+
+def _podman(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=120)
+
+
+def _request(s3, bucket, source_dir: Path, entry_point: str, hps: dict) -> dict:
+    """One host of 2 ranks, Pipe mode; the source package goes to S3 (the toolkit in the container
+    downloads it, as on SageMaker)."""
+    write_demo_data(f"s3://{bucket}/data/", files=4, records_per_file=16, validation_files=2, client=s3)
+    estimator = demo_estimator(bucket, 1, 2, "Pipe", hps, source_dir=source_dir, entry_point=entry_point)
+    inputs = {"train": f"s3://{bucket}/data/train/", "validation": f"s3://{bucket}/data/validation/"}
+    return estimator.prepare(inputs, printer=None).request
+
+
+def _run(request, tmp_path, lines, **kwargs):
+    return run_local(
+        request, launcher="container", image=IMAGE, work_dir=tmp_path, echo=lines.append, **kwargs
+    )
+
+
+def test_the_container_files_are_lint_clean():
+    for tool, path in (
+        ("hadolint", REPO / "container" / "standin-base" / "Dockerfile"),
+        ("shellcheck", REPO / "scripts" / "container-test.sh"),
+    ):
+        assert (BIN / tool).exists(), f"{tool} is missing from {BIN}; install the dev extra"
+        done = subprocess.run([str(BIN / tool), str(path)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+@needs_image
+def test_the_demo_trains_in_the_image(s3, bucket, tmp_path):
+    request = _request(s3, bucket, DEMO_JOB_DIR, "train_cifar10.py", {"epochs": 2, "batch_size": 16})
+    lines = []
+    result = _run(request, tmp_path, lines, keep_work_dir=True, timeout=400)
+    out = "\n".join(lines)
+    command = next(line for line in lines if line.startswith("$ "))
+    assert command.startswith("$ podman run --rm ") and command.endswith(f" {IMAGE} train"), command
+    assert "/opt/ml " in command and "--network host" in command, command
+    assert any(line.startswith("[launcher] mpirun --host algo-1:2 -np 2 ") for line in lines), out[-3000:]
+    ends = [line for line in lines if "train epoch ended for every rank" in line]
+    assert len(ends) == 2 and all(e.startswith("[rank 0 algo-1] ") for e in ends), out[-3000:]
+    fed = {(s.host, s.channel): s.bytes for s in result.feed_stats}
+    assert fed["algo-1", "train_0"] > 0 and fed["algo-1", "train_1"] > 0, fed  # each rank read its FIFO
+    assert "loss" in result.metrics and result.model_uri, out[-3000:]
+    assert s3.head_object(Bucket=bucket, Key=result.model_uri.split("/", 3)[3])["ContentLength"] > 0
+    ckpt_bucket, ckpt_prefix = result.checkpoint_uri[len("s3://") :].split("/", 1)
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=ckpt_bucket, Prefix=ckpt_prefix)["Contents"]]
+    assert any("/epoch-00002/" in key for key in keys), keys
+    tree = Path(result.work_dir) / "hosts" / "algo-1"
+    assert (tree / "output" / "success").is_file()
+    assert not (tree / "output" / "failure").exists()
+    assert (tree / "model" / "1" / "saved_model.pb").is_file()
+    assert (tree / "checkpoints" / "epoch-00002").is_dir()
+    assert (tree / "code" / "train_cifar10.py").is_file()  # the toolkit fetched the package from S3
+    assert not _podman("ps", "--all", "--quiet").stdout.strip()  # --rm: the container is gone
+
+
+@needs_image
+def test_a_failing_rank_ends_with_the_failure_file_naming_it(s3, bucket, tmp_path):
+    request = _request(s3, bucket, SCRIPTS, "fail_rank.py", {"fail_rank": 1})
+    lines = []
+    with pytest.raises(LocalJobFailed) as failure:
+        _run(request, tmp_path, lines, keep_work_dir=True, timeout=300)
+    message = str(failure.value)
+    launcher_lines = "\n".join(line for line in lines if not line.startswith("[rank "))
+    assert message.startswith("rank 1 (host algo-1) "), message + "\n" + launcher_lines[-4000:]
+    assert "RuntimeError: rank 1 failed on purpose" in message
+    assert "/opt/ml/output/failure says:" in message
+    (work,) = tmp_path.iterdir()
+    output = work / "hosts" / "algo-1" / "output"
+    written = (output / "failure").read_text()
+    assert "rank 1 failed on purpose" in written and "Process name: [[" in written, written[-2000:]
+    assert not (output / "success").exists()
+    assert not _podman("ps", "--all", "--quiet").stdout.strip()
+
+
+@needs_image
+def test_a_job_past_its_time_limit_is_stopped_with_its_container(s3, bucket, tmp_path):
+    """No rank fails (rank 5 of 2 never comes): the job runs until the limit, then stopping it must
+    remove the container, whose processes are no children of the podman client."""
+    request = _request(s3, bucket, SCRIPTS, "fail_rank.py", {"fail_rank": 5})
+    lines = []
+    with pytest.raises(LocalJobFailed, match="ran past its 20 s limit"):
+        _run(request, tmp_path, lines, timeout=20)
+    assert not _podman("ps", "--all", "--quiet").stdout.strip()
+    assert not list(tmp_path.iterdir())
+
+
+@needs_image
+def test_an_image_podman_does_not_have_is_named(s3, bucket, tmp_path):
+    request = _request(s3, bucket, SCRIPTS, "fail_rank.py", {})
+    with pytest.raises(ContainerLauncherError, match="scripts/container-test.sh") as error:
+        run_local(
+            request, launcher="container", image="localhost/sagemaker-dist-missing:0", work_dir=tmp_path
+        )
+    assert "localhost/sagemaker-dist-missing:0" in str(error.value)
+
+
+@needs_image
+def test_a_build_from_a_base_without_the_toolkit_says_so():
+    if _podman("image", "exists", ROOTFS_IMAGE).returncode:
+        pytest.skip(f"{ROOTFS_IMAGE} is only there when container-test.sh made the stand-in")
+    done = subprocess.run(
+        ["podman", "build", "--format", "docker", "--ignorefile", "container/Dockerfile.dockerignore",
+         "--build-arg", f"BASE_IMAGE={ROOTFS_IMAGE}", "-f", "container/Dockerfile", "."],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert f"BASE_IMAGE={ROOTFS_IMAGE} has no sagemaker-training toolkit (train)" in done.stderr, done.stderr
+
+
+@needs_image
+def test_a_missing_base_is_named_before_any_build(tmp_path):
+    """container-test.sh --base with an image its storage lacks (a storage of its own here)."""
+    env = {**os.environ, "SAGEMAKER_DIST_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run(
+        ["bash", "scripts/container-test.sh", "--base", "localhost/no-such-dlc:1", "--build-only"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "base image localhost/no-such-dlc:1 is not in podman's storage" in done.stderr
+    assert "Run without --base to build the stand-in" in done.stderr
