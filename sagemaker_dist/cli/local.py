@@ -6,6 +6,7 @@ import json
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
+from sagemaker_dist.cli import add_distribution_argument
 from sagemaker_dist.contract.toolkit import DEFAULT_TOOLKIT_VERSION
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.container_launcher import CONTAINER_LAUNCHER
@@ -65,6 +66,7 @@ def register(subparsers) -> None:
         help="ranks per simulated host (default 1; 2 with --launcher toolkit or container)",
     )
     p.add_argument("--input-mode", choices=("Pipe", "File"), help="default Pipe")
+    add_distribution_argument(p)
     p.add_argument(
         "--hyperparameter",
         "-p",
@@ -91,8 +93,9 @@ def register(subparsers) -> None:
     p.add_argument(
         "--container-python",
         type=Path,
-        help="launcher toolkit: the Python of the image's environment (default "
-        "$SAGEMAKER_DIST_CONTAINER_PYTHON, else the .venv-toolkit that scripts/setup.sh makes)",
+        help="the Python of the image's environment, which the ranks (or, with launcher toolkit, the "
+        "toolkit) run with; e.g. a TF 2.21 venv for a tf-mwms job. Default: this Python; for launcher "
+        "toolkit $SAGEMAKER_DIST_CONTAINER_PYTHON, else the .venv-toolkit that scripts/setup.sh makes",
     )
     p.add_argument(
         "--toolkit-version",
@@ -261,7 +264,9 @@ def run_local_command(args) -> int:
         if url:
             _ensure_bucket(bucket)
         if args.demo:
-            job = prepare_demo_job(bucket, hosts, per_host, input_mode, _hyperparameters(args))
+            job = prepare_demo_job(
+                bucket, hosts, per_host, input_mode, _hyperparameters(args), distribution=args.distribution
+            )
             request, source_dir = job.request, job.source_dir  # prepare() printed the layout
         elif request is not None:
             source_dir = args.source_dir
@@ -330,6 +335,7 @@ def entry_point_estimator(args, bucket: str, hosts: int, per_host: int, input_mo
         hyperparameters=_hyperparameters(args),
         input_mode=input_mode,
         validation=args.validation_spread or "per-worker",
+        distribution=args.distribution,
         output_path=args.output_path or f"s3://{bucket}/jobs",
         base_job_name=Path(entry_point).stem.replace("_", "-") or "job",
         **extra,

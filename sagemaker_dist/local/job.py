@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tarfile
 import tempfile
 import threading
@@ -23,7 +24,7 @@ from pathlib import Path
 import sagemaker_dist
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract import toolkit
-from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, ChannelLayout
+from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, TF_MWMS, ChannelLayout
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.contract.shell_words import ShellSyntaxError
 from sagemaker_dist.errors import ConfigurationError, JobFailedError
@@ -37,7 +38,12 @@ from sagemaker_dist.local.container_launcher import (
 )
 from sagemaker_dist.local.endpoint import s3_client
 from sagemaker_dist.local.feeds import close_feeds, open_feeds
-from sagemaker_dist.local.launcher import RankGroup, check_hostname_resolves, rank_command
+from sagemaker_dist.local.launcher import (
+    TF_CONFIG_LAUNCHER,
+    RankGroup,
+    check_hostname_resolves,
+    rank_command,
+)
 from sagemaker_dist.local.opt_ml import JOB_ENV, build_host_trees
 from sagemaker_dist.local.outputs import CheckpointSync, pack_and_upload
 from sagemaker_dist.local.result import LocalJobResult, final_metrics, rank_summaries
@@ -194,6 +200,7 @@ def run_local(
     """
     started = time.monotonic()
     job = LocalJobSpec.from_request(request, timeout, toolkit_version)
+    launcher = _launcher_for(job, launcher)
     if launcher in TOOLKIT_HOST_LAUNCHERS:
         container = check_toolkit_host(container_python) if launcher == "toolkit" else None
         image = check_container_image(image) if launcher == CONTAINER_LAUNCHER else None
@@ -204,7 +211,7 @@ def run_local(
                 "launcher 'horovodrun' or 'mpirun' for several hosts"
             )
     else:
-        command = rank_command(launcher, job.world)
+        command = rank_command(launcher, job.world, python=str(container_python or sys.executable))
     if launcher == "horovodrun":
         check_hostname_resolves()
     client = s3_client()
@@ -252,6 +259,18 @@ def run_local(
         for line in result.summary_lines():
             echo(line)
         return result
+
+
+def _launcher_for(job: LocalJobSpec, launcher: str) -> str:
+    """A tf-mwms job runs one worker per host with TF_CONFIG (or under the toolkit, which writes it)."""
+    if job.layout is None or job.layout.distribution != TF_MWMS:
+        return launcher
+    if launcher == "mpirun":
+        raise LocalJobError(
+            f"this is a {TF_MWMS!r} job (one worker per host with TF_CONFIG, no MPI); launcher 'mpirun' is "
+            "for Horovod jobs. Leave the launcher unset, or use 'toolkit'"
+        )
+    return TF_CONFIG_LAUNCHER if launcher == "horovodrun" else launcher
 
 
 def _work_dir(stack: ExitStack, work_dir, job_name: str, keep: bool) -> Path:
