@@ -116,7 +116,13 @@ stop_agents() {{  # SIGTERM to each agent (a SIGTERM to srun itself would end th
   if [ -n "$step" ]; then scancel --signal=TERM "$step"; else kill "$AGENTS" 2>/dev/null; fi
   wait "$AGENTS"
 }}
-trap 'stop_agents; exit 143' TERM INT
+finish() {{  # stop the agents, remove the trees (outputs are in S3; SAGEMAKER_DIST_KEEP_ROOT=1 keeps them)
+  stop_agents
+  [ -n "${{SAGEMAKER_DIST_KEEP_ROOT:-}}" ] ||
+    srun --overlap {per_node} sh -c 'rm -rf "$SD_ROOT/node-$SLURM_NODEID"; rmdir "$SD_ROOT" 2>/dev/null; true'
+  exit "$1"
+}}
+trap 'finish 143' TERM INT
 
 # Start the ranks once every node's agent is feeding (and stop if an agent fails first).
 srun --overlap {per_node} sh -c {shlex.quote(wait_ready)} &
@@ -124,22 +130,18 @@ WAITER=$!
 while kill -0 "$WAITER" 2>/dev/null; do
   if ! kill -0 "$AGENTS" 2>/dev/null; then
     echo "sagemaker-dist: a pipe agent stopped before the ranks started (its error is above)" >&2
-    kill "$WAITER" 2>/dev/null; exit 1
+    kill "$WAITER" 2>/dev/null; finish 1
   fi
   sleep 0.5
 done
-if ! wait "$WAITER"; then stop_agents; exit 1; fi
+wait "$WAITER" || finish 1
 
 srun --overlap --mpi=pmix --nodes={nodes} --ntasks-per-node={tasks} --kill-on-bad-exit=1 --label \\
   sh -c {shlex.quote(in_tree)} \\
   {ranks}
 STATUS=$?
-stop_agents
-# the trees go with the job (outputs are in S3); SAGEMAKER_DIST_KEEP_ROOT=1 keeps them
-[ -n "${{SAGEMAKER_DIST_KEEP_ROOT:-}}" ] ||
-  srun --overlap {per_node} sh -c 'rm -rf "$SD_ROOT/node-$SLURM_NODEID"'
 if [ "$STATUS" -ne 0 ]; then
   echo "sagemaker-dist: {failed}" >&2
 fi
-exit "$STATUS"
+finish "$STATUS"
 """
