@@ -17,6 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 IMAGE=${SAGEMAKER_DIST_TEST_IMAGE:-localhost/sagemaker-dist:test}
+MWMS_IMAGE=${IMAGE}-mwms  # the same Dockerfile with WITH_HOROVOD=0
 ROOTFS_IMAGE=localhost/sagemaker-dist-bookworm-minbase:latest
 STANDIN_REPO=localhost/sagemaker-dist-standin
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -187,10 +188,15 @@ build --volume "$CA_BUNDLE:$CA_BUNDLE:ro" --ignorefile container/Dockerfile.dock
   -f container/Dockerfile . >"$RUN_DIR/image-build.log" \
   || { tail -30 "$RUN_DIR/image-build.log" >&2; die "building $IMAGE failed"; }
 step_done
+step "building $MWMS_IMAGE (WITH_HOROVOD=0, for distribution tf-mwms) FROM $base"
+build --volume "$CA_BUNDLE:$CA_BUNDLE:ro" --ignorefile container/Dockerfile.dockerignore --build-arg "BASE_IMAGE=$base" \
+  --build-arg WITH_HOROVOD=0 -t "$MWMS_IMAGE" -f container/Dockerfile . >"$RUN_DIR/mwms-image-build.log" \
+  || { tail -30 "$RUN_DIR/mwms-image-build.log" >&2; die "building $MWMS_IMAGE failed"; }
+step_done
 [ "$build_only" = 1 ] && exit 0
 
 # 4. Jobs in the image: the demo on 2 MPI ranks, a failing rank, a job stopped at its time limit.
 step "jobs in $IMAGE (tests/container/test_container_image.py)"
-SAGEMAKER_DIST_TEST_IMAGE="$IMAGE" .venv/bin/python -m pytest -q -p no:cacheprovider \
+SAGEMAKER_DIST_TEST_IMAGE="$IMAGE" SAGEMAKER_DIST_TEST_MWMS_IMAGE="$MWMS_IMAGE" .venv/bin/python -m pytest -q -p no:cacheprovider \
   tests/container/test_container_image.py "$@"
 step_done

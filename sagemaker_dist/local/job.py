@@ -229,6 +229,8 @@ def run_local(
             group = _toolkit_group(
                 job, trees, code_dir if source_dir else None, work, container, extra_env, echo, image
             )
+            if job.world == 1:  # no mpirun (tf-mwms): the toolkit's one worker prints untagged
+                group.untagged_rank = 0
             command = group.command
         else:
             group = _rank_group(job, trees, code_dir, work, command, extra_env, echo)

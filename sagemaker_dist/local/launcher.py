@@ -146,6 +146,9 @@ class RankGroup:
         self.known_pids: dict[int, int] = {}
         self.last_alive: dict[int, float] = {}  # rank -> time.time() it was last seen running
         self.first_dead: dict[int, float] = {}  # rank -> time.time() it was first seen gone, no exit file
+        # where untagged output counts as a rank's (for its metrics and last lines): the one worker
+        # the toolkit starts without mpirun (tf-mwms on one host) prints untagged
+        self.untagged_rank: int | None = None
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
@@ -171,6 +174,8 @@ class RankGroup:
                 self.rank_lines.setdefault(rank, []).append(text)
                 self.on_line(rank, text)
             else:
+                if self.untagged_rank is not None:
+                    self.rank_lines.setdefault(self.untagged_rank, []).append(line)
                 self.on_line(None, line)
 
     def _read_pids(self) -> None:

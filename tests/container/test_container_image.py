@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "tests" / "helpers" / "local_scripts"
 BIN = Path(sys.executable).parent
 IMAGE = os.environ.get("SAGEMAKER_DIST_TEST_IMAGE")
+MWMS_IMAGE = os.environ.get("SAGEMAKER_DIST_TEST_MWMS_IMAGE")  # built with WITH_HOROVOD=0
 ROOTFS_IMAGE = "localhost/sagemaker-dist-bookworm-minbase:latest"  # what container-test.sh imports
 
 needs_image = pytest.mark.skipif(
@@ -38,11 +39,14 @@ def _podman(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=120)
 
 
-def _request(s3, bucket, source_dir: Path, entry_point: str, hps: dict) -> dict:
+def _request(s3, bucket, source_dir: Path, entry_point: str, hps: dict, **kwargs) -> dict:
     """One host of 2 ranks, Pipe mode; the source package goes to S3 (the toolkit in the container
     downloads it, as on SageMaker)."""
     write_demo_data(f"s3://{bucket}/data/", files=4, records_per_file=16, validation_files=2, client=s3)
-    estimator = demo_estimator(bucket, 1, 2, "Pipe", hps, source_dir=source_dir, entry_point=entry_point)
+    per_host = 1 if kwargs.get("distribution") == "tf-mwms" else 2
+    estimator = demo_estimator(
+        bucket, 1, per_host, "Pipe", hps, source_dir=source_dir, entry_point=entry_point, **kwargs
+    )
     inputs = {"train": f"s3://{bucket}/data/train/", "validation": f"s3://{bucket}/data/validation/"}
     return estimator.prepare(inputs, printer=None).request
 
@@ -156,3 +160,23 @@ def test_a_missing_base_is_named_before_any_build(tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert "base image localhost/no-such-dlc:1 is not in podman's storage" in done.stderr
     assert "Run without --base to build the stand-in" in done.stderr
+
+
+@pytest.mark.skipif(
+    not MWMS_IMAGE or not shutil.which("podman"), reason="no tf-mwms image (container-test.sh)"
+)
+def test_a_tf_mwms_job_trains_in_the_image_without_horovod(s3, bucket, tmp_path):
+    """WITH_HOROVOD=0: no Horovod in the image; the toolkit's MultiWorkerMirroredStrategy path (TF_CONFIG,
+    no MPI) runs the demo on one host."""
+    assert _podman("run", "--rm", MWMS_IMAGE, "python", "-c", "import horovod").returncode != 0
+    request = _request(s3, bucket, DEMO_JOB_DIR, "train_cifar10.py", {"epochs": 2}, distribution="tf-mwms")
+    lines = []
+    result = run_local(
+        request, launcher="container", image=MWMS_IMAGE, work_dir=tmp_path, echo=lines.append,
+        keep_work_dir=True, timeout=400,
+    )  # fmt: skip
+    out = "\n".join(lines)
+    assert "Running distributed training job with multi_worker_mirrored_strategy setup" in out, out[-3000:]
+    assert "MultiWorkerMirroredStrategy: 1 worker(s)" in out and "mpirun" not in out, out[-3000:]
+    assert "loss" in result.metrics and result.model_uri, out[-3000:]
+    assert (Path(result.work_dir) / "hosts" / "algo-1" / "output" / "success").is_file()
