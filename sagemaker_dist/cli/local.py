@@ -103,7 +103,7 @@ def register(subparsers) -> None:
         help="the image's sagemaker-training version: the entry script gets its arguments as that toolkit "
         f"passes them (before 5.0 through /bin/sh; default {DEFAULT_TOOLKIT_VERSION}, the TF DLCs')",
     )
-    _add_endpoint_args(p)
+    add_endpoint_args(p)
     p.add_argument("--work-dir", type=Path, help="where the per-host /opt/ml trees go (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the /opt/ml trees after the job")
     p.add_argument("--timeout", type=float, help="stop the job after this many seconds")
@@ -119,11 +119,11 @@ def register(subparsers) -> None:
     d.add_argument("--records-per-file", type=int, default=64)
     d.add_argument("--validation-files", type=int, default=2)
     d.add_argument("--seed", type=int, default=0)
-    _add_endpoint_args(d)
+    add_endpoint_args(d)
     d.set_defaults(func=demo_data_command)
 
 
-def _add_endpoint_args(p) -> None:
+def add_endpoint_args(p) -> None:
     from sagemaker_dist.local.demo import DEMO_BUCKET
     from sagemaker_dist.local.endpoint import DEFAULT_STATE_DIR
 
@@ -141,7 +141,7 @@ def _add_endpoint_args(p) -> None:
     )
 
 
-def _endpoint(args):
+def endpoint_for(args):
     """The embedded moto server unless a real bucket or an endpoint URL was given."""
     import os
 
@@ -155,7 +155,7 @@ def _endpoint(args):
     return embedded_s3(args.s3_state_dir)
 
 
-def _ensure_bucket(bucket: str) -> None:
+def ensure_bucket(bucket: str) -> None:
     """On a local endpoint the output bucket may not exist yet; create it. Only called with an
     embedded or explicit endpoint: buckets on real S3 are never created."""
     from sagemaker_dist.local.endpoint import s3_client
@@ -199,7 +199,7 @@ _JOB_OPTIONS = {
 _ENTRY_POINT_ONLY = ("validation_spread", "job_name", "instance_type", "role")
 
 
-def _read_request(path: Path) -> dict:
+def read_request(path: Path) -> dict:
     """The CreateTrainingJob request in ``path``; errors name the file."""
     try:
         text = path.read_text()
@@ -244,7 +244,7 @@ def run_local_command(args) -> int:
             raise ConfigurationError(f"{', '.join(given)} apply to --entry-point jobs; the demo job is fixed")
     if args.request:  # before any endpoint starts: a bad file or option fails at once
         _check_request_options(args)
-        request = _read_request(args.request)
+        request = read_request(args.request)
     # the toolkit and container launchers simulate one host, so its ranks are processes of that host
     one_host = args.launcher in ("toolkit", CONTAINER_LAUNCHER)
     default_hosts, default_per_host = (1, 2) if one_host else (2, 1)
@@ -253,7 +253,7 @@ def run_local_command(args) -> int:
     input_mode = args.input_mode or "Pipe"
     bucket = args.bucket or DEMO_BUCKET
     with ExitStack() as stack:
-        url = stack.enter_context(_endpoint(args))
+        url = stack.enter_context(endpoint_for(args))
         if url:
             print(
                 f"S3 endpoint: {url}"
@@ -262,7 +262,7 @@ def run_local_command(args) -> int:
         else:
             print(f"S3: real S3, bucket {bucket}")
         if url:
-            _ensure_bucket(bucket)
+            ensure_bucket(bucket)
         if args.demo:
             job = prepare_demo_job(
                 bucket, hosts, per_host, input_mode, _hyperparameters(args), distribution=args.distribution
@@ -302,7 +302,7 @@ def demo_data_command(args) -> int:
     from sagemaker_dist.local.demo_data import write_demo_data
 
     prefix = args.prefix or f"s3://{args.bucket or DEMO_BUCKET}/cifar10-demo/"
-    with _endpoint(args) as url:
+    with endpoint_for(args) as url:
         data = write_demo_data(
             prefix,
             files=args.files,

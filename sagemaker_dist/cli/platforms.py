@@ -7,7 +7,7 @@ import signal
 import threading
 from pathlib import Path
 
-from sagemaker_dist.cli.local import _add_endpoint_args, _endpoint, _ensure_bucket, _read_request
+from sagemaker_dist.cli.local import add_endpoint_args, endpoint_for, ensure_bucket, read_request
 from sagemaker_dist.contract.paths import opt_ml_root
 from sagemaker_dist.errors import ConfigurationError
 
@@ -72,7 +72,7 @@ def register(subparsers) -> None:
     k.add_argument("--backoff-limit", type=int, default=0, help="runPolicy.backoffLimit (default 0)")
     k.add_argument("--ttl", type=int, default=3600, help="runPolicy.ttlSecondsAfterFinished (default 3600)")
     k.add_argument("-o", "--output", type=Path, help="write the YAML here instead of stdout")
-    _add_endpoint_args(k)
+    add_endpoint_args(k)
     k.set_defaults(func=k8s_command)
 
     s = subparsers.add_parser(
@@ -110,7 +110,7 @@ def register(subparsers) -> None:
         "--wait", action="store_true", help="with --submit: wait, print its output, exit with its code"
     )
     s.add_argument("--timeout", type=float, help="with --wait: cancel the job after this many seconds")
-    _add_endpoint_args(s)
+    add_endpoint_args(s)
     s.set_defaults(func=slurm_command)
 
 
@@ -146,7 +146,7 @@ def k8s_command(args) -> int:
     if args.request:  # before anything is written: a bad file or option fails at once
         flags = {"--instance-type": args.instance_type, "--instance-count": args.instance_count}
         _refuse_with_request({**flags, "--epochs": args.epochs})
-        request = _read_request(args.request)
+        request = read_request(args.request)
     instance_type = args.instance_type or "ml.p4d.24xlarge"
     count = 2 if args.instance_count is None else args.instance_count
     if args.demo:
@@ -155,9 +155,9 @@ def k8s_command(args) -> int:
         per_host, _ = ranks_per_node(instance_type, args.processes_per_host)  # GPU checks before any S3
     bucket = args.bucket or DEMO_BUCKET
     with ExitStack() as stack:
-        url = stack.enter_context(_endpoint(args))
+        url = stack.enter_context(endpoint_for(args))
         if url and args.demo:  # the demo writes its data into this bucket; a request brings its own
-            _ensure_bucket(bucket)
+            ensure_bucket(bucket)
         if args.demo:
             request = _demo_request(args, bucket, count, per_host, instance_type)
         spec_uri = args.spec_uri or _default_spec_uri(request)
@@ -240,7 +240,7 @@ def slurm_command(args) -> int:
     if args.request:
         flags = {"--nodes": args.nodes, "--epochs": args.epochs, "--tasks-per-node": args.tasks_per_node}
         _refuse_with_request(flags)
-        request = _read_request(args.request)
+        request = read_request(args.request)
     if args.instance_type:
         tasks, gpus = ranks_per_node(args.instance_type, args.tasks_per_node, "--tasks-per-node")
     else:
@@ -252,9 +252,9 @@ def slurm_command(args) -> int:
         raise ConfigurationError(f"--nodes {nodes}: give at least 1")
     bucket = args.bucket or DEMO_BUCKET
     with ExitStack() as stack:
-        url = stack.enter_context(_endpoint(args))
+        url = stack.enter_context(endpoint_for(args))
         if url and args.demo:  # the demo writes its data into this bucket; a request brings its own
-            _ensure_bucket(bucket)
+            ensure_bucket(bucket)
         if args.demo:
             request = _demo_request(args, bucket, nodes, tasks, args.instance_type)
         spec_uri = args.spec_uri or _default_spec_uri(request)

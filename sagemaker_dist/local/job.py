@@ -140,7 +140,9 @@ def _processes_per_host(hps: dict, layout: ChannelLayout | None) -> int:
     return value
 
 
-def _source_dir(source_dir, hps: dict, work: Path, client) -> Path:
+def fetch_source_dir(source_dir, hps: dict, work: Path, client) -> Path:
+    """The entry script's folder: ``source_dir``, else ``sagemaker_submit_directory`` (a path, or
+    the source package in S3, downloaded and unpacked into ``work/code``)."""
     if source_dir is not None:
         path = Path(source_dir).resolve()
         if not path.is_dir():
@@ -152,7 +154,7 @@ def _source_dir(source_dir, hps: dict, work: Path, client) -> Path:
             "no source dir: pass source_dir= or set hyperparameter sagemaker_submit_directory"
         )
     if not str(uri).startswith("s3://"):
-        return _source_dir(uri, hps, work, client)
+        return fetch_source_dir(uri, hps, work, client)
     bucket, key = parse_s3_uri(uri)
     target = work / "code"
     target.mkdir()
@@ -217,7 +219,7 @@ def run_local(
     client = s3_client()
     with interrupt_guard() as guard, ExitStack() as stack:
         work = _work_dir(stack, work_dir, job.name, keep_work_dir)
-        code_dir = _source_dir(source_dir, job.hyperparameters, work, client)
+        code_dir = fetch_source_dir(source_dir, job.hyperparameters, work, client)
         if not (code_dir / job.entry_point).is_file():
             raise LocalJobError(f"entry script {job.entry_point!r} is not in the source dir {code_dir}")
         trees, ckpt = _host_trees(stack, job, work, client, echo)

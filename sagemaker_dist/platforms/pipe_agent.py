@@ -26,7 +26,7 @@ from sagemaker_dist.launch.s3_objects import S3AccessError
 from sagemaker_dist.local.channel_objects import FeedError, resolve_objects
 from sagemaker_dist.local.feeder import ChannelFeeder
 from sagemaker_dist.local.feeds import FileFeed, close_feeds
-from sagemaker_dist.local.job import _source_dir
+from sagemaker_dist.local.job import fetch_source_dir
 from sagemaker_dist.local.opt_ml import HostTree, build_host_trees
 from sagemaker_dist.local.outputs import CheckpointSync, pack_and_upload
 from sagemaker_dist.platforms.node_plan import NodePlan
@@ -145,7 +145,8 @@ def install_opt_ml(plan: NodePlan, root: Path, client) -> HostTree:
             if stat.S_ISFIFO(stale.lstat().st_mode):
                 stale.unlink()
         if str(hp.decode_one(plan.job.hyperparameters, hp.SUBMIT_DIRECTORY, "")).startswith("s3://"):
-            code = _source_dir(None, plan.job.hyperparameters, staging, client)  # unpacked in staging/code
+            # unpacked in staging/code
+            code = fetch_source_dir(None, plan.job.hyperparameters, staging, client)
             shutil.rmtree(root / "code", ignore_errors=True)
             os.replace(code, root / "code")
     finally:

@@ -148,7 +148,7 @@ def test_source_comes_from_the_submit_directory_tarball_without_a_source_dir(s3,
     import tarfile
 
     from sagemaker_dist.local.endpoint import s3_client
-    from sagemaker_dist.local.job import _source_dir
+    from sagemaker_dist.local.job import fetch_source_dir
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
@@ -157,11 +157,11 @@ def test_source_comes_from_the_submit_directory_tarball_without_a_source_dir(s3,
         tar.addfile(info, io.BytesIO(b"print('hi')\n"))
     s3.put_object(Bucket=bucket, Key="src/sourcedir.tar.gz", Body=buf.getvalue())
     hps = {"sagemaker_submit_directory": f"s3://{bucket}/src/sourcedir.tar.gz"}
-    code = _source_dir(None, hps, tmp_path, s3_client())
+    code = fetch_source_dir(None, hps, tmp_path, s3_client())
     assert (code / "train.py").read_text() == "print('hi')\n"
     (tmp_path / "x").mkdir()
     with pytest.raises(LocalJobError, match="cannot download the source package"):
-        _source_dir(
+        fetch_source_dir(
             None, {"sagemaker_submit_directory": f"s3://{bucket}/nope.tar.gz"}, tmp_path / "x", s3_client()
         )
 
