@@ -23,7 +23,10 @@ TF_CONFIG_LAUNCHER = "tf-config"  # distribution tf-mwms: one worker per host wi
 _PREFIX = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
 # mpirun --tag-output: [1,0]<stdout>: and, under the toolkit's options, [1,mpirank:0,algo-1]<stdout>:
 _MPI_TAG = re.compile(r"^\[\d+,(?:mpirank:)?(\d+)(?:,[^\]]*)?\]<(stdout|stderr)>:(.*)$")
-_MPI_TRAILING_TAG = re.compile(r"\[\d+,[^\]]*\]<std(?:out|err)>:$")  # mpirun --tag-output glitch
+# Under load mpirun tags each chunk of a rank's output, not each line, so a tag can stand inside a
+# line: the same rank's (a line written in parts: "RuntimeError[1,1]<stderr>:: ...") or another
+# rank's (two lines run together)
+_MPI_INNER_TAG = re.compile(r"\[\d+,(?:mpirank:)?(\d+)(?:,[^\]]*)?\]<std(?:out|err)>:")
 # the first failed process as horovodrun reports it ("Process name: 1") and as mpirun does
 # ("Process name: [[27860,1],1]")
 _FAILED_PROCESS = re.compile(r"Process name: (?:\[\[\d+,\d+\],)?(\d+)\]?\s*\n\s*Exit code:\s*(-?\d+)")
@@ -108,6 +111,23 @@ def rank_command(launcher: str, world_size: int, python: str = sys.executable) -
     raise LaunchError(f"launcher {launcher!r} is not one of {', '.join(LAUNCHERS)}")
 
 
+def split_inner_tags(rank: int, text: str) -> list[tuple[int, str]]:
+    """``rank``'s tagged ``text`` as (rank, line) pairs: a tag of the same rank inside it is dropped
+    (its line was written in parts), one of another rank starts that rank's line; empty parts go."""
+    lines: list[tuple[int, str]] = []
+    current, start = rank, 0
+    for tag in [*_MPI_INNER_TAG.finditer(text), None]:
+        part = text[start : tag.start() if tag else len(text)]
+        if lines and lines[-1][0] == current:
+            lines[-1] = (current, lines[-1][1] + part)  # the same rank's line, written in parts
+        else:
+            lines.append((current, part))
+        if tag:
+            current, start = int(tag.group(1)), tag.end()
+    kept = [(who, line) for who, line in lines if line]
+    return kept or [(rank, "")]
+
+
 def horovod_mpi_built(python: str = sys.executable) -> bool | None:
     """Whether ``python``'s Horovod (TensorFlow) was built with MPI; None if that cannot be told.
 
@@ -170,9 +190,9 @@ class RankGroup:
             self.output.append(line)
             match = _PREFIX.match(line) or _MPI_TAG.match(line)
             if match:
-                rank, text = int(match.group(1)), _MPI_TRAILING_TAG.sub("", match.group(3))
-                self.rank_lines.setdefault(rank, []).append(text)
-                self.on_line(rank, text)
+                for rank, text in split_inner_tags(int(match.group(1)), match.group(3)):
+                    self.rank_lines.setdefault(rank, []).append(text)
+                    self.on_line(rank, text)
             else:
                 if self.untagged_rank is not None:
                     self.rank_lines.setdefault(self.untagged_rank, []).append(line)

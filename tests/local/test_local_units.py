@@ -317,3 +317,20 @@ def test_a_hyperparameter_the_toolkits_shell_cannot_parse_fails_the_local_job_as
     with pytest.raises(LocalJobError, match=r"'note' = \"it's broken\".*broken command line.*unterminated"):
         run_local(request, tmp_path, work_dir=tmp_path / "w")
     assert not os.listdir(tmp_path / "w")  # refused before any rank started
+
+
+def test_mpirun_tags_inside_a_line_are_split_by_rank():
+    """Under load mpirun tags chunks, not lines (both captured from real runs): a rank's line written in
+    parts carries its own tag inside; two ranks' lines run together carry the other rank's."""
+    from sagemaker_dist.local.launcher import split_inner_tags
+
+    parts = "RuntimeError[1,mpirank:1,algo-1]<stderr>:: [1,mpirank:1,algo-1]<stderr>:rank 1 failed on purpose"
+    assert split_inner_tags(1, parts) == [(1, "RuntimeError: rank 1 failed on purpose")]
+    joined = "env rank=0 host=algo-1 bytes=12504[1,1]<stdout>:env rank=1 host=algo-2 bytes=12504"
+    assert split_inner_tags(0, joined) == [
+        (0, "env rank=0 host=algo-1 bytes=12504"),
+        (1, "env rank=1 host=algo-2 bytes=12504"),
+    ]
+    assert split_inner_tags(0, "abc[1,0]<stdout>:") == [(0, "abc")]
+    assert split_inner_tags(0, "") == [(0, "")]
+    assert split_inner_tags(0, "x[1,1]<stdout>:y[1,0]<stdout>:z") == [(0, "x"), (1, "y"), (0, "z")]
