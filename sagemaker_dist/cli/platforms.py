@@ -14,6 +14,13 @@ from sagemaker_dist.errors import ConfigurationError
 DEFAULT_IMAGE = "sagemaker-dist:latest"
 
 
+def _add_job_source(p) -> None:
+    """The job to run elsewhere: the demo, or a request written before (``launch --dry-run``)."""
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--demo", action="store_true", help="the CIFAR-10-shaped demo job (writes its data)")
+    what.add_argument("--request", type=Path, help="a CreateTrainingJob request as JSON (launch --dry-run)")
+
+
 def register(subparsers) -> None:
     a = subparsers.add_parser(
         "pipe-agent",
@@ -53,9 +60,7 @@ def register(subparsers) -> None:
             "with kubectl apply -f. S3 as for 'local': embedded unless --bucket or --endpoint-url."
         ),
     )
-    what = k.add_mutually_exclusive_group(required=True)
-    what.add_argument("--demo", action="store_true", help="the CIFAR-10-shaped demo job (writes its data)")
-    what.add_argument("--request", type=Path, help="a CreateTrainingJob request as JSON (launch --dry-run)")
+    _add_job_source(k)
     k.add_argument("--instance-type", help="the worker nodes' type, for --demo (default ml.p4d.24xlarge)")
     k.add_argument("--instance-count", type=int, help="workers, for --demo (default 2)")
     k.add_argument("--processes-per-host", type=int, help="ranks per worker (default: its GPUs; CPU types)")
@@ -87,9 +92,7 @@ def register(subparsers) -> None:
             "--endpoint-url."
         ),
     )
-    what = s.add_mutually_exclusive_group(required=True)
-    what.add_argument("--demo", action="store_true", help="the CIFAR-10-shaped demo job (writes its data)")
-    what.add_argument("--request", type=Path, help="a CreateTrainingJob request as JSON (launch --dry-run)")
+    _add_job_source(s)
     s.add_argument("--nodes", type=int, help="nodes, for --demo (default 2)")
     s.add_argument("--tasks-per-node", type=int, help="ranks per node (default: its GPUs, else 1)")
     gpus = s.add_mutually_exclusive_group()
