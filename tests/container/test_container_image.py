@@ -104,7 +104,8 @@ def test_a_failing_rank_ends_with_the_failure_file_naming_it(s3, bucket, tmp_pat
     message = str(failure.value)
     launcher_lines = "\n".join(line for line in lines if not line.startswith("[rank "))
     assert message.startswith("rank 1 (host algo-1) "), message + "\n" + launcher_lines[-4000:]
-    assert "RuntimeError: rank 1 failed on purpose" in message
+    # as in the toolkit launcher's test: mpirun may cut "RuntimeError: ..." in two under load
+    assert "RuntimeError" in message and "rank 1 failed on purpose" in message, message
     assert "/opt/ml/output/failure says:" in message
     (work,) = tmp_path.iterdir()
     output = work / "hosts" / "algo-1" / "output"
