@@ -25,7 +25,6 @@ from sagemaker_dist.contract.layout import (
     SINGLE,
     TF_MWMS,
     ChannelLayout,
-    LayoutError,
     check_distribution,
     fifo_would_be_shared,
     plan_layout,
@@ -50,6 +49,7 @@ from sagemaker_dist.launch.instances import normalize_instance_type, processes_p
 from sagemaker_dist.launch.request import (
     DEFAULT_MPI_OPTIONS,
     ResolvedNames,
+    check_distribution_options,
     check_mpi_options,
     framework_hyperparameters,
     render_request,
@@ -164,7 +164,7 @@ class HorovodPipeEstimator:
         count = self.instance_count
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise EstimatorError(f"instance_count={count!r}; it must be a whole number >= 1")
-        self._check_distribution()
+        check_distribution_options(self.distribution, self.mpi_options, self.default_mpi_options)
         if self.distribution == TF_MWMS:
             self.processes_per_host = 1 if self.processes_per_host is None else self.processes_per_host
             check_distribution(self.distribution, self.processes_per_host)
@@ -195,23 +195,6 @@ class HorovodPipeEstimator:
         check_mpi_options(extra)
         defaults = DEFAULT_MPI_OPTIONS if self.default_mpi_options else ()
         self.mpi_options = " ".join([*defaults, *extra]).strip()
-
-    def _check_distribution(self) -> None:
-        """The distribution is known, and no Horovod-only option comes with the strategy."""
-        try:
-            check_distribution(self.distribution, 1)
-        except LayoutError as exc:
-            raise EstimatorError(str(exc)) from None
-        if self.distribution != TF_MWMS:
-            return
-        given = [name for name in ("mpi_options",) if getattr(self, name)]
-        if not self.default_mpi_options:
-            given.append("default_mpi_options=False")
-        if given:
-            raise EstimatorError(
-                f"{', '.join(given)} is a Horovod (mpirun) option, and distribution {TF_MWMS!r} runs no MPI; "
-                "drop it, or use distribution 'horovod'"
-            )
 
     @property
     def world_size(self) -> int:

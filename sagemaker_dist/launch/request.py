@@ -14,7 +14,7 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 from sagemaker_dist.contract import hyperparameters as hp
-from sagemaker_dist.contract.layout import PER_WORKER, TF_MWMS, ChannelLayout
+from sagemaker_dist.contract.layout import PER_WORKER, TF_MWMS, ChannelLayout, LayoutError, check_distribution
 from sagemaker_dist.contract.paths import (
     CHECKPOINT_LOCAL_PATH,
     CODE_CHANNEL,
@@ -52,6 +52,24 @@ class ResolvedNames:
     output_path: str
     source_uri: str  # where sourcedir.tar.gz is in S3
     image: str
+
+
+def check_distribution_options(distribution: str, mpi_options, default_mpi_options: bool) -> None:
+    """The distribution is known, and no Horovod-only option comes with the strategy (no MPI there)."""
+    try:
+        check_distribution(distribution, 1)
+    except LayoutError as exc:
+        raise EstimatorError(str(exc)) from None
+    if distribution != TF_MWMS:
+        return
+    given = ["mpi_options"] if mpi_options else []
+    if not default_mpi_options:
+        given.append("default_mpi_options=False")
+    if given:
+        raise EstimatorError(
+            f"{', '.join(given)} is a Horovod (mpirun) option, and distribution {TF_MWMS!r} runs no MPI; "
+            "drop it, or use distribution 'horovod'"
+        )
 
 
 def check_mpi_options(options: Sequence[str]) -> None:

@@ -47,11 +47,13 @@ from sagemaker_dist.local.launcher import (
 from sagemaker_dist.local.opt_ml import JOB_ENV, build_host_trees
 from sagemaker_dist.local.outputs import CheckpointSync, pack_and_upload
 from sagemaker_dist.local.result import LocalJobResult, final_metrics, rank_summaries
-from sagemaker_dist.local.supervision import interrupt_guard, rank_failure, supervise
+from sagemaker_dist.local.supervision import interrupt_guard, supervise
 from sagemaker_dist.local.toolkit_launcher import (
+    blame_the_rank_that_raised,
     check_toolkit_host,
     toolkit_environment,
     toolkit_host_command,
+    toolkit_outcome,
 )
 
 # the launchers whose simulated host runs the image's toolkit entry point, which starts the ranks
@@ -251,8 +253,8 @@ def run_local(
         failure = supervise(group, feed_errors, trees, job.processes_per_host, started, job.timeout)
         group.finish_output()
         if launcher in TOOLKIT_HOST_LAUNCHERS:
-            failure = _blame_the_rank_that_raised(failure, group, trees, job.processes_per_host)
-            failure = _toolkit_outcome(failure, trees[0])
+            failure = blame_the_rank_that_raised(failure, group, trees, job.processes_per_host)
+            failure = toolkit_outcome(failure, trees[0])
         if failure:
             raise LocalJobFailed(failure)
         stop.set()
@@ -381,45 +383,6 @@ def _toolkit_group(
     pid_dir = work / "ranks"  # stays empty: the toolkit's mpirun starts the ranks, not our entry
     pid_dir.mkdir()
     return RankGroup(command, env, pid_dir, job.world, _rank_echo(trees, job.processes_per_host, echo))
-
-
-_HOROVOD_SHUT_DOWN = "Horovod has been shut down"  # a collective failed by another rank's exit
-_TRACEBACK = "Traceback (most recent call last):"
-
-
-def _blame_the_rank_that_raised(failure: str | None, group: RankGroup, trees, per_host: int) -> str | None:
-    """Under the toolkit's mpirun, the rank that raised and the ranks its Horovod shutdown failed race
-    to exit, and mpirun names whichever exits first. When the rank it names only failed that way,
-    blame the rank with a traceback of its own instead."""
-    reported = group.failed_rank()
-    if failure is None or reported is None:
-        return failure
-    lines = group.rank_lines
-    if not any(_HOROVOD_SHUT_DOWN in line for line in lines.get(reported[0], [])):
-        return failure
-    raised = [
-        rank
-        for rank, rank_lines in sorted(lines.items())
-        if rank != reported[0]
-        and any(line.startswith(_TRACEBACK) for line in rank_lines)
-        and not any(_HOROVOD_SHUT_DOWN in line for line in rank_lines)
-    ]
-    if not raised:
-        return failure
-    what = f"raised an exception (mpirun named rank {reported[0]}, whose collective failed after it)"
-    return rank_failure(group, raised[0], what, trees, per_host)
-
-
-def _toolkit_outcome(failure: str | None, tree) -> str | None:
-    """The toolkit's own verdict: /opt/ml/output/success, or the failure file it wrote."""
-    failure_file = tree.output_dir / "failure"
-    if failure_file.is_file():
-        text = failure_file.read_text(errors="replace").strip()
-        shown = "\n".join(f"  {line}" for line in text.splitlines()[-15:])
-        return f"{failure or 'the toolkit reported a failure'}\n/opt/ml/output/failure says:\n{shown}"
-    if failure is None and not (tree.output_dir / "success").is_file():
-        return "the toolkit exited 0 but wrote no /opt/ml/output/success"
-    return failure
 
 
 def _script_argv(job: LocalJobSpec, env: dict, code_dir: Path) -> list[str]:

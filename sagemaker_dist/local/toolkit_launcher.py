@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.local.launcher import RankGroup
+from sagemaker_dist.local.supervision import rank_failure
 
 CONTAINER_PYTHON_ENV = "SAGEMAKER_DIST_CONTAINER_PYTHON"
 TF_TRAINING_MODULE = "sagemaker_tensorflow_container.training:main"  # the TF DLCs' ENV
@@ -99,3 +101,42 @@ def toolkit_environment(
     env.update({"SAGEMAKER_TRAINING_MODULE": TF_TRAINING_MODULE, "TRAINING_JOB_NAME": job_name})
     env["PATH"] = os.pathsep.join([str(python.parent), env.get("PATH", os.defpath)])
     return env
+
+
+_HOROVOD_SHUT_DOWN = "Horovod has been shut down"  # a collective failed by another rank's exit
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def blame_the_rank_that_raised(failure: str | None, group: RankGroup, trees, per_host: int) -> str | None:
+    """Under the toolkit's mpirun, the rank that raised and the ranks its Horovod shutdown failed race
+    to exit, and mpirun names whichever exits first. When the rank it names only failed that way,
+    blame the rank with a traceback of its own instead."""
+    reported = group.failed_rank()
+    if failure is None or reported is None:
+        return failure
+    lines = group.rank_lines
+    if not any(_HOROVOD_SHUT_DOWN in line for line in lines.get(reported[0], [])):
+        return failure
+    raised = [
+        rank
+        for rank, rank_lines in sorted(lines.items())
+        if rank != reported[0]
+        and any(line.startswith(_TRACEBACK) for line in rank_lines)
+        and not any(_HOROVOD_SHUT_DOWN in line for line in rank_lines)
+    ]
+    if not raised:
+        return failure
+    what = f"raised an exception (mpirun named rank {reported[0]}, whose collective failed after it)"
+    return rank_failure(group, raised[0], what, trees, per_host)
+
+
+def toolkit_outcome(failure: str | None, tree) -> str | None:
+    """The toolkit's own verdict: /opt/ml/output/success, or the failure file it wrote."""
+    failure_file = tree.output_dir / "failure"
+    if failure_file.is_file():
+        text = failure_file.read_text(errors="replace").strip()
+        shown = "\n".join(f"  {line}" for line in text.splitlines()[-15:])
+        return f"{failure or 'the toolkit reported a failure'}\n/opt/ml/output/failure says:\n{shown}"
+    if failure is None and not (tree.output_dir / "success").is_file():
+        return "the toolkit exited 0 but wrote no /opt/ml/output/success"
+    return failure
