@@ -102,6 +102,16 @@ def _batch_size(batches, given: int | None) -> int:
     return int(static if static is not None else given)
 
 
+_HOROVOD_ONLY = (
+    "train_records",
+    "total_train_records",
+    "validation_records",
+    "total_validation_records",
+    "warmup_epochs",
+    "pin_gpus",
+)
+
+
 def setup(
     optimizer,
     *,
@@ -121,7 +131,16 @@ def setup(
     the replicas in sync, and return the optimizer (built in the strategy's scope), callbacks and the
     resume epoch. Arguments as ``horovod_keras.setup``; record counts are not needed (epochs end by
     tf.distribute's agreement), and Horovod-only ones are refused by name."""
-    given = sorted(k for k, v in horovod_only.items() if v not in (None, 0, False, True))
+    unknown = sorted(set(horovod_only) - set(_HOROVOD_ONLY))
+    if unknown:
+        raise TypeError(f"mwms_keras.setup() got unexpected keyword argument(s) {', '.join(unknown)}")
+    # a Horovod script's calls pass as they are while they ask for nothing the strategy cannot do:
+    # no record counts, no warm-up (pin_gpus has no meaning here: each worker drives all its GPUs)
+    given = sorted(
+        k
+        for k, v in horovod_only.items()
+        if k != "pin_gpus" and v is not None and not (k == "warmup_epochs" and v == 0)
+    )
     if given:
         raise HorovodSetupError(
             f"{', '.join(given)}: not an argument of mwms_keras.setup() (record counts and warm-up are "
