@@ -345,7 +345,8 @@ def test_a_slow_writer_does_not_hold_back_the_records_already_sent(opt_ml):
 
 
 def test_large_records_batch_exactly_and_stopping_early_closes_the_fifo(opt_ml):
-    """Large records come in whole batches; an iterator dropped mid-epoch closes its FIFO at once.
+    """Large records come in whole batches; an iterator dropped mid-epoch has its FIFO closed when
+    the next iteration starts.
 
     SageMaker (like the feeder here) creates the next epoch's FIFO only once the last one is
     closed, so a reader that kept it open would stall the next epoch.
@@ -358,7 +359,7 @@ def test_large_records_batch_exactly_and_stopping_early_closes_the_fifo(opt_ml):
     ds = PipeModeDataset("train_0", "TFRecord").batch(4)
     iterator = iter(ds)
     assert next(iterator).numpy().tolist() == records[:4]
-    del iterator  # TensorFlow drops it: the reader thread stops and closes train_0_0
+    del iterator  # dropped mid-epoch: the next iteration closes train_0_0 before it waits for train_0_1
     batches = [b.numpy().tolist() for b in ds]  # epoch 1: train_0_1, which needs train_0_0 closed
     assert batches == [records[i : i + 4] for i in range(0, len(records), 4)]
     feeder.join(10)
@@ -398,22 +399,37 @@ def test_tf1_graph_mode_reads_too(opt_ml):
     assert out.stdout.split() == [str(len(records)), str(sum(len(r) for r in records))]
 
 
-def test_handover_keys_may_run_ahead_and_a_dropped_iteration_lets_its_chunks_go():
-    from sagemaker_dist.runtime.pipe.tf_bridge import Handover
+def test_handover_starts_an_iteration_at_chunk_0_and_refuses_an_older_iterator():
+    from sagemaker_dist.runtime.pipe.tf_bridge import Handover, TwoIterationsError
 
     no_offsets = np.empty(0, dtype=np.int64)
+    closed = []
 
-    def reader(group, convert):
-        for i in range(5):
-            yield convert(b"", no_offsets, no_offsets, [b"r%d" % i])
+    class Reader:
+        channel = "train_0"
+        epochs = 0
 
-    handover = Handover(reader)
-    iteration = handover.iteration()
-    k0, k1, k2 = next(iteration), next(iteration), next(iteration)  # tf.data pulled keys ahead
-    assert handover.take(k1)[3].numpy().tolist() == [b"r1"]
-    assert handover.take(k0)[3].numpy().tolist() == [b"r0"]
-    iteration.close()  # TensorFlow dropped the iterator with k2 not taken
-    assert k2 not in handover._ready and not handover._ready
+        def __call__(self, group, convert):
+            epoch, Reader.epochs = Reader.epochs, Reader.epochs + 1
+            try:
+                for i in range(3):
+                    yield convert(b"", no_offsets, no_offsets, [b"e%d-r%d" % (epoch, i)])
+            finally:
+                closed.append(epoch)
+
+    handover = Handover(Reader())
+    assert handover.take(0).numpy().tolist() == [b"e0-r0"]
+    assert handover.take(1).numpy().tolist() == [b"e0-r1"]
+    # A new iterator (chunk 0 again) while epoch 0 is open: epoch 0's reader stops, its FIFO closes.
+    assert handover.take(0).numpy().tolist() == [b"e1-r0"]
+    assert closed == [0]
+    with pytest.raises(TwoIterationsError, match="an earlier iterator asked for chunk 2.*one at a time"):
+        handover.take(2)  # the dropped iterator was still being read
+    for i in (1, 2):
+        handover.take(i)
+    with pytest.raises(StopIteration):  # py_function makes it the end of the iteration
+        handover.take(3)
+    assert closed == [0, 1]
 
 
 def test_benchmark_reports_progress_for_large_records_too(opt_ml, capfd):

@@ -18,6 +18,9 @@ log = logging.getLogger(__name__)
 # little next to copying 32 KiB.
 LARGE_RECORD_BYTES = 32 << 10
 DEFAULT_CHUNK = 4 << 20  # bytes handed to TensorFlow per step: amortises its per-call cost
+# The first chunks of a stream are smaller, growing 4x a chunk up to the chunk size: the first
+# batch then waits for about a batch of bytes, not a whole chunk framed in Python.
+FIRST_CHUNK = 64 << 10
 STALL_SECONDS = 0.05  # a stream quiet this long hands over the records it has, not a full chunk
 MAX_GROUP_BYTES = 64 << 20  # at most this much in one list of large records (memory in flight)
 

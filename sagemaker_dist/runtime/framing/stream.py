@@ -13,7 +13,7 @@ import numpy as np
 
 from sagemaker_dist.contract.record_formats import RECORD_FORMATS
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.runtime.framing.base import DEFAULT_CHUNK, STALL_SECONDS, Framer
+from sagemaker_dist.runtime.framing.base import DEFAULT_CHUNK, FIRST_CHUNK, STALL_SECONDS, Framer
 from sagemaker_dist.runtime.framing.recordio import RecordIOFramer
 from sagemaker_dist.runtime.framing.textline import TextLineFramer
 from sagemaker_dist.runtime.framing.tfrecord import TFRecordFramer
@@ -49,9 +49,11 @@ def frame_views(
 
     ``view`` is the framed part of the read buffer, without a copy: it is valid only until the
     next item is asked for (release it by then). Positions are as in :meth:`Framer.frame`. The
-    buffer grows when one record is larger than ``chunk_size``. Raises RecordFormatError on bad
-    framing or a truncated last record; after the stream ends, the framer's ``finish`` records
-    (TextLine's last unterminated line) come as one more item over a separate buffer.
+    buffer grows when one record is larger than ``chunk_size``. The first chunks are smaller
+    (``FIRST_CHUNK``, growing), so that the first records do not wait for a whole chunk. Raises
+    RecordFormatError on bad framing or a truncated last record; after the stream ends, the
+    framer's ``finish`` records (TextLine's last unterminated line) come as one more item over a
+    separate buffer.
 
     ``ready(timeout)`` (optional) says whether the stream has bytes to read within ``timeout``
     seconds: when it stalls, the records already buffered are framed at once instead of waiting
@@ -63,8 +65,10 @@ def frame_views(
     """
     buf = bytearray(chunk_size)
     filled = 0
+    target = min(FIRST_CHUNK, chunk_size // 2)
     while True:
-        filled, eof = _fill(readinto, buf, filled, max(chunk_size // 2, framer.need), framer.need, ready)
+        filled, eof = _fill(readinto, buf, filled, max(target, framer.need), framer.need, ready)
+        target = min(4 * target, chunk_size // 2)
         filled = yield from _frame_buffered(framer, buf, filled)
         if eof:
             break

@@ -1,30 +1,38 @@
-"""The TensorFlow half of PipeModeDataset: chunks from the reader thread into tf.data, then records.
+"""The TensorFlow half of PipeModeDataset: record chunks from the reader thread into tf.data.
 
-TensorFlow takes each chunk by a key through ``py_function``, without a copy; records are cut out
-of a chunk (``tf.strings.substr``) and (re)batched in C++, so tf.data does no per-record work in
-Python. TensorFlow is imported only when a dataset is built.
+The whole pipeline has one traced function: ``Dataset.range`` feeds chunk indexes to a map whose
+``py_function`` hands over the next chunk, a 1-D ``tf.string`` tensor that the reader thread
+already made (records cut out of a blob by ``tf.strings.substr``, or large records as they were
+read). Index 0 starts an iteration: it opens the next FIFO. The map does not keep the range's
+cardinality (TF1's ``map``), so the ``StopIteration`` at the end of the FIFO ends the iteration.
+
+Start-up is what a job's first epoch and every short epoch pay, so it is kept small: measured in
+fresh processes, ``from_generator`` plus a mapped ``tf.cond`` traced seven functions at build and
+ran three more per iteration; this traces one. TensorFlow is imported only when a dataset is built.
 """
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 
-from sagemaker_dist.runtime.pipe.reader import NO_OFFSETS, EpochReader
+from sagemaker_dist.runtime.pipe.reader import EpochReader
 
-PREFETCH_CHUNKS = 2  # measured: 0 or 1 is slower; Python frames chunk n+1 while C++ unbatches chunk n
+PREFETCH_CHUNKS = 2  # measured: 0 or 1 is slower; Python frames chunk n+1 while C++ rebatches chunk n
+ITERATION_INDEXES = 1 << 62  # more chunks than any FIFO holds: the FIFO's end ends an iteration
+
+
+class TwoIterationsError(RuntimeError):
+    """One PipeModeDataset iterated by two live iterators: each iteration reads the next FIFO alone."""
 
 
 class Handover:
     """Chunks that a reader thread made into tensors, handed to TensorFlow by ``py_function``.
 
-    ``from_generator`` converts what its generator yields through numpy in TensorFlow's thread,
-    under the GIL; measured, that cost a quarter of the speed at 100 KB records. Here the reader
-    thread makes the tensors itself (``tf.constant``, one copy) and the generator yields only a key
-    per chunk, which ``take`` turns into the chunk without a copy. ``from_generator`` still gives
-    each iteration its own generator (the next FIFO) and closes it when TensorFlow drops the
-    iterator, which stops the reader thread and closes the FIFO.
+    ``take(i)`` is called with 0, 1, 2, ... by each iteration (tf.data's map is sequential). Index
+    0 closes the iteration before it (an iterator dropped mid-epoch: SageMaker creates the next
+    FIFO only once the last one is closed) and starts the reader on the next FIFO. An index out
+    of sequence means an older iterator is still being read: an error, not records of the wrong
+    epoch.
     """
 
     def __init__(self, reader: EpochReader):
@@ -33,80 +41,71 @@ class Handover:
         self._tf = tf
         self._reader = reader
         self.group = 0  # records per chunk the reader aims at: the batch size, once known
-        self._ready: dict[int, tuple] = {}  # key -> (iteration, chunk)
-        self._keys = itertools.count(1)
-        self._empty = None  # (b"", no offsets, no records) as eager tensors, made in a reader thread
+        self._chunks = None
+        self._next_index = 0
 
-    def iteration(self):
-        """from_generator's generator: reads the next FIFO; yields a key per chunk ready in ``take``.
-
-        Every chunk has its own key, so tf.data may pull keys ahead of ``take`` (a prefetch it
-        injects); chunks of an iteration TensorFlow dropped are let go with it.
-        """
-        me = object()
-        chunks = self._reader(self.group, self._to_tensors)
+    def take(self, index):
+        index = int(index)
+        if index == 0:
+            self.close()
+            self._chunks = self._reader(self.group, self._to_tensor)
+        elif index != self._next_index or self._chunks is None:
+            raise TwoIterationsError(
+                f"PipeModeDataset of channel {self._reader.channel!r}: an earlier iterator asked for chunk "
+                f"{index} after a new iteration began. Each iteration reads the next FIFO, so iterate one "
+                "at a time (drop the old iterator, or use .cache()/.repeat() on the dataset)"
+            )
+        self._next_index = index + 1
         try:
-            for chunk in chunks:
-                key = next(self._keys)
-                self._ready[key] = (me, chunk)
-                yield key
-        except GeneratorExit:
-            for key, (owner, _) in list(self._ready.items()):
-                if owner is me:
-                    self._ready.pop(key, None)
-            raise
-        finally:
+            chunk = next(self._chunks)
+        except StopIteration:
+            self._chunks = None
+            raise  # py_function turns it into OutOfRange: the end of this iteration
+        return chunk if not isinstance(chunk, tuple) else self._to_tensor(*chunk, in_thread=False)
+
+    def close(self) -> None:
+        """Stop the current iteration's reader thread and close its FIFO."""
+        chunks, self._chunks = self._chunks, None
+        if chunks is not None:
             chunks.close()
 
-    def take(self, key):
-        return self._ready.pop(int(key))[1]
+    def _to_tensor(self, blob, starts, lengths, records, in_thread=True):
+        """The chunk's records as a 1-D tf.string tensor, made in the reader thread (eager ops).
 
-    def _to_tensors(self, blob, starts, lengths, records):
+        With eager execution off (TF1 scripts) the thread cannot run ops: the chunk goes to
+        ``take``, which runs eagerly inside ``py_function``, as it is.
+        """
         tf = self._tf
-        if not tf.executing_eagerly():  # TF1-style graph mode: py_function converts them
+        if in_thread and not tf.executing_eagerly():
             return blob, starts, lengths, records
-        if self._empty is None:
-            self._empty = (tf.constant(b""), tf.constant(NO_OFFSETS), tf.constant([], dtype=tf.string))
-        no_blob, no_offsets, no_records = self._empty
         if records:
-            return no_blob, no_offsets, no_offsets, tf.constant(records, dtype=tf.string)
+            return tf.constant(records, dtype=tf.string)
         # A bytes object goes to TensorFlow through numpy's fixed-width "S" type (about 1 GB/s,
         # measured); wrapped in an object array it is a plain copy (about 12 GB/s).
         boxed = np.empty((), dtype=object)
         boxed[()] = blob
-        return (
-            tf.constant(boxed, dtype=tf.string),
-            tf.constant(starts, dtype=tf.int64),
-            tf.constant(lengths, dtype=tf.int64),
-            no_records,
-        )
+        return tf.strings.substr(tf.constant(boxed, dtype=tf.string), starts, lengths)
 
 
 def _chunk_dataset(handover: Handover):
     """Record chunks (1-D tf.string), each iteration from the next FIFO (imports TensorFlow on first use)."""
     import tensorflow as tf
 
-    types = [tf.string, tf.int64, tf.int64, tf.string]
-    shapes = [(), (None,), (None,), (None,)]
-
     @tf.autograph.experimental.do_not_convert
-    def take(key):
-        chunk = tf.py_function(handover.take, [key], types)
-        for tensor, shape in zip(chunk, shapes):
-            tensor.set_shape(shape)
-        blob, starts, lengths, records = chunk
-        return tf.cond(
-            tf.size(records) > 0, lambda: records, lambda: tf.strings.substr(blob, starts, lengths)
-        )
+    def take(index):
+        chunk = tf.py_function(handover.take, [index], tf.string)
+        chunk.set_shape((None,))
+        return chunk
 
-    keys = tf.data.Dataset.from_generator(
-        handover.iteration, output_signature=tf.TensorSpec(shape=(), dtype=tf.int64)
-    )
-    return keys.map(take).prefetch(PREFETCH_CHUNKS)
+    # TF2's map keeps the input's cardinality and so turns the end (OutOfRange) into an error;
+    # TF1's map ends the dataset there, and its cardinality is unknown, as a FIFO's is.
+    indexes = tf.compat.v1.data.Dataset.range(ITERATION_INDEXES).map(take)
+    indexes = getattr(indexes, "_dataset", indexes)  # the plain tf.data.Dataset inside TF1's adapter
+    return indexes.prefetch(PREFETCH_CHUNKS)
 
 
 def records_dataset(reader: EpochReader, batch_size: int | None, drop_remainder: bool):
-    """Chunks from Python, records cut out and (re)batched in C++."""
+    """Chunks from Python, records (re)batched in C++."""
     handover = Handover(reader)
     chunks = _chunk_dataset(handover)
     if batch_size is not None:
