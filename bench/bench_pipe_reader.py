@@ -8,8 +8,16 @@ size and each run is one iteration of it (one epoch, as Keras ``fit`` does; for 
 FIFO); ``--build-per-run`` builds them for every run instead. Prints MB/s and the two ratios, and
 MB per CPU second (for ours and raw, the writer process's CPU included: raw's is mostly the writer).
 
+``--fresh`` runs every measurement in a new process instead, the way a job's first epoch runs:
+TensorFlow is imported first (not timed), then the clock covers building the dataset (for ours,
+importing ``sagemaker_dist.runtime`` too; for AWS's, loading its op library), ``iter()`` to the
+first batch, and the rest of the epoch; start-up is printed apart from throughput. ``--aws`` adds
+AWS's own PipeModeDataset (``sagemaker_tensorflow``) as an arm: run it with the interpreter that
+``bench/aws_reader_env.sh`` builds (``--python``).
+
     .venv/bin/python bench/bench_pipe_reader.py [--mb 256] [--repeats 5] [--sizes 100,1000,100000]
         [--build-per-run]
+    .venv/bin/python bench/bench_pipe_reader.py --fresh --mb 100 --repeats 7 [--python PY] [--aws]
 """
 
 from __future__ import annotations
@@ -27,10 +35,12 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # run as a script from any Python: the child processes of --fresh too
 
 from sagemaker_dist.contract.record_formats import encode_tfrecord  # noqa: E402
-from sagemaker_dist.runtime import PipeModeDataset  # noqa: E402
+
+tf = PipeModeDataset = None  # imported in main(): the --fresh parent runs without TensorFlow
 
 BATCH = 256
 # The writer: a separate process that copies a file into the FIFO in 1 MiB writes.
@@ -150,7 +160,21 @@ def main(argv=None) -> int:
         help="build every dataset anew for each run (timing includes building it, about 26 ms for ours "
         "and 1 ms for the file reader), instead of once per size and one iteration (epoch) per run",
     )
+    parser.add_argument("--fresh", action="store_true", help="each run in a new process, build included")
+    parser.add_argument("--python", help="--fresh: the interpreter of the runs (default: this one)")
+    parser.add_argument(
+        "--aws", action="store_true", help="--fresh: add AWS's PipeModeDataset (sagemaker_tensorflow)"
+    )
     args = parser.parse_args(argv)
+    if args.fresh:
+        import pipe_reader_fresh
+
+        return pipe_reader_fresh.main(args, make_file, start_writer)
+    global tf, PipeModeDataset
+    import tensorflow as tf
+
+    from sagemaker_dist.runtime import PipeModeDataset
+
     sizes = [int(s) for s in args.sizes.split(",")]
     print(
         f"TensorFlow {tf.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} CPU(s), "

@@ -6,6 +6,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -319,7 +320,6 @@ def test_rank_dataset_insists_on_recordio_for_wrapped_channels(tmp_path):
 def test_a_slow_writer_does_not_hold_back_the_records_already_sent(opt_ml):
     """Records that arrived are handed over when the writer goes quiet, not after a whole chunk."""
     import threading
-    import time
 
     path = opt_ml / "input" / "data" / "train_1_0"
     os.mkfifo(path)
@@ -423,13 +423,35 @@ def test_handover_starts_an_iteration_at_chunk_0_and_refuses_an_older_iterator()
     # A new iterator (chunk 0 again) while epoch 0 is open: epoch 0's reader stops, its FIFO closes.
     assert handover.take(0).numpy().tolist() == [b"e1-r0"]
     assert closed == [0]
-    with pytest.raises(TwoIterationsError, match="an earlier iterator asked for chunk 2.*one at a time"):
+    with pytest.raises(TwoIterationsError, match="asked for chunk 2 out of turn.*one at a time"):
         handover.take(2)  # the dropped iterator was still being read
     for i in (1, 2):
         handover.take(i)
     with pytest.raises(StopIteration):  # py_function makes it the end of the iteration
         handover.take(3)
     assert closed == [0, 1]
+
+
+def test_an_iterator_read_after_a_newer_one_began_fails_clearly(opt_ml):
+    """Two live iterators of one dataset: the newer reads the next epoch whole, the older fails, named.
+
+    (Read in turns, whichever iterator asks out of turn fails: never records of the wrong epoch.)
+    """
+    data = [
+        b"".join(encode_tfrecord(b"e%d-%06d" % (e, i) + b"x" * 90) for i in range(1000)) for e in range(2)
+    ]
+    feeder = feed(opt_ml, "train_0", data)
+    ds = PipeModeDataset("train_0", "TFRecord", chunk_size=8192)  # 4 KiB chunks: more than tf.data prefetches
+    older = iter(ds)
+    assert next(older).numpy() == b"e0-000000" + b"x" * 90
+    time.sleep(1)  # tf.data's prefetch settles: no call of the older iterator is in flight
+    newer = [x.numpy() for x in ds]  # closes epoch 0's FIFO, then reads epoch 1
+    assert newer == [b"e1-%06d" % i + b"x" * 90 for i in range(1000)]
+    with pytest.raises(tf.errors.OpError, match="asked for chunk .* out of turn.*iterate one at a"):
+        for _ in older:
+            pass
+    feeder.join(10)
+    assert feeder.served == 2
 
 
 def test_benchmark_reports_progress_for_large_records_too(opt_ml, capfd):

@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING
 
 from sagemaker_dist.contract.paths import opt_ml_root
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.runtime.config import ContainerConfig
 from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT
 from sagemaker_dist.runtime.framing import DEFAULT_CHUNK, check_record_format
 from sagemaker_dist.runtime.pipe.reader import EpochReader
 from sagemaker_dist.runtime.pipe.tf_bridge import records_dataset
-from sagemaker_dist.runtime.ranks import RankInfo, check_rank_channels
 
 if TYPE_CHECKING:
     import tensorflow as tf
+
+    from sagemaker_dist.runtime.ranks import RankInfo
 
 
 class PipeModeDatasetError(ConfigurationError):
@@ -114,6 +114,10 @@ def rank_dataset(
     channel/rank mismatch is an immediate error instead of a stall. ``kwargs`` go to PipeModeDataset.
     A File-mode channel (a shared validation or eval set) is read from its files instead.
     """
+    # Imported here: a plain PipeModeDataset does not need them, and its start-up is timed.
+    from sagemaker_dist.runtime.config import ContainerConfig
+    from sagemaker_dist.runtime.ranks import RankInfo, check_rank_channels
+
     config = ContainerConfig.load(root)
     info = rank_info or RankInfo.detect()
     channel = check_rank_channels(config, info, role, input_modes=("Pipe", "File"))

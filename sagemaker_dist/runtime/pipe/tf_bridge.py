@@ -13,6 +13,8 @@ ran three more per iteration; this traces one. TensorFlow is imported only when 
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from sagemaker_dist.runtime.pipe.reader import EpochReader
@@ -30,9 +32,10 @@ class Handover:
 
     ``take(i)`` is called with 0, 1, 2, ... by each iteration (tf.data's map is sequential). Index
     0 closes the iteration before it (an iterator dropped mid-epoch: SageMaker creates the next
-    FIFO only once the last one is closed) and starts the reader on the next FIFO. An index out
-    of sequence means an older iterator is still being read: an error, not records of the wrong
-    epoch.
+    FIFO only once the last one is closed) and starts the reader on the next FIFO. Every index
+    is asked for once per iteration, so an index out of sequence means two iterators are being
+    read at once: an error (in whichever asks out of turn), not records of the wrong epoch. Calls
+    are serialised: an older iterator's call in flight finishes before a new one closes it.
     """
 
     def __init__(self, reader: EpochReader):
@@ -43,17 +46,22 @@ class Handover:
         self.group = 0  # records per chunk the reader aims at: the batch size, once known
         self._chunks = None
         self._next_index = 0
+        self._lock = threading.Lock()
 
     def take(self, index):
-        index = int(index)
+        with self._lock:
+            return self._take(int(index))
+
+    def _take(self, index: int):
         if index == 0:
             self.close()
             self._chunks = self._reader(self.group, self._to_tensor)
         elif index != self._next_index or self._chunks is None:
             raise TwoIterationsError(
-                f"PipeModeDataset of channel {self._reader.channel!r}: an earlier iterator asked for chunk "
-                f"{index} after a new iteration began. Each iteration reads the next FIFO, so iterate one "
-                "at a time (drop the old iterator, or use .cache()/.repeat() on the dataset)"
+                f"PipeModeDataset of channel {self._reader.channel!r}: an iterator asked for chunk {index} "
+                "out of turn, so two iterators of this dataset are being read at once. Each iteration reads "
+                "the next FIFO and SageMaker opens it only after the last one is closed: iterate one at a "
+                "time (a new iterator closes the one before it)"
             )
         self._next_index = index + 1
         try:
