@@ -3,10 +3,13 @@
 The algorithm is LPT (longest processing time first): objects sorted by size, largest first, each
 goes to the shard with the fewest bytes so far. The largest shard exceeds total / shards by at most
 the object placed on it last, and LPT is within 4/3 of the best possible split; with many objects
-per shard it lands within a millionth of the lower bound max(total / shards, largest object). The
-sort runs in numpy and the greedy loop keeps each shard's load and index packed in one Python int,
-so the heap compares plain integers: a million objects plan in about a second on two cores
-(bench/bench_sharding.py)."""
+per shard it lands within a millionth of the lower bound max(total / shards, largest object).
+
+The plan does not depend on input order: objects are taken in name order (equal sizes go out by
+name, and each shard lists its keys by name). The sorts run in numpy, the keys' as integers made of
+8 bytes at a time, and the greedy loop keeps each shard's load and index packed in one Python int,
+so the heap compares plain integers: a million objects in any order plan in about a second on two
+cores (bench/bench_sharding.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
+from typing import NoReturn
 
 import numpy as np
 
@@ -92,8 +96,14 @@ class ShardPlan:
         ]
 
 
-def _check_objects(objects: Sequence[tuple[str, int]], num_shards: int) -> tuple[list[str], np.ndarray]:
-    """Validate and return keys sorted by name with their sizes (the canonical, order-free input)."""
+def _check_objects(
+    objects: Sequence[tuple[str, int]], num_shards: int
+) -> tuple[list[str], np.ndarray, np.ndarray | None]:
+    """Validate; return keys and sizes in input order and the indices that put them in name order.
+
+    The name order is the canonical, order-free input. It comes back as indices (None when the input
+    is in name order already, as S3 listings are) so the keys are gathered once, into the shards.
+    """
     if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
         raise ShardingError(f"number of shards is {num_shards!r}; it must be a whole number >= 1")
     if len(objects) < num_shards:
@@ -107,9 +117,11 @@ def _check_objects(objects: Sequence[tuple[str, int]], num_shards: int) -> tuple
         raw_sizes = [n for _, n in objects]
     except (TypeError, ValueError) as exc:
         raise ShardingError(f"objects must be (key, size_bytes) pairs ({exc})") from exc
-    if set(map(type, keys)) != {str}:  # one pass in C; the slow search only for the error
+    try:
+        joined = "\0".join(keys)  # checks every key is a string in one pass in C; sorted below
+    except TypeError:
         bad = next(k for k in keys if not isinstance(k, str))
-        raise ShardingError(f"key {bad!r} is not a string; objects must be (key, size_bytes) pairs")
+        raise ShardingError(f"key {bad!r} is not a string; objects must be (key, size_bytes) pairs") from None
     sizes = np.asarray(raw_sizes)
     if sizes.dtype.kind not in "iu":
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in raw_sizes):
@@ -119,16 +131,91 @@ def _check_objects(objects: Sequence[tuple[str, int]], num_shards: int) -> tuple
     if sizes.min() < 0:
         i = int(np.argmin(sizes))
         raise ShardingError(f"object {keys[i]!r} has a negative size ({raw_sizes[i]}); sizes are bytes >= 0")
-    if not all(map(operator.lt, keys, islice(keys, 1, None))):  # S3 listings come sorted: O(n)
-        order = sorted(range(len(keys)), key=keys.__getitem__)
-        keys = list(map(keys.__getitem__, order))
-        sizes = sizes[np.array(order, dtype=np.int64)]
-        if any(map(operator.eq, keys, islice(keys, 1, None))):
-            dupes = sorted({a for a, b in zip(keys, keys[1:]) if a == b})
-            raise ShardingError(
-                f"{len(dupes)} key(s) appear more than once (first: {dupes[0]!r}); list each object once"
-            )
-    return keys, sizes
+    return keys, sizes, _name_order(keys, joined)
+
+
+def _name_order(keys: list[str], joined: str) -> np.ndarray | None:
+    """Indices that sort ``keys`` by name, or None when they are sorted already; refuses duplicates."""
+    if all(map(operator.lt, keys, islice(keys, 1, None))):  # O(n), and fails fast on other input
+        return None
+    order = _bytes_order(keys, joined)
+    if order is not None:
+        return order
+    # Python's sort takes over a second for a million keys: only for keys _bytes_order leaves.
+    by_name = sorted(range(len(keys)), key=keys.__getitem__)
+    ranked = list(map(keys.__getitem__, by_name))
+    if any(map(operator.eq, ranked, islice(ranked, 1, None))):
+        _refuse_duplicates({a for a, b in zip(ranked, ranked[1:]) if a == b})
+    return np.array(by_name, dtype=np.int64)
+
+
+def _refuse_duplicates(dupes: set[str]) -> NoReturn:
+    first = min(dupes)
+    raise ShardingError(
+        f"{len(dupes)} key(s) appear more than once (first: {first!r}); list each object once"
+    )
+
+
+# _TAIL_MASKS[r] keeps the first r bytes of a big-endian 64-bit word and zeroes the others.
+_TAIL_MASKS = np.array([(1 << 64) - (1 << (64 - 8 * r)) for r in range(9)], dtype=np.uint64)
+
+
+def _bytes_order(keys: list[str], joined: str) -> np.ndarray | None:
+    """Name order of ASCII keys without NULs (``joined``: the keys joined by NULs), sorted in numpy.
+
+    A key's bytes, read 8 at a time as big-endian integers padded with zero bytes, compare as Python
+    compares the key. All keys are sorted by their first 8 bytes after the prefix they all share
+    (``data/part-``), then each run still tied by its next 8 bytes, and so on: a few numpy sorts of
+    integers instead of Python comparing a million strings. None when the keys are not such keys.
+    """
+    if not joined.isascii():
+        return None
+    n, encoded = len(keys), joined.encode("ascii")
+    ends = np.flatnonzero(np.frombuffer(encoded, dtype=np.uint8) == 0)
+    if len(ends) != n - 1:
+        return None  # a key holds a NUL: the separators are ambiguous
+    starts = np.append(0, ends + 1)
+    lengths = np.append(ends, len(encoded)) - starts
+    longest = int(lengths.max())
+    raw = encoded + bytes(longest + 8)  # padded: reading past the last key stays inside
+    # window[q] is bytes q..q+7 as one big-endian integer: an overlapping, unaligned view of raw.
+    window = np.ndarray(shape=(len(raw) - 7,), dtype=">u8", buffer=raw, strides=(1,))
+
+    def word(rows: np.ndarray, offset: int) -> np.ndarray:
+        """Bytes offset..offset+7 of keys ``rows``, zero past each key's end."""
+        return (
+            window[starts[rows] + offset].astype(np.uint64)
+            & _TAIL_MASKS[np.clip(lengths[rows] - offset, 0, 8)]
+        )
+
+    everyone, offset = np.arange(n), 0
+    while True:  # skip the prefix all keys share
+        column = word(everyone, offset)
+        spread = int(np.bitwise_or.reduce(column ^ column[0]))
+        if spread or offset + 8 >= longest:
+            break
+        offset += 8
+    if spread and spread.bit_length() <= 56:  # the first byte or more of this word is shared as well
+        offset += (64 - spread.bit_length()) // 8
+        column = word(everyone, offset)
+    order = np.argsort(column)
+    column = column[order]
+    new_run = np.ones(n, dtype=bool)  # where a run of keys equal so far begins
+    new_run[1:] = column[1:] != column[:-1]
+    while not new_run.all():
+        tied = np.zeros(n, dtype=bool)
+        tied[1:] = ~new_run[1:]
+        tied[:-1] |= tied[1:]
+        at = np.flatnonzero(tied)
+        if lengths[order[at]].max() <= offset + 8:  # no bytes left to tell them apart
+            _refuse_duplicates({keys[i] for i in order[at].tolist()})
+        offset += 8
+        column = word(order[at], offset)
+        resort = np.lexsort((column, np.cumsum(new_run)[at]))  # by run, then by the next 8 bytes
+        order[at] = order[at][resort]
+        column = column[resort]
+        new_run[at[1:]] |= column[1:] != column[:-1]
+    return order
 
 
 def _lpt_assign(sizes: np.ndarray, num_shards: int) -> np.ndarray:
@@ -171,16 +258,26 @@ def plan_shards(objects: Sequence[tuple[str, int]], num_shards: int) -> ShardPla
     one shard; within a shard keys keep name order. Raises NotEnoughObjectsError when there are fewer
     objects than shards.
     """
-    keys, sizes = _check_objects(objects, num_shards)
-    shard_of = _lpt_assign(sizes, num_shards)
+    keys, sizes, by_name = _check_objects(objects, num_shards)
+    if by_name is not None:
+        sizes = sizes[by_name]
+    shard_of = _lpt_assign(sizes, num_shards)  # of each object in name order
     # Group by shard; a stable sort keeps name order inside each shard.
     grouped = np.argsort(shard_of, kind="stable")
     bounds = np.searchsorted(shard_of[grouped], np.arange(num_shards + 1)).tolist()
-    key_list = list(map(keys.__getitem__, grouped.tolist()))
+    picks = (grouped if by_name is None else by_name[grouped]).tolist()
     size_list = sizes[grouped].tolist()  # Python ints (object arrays hold them already)
-    shards = [key_list[bounds[i] : bounds[i + 1]] for i in range(num_shards)]
-    shard_sizes = [size_list[bounds[i] : bounds[i + 1]] for i in range(num_shards)]
+    spans = list(zip(bounds, bounds[1:]))
+    shards = [_pick(keys, picks[start:end]) for start, end in spans]
+    shard_sizes = [size_list[start:end] for start, end in spans]
     return ShardPlan(shards=shards, sizes=shard_sizes)
+
+
+def _pick(items: list[str], indices: list[int]) -> list[str]:
+    """``[items[i] for i in indices]``, by itemgetter: the loop runs in C, about twice as fast."""
+    if len(indices) < 2:  # itemgetter of one index returns the item, not a tuple
+        return [items[i] for i in indices]
+    return list(operator.itemgetter(*indices)(items))
 
 
 def check_host_split(plan: ShardPlan, hosts: int, distribution: str, channel_base: str = "train") -> None:
@@ -208,7 +305,9 @@ def check_host_split(plan: ShardPlan, hosts: int, distribution: str, channel_bas
 
 def round_robin_by_name(objects: Sequence[tuple[str, int]], num_shards: int) -> ShardPlan:
     """The naive reference split (keys in name order, dealt out in turn); used by the benchmark."""
-    keys, sizes = _check_objects(objects, num_shards)
+    keys, sizes, by_name = _check_objects(objects, num_shards)
+    if by_name is not None:
+        keys, sizes = list(map(keys.__getitem__, by_name.tolist())), sizes[by_name]
     size_list = sizes.tolist()
     return ShardPlan(
         shards=[keys[i::num_shards] for i in range(num_shards)],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -57,6 +58,58 @@ def test_deterministic_and_independent_of_input_order(case, rnd):
     shuffled = list(objects)
     rnd.shuffle(shuffled)
     assert plan_shards(objects, shards) == plan_shards(shuffled, shards)
+
+
+# Keys from a few ASCII characters: many shared prefixes, keys that are prefixes of others, and runs
+# equal for more than 8 bytes, which plan_shards orders 8 bytes at a time in numpy.
+ascii_keys = st.text(alphabet="ab/0.", max_size=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(ascii_keys, sizes), min_size=2, max_size=60, unique_by=lambda o: o[0]),
+    st.randoms(use_true_random=False),
+)
+def test_ascii_keys_in_any_order_plan_as_in_name_order(objects, rnd):
+    shuffled = list(objects)
+    rnd.shuffle(shuffled)
+    shards = rnd.randint(1, len(objects))
+    assert plan_shards(shuffled, shards) == plan_shards(sorted(objects), shards)  # sorted: no sort to do
+    assert round_robin_by_name(shuffled, shards) == round_robin_by_name(sorted(objects), shards)
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["data/part-000000007/1.tfrecord", "data/part-000000007/10.tfrecord", "data/part-000000007/2"],
+        ["b", "a\x00", "a"],  # a NUL: ordered by Python's sort
+        ["caf\u00e9/2", "caf\u00e9/10", "cafe"],  # not ASCII: ordered by Python's sort
+    ],
+)
+def test_duplicate_keys_are_refused_in_any_order(names):
+    objects = [(name, i) for i, name in enumerate(names)] + [(names[1], 99)]
+    for order in (objects, objects[::-1], sorted(objects)):
+        with pytest.raises(
+            ShardingError, match=re.escape(f"1 key(s) appear more than once (first: {names[1]!r})")
+        ):
+            plan_shards(order, 2)
+
+
+def test_long_random_keys_lognormal_sizes_and_one_huge_object():
+    """The shape of bench/bench_sharding.py's lognormal-longkeys dataset, scaled down."""
+    rng = random.Random(11)
+    objects = [
+        (f"data/part-{rng.randrange(10**9):09d}/{i}.tfrecord", int(rng.lognormvariate(12, 2)) + 1)
+        for i in range(20_000)
+    ]
+    objects.append(("data/huge.tfrecord", 10**9))  # under total / shards, as 8 GB is under 19 GB
+    shuffled = rng.sample(objects, len(objects))
+    plan = plan_shards(shuffled, 16)
+    assert plan == plan_shards(sorted(objects), 16)
+    assert plan.lower_bound > 10**9 and plan.imbalance <= 1.001
+    assert round_robin_by_name(shuffled, 16).imbalance > plan.imbalance
+    for shard in plan.shards:
+        assert shard == sorted(shard)
 
 
 @settings(max_examples=100, deadline=None)
