@@ -1,6 +1,6 @@
 """sagemaker-dist: data-parallel Horovod training on Amazon SageMaker with Pipe-mode input."""
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 SDK = [
     "sagemaker>=3.0,<4",
@@ -49,4 +49,14 @@ setup(
         "dev": DEV + RUNTIME,
     },
     entry_points={"console_scripts": ["sagemaker-dist=sagemaker_dist.cli:main"]},
+    # The TFRecord framer's scan in C (length fields and both CRCs, the GIL released). Optional: where
+    # no C compiler is, the install goes on and the runtime uses its numpy path.
+    ext_modules=[
+        Extension(
+            "sagemaker_dist.runtime.framing._tfrecord_scan",
+            ["sagemaker_dist/runtime/framing/_tfrecord_scan.c"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        )
+    ],
 )

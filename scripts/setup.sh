@@ -56,7 +56,7 @@ install_training_stack "$VENV"
 # `sagemaker-dist local --launcher toolkit` runs each simulated host's toolkit entry point in it.
 TOOLKIT_VENV=${TOOLKIT_VENV:-.venv-toolkit}
 TOOLKIT_PINS=("sagemaker-training==4.8.3" "mpi4py==4.1.1")
-if ! "$TOOLKIT_VENV/bin/python" -c 'import sagemaker_tensorflow_container.training, mpi4py, sagemaker_dist.runtime, horovod.tensorflow' 2>/dev/null; then
+if ! "$TOOLKIT_VENV/bin/python" -c 'import sagemaker_tensorflow_container.training, mpi4py, sagemaker_dist.runtime.framing._tfrecord_scan, horovod.tensorflow' 2>/dev/null; then
   install_training_stack "$TOOLKIT_VENV"
   "$TOOLKIT_VENV/bin/python" -m pip install -q "${TOOLKIT_PINS[@]}" "numpy==1.26.4"
   "$TOOLKIT_VENV/bin/python" -m pip install -q --no-deps "sagemaker-tensorflow-training==20.5.0"

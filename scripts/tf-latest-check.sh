@@ -24,7 +24,7 @@ if [ ! -x .venv/bin/sagemaker-dist ]; then
   echo "tf-latest-check: run scripts/setup.sh first (the SDK side runs in .venv)" >&2
   exit 2
 fi
-if ! "$VENV/bin/python" -c 'import tensorflow, tensorboard, sagemaker_dist.runtime' 2>/dev/null; then
+if ! "$VENV/bin/python" -c 'import tensorflow, tensorboard, sagemaker_dist.runtime.framing._tfrecord_scan' 2>/dev/null; then
   "$TF_LATEST_PYTHON" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade "pip>=24"
   "$VENV/bin/python" -m pip install -q -e ".[tf-latest]"

@@ -86,3 +86,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         for name in _MODULE_MARKERS.get(item.module.__name__.rsplit(".", 1)[-1], ()):
             item.add_marker(getattr(pytest.mark, name))
+
+
+@pytest.fixture(scope="module", params=["compiled", "numpy"])
+def tfrecord_scan(request):
+    """Run a module's TFRecord tests through both scans: the compiled one setup.py builds, and numpy's."""
+    from sagemaker_dist.runtime.framing import tfrecord
+
+    compiled = tfrecord._native
+    if request.param == "compiled" and compiled is None:
+        pytest.fail(
+            "sagemaker_dist.runtime.framing._tfrecord_scan is not built: pip install -e . needs a C compiler"
+        )
+    tfrecord._native = compiled if request.param == "compiled" else None
+    try:
+        yield request.param
+    finally:
+        tfrecord._native = compiled

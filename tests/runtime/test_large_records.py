@@ -22,6 +22,8 @@ from sagemaker_dist.runtime.framing import LARGE_RECORD_BYTES, RecordFormatError
 
 LARGE = LARGE_RECORD_BYTES
 
+pytestmark = pytest.mark.usefixtures("tfrecord_scan")  # both scans: compiled and numpy
+
 
 class ShortReads(io.BytesIO):
     """A stream whose reads return at most ``most`` bytes, like a pipe the writer has not filled."""

@@ -25,6 +25,8 @@ from sagemaker_dist.contract.record_formats import (
 from sagemaker_dist.runtime.fifo import FifoReader
 from sagemaker_dist.runtime.framing import RecordFormatError, iter_records, make_framer
 
+pytestmark = pytest.mark.usefixtures("tfrecord_scan")  # both scans: compiled and numpy
+
 
 def read_all(data: bytes, record_format: str, chunk_size: int = 64, **kw) -> list[bytes]:
     return list(iter_records(io.BytesIO(data).readinto, record_format, chunk_size=chunk_size, **kw))
@@ -198,3 +200,29 @@ def test_writer_process_dying_mid_record_on_a_real_fifo(tmp_path):
     assert got == records[:7]
     assert info.value.offset == 7 * 1016
     assert "channel 'train_0', epoch 0, byte offset 7112" in str(info.value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=3000), min_size=1, max_size=60),
+    chunk=st.sampled_from([16, 100, 4096, 1 << 16]),
+    flip=st.integers(min_value=0),
+)
+def test_records_of_varying_length_and_one_flipped_bit(sizes, chunk, flip):
+    """Both scans frame varying lengths, and a flipped bit anywhere is an error naming its offset."""
+    records = [os.urandom(n) for n in sizes]
+    data = b"".join(encode_tfrecord(r) for r in records)
+    assert read_all(data, "TFRecord", chunk_size=chunk) == records
+    at = flip % len(data)
+    with pytest.raises(RecordFormatError, match=r"byte offset \d+: TFRecord"):
+        read_all(corrupt(data, at), "TFRecord", chunk_size=chunk)
+
+
+def test_the_compiled_crc_matches_the_crc32c_package():
+    from sagemaker_dist.runtime.framing import tfrecord
+
+    if tfrecord._native is None:
+        pytest.skip("the numpy scan has no CRC of its own")
+    for n in (0, 1, 7, 8, 9, 63, 64, 1000, 100_001):
+        data = os.urandom(n)
+        assert tfrecord._native.masked_crc32c(data) == masked_crc32c(data)

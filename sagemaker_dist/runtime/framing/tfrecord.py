@@ -1,7 +1,9 @@
 """TFRecord framing: uint64 length, masked CRC32C of the length, data, masked CRC32C of the data.
 
-The hot path of reading TFRecords: vectorised length scans and CRC checks over whole chunks (crc32c's
-C code for the data), and large records read one by one straight from the stream into their own bytes.
+The hot path of reading TFRecords: one C call per chunk that follows the length fields and checks
+both CRCs (``_tfrecord_scan``, built at install where a C compiler is), else vectorised length scans
+and CRC checks in numpy and crc32c; and large records read one by one straight from the stream into
+their own bytes.
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ from sagemaker_dist.runtime.framing.base import (
     RecordFormatError,
 )
 
+try:  # the compiled scan (setup.py builds it where it can); the numpy path below is the same contract
+    from sagemaker_dist.runtime.framing import _tfrecord_scan as _native
+except ImportError:  # pragma: no cover - depends on the install
+    _native = None
+
 _HEADER_CRC_CACHE_LIMIT = 4096
+_RUN_LOOKAHEAD = 4096  # records of one length checked per numpy call
 _crc32c = crc32c.crc32c
 _unpack_from = struct.unpack_from
 
@@ -134,7 +142,10 @@ class TFRecordFramer(Framer):
                 self.need = stride
                 break
             run = (end - pos) // stride
-            if run >= 16:
+            # A vectorised look ahead only where the next record has the same length: with lengths
+            # that vary it would cost a numpy call per record (and it once looked at the whole rest).
+            if run >= 16 and unpack("<Q", buf, pos + stride)[0] == n:
+                run = min(run, _RUN_LOOKAHEAD)
                 lens = np.ndarray((run,), dtype="<u8", buffer=buf, offset=pos, strides=(stride,))
                 differ = np.flatnonzero(lens != n)
                 del lens
@@ -163,9 +174,46 @@ class TFRecordFramer(Framer):
 
     def frame(self, buf, end):
         self.need = 0
+        if _native is not None:
+            checked = self._scan_native(buf, end)
+        else:
+            checked = self._scan_numpy(buf, end)
+        if checked is None:
+            return [], [], 0, []
+        positions, lengths, header_ok, ok = checked
+        starts = positions + 12
+        stops = starts + lengths
+        if ok.all():
+            self._bad_in_a_row = 0
+            return starts, lengths, int(stops[-1]) + 4, []
+        bad = int(np.flatnonzero(~ok)[0])
+        if bad:
+            self._bad_in_a_row = 0
+            return starts[:bad], lengths[:bad], int(positions[bad]), []
+        if not header_ok[0]:
+            raise self._bad_header(int(lengths[0]), 0)
+        self.corrupted(f"data CRC mismatch in a {int(lengths[0])}-byte record", 0)
+        return [], [], int(stops[0]) + 4, []
+
+    def _scan_native(self, buf, end):
+        """(positions, lengths, length CRC ok, both CRCs ok) of the frames in buf[:end], in C, or None."""
+        room = end // 16 + 1
+        positions = np.empty(room, dtype=np.int64)
+        lengths = np.empty(room, dtype=np.int64)
+        codes = np.empty(room, dtype=np.uint8)
+        count, self.need = _native.scan(buf, end, positions, lengths, codes)
+        if not count:
+            if not self.need and end >= 12:  # a frame that does not fit, and its length CRC is wrong
+                raise self._bad_header(_unpack_from("<Q", buf, 0)[0], 0)
+            return None
+        codes = codes[:count]
+        return positions[:count], lengths[:count], codes != 2, codes == 1
+
+    def _scan_numpy(self, buf, end):
+        """The same as :meth:`_scan_native`, with numpy and the crc32c package."""
         positions, lengths = self._scan(buf, end)
         if not len(positions):
-            return [], [], 0, []
+            return None
         arr = np.frombuffer(buf, dtype=np.uint8, count=end)
         try:
             stored_header = _gather_u32(arr, positions + 8)
@@ -184,20 +232,9 @@ class TFRecordFramer(Framer):
                     [crc(mv[a:b]) for a, b in zip(starts.tolist(), stops.tolist())], dtype=np.uint64
                 )
             masked = (((computed >> 15) | (computed << 17)) + CRC_MASK_DELTA) & U32
-            ok = header_ok & (masked == stored_data)
+            return positions, lengths, header_ok, header_ok & (masked == stored_data)
         finally:
             del arr
-        if ok.all():
-            self._bad_in_a_row = 0
-            return starts, lengths, int(stops[-1]) + 4, []
-        bad = int(np.flatnonzero(~ok)[0])
-        if bad:
-            self._bad_in_a_row = 0
-            return starts[:bad], lengths[:bad], int(positions[bad]), []
-        if not header_ok[0]:
-            raise self._bad_header(int(lengths[0]), 0)
-        self.corrupted(f"data CRC mismatch in a {int(lengths[0])}-byte record", 0)
-        return [], [], int(stops[0]) + 4, []
 
 
 def _read_exact(read: Callable[[int], bytes], n: int) -> bytes:
