@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import resource
 import statistics
 import subprocess
@@ -61,9 +62,23 @@ os.close(out)
 """
 
 
-def make_file(path: Path, record_size: int, total_bytes: int) -> int:
-    """Write about ``total_bytes`` of TFRecords of ``record_size`` bytes; return the record count."""
-    distinct = [encode_tfrecord(os.urandom(record_size)) for _ in range(max(1, (1 << 20) // record_size))]
+def _tfrecord_scan_is_compiled() -> bool:
+    from sagemaker_dist.runtime.framing import tfrecord
+
+    return tfrecord._native is not None
+
+
+def make_file(path: Path, record_size: int, total_bytes: int, vary: bool = False) -> int:
+    """Write about ``total_bytes`` of TFRecords of ``record_size`` bytes; return the record count.
+
+    With ``vary``, sizes are uniform in [size/2, 3*size/2] (seed 0), as serialised tf.Examples vary.
+    """
+    count = max(1, (1 << 20) // record_size)
+    rng = random.Random(0)
+    sizes = [
+        rng.randint(record_size // 2, record_size * 3 // 2) if vary else record_size for _ in range(count)
+    ]
+    distinct = [encode_tfrecord(os.urandom(n)) for n in sizes]
     block = b"".join(distinct)
     repeats = max(1, total_bytes // len(block))
     with open(path, "wb") as f:
@@ -160,6 +175,7 @@ def main(argv=None) -> int:
         help="build every dataset anew for each run (timing includes building it, about 26 ms for ours "
         "and 1 ms for the file reader), instead of once per size and one iteration (epoch) per run",
     )
+    parser.add_argument("--vary", action="store_true", help="record sizes vary within +-50%% of each size")
     parser.add_argument("--fresh", action="store_true", help="each run in a new process, build included")
     parser.add_argument("--python", help="--fresh: the interpreter of the runs (default: this one)")
     parser.add_argument(
@@ -181,6 +197,8 @@ def main(argv=None) -> int:
         f"{args.mb} MiB per size, consumer .batch({BATCH}), median of {args.repeats} interleaved runs "
         f"(ratios are medians of per-run ratios), load average {os.getloadavg()[0]:.1f}, "
         + ("datasets built for each run" if args.build_per_run else "datasets built once, one epoch per run")
+        + (", record sizes vary +-50%" if args.vary else "")
+        + f", TFRecord scan: {'C' if _tfrecord_scan_is_compiled() else 'numpy'}"
     )
     print(
         "ours = PipeModeDataset(...).batch(256) (drop-in); opt = PipeModeDataset(..., batch_size=256);\n"
@@ -201,7 +219,7 @@ def main(argv=None) -> int:
         epoch = 0
         for size in sizes:
             src = root / f"records-{size}.tfrecord"
-            records = make_file(src, size, args.mb << 20)
+            records = make_file(src, size, args.mb << 20, args.vary)
             nbytes = src.stat().st_size
             runs = {"ours": [], "opt": [], "file": [], "raw": []}
             built = {"ours": pipe_dataset(root, False), "opt": pipe_dataset(root, True)}

@@ -92,6 +92,7 @@ def main(args, make_file, start_writer) -> int:
     print(
         f"fresh processes of {python}, {os.cpu_count()} CPU(s), {args.mb} MiB per epoch, .batch({BATCH}), "
         f"median of {args.repeats} interleaved runs, load average {os.getloadavg()[0]:.1f}"
+        + (", record sizes vary +-50%" if args.vary else "")
     )
     print(
         "times in ms: build (ours: import sagemaker_dist.runtime included; aws: its op library loaded), "
@@ -111,7 +112,7 @@ def main(args, make_file, start_writer) -> int:
         versions = set()
         for size in sizes:
             src = root / f"records-{size}.tfrecord"
-            records = make_file(src, size, args.mb << 20)
+            records = make_file(src, size, args.mb << 20, args.vary)
             nbytes = src.stat().st_size
             runs: dict[str, list[dict]] = {arm: [] for arm in arms}
             for _ in range(args.repeats):
