@@ -9,6 +9,13 @@ label. The launcher's command runs as written, with the environment mpi-operator
 hostfile in its format; Open MPI reaches each "worker" through this module's ``ssh`` stand-in, which
 starts the remote command in that worker's namespace with the worker container's environment (what
 sshd would give it). Needs root and ``unshare`` (as local mode's toolkit launcher).
+
+Each pod also has a private UTS namespace whose hostname is the pod's name (``<job>-worker-<N>``, as
+mpi-operator names it). The pods share this machine's /tmp and /dev/shm, where Open MPI names what a
+host's daemon and ranks share after the hostname (``/tmp/ompi.<hostname>.<uid>/jf.<job family>``):
+under one hostname both workers' orteds wrote the topology copy for their ranks to one ``hwloc.sm`` at
+once, each building hwloc's structures in pages the other was overwriting, and now and then one
+crashed inside hwloc.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -75,10 +83,12 @@ def _expand(command: list[str], env: dict[str, str]) -> list[str]:
     return [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), word) for word in command]
 
 
-def _pod_command(python: Path, root: Path, state: Path, hosts: list[str], command: list[str]) -> list[str]:
+def _pod_command(
+    python: Path, root: Path, state: Path, hosts: list[str], hostname: str, command: list[str]
+) -> list[str]:
     return [
-        "unshare", "-m", str(python), "-m", MODULE, "pod",
-        "--tree", str(root), "--state", str(state), "--hosts", ",".join(hosts), "--", *command,
+        "unshare", "-m", "-u", str(python), "-m", MODULE, "pod", "--tree", str(root), "--state", str(state),
+        "--hosts", ",".join(hosts), "--hostname", hostname, "--", *command,
     ]  # fmt: skip
 
 
@@ -111,7 +121,7 @@ def simulate(
     roots, agents = [], []
     try:
         for index in range(workers):
-            pod = work / f"worker-{index}"
+            pod, pod_name = work / f"worker-{index}", f"{name}-worker-{index}"
             root = pod / "opt_ml"
             root.mkdir(parents=True)
             roots.append(root)
@@ -122,7 +132,7 @@ def simulate(
             with open(pod / "pipe-agent.log", "w") as log:  # a file: a pipe nobody reads could fill up
                 agents.append(
                     subprocess.Popen(
-                        _pod_command(python, root, pod / "agent-state", hosts, command),
+                        _pod_command(python, root, pod / "agent-state", hosts, pod_name, command),
                         env=agent_env,
                         stdout=log,
                         stderr=subprocess.STDOUT,
@@ -207,19 +217,21 @@ def _ssh(argv: list[str]) -> None:
     env = json.loads((pod / "env.json").read_text())
     env[SIM_DIR_ENV] = os.environ[SIM_DIR_ENV]
     state = Path(tempfile.mkdtemp(prefix="ssh-", dir=pod))
-    hosts = [host]
+    pod_name = host.split(".")[0]  # <job>-worker-<N>.<job>.<namespace>.svc
+    shell = ["/bin/sh", "-c", command]
     os.execvpe(
-        "unshare",
-        _pod_command(Path(sys.executable), pod / "opt_ml", state, hosts, ["/bin/sh", "-c", command]),
-        env,
+        "unshare", _pod_command(Path(sys.executable), pod / "opt_ml", state, [host], pod_name, shell), env
     )
 
 
 def _pod(argv: list[str]) -> None:
-    """Inside a new mount namespace: the pod's ``/opt/ml``, then the container's command."""
+    """Inside new mount and UTS namespaces: the pod's ``/opt/ml`` and hostname (resolving, as the
+    kubelet's /etc/hosts makes it), then the container's command."""
     split = argv.index("--")
     options, command = dict(zip(argv[:split:2], argv[1:split:2])), argv[split + 1 :]
-    prepare_host(Path(options["--tree"]), Path(options["--state"]), options["--hosts"].split(","))
+    hostname, hosts = options["--hostname"], options["--hosts"].split(",")
+    prepare_host(Path(options["--tree"]), Path(options["--state"]), [*hosts, hostname])
+    socket.sethostname(hostname)
     if not Path(DEFAULT_ROOT).samefile(options["--tree"]):
         raise SystemExit(f"k8s simulation: {DEFAULT_ROOT} is not the pod's tree after mounting it")
     os.execvp(command[0], command)
@@ -233,7 +245,8 @@ def main(argv: list[str] | None = None) -> None:
         _pod(argv[1:])
     else:
         raise SystemExit(
-            f"usage: python -m {__name__} ssh HOST COMMAND... | pod --tree T --state S --hosts H -- CMD"
+            f"usage: python -m {__name__} ssh HOST COMMAND... | "
+            "pod --tree T --state S --hosts H --hostname N -- CMD"
         )
 
 
