@@ -85,7 +85,7 @@ def frame_views(
 
 
 def _fill(readinto, buf: bytearray, filled: int, target: int, need: int, ready) -> tuple[int, bool]:
-    """Read into ``buf[filled:]`` until ``target`` bytes are there (``buf`` grows to hold them).
+    """Read into ``buf[filled:target]`` until ``target`` bytes are there (``buf`` grows to hold them).
 
     Returns ``(filled, end of stream)``. Stops early when the writer is quiet (``ready``) and the
     ``need`` bytes of the next record are already there, so a slow writer does not delay them.
@@ -95,8 +95,8 @@ def _fill(readinto, buf: bytearray, filled: int, target: int, need: int, ready) 
     while filled < target:
         if ready is not None and filled and filled >= need and not ready(STALL_SECONDS):
             break  # the writer is quiet: hand over what can be framed now
-        with memoryview(buf) as mv:
-            n = readinto(mv[filled:])
+        with memoryview(buf) as mv:  # no further than the target: the first chunks stay small
+            n = readinto(mv[filled:target])
         if not n:
             return filled, True
         filled += n
