@@ -63,9 +63,9 @@ def frame_views(
     one by one and come as lists of ``bytes`` instead, in groups of a multiple of ``group``
     records where it can.
     """
-    buf = bytearray(chunk_size)
-    filled = 0
     target = min(FIRST_CHUNK, chunk_size // 2)
+    buf = bytearray(max(2 * target, 1))  # grows with the target: no 4 MiB to clear before the first read
+    filled = 0
     while True:
         filled, eof = _fill(readinto, buf, filled, max(target, framer.need), framer.need, ready)
         target = min(4 * target, chunk_size // 2)
