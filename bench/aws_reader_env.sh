@@ -24,15 +24,18 @@
 #   AWS_READER_SRC     checkout of aws/sagemaker-tensorflow-extensions (must contain
 #                      src/pipemode_op and src/sagemaker_tensorflow); overrides the mirror
 #   AWS_READER_MIRROR  bare git mirror to `git archive` from (default below)
-# Then run the benchmark as: PYTHONPATH=/work/main "$AWS_READER_VENV/bin/python" bench/...
+# Then run the benchmark from the repository root as: "$AWS_READER_VENV/bin/python" bench/bench_pipe_reader.py --fresh --python "$AWS_READER_VENV/bin/python" --aws
 set -euo pipefail
 
 AWS_COMMIT=cedd43b37b2a5989f3b76504a96c9255e699cb5c   # tag v1.20.0
 AWS_PKG_VERSION=2.14.0.1.20.0
 TF_VERSION=2.14.1
 VENV=${AWS_READER_VENV:-$HOME/.cache/sagemaker-dist/aws-reader-tf${TF_VERSION}-py3.10}
-BASE_PY=${AWS_READER_PYTHON:-/root/.pyenv/versions/3.10.13/bin/python}
-MIRROR=${AWS_READER_MIRROR:-/work/.mirror/aws+sagemaker-tensorflow-extensions/repo}
+BASE_PY=${AWS_READER_PYTHON:-$HOME/.pyenv/versions/3.10.13/bin/python}
+# default: where the session tools' `fetch github:aws/sagemaker-tensorflow-extensions` puts its mirror,
+# beside this checkout
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+MIRROR=${AWS_READER_MIRROR:-$REPO_ROOT/../.mirror/aws+sagemaker-tensorflow-extensions/repo}
 start=$SECONDS
 log() { printf '[aws_reader_env] %s\n' "$*" >&2; }
 
