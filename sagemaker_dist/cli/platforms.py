@@ -141,7 +141,6 @@ def k8s_command(args) -> int:
     import sys
     from contextlib import ExitStack
 
-    from sagemaker_dist.local.demo import DEMO_BUCKET
     from sagemaker_dist.platforms.k8s_mpijob import MPIJobOptions, plan_mpijob, to_yaml
     from sagemaker_dist.platforms.node_plan import ranks_per_node
 
@@ -156,14 +155,8 @@ def k8s_command(args) -> int:
         if count < 1:
             raise ConfigurationError(f"--instance-count {count}: give at least 1 worker")
         per_host, _ = ranks_per_node(instance_type, args.processes_per_host)  # GPU checks before any S3
-    bucket = args.bucket or DEMO_BUCKET
     with ExitStack() as stack:
-        url = stack.enter_context(endpoint_for(args))
-        if url and args.demo:  # the demo writes its data into this bucket; a request brings its own
-            ensure_bucket(bucket)
-        if args.demo:
-            request = _demo_request(args, bucket, count, per_host, instance_type)
-        spec_uri = args.spec_uri or _default_spec_uri(request)
+        request, spec_uri = _request_and_spec_uri(stack, args, request, count, per_host, instance_type)
         options = MPIJobOptions(
             image=args.image,
             spec_uri=spec_uri,
@@ -182,6 +175,22 @@ def k8s_command(args) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _request_and_spec_uri(stack, args, request, nodes: int, tasks: int, instance_type: str | None):
+    """The job's request (the demo's, its data written first, or the one given) and its spec's S3 URI.
+
+    The S3 endpoint (the embedded one where no other is given) stays up until ``stack`` closes.
+    """
+    from sagemaker_dist.local.demo import DEMO_BUCKET
+
+    bucket = args.bucket or DEMO_BUCKET
+    url = stack.enter_context(endpoint_for(args))
+    if url and args.demo:  # the demo writes its data into this bucket; a request brings its own
+        ensure_bucket(bucket)
+    if args.demo:
+        request = _demo_request(args, bucket, nodes, tasks, instance_type)
+    return request, args.spec_uri or _default_spec_uri(request)
 
 
 def _demo_request(args, bucket: str, nodes: int, tasks: int, instance_type: str | None) -> dict:
@@ -224,7 +233,6 @@ def slurm_command(args) -> int:
     import sys
     from contextlib import ExitStack
 
-    from sagemaker_dist.local.demo import DEMO_BUCKET
     from sagemaker_dist.platforms.node_plan import efa_interfaces, ranks_per_node
     from sagemaker_dist.platforms.slurm import SlurmOptions, check_tasks, sbatch_script
     from sagemaker_dist.platforms.slurm_submit import check_slurm_client, submit, wait_for_job
@@ -253,14 +261,8 @@ def slurm_command(args) -> int:
     nodes = 2 if args.nodes is None else args.nodes
     if nodes < 1:
         raise ConfigurationError(f"--nodes {nodes}: give at least 1")
-    bucket = args.bucket or DEMO_BUCKET
     with ExitStack() as stack:
-        url = stack.enter_context(endpoint_for(args))
-        if url and args.demo:  # the demo writes its data into this bucket; a request brings its own
-            ensure_bucket(bucket)
-        if args.demo:
-            request = _demo_request(args, bucket, nodes, tasks, args.instance_type)
-        spec_uri = args.spec_uri or _default_spec_uri(request)
+        request, spec_uri = _request_and_spec_uri(stack, args, request, nodes, tasks, args.instance_type)
         script_path = (args.output or Path(f"{request['TrainingJobName']}.sbatch")).resolve()
         options = SlurmOptions(
             spec=spec_uri,
