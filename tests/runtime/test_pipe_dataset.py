@@ -220,6 +220,44 @@ def test_read_ahead_thread_delivers_in_order_then_the_error_and_stops_with_its_c
     assert closed.wait(5), "the reader thread did not stop after its consumer did"
 
 
+def test_read_ahead_makes_the_first_item_in_the_consumers_call_and_the_rest_in_its_thread():
+    import threading
+
+    from sagemaker_dist.runtime.pipe.reader import read_ahead
+
+    makers = []
+    closed = threading.Event()
+
+    def items():
+        try:
+            for n in range(4):
+                makers.append(threading.current_thread())
+                yield n
+        finally:
+            closed.set()
+
+    assert list(read_ahead(items(), 2, "t", first_here=True)) == [0, 1, 2, 3]
+    assert makers[0] is threading.current_thread()
+    assert all(maker is not threading.current_thread() for maker in makers[1:])
+    assert closed.is_set()
+
+    # Stopped right after the first item, the thread stops too and closes the items.
+    makers.clear()
+    closed.clear()
+    consumer = read_ahead(items(), 2, "t", first_here=True)
+    assert next(consumer) == 0
+    consumer.close()
+    assert closed.wait(5), "the reader thread did not stop after its consumer did"
+
+    def failing_at_once():
+        raise ValueError("byte offset 0: bad frame")
+        yield  # a generator
+
+    with pytest.raises(ValueError, match="byte offset 0"):
+        next(read_ahead(failing_at_once(), 2, "t", first_here=True))
+    assert list(read_ahead(iter(()), 2, "t", first_here=True)) == []
+
+
 def test_recordio_and_text_lines(opt_ml):
     rio = [b"a" * 3, os.urandom(1000), b""]
     feeder1 = feed(opt_ml, "rio", [b"".join(encode_recordio(r, max_part=256) for r in rio)])

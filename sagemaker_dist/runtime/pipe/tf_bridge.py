@@ -17,6 +17,7 @@ import threading
 
 import numpy as np
 
+from sagemaker_dist.runtime.malloc_tuning import tune_malloc
 from sagemaker_dist.runtime.pipe.reader import EpochReader
 
 PREFETCH_CHUNKS = 2  # measured: 0 or 1 is slower; Python frames chunk n+1 while C++ rebatches chunk n
@@ -117,6 +118,7 @@ def _chunk_dataset(handover: Handover):
 
 def records_dataset(reader: EpochReader, batch_size: int | None, drop_remainder: bool):
     """Chunks from Python, records (re)batched in C++."""
+    tune_malloc()  # before the first epoch's chunks are allocated
     handover = Handover(reader)
     chunks = _chunk_dataset(handover)
     if batch_size is not None:

@@ -1,0 +1,95 @@
+"""The malloc thresholds a PipeModeDataset sets: observed in glibc itself, in fresh processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+# A fresh process allocates a 4 MiB block, the size of a read chunk's tensors, and reports whether
+# glibc mapped it from the kernel (mallinfo2's hblkhd: bytes in mmapped blocks).
+PROBE = """
+import ctypes, json, os, sys
+libc = ctypes.CDLL(None)
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+libc.mallinfo2.restype = Info
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = (ctypes.c_size_t,)
+applied = {}
+if sys.argv[1] == "tune":
+    from sagemaker_dist.runtime.malloc_tuning import tune_malloc
+    applied = tune_malloc()
+    assert tune_malloc() == applied  # once per process
+before = libc.mallinfo2().hblkhd
+block = libc.malloc(4 << 20)
+print(json.dumps({"applied": applied, "mapped": libc.mallinfo2().hblkhd - before}))
+"""
+
+
+def probe(mode: str, **env) -> dict:
+    ours = ("MALLOC_", "SAGEMAKER_DIST_MALLOC_TUNING")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(ours)}
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, mode], env={**base, **env}, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _glibc_with_mallinfo2():
+    if not os.confstr("CS_GNU_LIBC_VERSION") or not hasattr(__import__("ctypes").CDLL(None), "mallinfo2"):
+        pytest.skip("needs glibc 2.33+ (mallinfo2)")
+
+
+def test_untuned_glibc_maps_a_chunk_sized_block_from_the_kernel():
+    assert probe("plain")["mapped"] >= 4 << 20  # the first-epoch page faults the tuning removes
+
+
+def test_tuning_takes_chunk_sized_blocks_from_the_heap():
+    from sagemaker_dist.runtime.malloc_tuning import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES
+
+    result = probe("tune")
+    assert result["applied"] == {
+        "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD_BYTES,
+        "MALLOC_TRIM_THRESHOLD_": TRIM_THRESHOLD_BYTES,
+    }
+    assert result["mapped"] == 0
+
+
+def test_the_environment_wins_and_the_tuning_can_be_turned_off():
+    # The user's own threshold (128 KiB) stays: the block is mapped, and only the trim threshold is set.
+    result = probe("tune", MALLOC_MMAP_THRESHOLD_="131072")
+    assert list(result["applied"]) == ["MALLOC_TRIM_THRESHOLD_"]
+    assert result["mapped"] >= 4 << 20
+    off = probe("tune", SAGEMAKER_DIST_MALLOC_TUNING="0")
+    assert off["applied"] == {} and off["mapped"] >= 4 << 20
+
+
+def test_building_a_pipe_mode_dataset_tunes_malloc(tmp_path):
+    (tmp_path / "input" / "config").mkdir(parents=True)
+    (tmp_path / "input" / "config" / "inputdataconfig.json").write_text(
+        json.dumps({"train": {"TrainingInputMode": "Pipe"}})
+    )
+    # tune_malloc() runs once per process, so the check is that a dataset's build is what set them.
+    script = (
+        "import json, sys\n"
+        "from sagemaker_dist.runtime import PipeModeDataset\n"
+        "from sagemaker_dist.runtime import malloc_tuning\n"
+        "assert malloc_tuning._applied is None\n"
+        f"PipeModeDataset('train', 'TFRecord', config_dir={str(tmp_path / 'input' / 'config')!r})\n"
+        "print(json.dumps(malloc_tuning._applied))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert set(json.loads(out.stdout.strip().splitlines()[-1])) == {
+        "MALLOC_MMAP_THRESHOLD_",
+        "MALLOC_TRIM_THRESHOLD_",
+    }
