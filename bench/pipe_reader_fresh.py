@@ -24,7 +24,7 @@ BATCH = 256
 
 # One run of one arm. argv: arm, source file, root, fifo (or "-"), batch size.
 CHILD = """
-import json, os, sys, time
+import fcntl, json, os, sys, time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 arm, src, root, fifo, batch = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 if arm != "raw":
@@ -44,6 +44,7 @@ built = time.perf_counter()
 if arm == "raw":
     buf = bytearray(1 << 20)
     fd = os.open(fifo, os.O_RDONLY)
+    fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)  # the pipe buffer ours asks for
     n = os.readv(fd, [buf])
     first = time.perf_counter()
     while True:

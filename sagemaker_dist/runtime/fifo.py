@@ -19,7 +19,7 @@ from sagemaker_dist.errors import DataError
 
 DEFAULT_FIFO_TIMEOUT = 120.0  # seconds; what AWS's reader waits too
 PIPE_BUFFER_BYTES = 1 << 20  # ask the kernel for a 1 MiB pipe buffer: fewer, larger reads
-_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
 class FifoTimeoutError(DataError):
@@ -79,7 +79,7 @@ class FifoReader:
         self.bytes_read = 0
         if stat.S_ISFIFO(os.fstat(self._fd).st_mode):
             with contextlib.suppress(OSError):  # best effort: the limit is /proc/sys/fs/pipe-max-size
-                fcntl.fcntl(self._fd, _F_SETPIPE_SZ, PIPE_BUFFER_BYTES)
+                fcntl.fcntl(self._fd, F_SETPIPE_SZ, PIPE_BUFFER_BYTES)
 
     def readinto(self, buffer) -> int:
         n = os.readv(self._fd, [buffer])
