@@ -51,21 +51,12 @@ static uint32_t crc_table(uint32_t crc, const unsigned char *p, size_t n) {
     return crc;
 }
 
+/* The CPU's CRC32C instructions: 8 bytes, then 1 byte at a time; one loop (crc_hw) serves both CPUs. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <nmmintrin.h>
-__attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const unsigned char *p, size_t n) {
-    uint64_t c = crc;
-    while (n >= 8) {
-        uint64_t v;
-        memcpy(&v, p, 8);
-        c = _mm_crc32_u64(c, v);
-        p += 8;
-        n -= 8;
-    }
-    crc = (uint32_t)c;
-    while (n--) crc = _mm_crc32_u8(crc, *p++);
-    return crc;
-}
+#define CRC_TARGET __attribute__((target("sse4.2")))
+#define CRC_8_BYTES(crc, v) ((uint32_t)_mm_crc32_u64((crc), (v)))
+#define CRC_1_BYTE(crc, b) _mm_crc32_u8((crc), (b))
 static int have_hw(void) { return __builtin_cpu_supports("sse4.2") != 0; }
 #elif defined(__aarch64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
 #include <arm_acle.h>
@@ -73,18 +64,24 @@ static int have_hw(void) { return __builtin_cpu_supports("sse4.2") != 0; }
 #ifndef HWCAP_CRC32
 #define HWCAP_CRC32 (1 << 7)
 #endif
-__attribute__((target("+crc"))) static uint32_t crc_hw(uint32_t crc, const unsigned char *p, size_t n) {
+#define CRC_TARGET __attribute__((target("+crc")))
+#define CRC_8_BYTES(crc, v) __crc32cd((crc), (v))
+#define CRC_1_BYTE(crc, b) __crc32cb((crc), (b))
+static int have_hw(void) { return (getauxval(AT_HWCAP) & HWCAP_CRC32) != 0; }
+#endif
+
+#ifdef CRC_TARGET
+CRC_TARGET static uint32_t crc_hw(uint32_t crc, const unsigned char *p, size_t n) {
     while (n >= 8) {
         uint64_t v;
         memcpy(&v, p, 8);
-        crc = __crc32cd(crc, v);
+        crc = CRC_8_BYTES(crc, v);
         p += 8;
         n -= 8;
     }
-    while (n--) crc = __crc32cb(crc, *p++);
+    while (n--) crc = CRC_1_BYTE(crc, *p++);
     return crc;
 }
-static int have_hw(void) { return (getauxval(AT_HWCAP) & HWCAP_CRC32) != 0; }
 #else
 static uint32_t crc_hw(uint32_t crc, const unsigned char *p, size_t n) { return crc_table(crc, p, n); }
 static int have_hw(void) { return 0; }
