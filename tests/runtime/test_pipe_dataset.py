@@ -236,7 +236,7 @@ def test_read_ahead_makes_the_first_item_in_the_consumers_call_and_the_rest_in_i
         finally:
             closed.set()
 
-    assert list(read_ahead(items(), 2, "t", first_here=True)) == [0, 1, 2, 3]
+    assert list(read_ahead(items(), 2, "t")) == [0, 1, 2, 3]
     assert makers[0] is threading.current_thread()
     assert all(maker is not threading.current_thread() for maker in makers[1:])
     assert closed.is_set()
@@ -244,7 +244,7 @@ def test_read_ahead_makes_the_first_item_in_the_consumers_call_and_the_rest_in_i
     # Stopped right after the first item, the thread stops too and closes the items.
     makers.clear()
     closed.clear()
-    consumer = read_ahead(items(), 2, "t", first_here=True)
+    consumer = read_ahead(items(), 2, "t")
     assert next(consumer) == 0
     consumer.close()
     assert closed.wait(5), "the reader thread did not stop after its consumer did"
@@ -254,8 +254,8 @@ def test_read_ahead_makes_the_first_item_in_the_consumers_call_and_the_rest_in_i
         yield  # a generator
 
     with pytest.raises(ValueError, match="byte offset 0"):
-        next(read_ahead(failing_at_once(), 2, "t", first_here=True))
-    assert list(read_ahead(iter(()), 2, "t", first_here=True)) == []
+        next(read_ahead(failing_at_once(), 2, "t"))
+    assert list(read_ahead(iter(()), 2, "t")) == []
 
 
 def test_recordio_and_text_lines(opt_ml):

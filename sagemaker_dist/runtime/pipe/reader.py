@@ -29,14 +29,14 @@ NO_OFFSETS = np.empty(0, dtype=np.int64)
 READ_AHEAD_CHUNKS = 2  # chunks a reader thread frames ahead of TensorFlow (0: frame in TensorFlow's call)
 
 
-def read_ahead(items, depth: int, name: str, first_here: bool = False):
+def read_ahead(items, depth: int, name: str):
     """Yield ``items``, produced by a thread up to ``depth`` items ahead; its errors are raised here.
 
     The thread reads the FIFO while TensorFlow converts and batches the chunks before: readv and
     crc32c release the GIL. When the consumer stops early, the thread stops at its next item.
-    With ``first_here`` the first item is made in the consumer's own call and the thread starts
-    after it: on the way to the first batch that saves the thread's start and a GIL handoff
-    (measured in fresh processes, 1 KB records: ``next()`` to the first batch 8.5 -> 6.1 ms).
+    The first item is made in the consumer's own call and the thread starts after it: on the way
+    to the first batch that saves the thread's start and a GIL handoff (measured in fresh
+    processes, 1 KB records: ``next()`` to the first batch 8.5 -> 6.1 ms).
     """
     done = object()
     ahead: queue.Queue = queue.Queue(maxsize=depth)
@@ -63,16 +63,14 @@ def read_ahead(items, depth: int, name: str, first_here: bool = False):
         finally:
             items.close()
 
-    first = ()
-    if first_here:
-        try:
-            first = (next(items),)
-        except StopIteration:
-            return
+    try:
+        first = next(items)
+    except StopIteration:
+        return
     thread = threading.Thread(target=produce, name=f"PipeModeDataset-{name}", daemon=True)
     thread.start()
     try:
-        yield from first
+        yield first
         while True:
             item, exc = ahead.get()
             if exc is not None:
@@ -115,7 +113,7 @@ class EpochReader:
             raise
         chunks = self._chunks(epoch, path, group, convert)
         if READ_AHEAD_CHUNKS:
-            yield from read_ahead(chunks, READ_AHEAD_CHUNKS, fifo_name(self.channel, epoch), first_here=True)
+            yield from read_ahead(chunks, READ_AHEAD_CHUNKS, fifo_name(self.channel, epoch))
         else:
             yield from chunks
 
