@@ -29,6 +29,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 arm, src, root, fifo, batch = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 if arm != "raw":
     import tensorflow as tf
+else:  # the pipe buffer ours asks for
+    from sagemaker_dist.runtime.fifo import F_SETPIPE_SZ, PIPE_BUFFER_BYTES
 start = time.perf_counter()
 dirs = dict(pipe_dir=os.path.join(root, "input", "data"), config_dir=os.path.join(root, "input", "config"))
 if arm == "ours":
@@ -44,7 +46,7 @@ built = time.perf_counter()
 if arm == "raw":
     buf = bytearray(1 << 20)
     fd = os.open(fifo, os.O_RDONLY)
-    fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)  # the pipe buffer ours asks for
+    fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BUFFER_BYTES)
     n = os.readv(fd, [buf])
     first = time.perf_counter()
     while True:
