@@ -27,13 +27,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sagemaker_dist.local import embedded_s3, run_local  # noqa: E402
-from sagemaker_dist.local.channel_objects import ChannelSpec, resolve_objects  # noqa: E402
+from sagemaker_dist import embedded_s3, run_local  # noqa: E402
+from sagemaker_dist.host.channel_objects import ChannelSpec, resolve_objects  # noqa: E402
+from sagemaker_dist.host.feeder import ChannelFeeder  # noqa: E402
+from sagemaker_dist.host.feeds import download_channel  # noqa: E402
 from sagemaker_dist.local.demo import demo_estimator  # noqa: E402
 from sagemaker_dist.local.demo_data import tfrecord_file, tfrecord_frame  # noqa: E402
 from sagemaker_dist.local.endpoint import s3_client  # noqa: E402
-from sagemaker_dist.local.feeder import ChannelFeeder  # noqa: E402
-from sagemaker_dist.local.feeds import download_channel  # noqa: E402
 
 BUCKET = "bench-local"
 RECORD_BYTES = 100 * 1024

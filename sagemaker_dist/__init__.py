@@ -38,7 +38,7 @@ _EXPORTS = {
     "read_shard_set": "launch.shard_writer",
     "ShardSet": "launch.shard_writer",
     # launching
-    "HorovodPipeEstimator": "launch.estimator",
+    "DistributedEstimator": "launch.estimator",
     "PreparedJob": "launch.estimator",
     "ChannelSource": "launch.inputs",
     "SageMakerBackend": "launch.backends",
@@ -49,9 +49,13 @@ _EXPORTS = {
     "container_image_uri": "launch.images",
     "dlc_tensorflow_image_uri": "launch.images",
     # local mode
-    "LocalBackend": "local",
-    "run_local": "local",
-    "LocalJobResult": "local",
+    "LocalBackend": "local.backend",
+    "run_local": "local.job",
+    "LocalJobResult": "local.result",
+    "LocalJobError": "local.job",
+    "LocalJobFailed": "local.job",
+    "embedded_s3": "local.endpoint",
+    "JobSpecError": "host.job_spec",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

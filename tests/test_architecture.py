@@ -4,7 +4,8 @@ at run time (what importing each module loads).
 - ``errors`` imports nothing of ours; ``contract`` imports only ``errors`` and itself (stdlib only);
 - ``runtime`` imports only ``contract``, ``errors`` and itself (it ships into the container);
 - ``launch`` imports neither ``local`` nor ``runtime`` nor ``cli``;
-- nothing but ``cli`` and ``platforms`` imports ``local`` (and ``local`` itself);
+- ``host`` (what a host does around the ranks) serves ``local`` and ``platforms``, and imports neither;
+- nothing but ``cli`` imports ``local`` (and ``local`` itself): the platforms run on ``host``;
 - the SDK side never loads TensorFlow/Horovod, the runtime never loads the SageMaker SDK.
 """
 
@@ -20,16 +21,17 @@ from pathlib import Path
 import sagemaker_dist
 
 PACKAGE = Path(sagemaker_dist.__file__).parent
-WINGS = ("errors", "contract", "launch", "local", "runtime", "platforms", "cli")
+WINGS = ("errors", "contract", "launch", "host", "local", "runtime", "platforms", "cli")
 # wing -> the wings of ours it may import
 ALLOWED = {
     "errors": set(),
     "contract": {"errors"},
     "runtime": {"errors", "contract"},
     "launch": {"errors", "contract"},
-    "local": {"errors", "contract", "launch", "runtime"},
-    "platforms": {"errors", "contract", "launch", "local"},
-    "cli": {"errors", "contract", "launch", "local", "platforms"},
+    "host": {"errors", "contract", "launch", "runtime"},
+    "local": {"errors", "contract", "launch", "runtime", "host"},
+    "platforms": {"errors", "contract", "launch", "host"},
+    "cli": {"errors", "contract", "launch", "host", "local", "platforms"},
 }
 THIRD_PARTY_OK_IN_CONTRACT = {"crc32c"}  # stdlib only, but TFRecord's checksum (record_formats)
 
@@ -104,6 +106,28 @@ def test_the_rule_check_catches_a_violation(tmp_path):
     bad.write_text("def f():\n    from sagemaker_dist.local.job import run_local\n")
     assert "sagemaker_dist.local.job" in _source_imports(bad)
     assert _wing("sagemaker_dist.local.job") not in ALLOWED["launch"]
+    assert _wing("sagemaker_dist.local.job") not in ALLOWED["platforms"]
+
+
+def test_each_public_name_has_one_import_path():
+    """The façades (``sagemaker_dist`` for the SDK side and local mode, ``sagemaker_dist.runtime`` in
+    the container) are the only packages that re-export; no other package re-exports a public name."""
+    import importlib
+
+    import sagemaker_dist.runtime
+
+    public = set(sagemaker_dist.__all__) | set(sagemaker_dist.runtime.__all__)
+    assert set(sagemaker_dist.__all__).isdisjoint(sagemaker_dist.runtime.__all__)
+    reexports = []
+    for path in sorted(PACKAGE.rglob("__init__.py")):
+        if path.parent in (PACKAGE, PACKAGE / "runtime"):
+            continue
+        module = ".".join(path.parent.relative_to(PACKAGE.parent).parts)
+        package = importlib.import_module(module)
+        names = set(getattr(package, "__all__", ())) | set(getattr(package, "_EXPORTS", ()))
+        names |= {n for n in public if n in vars(package)}
+        reexports += [f"{module}.{name}" for name in sorted(names & public)]
+    assert reexports == []
 
 
 def _loaded_after_import(modules: list[str], watched: list[str]) -> dict[str, list[str]]:

@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-from sagemaker_dist.errors import SageMakerDistError
+from sagemaker_dist import errors
 
 # Modules that define ``register(subparsers)``; each adds its subcommands with ``set_defaults(func=...)``.
 COMMAND_MODULES = (
@@ -62,6 +62,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except SageMakerDistError as exc:  # ours say what to do; anything else is a bug and keeps its traceback
+    except errors.SageMakerDistError as exc:  # ours say what to do; anything else is a bug (traceback)
         print(f"error: {exc}", file=sys.stderr)
         return 2

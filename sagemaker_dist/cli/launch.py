@@ -1,6 +1,6 @@
 """``sagemaker-dist launch``: create a Horovod + Pipe-mode training job from the command line.
 
-A thin front for HorovodPipeEstimator; ``--dry-run`` prints the validated request (bare prefixes stand
+A thin front for DistributedEstimator; ``--dry-run`` prints the validated request (bare prefixes stand
 in for the shard manifests) without creating anything.
 """
 
@@ -12,7 +12,7 @@ import sys
 
 from sagemaker_dist.cli import add_distribution_argument
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.launch.estimator import HorovodPipeEstimator
+from sagemaker_dist.launch.estimator import DistributedEstimator
 from sagemaker_dist.launch.training_job import TrainingJobFailed
 
 
@@ -65,13 +65,13 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _estimator(args) -> HorovodPipeEstimator:
+def _estimator(args) -> DistributedEstimator:
     session = None
     if not args.output_path and not args.dry_run:
         from sagemaker.core.helper.session_helper import Session
 
         session = Session()
-    return HorovodPipeEstimator(
+    return DistributedEstimator(
         args.entry_point,
         args.role,
         args.instance_type,

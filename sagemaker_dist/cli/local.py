@@ -9,9 +9,8 @@ from pathlib import Path
 from sagemaker_dist.cli import add_distribution_argument
 from sagemaker_dist.contract.toolkit import DEFAULT_TOOLKIT_VERSION
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.local.container_launcher import CONTAINER_LAUNCHER
 from sagemaker_dist.local.defaults import LOCAL_INSTANCE_TYPE, LOCAL_ROLE
-from sagemaker_dist.local.launcher import LAUNCHERS
+from sagemaker_dist.local.launchers import HOROVODRUN, LAUNCHERS, TOOLKIT_HOST_LAUNCHERS
 
 
 def register(subparsers) -> None:
@@ -78,8 +77,8 @@ def register(subparsers) -> None:
     p.add_argument("--epochs", type=int, help="shorthand for -p epochs=N")
     p.add_argument(
         "--launcher",
-        choices=(*LAUNCHERS, CONTAINER_LAUNCHER),
-        default="horovodrun",
+        choices=LAUNCHERS,
+        default=HOROVODRUN,
         help="horovodrun (Gloo) or mpirun: our rank entry sets up each rank; toolkit: AWS's "
         "sagemaker-training entry point runs the host as in the TF DLC and starts mpirun itself "
         "(root, one host; needs the container environment, see --container-python); container: the "
@@ -234,7 +233,7 @@ def _check_request_options(args) -> None:
 
 
 def run_local_command(args) -> int:
-    from sagemaker_dist.local import LocalBackend, run_local
+    from sagemaker_dist import LocalBackend, run_local
     from sagemaker_dist.local.demo import DEMO_BUCKET, prepare_demo_job
 
     request = None
@@ -246,7 +245,7 @@ def run_local_command(args) -> int:
         _check_request_options(args)
         request = read_request(args.request)
     # the toolkit and container launchers simulate one host, so its ranks are processes of that host
-    one_host = args.launcher in ("toolkit", CONTAINER_LAUNCHER)
+    one_host = args.launcher in TOOLKIT_HOST_LAUNCHERS
     default_hosts, default_per_host = (1, 2) if one_host else (2, 1)
     hosts = default_hosts if args.hosts is None else args.hosts
     per_host = default_per_host if args.processes_per_host is None else args.processes_per_host
@@ -321,11 +320,11 @@ def demo_data_command(args) -> int:
 
 def entry_point_estimator(args, bucket: str, hosts: int, per_host: int, input_mode: str):
     """The estimator of a user's ``--entry-point`` job: named after the script, not the demo."""
-    from sagemaker_dist.launch.estimator import HorovodPipeEstimator
+    from sagemaker_dist.launch.estimator import DistributedEstimator
 
     entry_point = args.entry_point
     extra = {"checkpoint_s3_uri": args.checkpoint_s3_uri} if args.checkpoint_s3_uri else {}
-    return HorovodPipeEstimator(
+    return DistributedEstimator(
         entry_point=entry_point,
         source_dir=str(args.source_dir or Path.cwd()),
         role=args.role or LOCAL_ROLE,

@@ -1,6 +1,6 @@
 """Launch a Horovod + Pipe-mode training job on SageMaker in a few lines (orchestration only).
 
-``HorovodPipeEstimator`` holds the job's settings and runs the steps, each of which lives in its own
+``DistributedEstimator`` holds the job's settings and runs the steps, each of which lives in its own
 module: inputs are parsed once (``inputs``), the layout planned (``contract.layout``), bare prefixes
 sharded (``sharding``, ``shard_writer``), the request rendered by one pure function (``request``)
 and validated (``request_validation``), and the job run by a backend: SageMaker (``backends``) or,
@@ -97,7 +97,7 @@ def default_job_name(base: str, now: datetime | None = None) -> str:
 
 
 @dataclass
-class HorovodPipeEstimator:
+class DistributedEstimator:
     """Describe a Horovod job once; ``launch(inputs)`` (alias ``fit``) shards, uploads and runs it.
 
     ``inputs`` maps ``train`` (required), ``validation`` and ``eval`` to S3 prefixes, URI lists or

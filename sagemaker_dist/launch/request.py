@@ -27,7 +27,7 @@ from sagemaker_dist.launch.inputs import ChannelSource, EstimatorError, JobInput
 from sagemaker_dist.launch.source_package import TARBALL_NAME
 
 if TYPE_CHECKING:
-    from sagemaker_dist.launch.estimator import HorovodPipeEstimator
+    from sagemaker_dist.launch.estimator import DistributedEstimator
 
 # Added after the toolkit's own mpirun options (NCCL_SOCKET_IFNAME, -bind-to none, -map-by slot).
 DEFAULT_MPI_OPTIONS = (
@@ -147,7 +147,7 @@ def check_sources(layout: ChannelLayout, sources: Mapping[str, ChannelSource | s
             )
 
 
-def _channel(est: HorovodPipeEstimator, name: str, uri: str, data_type: str, distribution: str, mode: str):
+def _channel(est: DistributedEstimator, name: str, uri: str, data_type: str, distribution: str, mode: str):
     channel = {
         "ChannelName": name,
         "DataSource": {
@@ -165,7 +165,7 @@ def _channel(est: HorovodPipeEstimator, name: str, uri: str, data_type: str, dis
 
 
 def _channels(
-    est: HorovodPipeEstimator, layout: ChannelLayout, sources, extras: Mapping[str, str], source_uri: str
+    est: DistributedEstimator, layout: ChannelLayout, sources, extras: Mapping[str, str], source_uri: str
 ):
     check_sources(layout, sources)
     channels = []
@@ -198,7 +198,7 @@ def _channels(
 
 
 def render_request(
-    est: HorovodPipeEstimator,
+    est: DistributedEstimator,
     layout: ChannelLayout,
     inputs: JobInputs,
     sources: Mapping[str, ChannelSource | str],
@@ -233,7 +233,7 @@ def render_request(
     return request
 
 
-def _add_optional(request: dict, est: HorovodPipeEstimator, names: ResolvedNames) -> None:
+def _add_optional(request: dict, est: DistributedEstimator, names: ResolvedNames) -> None:
     if est.output_kms_key:
         request["OutputDataConfig"]["KmsKeyId"] = est.output_kms_key
     if est.volume_kms_key:

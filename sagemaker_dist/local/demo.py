@@ -77,10 +77,10 @@ def demo_estimator(
     **kwargs,
 ):
     """The estimator of the demo job (the same object that would launch it on SageMaker)."""
-    from sagemaker_dist.launch.estimator import HorovodPipeEstimator
+    from sagemaker_dist.launch.estimator import DistributedEstimator
 
     hps = dict(hyperparameters or {})
-    return HorovodPipeEstimator(
+    return DistributedEstimator(
         entry_point=entry_point,
         source_dir=str(source_dir),
         role=LOCAL_ROLE,

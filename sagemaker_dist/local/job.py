@@ -2,7 +2,7 @@
 FIFOs fed from the S3 endpoint (or File-mode downloads), real Horovod ranks, checkpoints synced both
 ways, ``model.tar.gz`` in the output path, and a summary of what each rank read.
 
-``run_local`` is the orchestration only: it reads the request into a ``LocalJobSpec`` (all checks,
+``run_local`` is the orchestration only: it reads the request into a ``JobSpec`` (all checks,
 no I/O), then acquires each resource under one ``ExitStack`` so that every rank, feed, FIFO,
 checkpoint upload and temp dir is released in the right order on any exit.
 """
@@ -13,51 +13,51 @@ import json
 import os
 import shutil
 import sys
-import tarfile
 import tempfile
 import threading
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 
 import sagemaker_dist
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract import toolkit
-from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, TF_MWMS, ChannelLayout
-from sagemaker_dist.contract.s3_uri import parse_s3_uri
+from sagemaker_dist.contract.layout import TF_MWMS
 from sagemaker_dist.contract.shell_words import ShellSyntaxError
 from sagemaker_dist.errors import ConfigurationError, JobFailedError
-from sagemaker_dist.launch.request_validation import validate_request
-from sagemaker_dist.local.channel_objects import ChannelSpec
-from sagemaker_dist.local.container_launcher import (
-    CONTAINER_LAUNCHER,
+from sagemaker_dist.host.feeds import close_feeds, open_feeds
+from sagemaker_dist.host.job_spec import JobSpec
+from sagemaker_dist.host.opt_ml import JOB_ENV, build_host_trees
+from sagemaker_dist.host.outputs import CheckpointSync, pack_and_upload
+from sagemaker_dist.host.source_dir import fetch_source_dir
+from sagemaker_dist.local.endpoint import s3_client
+from sagemaker_dist.local.launchers import (
+    CONTAINER,
+    HOROVODRUN,
+    MPIRUN,
+    TF_CONFIG,
+    TOOLKIT,
+    TOOLKIT_HOST_LAUNCHERS,
+)
+from sagemaker_dist.local.launchers.container import (
     ContainerGroup,
     check_container_image,
     container_environment,
 )
-from sagemaker_dist.local.endpoint import s3_client
-from sagemaker_dist.local.feeds import close_feeds, open_feeds
-from sagemaker_dist.local.launcher import (
-    TF_CONFIG_LAUNCHER,
+from sagemaker_dist.local.launchers.mpi import (
     RankGroup,
     check_hostname_resolves,
     rank_command,
 )
-from sagemaker_dist.local.opt_ml import JOB_ENV, build_host_trees
-from sagemaker_dist.local.outputs import CheckpointSync, pack_and_upload
-from sagemaker_dist.local.result import LocalJobResult, final_metrics, rank_summaries
-from sagemaker_dist.local.supervision import interrupt_guard, supervise
-from sagemaker_dist.local.toolkit_launcher import (
+from sagemaker_dist.local.launchers.toolkit import (
     blame_the_rank_that_raised,
     check_toolkit_host,
     toolkit_environment,
     toolkit_host_command,
     toolkit_outcome,
 )
-
-# the launchers whose simulated host runs the image's toolkit entry point, which starts the ranks
-TOOLKIT_HOST_LAUNCHERS = ("toolkit", CONTAINER_LAUNCHER)
+from sagemaker_dist.local.result import LocalJobResult, final_metrics, rank_summaries
+from sagemaker_dist.local.supervision import interrupt_guard, supervise
 
 
 class LocalJobError(ConfigurationError):
@@ -68,119 +68,11 @@ class LocalJobFailed(JobFailedError):
     """A local job whose rank or feeder failed; the message names the rank (and its last output)."""
 
 
-@dataclass(frozen=True)
-class LocalJobSpec:
-    """The parts of a CreateTrainingJob request local mode runs, checked once."""
-
-    request: dict
-    name: str
-    hyperparameters: dict[str, str]
-    hosts: int
-    processes_per_host: int
-    layout: ChannelLayout | None
-    entry_point: str
-    default_mode: str
-    specs: tuple[ChannelSpec, ...]
-    timeout: float | None
-    toolkit_version: str = toolkit.DEFAULT_TOOLKIT_VERSION  # the image's sagemaker-training
-
-    @property
-    def world(self) -> int:
-        return self.hosts * self.processes_per_host
-
-    @classmethod
-    def from_request(
-        cls, request, timeout: float | None = None, toolkit_version: str = toolkit.DEFAULT_TOOLKIT_VERSION
-    ) -> LocalJobSpec:
-        if not isinstance(request, dict):
-            raise LocalJobError(f"the request is a {type(request).__name__}, not a CreateTrainingJob dict")
-        validate_request(request)  # what CreateTrainingJob would refuse, local mode refuses too
-        hps = {k: str(v) for k, v in (request.get("HyperParameters") or {}).items()}
-        default_mode = (request.get("AlgorithmSpecification") or {}).get("TrainingInputMode", "File")
-        hosts = int((request.get("ResourceConfig") or {}).get("InstanceCount", 1))
-        layout = _layout(hps)
-        per_host = _processes_per_host(hps, layout)
-        if layout is not None and (layout.hosts, layout.processes_per_host) != (hosts, per_host):
-            raise LocalJobError(
-                f"the layout hyperparameter is for {layout.hosts} host(s) x {layout.processes_per_host} "
-                f"process(es) but the request asks for {hosts} x {per_host}; plan the layout for the job "
-                "you run"
-            )
-        entry_point = hp.decode_one(hps, hp.PROGRAM)
-        if not entry_point:
-            raise LocalJobError("hyperparameter sagemaker_program (the entry script) is missing")
-        if timeout is None:  # SageMaker stops a job at MaxRuntimeInSeconds; so does local mode
-            timeout = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
-        channels = request.get("InputDataConfig") or []
-        return cls(
-            request=request,
-            name=request.get("TrainingJobName", "local-job"),
-            hyperparameters=hps,
-            hosts=hosts,
-            processes_per_host=per_host,
-            layout=layout,
-            entry_point=entry_point,
-            default_mode=default_mode,
-            specs=tuple(ChannelSpec.from_request(ch, default_mode) for ch in channels),
-            timeout=timeout,
-            toolkit_version=toolkit_version,
-        )
-
-
-def _processes_per_host(hps: dict, layout: ChannelLayout | None) -> int:
-    value = hp.decode_one(hps, hp.MPI_PROCESSES_PER_HOST)
-    if value is None and layout is not None:
-        value = layout.processes_per_host
-    try:
-        value = int(value if value is not None else 1)
-    except (TypeError, ValueError) as exc:
-        raise LocalJobError(
-            f"sagemaker_mpi_num_of_processes_per_host is {value!r}; give a whole number"
-        ) from exc
-    if value < 1:
-        raise LocalJobError(f"sagemaker_mpi_num_of_processes_per_host is {value}; it must be >= 1")
-    return value
-
-
-def fetch_source_dir(source_dir, hps: dict, work: Path, client) -> Path:
-    """The entry script's folder: ``source_dir``, else ``sagemaker_submit_directory`` (a path, or
-    the source package in S3, downloaded and unpacked into ``work/code``)."""
-    if source_dir is not None:
-        path = Path(source_dir).resolve()
-        if not path.is_dir():
-            raise LocalJobError(f"source dir {source_dir} does not exist or is not a directory")
-        return path
-    uri = hp.decode_one(hps, hp.SUBMIT_DIRECTORY)
-    if not uri:
-        raise LocalJobError(
-            "no source dir: pass source_dir= or set hyperparameter sagemaker_submit_directory"
-        )
-    if not str(uri).startswith("s3://"):
-        return fetch_source_dir(uri, hps, work, client)
-    bucket, key = parse_s3_uri(uri)
-    target = work / "code"
-    target.mkdir()
-    tarball = work / "sourcedir.tar.gz"
-    try:
-        client.download_file(bucket, key, str(tarball))
-    except Exception as exc:  # noqa: BLE001 - botocore retried already; name the object
-        raise LocalJobError(f"cannot download the source package {uri}: {exc}") from exc
-    with tarfile.open(tarball) as tar:
-        tar.extractall(target, filter="data")
-    return target
-
-
-def _layout(hps: dict) -> ChannelLayout | None:
-    if LAYOUT_HYPERPARAMETER not in hps:
-        return None
-    return ChannelLayout.from_json(hp.decode_one(hps, LAYOUT_HYPERPARAMETER))
-
-
 def run_local(
     request: dict,
     source_dir: str | os.PathLike | None = None,
     *,
-    launcher: str = "horovodrun",
+    launcher: str = HOROVODRUN,
     work_dir: str | os.PathLike | None = None,
     keep_work_dir: bool = False,
     echo=print,
@@ -203,11 +95,11 @@ def run_local(
     (``podman run <image> train``), as on SageMaker.
     """
     started = time.monotonic()
-    job = LocalJobSpec.from_request(request, timeout, toolkit_version)
+    job = JobSpec.from_request(request, timeout, toolkit_version)
     launcher = _launcher_for(job, launcher)
     if launcher in TOOLKIT_HOST_LAUNCHERS:
-        container = check_toolkit_host(container_python) if launcher == "toolkit" else None
-        image = check_container_image(image) if launcher == CONTAINER_LAUNCHER else None
+        container = check_toolkit_host(container_python) if launcher == TOOLKIT else None
+        image = check_container_image(image) if launcher == CONTAINER else None
         if job.hosts != 1:
             raise LocalJobError(
                 f"launcher {launcher!r} simulates one host (its ranks started by the toolkit's mpirun); this "
@@ -216,7 +108,7 @@ def run_local(
             )
     else:
         command = rank_command(launcher, job.world, python=str(container_python or sys.executable))
-    if launcher == "horovodrun":
+    if launcher == HOROVODRUN:
         check_hostname_resolves()
     client = s3_client()
     with interrupt_guard() as guard, ExitStack() as stack:
@@ -267,16 +159,16 @@ def run_local(
         return result
 
 
-def _launcher_for(job: LocalJobSpec, launcher: str) -> str:
+def _launcher_for(job: JobSpec, launcher: str) -> str:
     """A tf-mwms job runs one worker per host with TF_CONFIG (or under the toolkit, which writes it)."""
     if job.layout is None or job.layout.distribution != TF_MWMS:
         return launcher
-    if launcher == "mpirun":
+    if launcher == MPIRUN:
         raise LocalJobError(
             f"this is a {TF_MWMS!r} job (one worker per host with TF_CONFIG, no MPI); launcher 'mpirun' is "
             "for Horovod jobs. Leave the launcher unset, or use 'toolkit'"
         )
-    return TF_CONFIG_LAUNCHER if launcher == "horovodrun" else launcher
+    return TF_CONFIG if launcher == HOROVODRUN else launcher
 
 
 def _work_dir(stack: ExitStack, work_dir, job_name: str, keep: bool) -> Path:
@@ -289,7 +181,7 @@ def _work_dir(stack: ExitStack, work_dir, job_name: str, keep: bool) -> Path:
     return work
 
 
-def _host_trees(stack: ExitStack, job: LocalJobSpec, work: Path, client, echo):
+def _host_trees(stack: ExitStack, job: JobSpec, work: Path, client, echo):
     """The /opt/ml tree of each simulated host, with its checkpoints restored from S3 (and synced back)."""
     request = job.request
     ckpt_cfg = request.get("CheckpointConfig") or {}
@@ -312,7 +204,7 @@ def _host_trees(stack: ExitStack, job: LocalJobSpec, work: Path, client, echo):
     return trees, ckpt
 
 
-def _rank_group(job: LocalJobSpec, trees, code_dir: Path, work: Path, command, extra_env, echo) -> RankGroup:
+def _rank_group(job: JobSpec, trees, code_dir: Path, work: Path, command, extra_env, echo) -> RankGroup:
     """The ranks, not yet started: their job description file and environment."""
     pid_dir = work / "ranks"
     pid_dir.mkdir()
@@ -349,7 +241,7 @@ def _rank_echo(trees, per_host: int, echo):
 
 
 def _toolkit_group(
-    job: LocalJobSpec,
+    job: JobSpec,
     trees,
     code_dir: Path | None,
     work: Path,
@@ -385,7 +277,7 @@ def _toolkit_group(
     return RankGroup(command, env, pid_dir, job.world, _rank_echo(trees, job.processes_per_host, echo))
 
 
-def _script_argv(job: LocalJobSpec, env: dict, code_dir: Path) -> list[str]:
+def _script_argv(job: JobSpec, env: dict, code_dir: Path) -> list[str]:
     """The entry script's arguments exactly as the image's sagemaker-training toolkit passes them."""
     try:
         return toolkit.script_argv(job.hyperparameters, job.toolkit_version, env, str(code_dir))
@@ -394,7 +286,7 @@ def _script_argv(job: LocalJobSpec, env: dict, code_dir: Path) -> list[str]:
         raise LocalJobError("; ".join(p for p in problems if "broken command line" in p)) from None
 
 
-def _result(job: LocalJobSpec, trees, feeds, group, ckpt, client, started, launch_time, work_dir):
+def _result(job: JobSpec, trees, feeds, group, ckpt, client, started, launch_time, work_dir):
     """Pack the outputs into the output path and sum up what each rank read."""
     request, hps = job.request, job.hyperparameters
     output_path = (request.get("OutputDataConfig") or {}).get("S3OutputPath", "").rstrip("/")

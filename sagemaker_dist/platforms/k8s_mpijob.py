@@ -17,8 +17,8 @@ from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract import toolkit
 from sagemaker_dist.contract.paths import DEFAULT_ROOT
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.host.job_spec import JobSpec
 from sagemaker_dist.launch.instances import normalize_instance_type
-from sagemaker_dist.local.job import LocalJobSpec
 from sagemaker_dist.platforms.node_plan import check_mpi_job, efa_interfaces, ranks_per_node
 from sagemaker_dist.platforms.pipe_agent import READY_FILE
 
@@ -63,7 +63,7 @@ def mpirun_options(custom: str) -> list[str]:
     return out
 
 
-def launcher_command(job: LocalJobSpec, world: int, options: MPIJobOptions, efa: bool) -> list[str]:
+def launcher_command(job: JobSpec, world: int, options: MPIJobOptions, efa: bool) -> list[str]:
     """``mpirun`` over the hostfile mpi-operator mounts, the ranks starting the entry script with
     mpi4py (an uncaught exception aborts the whole job instead of hanging the others)."""
     env = ["-x", "PATH", "-x", "LD_LIBRARY_PATH"]
@@ -102,7 +102,7 @@ def check_name(name: str, workers: int) -> str:
 
 def plan_mpijob(request: dict, options: MPIJobOptions) -> dict:
     """The MPIJob that runs ``request`` (a CreateTrainingJob request): one worker per instance."""
-    job = LocalJobSpec.from_request(request, toolkit_version=options.toolkit_version)
+    job = JobSpec.from_request(request, toolkit_version=options.toolkit_version)
     check_mpi_job(job, "an MPIJob")
     instance_type = normalize_instance_type((request.get("ResourceConfig") or {}).get("InstanceType", ""))
     slots, gpus = ranks_per_node(instance_type, options.processes_per_host)

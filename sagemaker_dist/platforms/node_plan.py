@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from sagemaker_dist.contract.layout import HOROVOD
 from sagemaker_dist.contract.rank_slots import RankSlot, rank_slots
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.host.channel_objects import ChannelSpec
+from sagemaker_dist.host.job_spec import JobSpec
+from sagemaker_dist.host.opt_ml import host_names
 from sagemaker_dist.launch.instances import (
     ProcessesPerHostError,
     UnknownInstanceTypeError,
     gpus_per_instance,
     normalize_instance_type,
 )
-from sagemaker_dist.local.channel_objects import ChannelSpec
-from sagemaker_dist.local.job import LocalJobSpec
-from sagemaker_dist.local.opt_ml import host_names
 
 # EFA interfaces per instance type (AWS's EFA "supported instance types"); what the EFA device plugin
 # offers as vpc.amazonaws.com/efa. Types missing here get no EFA request.
@@ -49,7 +49,7 @@ class NodePlanError(ConfigurationError):
 class NodePlan:
     """One node of a job: its host name (``algo-<i+1>``), its ranks and the channels it feeds."""
 
-    job: LocalJobSpec
+    job: JobSpec
     node_index: int
     slots: tuple[RankSlot, ...]
     channels: tuple[ChannelSpec, ...]
@@ -99,7 +99,7 @@ def efa_interfaces(instance_type: str) -> int:
     return EFA_INTERFACES.get(normalize_instance_type(instance_type), 0)
 
 
-def check_mpi_job(job: LocalJobSpec, platform: str) -> None:
+def check_mpi_job(job: JobSpec, platform: str) -> None:
     """``platform`` starts the ranks with MPI (mpirun, srun --mpi=pmix): a Horovod job, not tf-mwms."""
     if job.layout is not None and job.layout.distribution != HOROVOD:
         raise NodePlanError(
@@ -134,7 +134,7 @@ def plan_node(
     mpirun's ``-map-by slot``, Slurm's block distribution and mpi-operator's hostfile place them).
     ``shuffle_seed`` turns on a per-epoch shuffle of every channel (overriding the request's).
     """
-    job = LocalJobSpec.from_request(request)
+    job = JobSpec.from_request(request)
     if not 0 <= node_index < job.hosts:
         raise NodePlanError(
             f"node index {node_index} is not a node of job {job.name}: it has {job.hosts} node(s), "
@@ -160,7 +160,7 @@ def plan_node(
     return NodePlan(job, node_index, slots, channels, epochs)
 
 
-def _node_channels(job: LocalJobSpec, slots) -> tuple[ChannelSpec, ...]:
+def _node_channels(job: JobSpec, slots) -> tuple[ChannelSpec, ...]:
     """The channels this node's ranks read; every channel when the request carries no layout."""
     layout = job.layout
     if layout is None:

@@ -22,22 +22,19 @@ from pathlib import Path
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.errors import ConfigurationError, DataError
+from sagemaker_dist.host.channel_objects import FeedError, resolve_objects
+from sagemaker_dist.host.feeder import ChannelFeeder
+from sagemaker_dist.host.feeds import FileFeed, close_feeds
+from sagemaker_dist.host.job_spec import JobSpecError
+from sagemaker_dist.host.opt_ml import HostTree, build_host_trees
+from sagemaker_dist.host.outputs import CheckpointSync, pack_and_upload
+from sagemaker_dist.host.source_dir import fetch_source_dir
 from sagemaker_dist.launch.s3_objects import S3AccessError
-from sagemaker_dist.local.channel_objects import FeedError, resolve_objects
-from sagemaker_dist.local.feeder import ChannelFeeder
-from sagemaker_dist.local.feeds import FileFeed, close_feeds
-from sagemaker_dist.local.job import fetch_source_dir
-from sagemaker_dist.local.opt_ml import HostTree, build_host_trees
-from sagemaker_dist.local.outputs import CheckpointSync, pack_and_upload
 from sagemaker_dist.platforms.node_plan import NodePlan
 
 READY_FILE = "pipe_agent_ready"  # in the node's root once config, code and FIFOs are in place
 POLL_S = 0.2
 _STAGING = ".pipe-agent-staging"
-
-
-class JobSpecError(ConfigurationError):
-    """The job spec cannot be read or is not a CreateTrainingJob request."""
 
 
 class AgentS3AccessError(ConfigurationError):
@@ -74,7 +71,7 @@ def load_job_spec(source: str, client=None) -> dict:
         raise JobSpecError(
             f"the job spec {source} is not a CreateTrainingJob request (a JSON object with "
             "AlgorithmSpecification, HyperParameters and InputDataConfig): write one with "
-            "'sagemaker-dist launch ... --dry-run' or HorovodPipeEstimator.prepare(...).request"
+            "'sagemaker-dist launch ... --dry-run' or DistributedEstimator.prepare(...).request"
         )
     return spec
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from sagemaker_dist.contract import toolkit
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.local.job import LocalJobSpec
+from sagemaker_dist.host.job_spec import JobSpec
 from sagemaker_dist.platforms.node_plan import check_mpi_job
 from sagemaker_dist.platforms.pipe_agent import READY_FILE
 
@@ -62,7 +62,7 @@ def _q(words) -> str:
 
 def sbatch_script(request: dict, options: SlurmOptions) -> str:
     """The sbatch script that runs ``request`` on InstanceCount nodes x processes-per-host tasks."""
-    job = LocalJobSpec.from_request(request, toolkit_version=options.toolkit_version)
+    job = JobSpec.from_request(request, toolkit_version=options.toolkit_version)
     check_mpi_job(job, "the sbatch script")
     check_tasks(job.processes_per_host, options.gpus_per_node)
     nodes, tasks = job.hosts, job.processes_per_host

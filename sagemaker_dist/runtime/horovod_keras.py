@@ -15,7 +15,7 @@ Horovod: ``setup()`` does.
 
 from __future__ import annotations
 
-from sagemaker_dist.runtime.keras.errors import HorovodSetupError
+from sagemaker_dist.runtime.keras.errors import TrainingSetupError
 from sagemaker_dist.runtime.keras.gpu import pin_gpu
 from sagemaker_dist.runtime.keras.optimizer import build_scaled_optimizer
 from sagemaker_dist.runtime.keras.preflight import check_channels_before_collectives, check_keras_2
@@ -23,7 +23,7 @@ from sagemaker_dist.runtime.keras.setup import HorovodKeras, setup
 
 __all__ = [
     "HorovodKeras",
-    "HorovodSetupError",
+    "TrainingSetupError",
     "build_scaled_optimizer",
     "check_channels_before_collectives",
     "check_keras_2",

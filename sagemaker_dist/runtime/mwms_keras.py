@@ -7,7 +7,7 @@ loads no TensorFlow: ``setup()`` does.
 
 from __future__ import annotations
 
-from sagemaker_dist.runtime.keras.errors import HorovodSetupError
+from sagemaker_dist.runtime.keras.errors import TrainingSetupError
 from sagemaker_dist.runtime.keras.strategy import StrategyKeras, setup
 
-__all__ = ["HorovodSetupError", "StrategyKeras", "setup"]
+__all__ = ["TrainingSetupError", "StrategyKeras", "setup"]

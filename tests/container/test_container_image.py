@@ -3,8 +3,8 @@
 starting 2 MPI ranks, Pipe FIFOs fed from a moto S3 server on this machine.
 
 The image tests run under scripts/container-test.sh, which builds the image on a stand-in for the TF
-DLC and sets SAGEMAKER_DIST_TEST_IMAGE and podman's storage; elsewhere they skip. Each successful job
-pays the toolkit's own 30 s sleep after mpirun.
+DLC, sets SAGEMAKER_DIST_TEST_IMAGE and podman's storage and selects them (marker ``image``); elsewhere
+they are deselected. Each successful job pays the toolkit's own 30 s sleep after mpirun.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from sagemaker_dist.local import LocalJobFailed, run_local
-from sagemaker_dist.local.container_launcher import ContainerLauncherError
+from sagemaker_dist import LocalJobFailed, run_local
 from sagemaker_dist.local.demo import DEMO_JOB_DIR, demo_estimator
 from sagemaker_dist.local.demo_data import write_demo_data
+from sagemaker_dist.local.launchers.container import ContainerLauncherError
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "tests" / "helpers" / "local_scripts"
@@ -29,10 +29,15 @@ IMAGE = os.environ.get("SAGEMAKER_DIST_TEST_IMAGE")
 MWMS_IMAGE = os.environ.get("SAGEMAKER_DIST_TEST_MWMS_IMAGE")  # built with WITH_HOROVOD=0
 ROOTFS_IMAGE = "localhost/sagemaker-dist-bookworm-minbase:latest"  # what container-test.sh imports
 
-needs_image = pytest.mark.skipif(
-    not IMAGE or not shutil.which("podman"),
-    reason="no training image: scripts/container-test.sh builds it and runs these tests",
-)
+# scripts/container-test.sh builds the image and selects these (-m image); elsewhere, with no
+# SAGEMAKER_DIST_TEST_IMAGE, tests/conftest.py deselects them.
+needs_image = pytest.mark.image
+
+
+@pytest.fixture(autouse=True)
+def _podman_for_the_image(request):
+    if request.node.get_closest_marker("image"):
+        assert shutil.which("podman"), "podman is not installed (scripts/container-test.sh installs it)"
 
 
 def _podman(*args: str) -> subprocess.CompletedProcess:
@@ -139,8 +144,7 @@ def test_an_image_podman_does_not_have_is_named(s3, bucket, tmp_path):
 
 @needs_image
 def test_a_build_from_a_base_without_the_toolkit_says_so():
-    if _podman("image", "exists", ROOTFS_IMAGE).returncode:
-        pytest.skip(f"{ROOTFS_IMAGE} is only there when container-test.sh made the stand-in")
+    assert not _podman("image", "exists", ROOTFS_IMAGE).returncode, f"container-test.sh imports {ROOTFS_IMAGE}"
     done = subprocess.run(
         ["podman", "build", "--format", "docker", "--ignorefile", "container/Dockerfile.dockerignore",
          "--build-arg", f"BASE_IMAGE={ROOTFS_IMAGE}", "-f", "container/Dockerfile", "."],
@@ -163,9 +167,7 @@ def test_a_missing_base_is_named_before_any_build(tmp_path):
     assert "Run without --base to build the stand-in" in done.stderr
 
 
-@pytest.mark.skipif(
-    not MWMS_IMAGE or not shutil.which("podman"), reason="no tf-mwms image (container-test.sh)"
-)
+@needs_image
 def test_a_tf_mwms_job_trains_in_the_image_without_horovod(s3, bucket, tmp_path):
     """WITH_HOROVOD=0: no Horovod in the image; the toolkit's MultiWorkerMirroredStrategy path (TF_CONFIG,
     no MPI) runs the demo on one host."""

@@ -1,4 +1,4 @@
-"""HorovodPipeEstimator against a moto server over HTTP: real S3 objects, real CreateTrainingJob calls."""
+"""DistributedEstimator against a moto server over HTTP: real S3 objects, real CreateTrainingJob calls."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from sagemaker_dist.contract.layout import ChannelLayout, LayoutError
 from sagemaker_dist.launch.aws import role_arn, sdk_channels, with_sdk_config_defaults
-from sagemaker_dist.launch.estimator import HorovodPipeEstimator, default_job_name
+from sagemaker_dist.launch.estimator import DistributedEstimator, default_job_name
 from sagemaker_dist.launch.images import ImageError, container_image_uri, dlc_tensorflow_image_uri
 from sagemaker_dist.launch.inputs import ChannelSource, EstimatorError
 from sagemaker_dist.launch.instances import ProcessesPerHostError, UnknownInstanceTypeError
@@ -99,7 +99,7 @@ def test_two_p3_16xlarge_hosts_give_16_ranks_with_one_pipe_channel_each(
 ):
     train_keys = put_objects(s3, bucket, "data/train/", [1000 + 37 * i for i in range(40)])
     put_objects(s3, bucket, "data/val/", [500, 600])
-    est = HorovodPipeEstimator(
+    est = DistributedEstimator(
         "train.py",
         role="SageMakerRole",  # a name: the account comes from STS (moto's 123456789012)
         instance_type="ml.p3.16xlarge",
@@ -217,7 +217,7 @@ def test_three_g5_12xlarge_hosts_give_12_ranks_per_local_rank_sharded_by_key(
 ):
     put_objects(s3, bucket, "cifar/train/", [2000 + i for i in range(30)])
     shard_uris = [f"s3://{bucket}/cifar/train/"]  # eval shares one prefix
-    est = HorovodPipeEstimator(
+    est = DistributedEstimator(
         "train.py",
         role=ROLE_ARN,
         instance_type="ml.g5.12xlarge",
@@ -289,7 +289,7 @@ def test_build_request_takes_presharded_inputs_and_needs_no_aws(tmp_path, monkey
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens: any AWS call fails
     script = tmp_path / "train.py"
     script.write_text("print(1)\n")
-    est = HorovodPipeEstimator(
+    est = DistributedEstimator(
         str(script), ROLE_ARN, "ml.g5.2xlarge", 2, image_uri=IMAGE, output_path="s3://out-bucket/jobs"
     )
     uris = ["s3://data-bucket/shards/train/0.manifest", "s3://data-bucket/shards/train/1.manifest"]
@@ -321,15 +321,15 @@ def test_cpu_instances_need_processes_per_host_and_fewer_than_gpus_is_allowed(tm
     script = tmp_path / "train.py"
     script.write_text("")
     with pytest.raises(UnknownInstanceTypeError, match="processes_per_host=N"):
-        HorovodPipeEstimator(str(script), ROLE_ARN, "ml.c5.18xlarge", 2)
-    cpu = HorovodPipeEstimator(str(script), ROLE_ARN, "ml.c5.18xlarge", 2, processes_per_host=4)
+        DistributedEstimator(str(script), ROLE_ARN, "ml.c5.18xlarge", 2)
+    cpu = DistributedEstimator(str(script), ROLE_ARN, "ml.c5.18xlarge", 2, processes_per_host=4)
     assert (cpu.processes_per_host, cpu.world_size) == (4, 8)
-    fewer = HorovodPipeEstimator(str(script), ROLE_ARN, "ml.p3.16xlarge", 2, processes_per_host=4)
+    fewer = DistributedEstimator(str(script), ROLE_ARN, "ml.p3.16xlarge", 2, processes_per_host=4)
     assert fewer.world_size == 8
     with pytest.raises(ProcessesPerHostError, match="has 8 GPU"):
-        HorovodPipeEstimator(str(script), ROLE_ARN, "ml.p3.16xlarge", 1, processes_per_host=9)
+        DistributedEstimator(str(script), ROLE_ARN, "ml.p3.16xlarge", 1, processes_per_host=9)
     with pytest.raises(EstimatorError, match="sagemaker_program"):
-        HorovodPipeEstimator(
+        DistributedEstimator(
             str(script), ROLE_ARN, "ml.p3.2xlarge", hyperparameters={"sagemaker_program": "x"}
         )
 
@@ -348,7 +348,7 @@ def make(source_dir, session, **kw):
         sagemaker_session=session,
     )
     args.update(kw)
-    return HorovodPipeEstimator(**args)
+    return DistributedEstimator(**args)
 
 
 def test_21_channels_are_refused(session, assert_no_job, s3, bucket, source_dir):
@@ -524,10 +524,10 @@ def test_bad_input_is_caught_before_any_aws_call(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     script = tmp_path / "train.py"
     script.write_text("")
-    est = HorovodPipeEstimator(str(script), "MyRole", "ml.p3.16xlarge", 2, use_spot=True)
+    est = DistributedEstimator(str(script), "MyRole", "ml.p3.16xlarge", 2, use_spot=True)
     with pytest.raises(RequestValidationError, match="managed spot training needs"):
         est.launch("s3://data-bucket/train/", printer=None)
-    ok = HorovodPipeEstimator(str(script), "MyRole", "ml.p3.16xlarge", 2)
+    ok = DistributedEstimator(str(script), "MyRole", "ml.p3.16xlarge", 2)
     draft = ok.draft_request("s3://data-bucket/train/", job_name="offline")
     assert draft["RoleArn"] == "arn:aws:iam::000000000000:role/MyRole"
     assert draft["AlgorithmSpecification"]["TrainingImage"] == (
@@ -710,12 +710,12 @@ def toolkit_mpi_options(options: str):
 def test_mpi_defaults_set_nccl_debug_the_way_the_toolkit_reads_it(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("")
-    est = HorovodPipeEstimator(str(script), ROLE_ARN, "ml.p3.16xlarge", 2, mpi_options=["-x A=1"])
+    est = DistributedEstimator(str(script), ROLE_ARN, "ml.p3.16xlarge", 2, mpi_options=["-x A=1"])
     parsed, rest = toolkit_mpi_options(est.mpi_options)
     assert parsed.NCCL_DEBUG == "WARN"
     assert not any("NCCL_DEBUG" in token for token in rest)  # no second, conflicting -x NCCL_DEBUG
     assert rest[-2:] == ["-x", "A=1"]
-    louder = HorovodPipeEstimator(str(script), ROLE_ARN, "ml.p3.16xlarge", mpi_options="--NCCL_DEBUG INFO")
+    louder = DistributedEstimator(str(script), ROLE_ARN, "ml.p3.16xlarge", mpi_options="--NCCL_DEBUG INFO")
     assert toolkit_mpi_options(louder.mpi_options)[0].NCCL_DEBUG == "INFO"  # the user's comes last
     for bad, message in (
         ("-x TAG='a b'", "has quotes.*splits the options on whitespace"),
@@ -723,7 +723,7 @@ def test_mpi_defaults_set_nccl_debug_the_way_the_toolkit_reads_it(tmp_path):
         ("-x NCCL_DEBUG=INFO", "write --NCCL_DEBUG <level> instead"),
     ):
         with pytest.raises(EstimatorError, match=message):
-            HorovodPipeEstimator(str(script), ROLE_ARN, "ml.p3.16xlarge", mpi_options=[bad])
+            DistributedEstimator(str(script), ROLE_ARN, "ml.p3.16xlarge", mpi_options=[bad])
 
 
 def test_create_training_job_refused_by_aws_is_an_error_naming_the_code(
@@ -766,7 +766,7 @@ def test_the_request_validated_is_the_request_sagemaker_core_sends(
     )
     monkeypatch.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(config))
     put_objects(s3, bucket, "cfg/train/", [1000] * 8)
-    est = HorovodPipeEstimator(
+    est = DistributedEstimator(
         "train.py",
         role=ROLE_ARN,
         instance_type="ml.p3.2xlarge",
@@ -808,7 +808,7 @@ def test_hyperparameters_the_toolkit_would_change_are_warned_about_before_any_aw
     from sagemaker_dist.contract.toolkit import ToolkitArgumentWarning
 
     with pytest.warns(ToolkitArgumentWarning) as caught:
-        HorovodPipeEstimator(
+        DistributedEstimator(
             "train.py",
             role=ROLE_ARN,
             instance_type="ml.p3.2xlarge",
@@ -822,13 +822,13 @@ def test_hyperparameters_the_toolkit_would_change_are_warned_about_before_any_aw
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", ToolkitArgumentWarning)
-        HorovodPipeEstimator(  # what the demo passes survives unchanged: no warning
+        DistributedEstimator(  # what the demo passes survives unchanged: no warning
             "train.py",
             role=ROLE_ARN,
             instance_type="ml.p3.2xlarge",
             hyperparameters={"epochs": 2, "batch_size": 32, "train_records_per_rank": "256,256"},
         )
-        HorovodPipeEstimator(  # 5.x runs no shell: a space survives
+        DistributedEstimator(  # 5.x runs no shell: a space survives
             "train.py",
             role=ROLE_ARN,
             instance_type="ml.p3.2xlarge",

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from sagemaker_dist import HorovodPipeEstimator, validate_request
+from sagemaker_dist import DistributedEstimator, validate_request
 from sagemaker_dist.cli import main
 from sagemaker_dist.contract.layout import ChannelLayout, LayoutError
 from sagemaker_dist.contract.rank_slots import RankVariablesError, rank_from_environment
@@ -32,7 +32,7 @@ def script(tmp_path):
 
 def _estimator(script, **kwargs):
     kwargs = {"instance_count": 3, "output_path": "s3://out-bucket/jobs", "distribution": "tf-mwms", **kwargs}
-    return HorovodPipeEstimator(script, ROLE_ARN, "ml.p4d.24xlarge", **kwargs)
+    return DistributedEstimator(script, ROLE_ARN, "ml.p4d.24xlarge", **kwargs)
 
 
 def test_request_has_one_channel_per_host_no_mpi_and_the_tf_2_21_image(no_aws, script):

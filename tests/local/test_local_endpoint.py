@@ -9,7 +9,7 @@ import sys
 from sagemaker_dist.cli import main
 
 PUT = """
-from sagemaker_dist.local import embedded_s3
+from sagemaker_dist import embedded_s3
 from sagemaker_dist.local.endpoint import s3_client
 with embedded_s3({state!r}):
     c = s3_client()
@@ -17,7 +17,7 @@ with embedded_s3({state!r}):
     c.put_object(Bucket="kept-bucket", Key="a/b.txt", Body=b"hello")
 """
 GET = """
-from sagemaker_dist.local import embedded_s3
+from sagemaker_dist import embedded_s3
 from sagemaker_dist.local.endpoint import s3_client
 with embedded_s3({state!r}):
     print(s3_client().get_object(Bucket="kept-bucket", Key="a/b.txt")["Body"].read().decode())

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from helpers.local_s3_proxy import cutting_proxy
 
-from sagemaker_dist.local import LocalBackend, LocalJobFailed, run_local
+from sagemaker_dist import LocalBackend, LocalJobFailed, run_local
 from sagemaker_dist.local.demo import DEMO_JOB_DIR, demo_estimator, prepare_demo_job
 from sagemaker_dist.local.demo_data import write_demo_data
-from sagemaker_dist.local.launcher import LaunchError, horovod_mpi_built
+from sagemaker_dist.local.launchers.mpi import LaunchError, horovod_mpi_built
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "tests" / "helpers" / "local_scripts"
@@ -280,11 +280,7 @@ def test_ctrl_c_cleans_up_every_process_and_fifo(s3, bucket, tmp_path, aws_env):
 def test_mpirun_launcher_gives_each_rank_its_simulated_host(s3, bucket, tmp_path):
     _small_data(s3, bucket, files=2, records=4)
     request = _request(bucket, "print_rank_env.py", {}, hosts=2, per_host=1)
-    if not horovod_mpi_built():  # each rank would init Horovod as a job of size 1: refused up front
-        with pytest.raises(LaunchError, match="needs a Horovod built with MPI"):
-            run_local(request, SCRIPTS, launcher="mpirun", work_dir=tmp_path, echo=print, timeout=60)
-        assert not list(tmp_path.iterdir())  # refused before anything was created
-        return
+    assert horovod_mpi_built(), "Horovod was built without MPI: scripts/setup.sh rebuilds it once Open MPI is in"
     lines = []
     result = run_local(request, SCRIPTS, launcher="mpirun", work_dir=tmp_path, echo=lines.append, timeout=60)
     seen = sorted(line.split("] ", 1)[1] for line in lines if "env rank=" in line)
@@ -294,6 +290,16 @@ def test_mpirun_launcher_gives_each_rank_its_simulated_host(s3, bucket, tmp_path
         f"env rank=1 local=0 host=algo-2 bytes={fed['algo-2', 'train_1']}",
     ]
     assert fed["algo-1", "train_0"] > 0
+
+
+def test_mpirun_launcher_refuses_a_horovod_built_without_mpi(s3, bucket, tmp_path, monkeypatch):
+    """Each rank would init Horovod as a job of size 1: refused up front, before anything is created."""
+    _small_data(s3, bucket, files=2, records=4)
+    request = _request(bucket, "print_rank_env.py", {}, hosts=2, per_host=1)
+    monkeypatch.setattr(sys.modules[horovod_mpi_built.__module__], "horovod_mpi_built", lambda *a, **k: False)
+    with pytest.raises(LaunchError, match="needs a Horovod built with MPI"):
+        run_local(request, SCRIPTS, launcher="mpirun", work_dir=tmp_path, echo=print, timeout=60)
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("input_mode", ["Pipe", "File"])

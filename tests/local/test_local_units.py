@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from sagemaker_dist import JobSpecError, LocalJobError, run_local
 from sagemaker_dist.contract.hyperparameters import encode_all
 from sagemaker_dist.contract.layout import plan_layout
 from sagemaker_dist.contract.rank_slots import rank_slots, slot_environment
 from sagemaker_dist.contract.toolkit import script_argv
+from sagemaker_dist.host.opt_ml import build_host_trees
 from sagemaker_dist.launch.request_validation import RequestValidationError
-from sagemaker_dist.local import LocalJobError, run_local
 from sagemaker_dist.local.demo_data import encode_example, generate_examples, tfrecord_file
-from sagemaker_dist.local.launcher import LaunchError, describe_exit, rank_command
-from sagemaker_dist.local.opt_ml import build_host_trees
+from sagemaker_dist.local.launchers.mpi import LaunchError, describe_exit, rank_command
 from sagemaker_dist.local.result import final_metrics
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "helpers" / "local_scripts"
@@ -126,9 +126,9 @@ def _request(**hps):
 def test_bad_requests_fail_before_anything_starts(tmp_path):
     (tmp_path / "train.py").write_text("print('hi')\n")
     layout = plan_layout(1, 2).to_json()
-    with pytest.raises(LocalJobError, match="layout hyperparameter is for 1 host"):
+    with pytest.raises(JobSpecError, match="layout hyperparameter is for 1 host"):
         run_local(_request(sagemaker_program="train.py", sagemaker_dist_layout=layout), tmp_path)
-    with pytest.raises(LocalJobError, match="sagemaker_program"):
+    with pytest.raises(JobSpecError, match="sagemaker_program"):
         run_local(_request(), tmp_path)
     with pytest.raises(LocalJobError, match="'missing.py' is not in the source dir"):
         run_local(_request(sagemaker_program="missing.py"), tmp_path, work_dir=tmp_path / "w")
@@ -137,7 +137,7 @@ def test_bad_requests_fail_before_anything_starts(tmp_path):
     with pytest.raises(RequestValidationError, match=r"(?s)job name .a_b. is not valid.*has no channels"):
         run_local(bad, tmp_path, work_dir=tmp_path / "w")  # validated first, as CreateTrainingJob would
     assert not os.listdir(tmp_path / "w")
-    with pytest.raises(LocalJobError, match="whole number"):
+    with pytest.raises(JobSpecError, match="whole number"):
         run_local(
             _request(sagemaker_program="train.py", sagemaker_mpi_num_of_processes_per_host="two"), tmp_path
         )
@@ -147,8 +147,8 @@ def test_source_comes_from_the_submit_directory_tarball_without_a_source_dir(s3,
     import io
     import tarfile
 
+    from sagemaker_dist.host.source_dir import SourceDirError, fetch_source_dir
     from sagemaker_dist.local.endpoint import s3_client
-    from sagemaker_dist.local.job import fetch_source_dir
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
@@ -160,7 +160,7 @@ def test_source_comes_from_the_submit_directory_tarball_without_a_source_dir(s3,
     code = fetch_source_dir(None, hps, tmp_path, s3_client())
     assert (code / "train.py").read_text() == "print('hi')\n"
     (tmp_path / "x").mkdir()
-    with pytest.raises(LocalJobError, match="cannot download the source package"):
+    with pytest.raises(SourceDirError, match="cannot download the source package"):
         fetch_source_dir(
             None, {"sagemaker_submit_directory": f"s3://{bucket}/nope.tar.gz"}, tmp_path / "x", s3_client()
         )
@@ -272,7 +272,7 @@ def test_the_demo_refuses_entry_point_options():
 
 
 def test_an_unresolvable_host_name_is_refused_before_gloo_crashes():
-    from sagemaker_dist.local.launcher import check_hostname_resolves
+    from sagemaker_dist.local.launchers.mpi import check_hostname_resolves
 
     check_hostname_resolves("localhost")
     with pytest.raises(LaunchError, match=r"host name 'no-such-host\.invalid' does not resolve.*/etc/hosts"):
@@ -285,7 +285,7 @@ def test_the_machines_own_host_name_is_the_one_checked():
 
     if os.geteuid() != 0 or not shutil.which("unshare"):
         pytest.skip("needs root and unshare for a private host name")
-    code = "from sagemaker_dist.local.launcher import check_hostname_resolves; check_hostname_resolves()"
+    code = "from sagemaker_dist.local.launchers.mpi import check_hostname_resolves; check_hostname_resolves()"
     proc = subprocess.run(
         ["unshare", "-u", "sh", "-c", f'hostname gloo-cannot-resolve-me && "{sys.executable}" -c "{code}"'],
         capture_output=True,
@@ -322,7 +322,7 @@ def test_a_hyperparameter_the_toolkits_shell_cannot_parse_fails_the_local_job_as
 def test_mpirun_tags_inside_a_line_are_split_by_rank():
     """Under load mpirun tags chunks, not lines (both captured from real runs): a rank's line written in
     parts carries its own tag inside; two ranks' lines run together carry the other rank's."""
-    from sagemaker_dist.local.launcher import split_inner_tags
+    from sagemaker_dist.local.launchers.mpi import split_inner_tags
 
     parts = "RuntimeError[1,mpirank:1,algo-1]<stderr>:: [1,mpirank:1,algo-1]<stderr>:rank 1 failed on purpose"
     assert split_inner_tags(1, parts) == [(1, "RuntimeError: rank 1 failed on purpose")]

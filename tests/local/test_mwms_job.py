@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sagemaker_dist.local import LocalBackend, LocalJobError, LocalJobFailed, run_local
+from sagemaker_dist import LocalBackend, LocalJobError, LocalJobFailed, run_local
 from sagemaker_dist.local.demo import demo_estimator
 from sagemaker_dist.local.demo_data import write_demo_data
 

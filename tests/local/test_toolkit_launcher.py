@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from sagemaker_dist import LocalJobError, LocalJobFailed, run_local
 from sagemaker_dist.contract import toolkit
-from sagemaker_dist.local import LocalJobError, LocalJobFailed, run_local
 from sagemaker_dist.local.demo import DEMO_JOB_DIR, demo_estimator
 from sagemaker_dist.local.demo_data import write_demo_data
-from sagemaker_dist.local.toolkit_launcher import ToolkitLauncherError, check_toolkit_host
+from sagemaker_dist.local.launchers.toolkit import ToolkitLauncherError, check_toolkit_host
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "tests" / "helpers" / "local_scripts"

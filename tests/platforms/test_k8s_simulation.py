@@ -11,9 +11,9 @@ import sys
 
 import pytest
 import yaml
+from helpers.k8s_simulation import hostfile_text, simulate
 
-from sagemaker_dist.local.toolkit_launcher import ToolkitLauncherError, check_toolkit_host
-from sagemaker_dist.platforms.k8s_simulation import hostfile_text, simulate
+from sagemaker_dist.local.launchers.toolkit import ToolkitLauncherError, check_toolkit_host
 
 pytestmark = [pytest.mark.slow, pytest.mark.horovod, pytest.mark.tensorflow]
 
@@ -23,7 +23,7 @@ def container_python():
     try:
         return check_toolkit_host()
     except ToolkitLauncherError as exc:
-        pytest.skip(f"no container environment to simulate the pods with: {exc}")
+        pytest.fail(f"no container environment to simulate the pods with (scripts/setup.sh makes it): {exc}")
 
 
 def test_the_mpijob_trains_the_demo_on_two_simulated_workers(container_python, aws_env, s3, bucket, tmp_path):

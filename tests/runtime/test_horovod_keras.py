@@ -14,7 +14,7 @@ import pytest
 
 from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, plan_layout
 from sagemaker_dist.runtime import horovod_keras
-from sagemaker_dist.runtime.horovod_keras import HorovodSetupError, build_scaled_optimizer
+from sagemaker_dist.runtime.horovod_keras import TrainingSetupError, build_scaled_optimizer
 from sagemaker_dist.runtime.keras import arguments, preflight
 from sagemaker_dist.runtime.ranks import RankChannelError
 
@@ -48,12 +48,12 @@ def test_scaled_optimizer_from_instance_or_factory():
     assert opt.get_config()["learning_rate"] == pytest.approx(0.4) and opt.get_config()["momentum"] == 0.9
     opt, base, scaled = build_scaled_optimizer(tf.keras.optimizers.legacy.Adam, 3, learning_rate=0.01)
     assert isinstance(opt, tf.keras.optimizers.legacy.Adam) and scaled == pytest.approx(0.03)
-    with pytest.raises(HorovodSetupError, match="learning_rate="):
+    with pytest.raises(TrainingSetupError, match="learning_rate="):
         build_scaled_optimizer(tf.keras.optimizers.legacy.Adam, 2)
     schedule = tf.keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)
-    with pytest.raises(HorovodSetupError, match="not a number"):
+    with pytest.raises(TrainingSetupError, match="not a number"):
         build_scaled_optimizer(tf.keras.optimizers.legacy.SGD(schedule), 2)
-    with pytest.raises(HorovodSetupError, match="neither"):
+    with pytest.raises(TrainingSetupError, match="neither"):
         build_scaled_optimizer("adam", 2)
 
 
@@ -99,7 +99,9 @@ def single_rank_job(tmp_path, monkeypatch):
 def test_shard_smaller_than_a_batch_is_named(single_rank_job):
     import tensorflow as tf
 
-    with pytest.raises(HorovodSetupError, match=r"rank 0 has 3 train record\(s\), fewer than one batch of 8"):
+    with pytest.raises(
+        TrainingSetupError, match=r"rank 0 has 3 train record\(s\), fewer than one batch of 8"
+    ):
         horovod_keras.setup(
             tf.keras.optimizers.legacy.SGD,
             learning_rate=0.1,
@@ -157,7 +159,9 @@ def test_several_ranks_without_counts_agree_on_epoch_ends_instead():
 
     from sagemaker_dist.runtime.keras.agreement import AGREED, EpochReports
 
-    with pytest.raises(HorovodSetupError, match=r"3, 3 and 2 files.*train_records= the records in this rank"):
+    with pytest.raises(
+        TrainingSetupError, match=r"3, 3 and 2 files.*train_records= the records in this rank"
+    ):
         arguments._per_rank(None, 512, 3, "train")
     assert arguments._per_rank(None, 512, 1, "train") == 512
     hv = horovod_keras.HorovodKeras(
@@ -180,7 +184,7 @@ def test_keras_3_is_refused_with_what_to_install():
     assert preflight._tf_keras_version(tf).startswith("2.")  # TF 2.15's own Keras
     horovod_keras.check_keras_2(preflight._tf_keras_version(tf))
     horovod_keras.check_keras_2("2.15.0")
-    with pytest.raises(HorovodSetupError, match=r"Keras 3.6.0; Horovod supports Keras 2 only.*tf_keras"):
+    with pytest.raises(TrainingSetupError, match=r"Keras 3.6.0; Horovod supports Keras 2 only.*tf_keras"):
         horovod_keras.check_keras_2("3.6.0")
 
 
@@ -252,7 +256,7 @@ def test_each_bad_argument_is_named_before_horovod_starts(
     for name in ("RANK", "LOCAL_RANK", "SIZE", "LOCAL_SIZE"):
         monkeypatch.delenv(f"OMPI_COMM_WORLD_{name}", raising=False)
     optimizer, kwargs = _setup_kwargs(tmp_path / "no-job", overrides)
-    with pytest.raises(HorovodSetupError, match=message):
+    with pytest.raises(TrainingSetupError, match=message):
         horovod_keras.setup(optimizer, **kwargs)
 
 
@@ -260,7 +264,7 @@ def test_optimizer_whose_rate_is_a_schedule_fails_before_horovod_starts(tmp_path
     import tensorflow as tf
 
     schedule = tf.keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)
-    with pytest.raises(HorovodSetupError, match="not a number"):
+    with pytest.raises(TrainingSetupError, match="not a number"):
         horovod_keras.setup(tf.keras.optimizers.legacy.SGD(schedule), root=tmp_path / "no-job")
 
 
@@ -280,7 +284,7 @@ def test_arguments_that_cannot_work_on_several_ranks_fail_before_horovod_starts(
     """The launcher's rank variables give the world size before hvd.init(), so these need no collective."""
     for name, value in (("RANK", "1"), ("LOCAL_RANK", "1"), ("SIZE", "3"), ("LOCAL_SIZE", "3")):
         monkeypatch.setenv(f"OMPI_COMM_WORLD_{name}", value)
-    with pytest.raises(HorovodSetupError, match=message):
+    with pytest.raises(TrainingSetupError, match=message):
         horovod_keras.setup(lambda lr: None, learning_rate=0.1, root=tmp_path / "no-job", **kwargs)
 
 
@@ -304,7 +308,7 @@ def test_bad_arguments_load_neither_tensorflow_nor_horovod(tmp_path):
         f"    kwargs = {{'learning_rate': 0.1, 'root': {str(tmp_path / 'no-job')!r}, **overrides}}\n"
         "    try:\n"
         "        horovod_keras.setup(lambda lr: None, **kwargs)\n"
-        "    except horovod_keras.HorovodSetupError:\n"
+        "    except horovod_keras.TrainingSetupError:\n"
         "        refused += 1\n"
         "loaded = sorted(m for m in ('tensorflow', 'horovod', 'keras') if m in sys.modules)\n"
         "print(json.dumps([refused, len(cases), loaded]))\n"

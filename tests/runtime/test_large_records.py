@@ -17,8 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sagemaker_dist.contract.record_formats import encode_tfrecord
+from sagemaker_dist.runtime import RecordFormatError
 from sagemaker_dist.runtime.fifo import FifoReader
-from sagemaker_dist.runtime.framing import LARGE_RECORD_BYTES, RecordFormatError, frame_views, make_framer
+from sagemaker_dist.runtime.framing import LARGE_RECORD_BYTES, frame_views, make_framer
 
 LARGE = LARGE_RECORD_BYTES
 

@@ -12,7 +12,7 @@ from sagemaker_dist.runtime import mwms_keras
     "kwargs", [{"train_records": 1}, {"total_validation_records": 640}, {"warmup_epochs": 1}]
 )
 def test_horovod_only_values_are_refused_by_name(kwargs):
-    with pytest.raises(mwms_keras.HorovodSetupError, match=next(iter(kwargs))):
+    with pytest.raises(mwms_keras.TrainingSetupError, match=next(iter(kwargs))):
         mwms_keras.setup(lambda lr: None, learning_rate=0.1, **kwargs)
 
 

@@ -19,8 +19,11 @@ from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo
 
 tf = pytest.importorskip("tensorflow")
 
-from sagemaker_dist.runtime import PipeModeDataset, rank_dataset  # noqa: E402
-from sagemaker_dist.runtime.pipe import PipeModeDatasetError  # noqa: E402
+from sagemaker_dist.runtime import (  # noqa: E402
+    PipeModeDataset,
+    PipeModeDatasetError,  # noqa: E402
+    rank_dataset,
+)
 
 
 @pytest.fixture

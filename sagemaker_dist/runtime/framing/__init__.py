@@ -17,7 +17,6 @@ from sagemaker_dist.runtime.framing.base import (
     MAX_GROUP_BYTES,
     STALL_SECONDS,
     Framer,
-    RecordFormatError,
 )
 from sagemaker_dist.runtime.framing.recordio import RecordIOFramer
 from sagemaker_dist.runtime.framing.stream import (
@@ -38,7 +37,6 @@ __all__ = [
     "MAX_GROUP_BYTES",
     "STALL_SECONDS",
     "Framer",
-    "RecordFormatError",
     "RecordIOFramer",
     "TFRecordFramer",
     "TextLineFramer",

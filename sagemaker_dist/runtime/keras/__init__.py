@@ -7,7 +7,7 @@
 - ``optimizer``: the learning rate scaled by the number of workers;
 - ``steps``: the steps per epoch all ranks agree on, and epochs cut to exactly that many batches;
 - ``callbacks``: the Keras callbacks, as named classes (this file imports TensorFlow when loaded);
-- ``errors``: ``HorovodSetupError``.
+- ``errors``: ``TrainingSetupError``.
 
 Importing this package loads nothing: TensorFlow and Horovod load when ``setup()`` runs.
 """

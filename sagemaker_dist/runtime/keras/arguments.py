@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.runtime.keras.errors import HorovodSetupError
+from sagemaker_dist.runtime.keras.errors import TrainingSetupError
 from sagemaker_dist.runtime.keras.optimizer import base_learning_rate
 from sagemaker_dist.runtime.tensorboard_sync import split_s3_uri
 
@@ -61,28 +61,28 @@ def _is_number(value) -> bool:
 def _whole(name: str, value, minimum: int, meaning: str) -> None:
     """``value`` is None or a whole number >= ``minimum``; else an error naming ``name``."""
     if value is not None and not (_is_whole(value) and value >= minimum):
-        raise HorovodSetupError(f"{name}={value!r}: give {meaning} (a whole number >= {minimum}) or None")
+        raise TrainingSetupError(f"{name}={value!r}: give {meaning} (a whole number >= {minimum}) or None")
 
 
 def _number(name: str, value, *, above: float, meaning: str, inclusive: bool = False) -> None:
     """``value`` is a finite number > ``above`` (>= with ``inclusive``); else an error naming ``name``."""
     if not (_is_number(value) and (value >= above if inclusive else value > above)):
         bound = f"{'>=' if inclusive else '>'} {above:g}"
-        raise HorovodSetupError(f"{name}={value!r}: give {meaning} (a finite number {bound})")
+        raise TrainingSetupError(f"{name}={value!r}: give {meaning} (a finite number {bound})")
 
 
 def _flag(name: str, value) -> None:
     if not isinstance(value, bool):
-        raise HorovodSetupError(f"{name}={value!r}: give True or False")
+        raise TrainingSetupError(f"{name}={value!r}: give True or False")
 
 
 def _path(name: str, value) -> None:
     if value is not None and (not isinstance(value, str | os.PathLike) or not os.fspath(value)):
-        raise HorovodSetupError(f"{name}={value!r}: give a directory path (str or pathlib.Path) or None")
+        raise TrainingSetupError(f"{name}={value!r}: give a directory path (str or pathlib.Path) or None")
 
 
 def check_arguments(args: SetupArguments) -> None:
-    """Raise ``HorovodSetupError`` for the first argument that cannot work; loads no TensorFlow or Horovod."""
+    """Raise ``TrainingSetupError`` for the first argument that cannot work; loads no TF or Horovod."""
     if args.learning_rate is not None:
         _number("learning_rate", args.learning_rate, above=0, meaning="the single-worker learning rate")
     base_learning_rate(args.optimizer, args.learning_rate)
@@ -92,7 +92,7 @@ def check_arguments(args: SetupArguments) -> None:
         "warmup_epochs", args.warmup_epochs, above=0, inclusive=True, meaning="the epochs to warm up over"
     )
     if args.warmup_epochs > 0 and args.train_records is None and args.total_train_records is None:
-        raise HorovodSetupError("warmup_epochs needs the steps per epoch: pass batch_size and train_records")
+        raise TrainingSetupError("warmup_epochs needs the steps per epoch: pass batch_size and train_records")
     _check_checkpoints(args)
     _check_tensorboard(args)
     _path("root", args.root)
@@ -106,10 +106,10 @@ def _check_records(args: SetupArguments) -> None:
         _whole(f"{what}_records", per_rank, 0, f"the {what} records in this rank's own shard")
         _whole(f"total_{what}_records", total, 0, f"the {what} records of the whole job (one rank only)")
         if per_rank is not None and total is not None:
-            raise HorovodSetupError(f"give either {what}_records or total_{what}_records, not both")
+            raise TrainingSetupError(f"give either {what}_records or total_{what}_records, not both")
     given = [name for name in _RECORD_ARGUMENTS if getattr(args, name) is not None]
     if given and args.batch_size is None:
-        raise HorovodSetupError(
+        raise TrainingSetupError(
             f"{given[0]}= needs batch_size= (the per-rank batch size, >= 1) to give the steps per epoch"
         )
 
@@ -118,7 +118,7 @@ def _check_checkpoints(args: SetupArguments) -> None:
     _flag("checkpoints", args.checkpoints)
     _whole("keep_checkpoints", args.keep_checkpoints, 0, "how many checkpoints to keep (0 or None: all)")
     if not (_is_whole(args.checkpoint_every) and args.checkpoint_every >= 1):
-        raise HorovodSetupError(
+        raise TrainingSetupError(
             f"checkpoint_every={args.checkpoint_every!r}: give a whole number of epochs >= 1"
         )
 
@@ -127,16 +127,16 @@ def _check_tensorboard(args: SetupArguments) -> None:
     _path("tensorboard_dir", args.tensorboard_dir)
     uri = args.tensorboard_s3_uri
     if uri is not None and not isinstance(uri, str):
-        raise HorovodSetupError(f"tensorboard_s3_uri={uri!r}: give an s3://bucket/prefix string or None")
+        raise TrainingSetupError(f"tensorboard_s3_uri={uri!r}: give an s3://bucket/prefix string or None")
     if uri:
         if args.tensorboard_dir is None:
-            raise HorovodSetupError(
+            raise TrainingSetupError(
                 "tensorboard_s3_uri needs tensorboard_dir (the local log directory to sync)"
             )
         try:
             split_s3_uri(uri)
         except ConfigurationError as exc:
-            raise HorovodSetupError(f"tensorboard_s3_uri={uri!r}: {exc}") from None
+            raise TrainingSetupError(f"tensorboard_s3_uri={uri!r}: {exc}") from None
     _number("tensorboard_interval", args.tensorboard_interval, above=0, meaning="seconds between uploads")
 
 
@@ -144,10 +144,10 @@ def _per_rank(records: int | None, total: int | None, size: int, what: str) -> i
     """This rank's record count. A total only works on one rank: shards are balanced by bytes, not
     records (8 equal files over 3 ranks are 3, 3 and 2 files), so total // size is not any rank's shard."""
     if records is not None and total is not None:
-        raise HorovodSetupError(f"give either {what}_records or total_{what}_records, not both")
+        raise TrainingSetupError(f"give either {what}_records or total_{what}_records, not both")
     if total is not None:
         if size > 1:
-            raise HorovodSetupError(
+            raise TrainingSetupError(
                 f"total_{what}_records={total} cannot give this rank's steps on {size} ranks: shards are "
                 f"balanced by bytes, so their record counts differ (e.g. 8 equal files over 3 ranks are "
                 f"3, 3 and 2 files). Pass {what}_records= the records in this rank's own shard"

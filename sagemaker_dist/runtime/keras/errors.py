@@ -5,5 +5,5 @@ from __future__ import annotations
 from sagemaker_dist.errors import ConfigurationError
 
 
-class HorovodSetupError(ConfigurationError):
+class TrainingSetupError(ConfigurationError):
     """A Horovod/Keras setting that cannot work (names the setting and what to change)."""

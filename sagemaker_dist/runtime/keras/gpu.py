@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sagemaker_dist.runtime.keras.errors import HorovodSetupError
+from sagemaker_dist.runtime.keras.errors import TrainingSetupError
 
 
 def pin_gpu(local_rank: int, local_size: int) -> str | None:
@@ -13,7 +13,7 @@ def pin_gpu(local_rank: int, local_size: int) -> str | None:
     if not gpus:
         return None
     if local_size > len(gpus):
-        raise HorovodSetupError(
+        raise TrainingSetupError(
             f"{local_size} processes run on this host but it has {len(gpus)} GPU(s); set "
             f"sagemaker_mpi_num_of_processes_per_host (processes_per_host) to at most {len(gpus)}"
         )
@@ -22,7 +22,7 @@ def pin_gpu(local_rank: int, local_size: int) -> str | None:
             tf.config.experimental.set_memory_growth(gpu, True)
         tf.config.set_visible_devices(gpus[local_rank], "GPU")
     except RuntimeError as exc:
-        raise HorovodSetupError(
+        raise TrainingSetupError(
             "TensorFlow had already initialised its GPUs, so one GPU per rank cannot be pinned; call "
             "horovod_keras.setup() before building the model, the optimizer or any tensor"
         ) from exc

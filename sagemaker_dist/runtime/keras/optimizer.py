@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from sagemaker_dist.runtime.keras.errors import HorovodSetupError
+from sagemaker_dist.runtime.keras.errors import TrainingSetupError
 
 
 def _is_optimizer_instance(obj) -> bool:
@@ -33,23 +33,23 @@ def base_learning_rate(optimizer, learning_rate: float | None = None) -> float:
     if _is_optimizer_instance(optimizer):
         base = optimizer.get_config().get("learning_rate") if learning_rate is None else learning_rate
         if not (isinstance(base, numbers.Real) and not isinstance(base, bool)):
-            raise HorovodSetupError(
+            raise TrainingSetupError(
                 f"the optimizer's learning rate is {base!r}, not a number; pass learning_rate= (the "
                 "single-worker rate) or an optimizer factory taking the rate"
             )
     elif callable(optimizer):
         if learning_rate is None:
-            raise HorovodSetupError(
+            raise TrainingSetupError(
                 "an optimizer factory needs learning_rate= (the single-worker rate); setup() passes "
                 "learning_rate x number of workers to it"
             )
         base = learning_rate
     else:
-        raise HorovodSetupError(
+        raise TrainingSetupError(
             f"optimizer={optimizer!r} is neither a Keras optimizer nor a callable returning one"
         )
     if not _is_rate(base):
-        raise HorovodSetupError(
+        raise TrainingSetupError(
             f"learning rate {base!r}: give the single-worker rate as a finite number > 0 (learning_rate= "
             "or the optimizer's own)"
         )

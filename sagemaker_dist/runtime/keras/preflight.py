@@ -13,7 +13,7 @@ import os
 from sagemaker_dist.contract.layout import HOROVOD, TF_MWMS
 from sagemaker_dist.contract.rank_slots import RANK_VARIABLES, TF_CONFIG
 from sagemaker_dist.runtime.config import ContainerConfig
-from sagemaker_dist.runtime.keras.errors import HorovodSetupError
+from sagemaker_dist.runtime.keras.errors import TrainingSetupError
 from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo, check_rank_channels
 
 
@@ -21,7 +21,7 @@ def check_keras_2(keras_version: str) -> None:
     """Horovod 0.28 wraps Keras 2 optimizers only; TF >= 2.16 brings Keras 3 unless told otherwise."""
     major = keras_version.split(".", 1)[0]
     if major.isdigit() and int(major) >= 3:
-        raise HorovodSetupError(
+        raise TrainingSetupError(
             f"tf.keras is Keras {keras_version}; Horovod supports Keras 2 only. On TensorFlow 2.16 or "
             "newer, pip install tf_keras (the same minor version as TensorFlow) and set "
             "TF_USE_LEGACY_KERAS=1 before TensorFlow is imported"
@@ -89,7 +89,7 @@ def check_job_distribution(expected: str, root=None) -> None:
     else:
         return  # one process on its own: either helper runs it
     if launched != expected:
-        raise HorovodSetupError(
+        raise TrainingSetupError(
             f"the script calls {_HELPERS[expected]}.setup(), but this job was {how} for distribution "
             f"{launched!r}: call {_HELPERS[launched]}.setup() instead (the same arguments), or launch with "
             f"distribution={expected!r}"

@@ -122,7 +122,7 @@ def setup(
     instead, with no per-step agreement. The same for validation; ``MetricAverageCallback`` averages
     ``val_*`` (horovod#600). ``check_channels`` verifies this
     rank's channels before the first collective when the job carries a sagemaker-dist layout.
-    Every argument is checked before Horovod starts; a bad one raises ``HorovodSetupError`` naming it.
+    Every argument is checked before Horovod starts; a bad one raises ``TrainingSetupError`` naming it.
     """
     args = SetupArguments(**locals())  # every parameter above, by name
     check_arguments(args)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from sagemaker_dist.runtime.keras.errors import HorovodSetupError
+from sagemaker_dist.runtime.keras.errors import TrainingSetupError
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def agree_on_steps(records, batch_size, what, hvd) -> tuple[int | None, list[int
     steps = smallest // batch_size
     if steps < 1:
         poor = counts.index(smallest)
-        raise HorovodSetupError(
+        raise TrainingSetupError(
             f"rank {poor} has {smallest} {what} record(s), fewer than one batch of {batch_size}; "
             f"records per rank: {counts}. Use a smaller batch size or more data per shard"
         )
@@ -49,7 +49,7 @@ def exact_epoch(batches, *, steps, counts, what, rank, size, batch_size):
     """
     if steps is None:
         if size > 1:
-            raise HorovodSetupError(
+            raise TrainingSetupError(
                 f"{what}: no steps per epoch, so ranks would run out of data at different steps "
                 f"and stall; pass {what}_records= (records in this rank's shard) and batch_size= "
                 "to setup()"

@@ -19,7 +19,7 @@ from sagemaker_dist.contract.layout import TF_MWMS
 from sagemaker_dist.runtime import checkpoints as ckpt
 from sagemaker_dist.runtime.keras.agreement import AGREED, allow_epochs_of_any_length
 from sagemaker_dist.runtime.keras.arguments import SetupArguments, check_arguments
-from sagemaker_dist.runtime.keras.errors import HorovodSetupError
+from sagemaker_dist.runtime.keras.errors import TrainingSetupError
 from sagemaker_dist.runtime.keras.optimizer import build_scaled_optimizer
 from sagemaker_dist.runtime.keras.preflight import (
     check_channels_before_collectives,
@@ -95,7 +95,7 @@ def _batch_size(batches, given: int | None) -> int:
     first = tf.nest.flatten(batches.element_spec)[0]
     static = first.shape[0] if first.shape.rank else None
     if static is None and given is None:
-        raise HorovodSetupError(
+        raise TrainingSetupError(
             "the dataset's batch size is not fixed (batch with drop_remainder=True) and setup() got no "
             "batch_size=; give one so each replica gets that many records per step"
         )
@@ -142,7 +142,7 @@ def setup(
         if k != "pin_gpus" and v is not None and not (k == "warmup_epochs" and v == 0)
     )
     if given:
-        raise HorovodSetupError(
+        raise TrainingSetupError(
             f"{', '.join(given)}: not an argument of mwms_keras.setup() (record counts and warm-up are "
             "Horovod's); drop it"
         )

@@ -14,10 +14,6 @@ in ``<state_dir>/<channel>`` under flock, as AWS does.
 - ``epochs``: the per-channel epoch counter (which FIFO the next iteration opens);
 - ``reader``: the reader thread (FIFO -> framed chunks);
 - ``tf_bridge``: chunks into tf.data without a copy, (re)batched in C++.
+
+Scripts import the public names from ``sagemaker_dist.runtime``.
 """
-
-from __future__ import annotations
-
-from sagemaker_dist.runtime.pipe.dataset import PipeModeDataset, PipeModeDatasetError, rank_dataset
-
-__all__ = ["PipeModeDataset", "PipeModeDatasetError", "rank_dataset"]

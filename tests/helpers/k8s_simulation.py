@@ -33,11 +33,11 @@ from pathlib import Path
 
 from sagemaker_dist.contract.paths import DEFAULT_ROOT, ROOT_ENV
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.local.toolkit_host import prepare_host
-from sagemaker_dist.local.toolkit_launcher import check_toolkit_host
+from sagemaker_dist.local.launchers.toolkit import check_toolkit_host
+from sagemaker_dist.local.launchers.toolkit_host import prepare_host
 from sagemaker_dist.platforms.pipe_agent import wait_ready
 
-MODULE = "sagemaker_dist.platforms.k8s_simulation"  # run as -m, where __name__ is __main__
+MODULE = "helpers.k8s_simulation"  # run as -m, where __name__ is __main__
 SIM_DIR_ENV = "SAGEMAKER_DIST_K8S_SIM_DIR"  # tells the ssh stand-in where the worker pods are
 _WORKER = re.compile(r"-worker-(\d+)(\.|$)")
 AGENT_READY_S = 120.0

@@ -93,7 +93,7 @@ def run_toolkit(train: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m sagemaker_dist.local.toolkit_host")
+    parser = argparse.ArgumentParser(prog="python -m sagemaker_dist.local.launchers.toolkit_host")
     parser.add_argument("--tree", required=True, type=Path, help="the host's /opt/ml tree")
     parser.add_argument("--state", required=True, type=Path, help="a private dir for overlays")
     parser.add_argument("--hosts", required=True, help="comma-separated algo-N names")

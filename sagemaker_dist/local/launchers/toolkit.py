@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.local.launcher import RankGroup
+from sagemaker_dist.local.launchers.mpi import RankGroup
 from sagemaker_dist.local.supervision import rank_failure
 
 CONTAINER_PYTHON_ENV = "SAGEMAKER_DIST_CONTAINER_PYTHON"
@@ -84,7 +84,7 @@ def toolkit_host_command(python: Path, tree: Path, state: Path, hosts: list[str]
     train = python.parent / "train"
     return [
         "unshare", "-m", "-p", "-f", "--mount-proc",
-        str(python), "-m", "sagemaker_dist.local.toolkit_host",
+        str(python), "-m", "sagemaker_dist.local.launchers.toolkit_host",
         "--tree", str(tree), "--state", str(state), "--hosts", ",".join(hosts),
         str(python), str(train),
     ]  # fmt: skip

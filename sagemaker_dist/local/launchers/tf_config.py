@@ -94,7 +94,7 @@ def run_workers(count: int, command: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m sagemaker_dist.local.worker_launcher")
+    parser = argparse.ArgumentParser(prog="python -m sagemaker_dist.local.launchers.tf_config")
     parser.add_argument("--workers", type=int, required=True)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)

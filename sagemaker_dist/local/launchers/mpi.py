@@ -17,9 +17,8 @@ from pathlib import Path
 
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.exit_files import TERMINATED
+from sagemaker_dist.local.launchers import HOROVODRUN, MPIRUN, TF_CONFIG
 
-LAUNCHERS = ("horovodrun", "mpirun", "toolkit")  # toolkit: see local/toolkit_launcher.py
-TF_CONFIG_LAUNCHER = "tf-config"  # distribution tf-mwms: one worker per host with TF_CONFIG
 _PREFIX = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
 # mpirun --tag-output: [1,0]<stdout>: and, under the toolkit's options, [1,mpirank:0,algo-1]<stdout>:
 _MPI_TAG = re.compile(r"^\[\d+,(?:mpirank:)?(\d+)(?:,[^\]]*)?\]<(stdout|stderr)>:(.*)$")
@@ -58,22 +57,22 @@ def check_hostname_resolves(hostname: str | None = None) -> None:
 def rank_command(launcher: str, world_size: int, python: str = sys.executable) -> list[str]:
     """The command that starts ``world_size`` ranks of the local rank entry on this machine."""
     entry = [python, "-u", "-m", "sagemaker_dist.local.rank_entry"]
-    if launcher == TF_CONFIG_LAUNCHER:
+    if launcher == TF_CONFIG:
         return [
             python,
             "-u",
             "-m",
-            "sagemaker_dist.local.worker_launcher",
+            "sagemaker_dist.local.launchers.tf_config",
             "--workers",
             str(world_size),
             *entry,
         ]
-    if launcher == "horovodrun":
+    if launcher == HOROVODRUN:
         tool = _tool("horovodrun")
         if not tool:
             raise LaunchError("horovodrun is not installed; run scripts/setup.sh (it builds Horovod 0.28.1)")
         return [tool, "--gloo", "-np", str(world_size), "-H", f"localhost:{world_size}", *entry]
-    if launcher == "mpirun":
+    if launcher == MPIRUN:
         tool = _tool("mpirun")
         if not tool:
             raise LaunchError(
@@ -108,7 +107,7 @@ def rank_command(launcher: str, world_size: int, python: str = sys.executable) -
             "PYTHONPATH",
             *entry,
         ]
-    raise LaunchError(f"launcher {launcher!r} is not one of {', '.join(LAUNCHERS)}")
+    raise LaunchError(f"launcher {launcher!r} is not one of {HOROVODRUN}, {MPIRUN}")
 
 
 def split_inner_tags(rank: int, text: str) -> list[tuple[int, str]]:

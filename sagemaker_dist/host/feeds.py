@@ -8,14 +8,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from sagemaker_dist.local.channel_objects import (
+from sagemaker_dist.host.channel_objects import (
     ChannelSpec,
     FeedError,
     S3Item,
     epoch_objects,
     resolve_objects,
 )
-from sagemaker_dist.local.feeder import ChannelFeeder, FeedStats
+from sagemaker_dist.host.feeder import ChannelFeeder, FeedStats
 
 
 class FileFeed:

@@ -21,9 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.local.launcher import RankGroup
+from sagemaker_dist.local.launchers.mpi import RankGroup
 
-CONTAINER_LAUNCHER = "container"
 ENGINE = "podman"
 # What the container needs of this machine's AWS settings: credentials, region, endpoint. Not the
 # AWS_*_FILE or AWS_CA_BUNDLE paths, which name files of this machine.

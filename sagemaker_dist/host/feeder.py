@@ -25,7 +25,7 @@ from sagemaker_dist.contract.record_formats import (
     recordio_padding,
     recordio_parts,
 )
-from sagemaker_dist.local.channel_objects import FeedError, S3Item, epoch_objects
+from sagemaker_dist.host.channel_objects import FeedError, S3Item, epoch_objects
 
 CHUNK = 1 << 20
 POLL_S = 0.02

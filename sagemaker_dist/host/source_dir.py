@@ -1,0 +1,43 @@
+"""The entry script's folder on a host: a local folder, or the ``sourcedir.tar.gz`` the launch
+uploaded (``sagemaker_submit_directory``), downloaded and unpacked as the toolkit would."""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+
+from sagemaker_dist.contract import hyperparameters as hp
+from sagemaker_dist.contract.s3_uri import parse_s3_uri
+from sagemaker_dist.errors import ConfigurationError
+
+
+class SourceDirError(ConfigurationError):
+    """The entry script's folder is missing or its package cannot be fetched."""
+
+
+def fetch_source_dir(source_dir, hps: dict, work: Path, client) -> Path:
+    """The entry script's folder: ``source_dir``, else ``sagemaker_submit_directory`` (a path, or
+    the source package in S3, downloaded and unpacked into ``work/code``)."""
+    if source_dir is not None:
+        path = Path(source_dir).resolve()
+        if not path.is_dir():
+            raise SourceDirError(f"source dir {source_dir} does not exist or is not a directory")
+        return path
+    uri = hp.decode_one(hps, hp.SUBMIT_DIRECTORY)
+    if not uri:
+        raise SourceDirError(
+            "no source dir: pass source_dir= or set hyperparameter sagemaker_submit_directory"
+        )
+    if not str(uri).startswith("s3://"):
+        return fetch_source_dir(uri, hps, work, client)
+    bucket, key = parse_s3_uri(uri)
+    target = work / "code"
+    target.mkdir()
+    tarball = work / "sourcedir.tar.gz"
+    try:
+        client.download_file(bucket, key, str(tarball))
+    except Exception as exc:  # noqa: BLE001 - botocore retried already; name the object
+        raise SourceDirError(f"cannot download the source package {uri}: {exc}") from exc
+    with tarfile.open(tarball) as tar:
+        tar.extractall(target, filter="data")
+    return target
