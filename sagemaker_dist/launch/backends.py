@@ -1,7 +1,7 @@
 """Where a prepared job runs. A backend takes the validated request and runs it, as boto3's
 CreateTrainingJob does; the SageMaker SDK's local mode mirrors that surface the same way.
 
-``SageMakerBackend`` (the default) creates the job on SageMaker; ``sagemaker_dist.local.LocalBackend``
+``SageMakerBackend`` (the default) creates the job on SageMaker; ``sagemaker_dist.LocalBackend``
 runs it on this machine. The estimator only knows the protocol, so it never imports local mode.
 """
 

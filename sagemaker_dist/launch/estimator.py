@@ -1,10 +1,11 @@
-"""Launch a Horovod + Pipe-mode training job on SageMaker in a few lines (orchestration only).
+"""Launch a data-parallel Pipe-mode training job (Horovod or tf-mwms) on SageMaker in a few lines
+(orchestration only).
 
 ``DistributedEstimator`` holds the job's settings and runs the steps, each of which lives in its own
 module: inputs are parsed once (``inputs``), the layout planned (``contract.layout``), bare prefixes
 sharded (``sharding``, ``shard_writer``), the request rendered by one pure function (``request``)
 and validated (``request_validation``), and the job run by a backend: SageMaker (``backends``) or,
-with ``backend=LocalBackend()`` from ``sagemaker_dist.local``, this machine.
+with ``backend=LocalBackend()`` (``sagemaker_dist.LocalBackend``), this machine.
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ def default_job_name(base: str, now: datetime | None = None) -> str:
 
 @dataclass
 class DistributedEstimator:
-    """Describe a Horovod job once; ``launch(inputs)`` (alias ``fit``) shards, uploads and runs it.
+    """Describe a distributed job once (``distribution``: ``"horovod"``, the default, or ``"tf-mwms"``);
+    ``launch(inputs)`` (alias ``fit``) shards, uploads and runs it.
 
     ``inputs`` maps ``train`` (required), ``validation`` and ``eval`` to S3 prefixes, URI lists or
     ShardSets; other keys become extra channels every rank shares. A bare prefix for a per-worker
@@ -198,7 +200,7 @@ class DistributedEstimator:
 
     @property
     def world_size(self) -> int:
-        """Total Horovod ranks: hosts x processes per host."""
+        """Total ranks (workers): hosts x processes per host."""
         return self.instance_count * self.processes_per_host
 
     # ----- planning (no AWS) -----
