@@ -144,7 +144,7 @@ def test_an_image_podman_does_not_have_is_named(s3, bucket, tmp_path):
 
 @needs_image
 def test_a_build_from_a_base_without_the_toolkit_says_so():
-    assert not _podman("image", "exists", ROOTFS_IMAGE).returncode, f"container-test.sh imports {ROOTFS_IMAGE}"
+    assert not _podman("image", "exists", ROOTFS_IMAGE).returncode, f"no {ROOTFS_IMAGE} (container-test.sh)"
     done = subprocess.run(
         ["podman", "build", "--format", "docker", "--ignorefile", "container/Dockerfile.dockerignore",
          "--build-arg", f"BASE_IMAGE={ROOTFS_IMAGE}", "-f", "container/Dockerfile", "."],

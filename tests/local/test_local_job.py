@@ -280,7 +280,7 @@ def test_ctrl_c_cleans_up_every_process_and_fifo(s3, bucket, tmp_path, aws_env):
 def test_mpirun_launcher_gives_each_rank_its_simulated_host(s3, bucket, tmp_path):
     _small_data(s3, bucket, files=2, records=4)
     request = _request(bucket, "print_rank_env.py", {}, hosts=2, per_host=1)
-    assert horovod_mpi_built(), "Horovod was built without MPI: scripts/setup.sh rebuilds it once Open MPI is in"
+    assert horovod_mpi_built(), "Horovod was built without MPI: scripts/setup.sh rebuilds it with Open MPI"
     lines = []
     result = run_local(request, SCRIPTS, launcher="mpirun", work_dir=tmp_path, echo=lines.append, timeout=60)
     seen = sorted(line.split("] ", 1)[1] for line in lines if "env rank=" in line)
