@@ -118,7 +118,7 @@ def register(subparsers) -> None:
 
 
 def pipe_agent_command(args) -> int:
-    from sagemaker_dist.local.endpoint import s3_client
+    from sagemaker_dist.launch.s3_objects import s3_client
     from sagemaker_dist.platforms.node_plan import parse_ranks, plan_node
     from sagemaker_dist.platforms.pipe_agent import load_job_spec, run_agent
 
@@ -206,7 +206,7 @@ def _demo_request(args, bucket: str, nodes: int, tasks: int, instance_type: str 
 def _upload_spec(request: dict, spec_uri: str) -> None:
     import json
 
-    from sagemaker_dist.local.endpoint import s3_client
+    from sagemaker_dist.launch.s3_objects import s3_client
 
     bucket, _, key = spec_uri.removeprefix("s3://").partition("/")
     s3_client().put_object(Bucket=bucket, Key=key, Body=json.dumps(request).encode())

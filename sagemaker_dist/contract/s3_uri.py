@@ -37,7 +37,9 @@ def join_s3(base: str, *parts: str) -> str:
 
 
 # botocore's standard retry mode backs off between tries; the timeouts keep a hanging endpoint from
-# hanging a job. Every S3 client of ours (launch, local mode, runtime) is built from these settings.
+# hanging a job. Every S3 client of ours is built from these settings, by one of two factories:
+# launch.s3_objects.s3_client (SDK side, local mode, platforms) and runtime.s3_mirror.s3_client (the
+# container, which may not import launch); tests/launch/test_s3_client_policy.py checks there is no other.
 S3_MAX_ATTEMPTS = 5
 S3_CONNECT_TIMEOUT_S = 5
 S3_READ_TIMEOUT_S = 30

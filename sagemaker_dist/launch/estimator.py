@@ -58,6 +58,7 @@ from sagemaker_dist.launch.request import (
     user_hyperparameters,
 )
 from sagemaker_dist.launch.request_validation import MAX_JOB_NAME, validate_request
+from sagemaker_dist.launch.s3_objects import s3_client
 from sagemaker_dist.launch.source_package import (
     MAX_SOURCE_BYTES,
     TARBALL_NAME,
@@ -332,7 +333,7 @@ class DistributedEstimator:
         return f"s3://{self.sagemaker_session.default_bucket()}/{self.base_job_name}"
 
     def _s3_client(self):
-        return self._boto_session().client("s3")
+        return s3_client(session=self._boto_session())
 
     def _boto_session(self):
         if self.sagemaker_session is not None:

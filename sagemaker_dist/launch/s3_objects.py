@@ -1,4 +1,5 @@
-"""List the objects under an S3 prefix (the thin I/O edge in front of the sharding planner).
+"""List the objects under an S3 prefix (the thin I/O edge in front of the sharding planner), and
+``s3_client``, which builds every S3 client of the SDK side, local mode and the platforms.
 
 Uses boto3's paginator, so prefixes with more than 1,000 objects list fully, and botocore's standard
 retry mode. The endpoint comes from boto3's own configuration, so ``AWS_ENDPOINT_URL`` points it at
@@ -9,7 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sagemaker_dist.contract.s3_uri import S3UriError, parse_s3_uri, s3_client_settings  # noqa: F401 - S3UriError re-exported
+from sagemaker_dist.contract.s3_uri import (  # noqa: F401 - S3UriError re-exported
+    S3_MAX_ATTEMPTS,
+    S3UriError,
+    parse_s3_uri,
+    s3_client_settings,
+)
 from sagemaker_dist.errors import AwsError, DataError
 
 
@@ -31,16 +37,28 @@ class S3Object:
     size: int
 
 
-def make_client(max_pool_connections: int = 50):
-    """An S3 client with standard retries and a connection pool sized for concurrent copies."""
+def s3_client(
+    *, session=None, endpoint_url: str | None = None, max_attempts: int = S3_MAX_ATTEMPTS, **settings
+):
+    """The one S3 client factory outside the container: contract's retry and timeout policy always.
+
+    ``session`` (a boto3 Session: the caller's credentials and region) defaults to boto3's own
+    configuration, so ``AWS_ENDPOINT_URL`` applies; ``settings`` add to or override the policy's
+    ``botocore.config.Config`` keywords. (The container's twin is ``runtime.s3_mirror.s3_client``:
+    the runtime may not import ``launch``.)
+    """
     import boto3
     from botocore.config import Config
 
-    # many concurrent server-side copies of 64 MiB parts: more tries, a longer read timeout
-    settings = s3_client_settings(
-        max_attempts=10, max_pool_connections=max_pool_connections, read_timeout=120
-    )
-    return boto3.client("s3", config=Config(**settings))
+    config = Config(**s3_client_settings(max_attempts, **settings))
+    kwargs = {"endpoint_url": endpoint_url} if endpoint_url else {}
+    return (session or boto3.session.Session()).client("s3", config=config, **kwargs)
+
+
+def make_client(max_pool_connections: int = 50):
+    """An S3 client for many concurrent server-side copies of 64 MiB parts: more tries, a longer read
+    timeout and a connection pool to match."""
+    return s3_client(max_attempts=10, max_pool_connections=max_pool_connections, read_timeout=120)
 
 
 def describe_client_error(exc, bucket: str, action: str, missing_codes=("NoSuchBucket",)) -> S3AccessError:

@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.launch.s3_objects import s3_client
 
 TARBALL_NAME = "sourcedir.tar.gz"
 MAX_SOURCE_BYTES = 500 * 1024 * 1024  # 500 MiB: more than this is data or a virtualenv, not code
@@ -165,15 +166,13 @@ def pack_source(
 
 def upload_source(package: SourcePackage, s3_uri: str, client=None) -> str:
     """Upload the tarball to ``s3_uri`` (the full object URI) with the transfer manager; return the URI."""
-    import boto3
-
     bucket, key = parse_s3_uri(s3_uri)
     if not key or key.endswith("/"):
         raise SourcePackageError(f"{s3_uri!r} names a prefix; give the object URI ending in {TARBALL_NAME}")
     from boto3.exceptions import S3UploadFailedError
     from botocore.exceptions import BotoCoreError, ClientError
 
-    client = client or boto3.client("s3")
+    client = client or s3_client()
     try:
         client.upload_file(str(package.path), bucket, key, ExtraArgs={"Metadata": {"sha256": package.sha256}})
     except (S3UploadFailedError, ClientError, BotoCoreError) as exc:

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
+from sagemaker_dist.launch.s3_objects import s3_client
 from sagemaker_dist.local.backend import LocalBackend
 from sagemaker_dist.local.defaults import LOCAL_INSTANCE_TYPE, LOCAL_ROLE
 from sagemaker_dist.local.demo_data import DATASET_FILE, DemoDataset, write_demo_data
-from sagemaker_dist.local.endpoint import s3_client
 
 DEMO_JOB_DIR = Path(__file__).resolve().parent / "demo_job"  # package data: installed with the package
 DEMO_ENTRY_POINT = "train_cifar10.py"

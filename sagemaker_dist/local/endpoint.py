@@ -16,8 +16,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from sagemaker_dist.contract.s3_uri import s3_client_settings
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.launch.s3_objects import s3_client
 
 _CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
 DEFAULT_STATE_DIR = _CACHE / "sagemaker-dist" / "local-s3"
@@ -29,28 +29,14 @@ FAKE_CREDENTIALS = {
 }
 
 
-def s3_client(endpoint_url: str | None = None, max_attempts: int | None = None):
-    """A boto3 S3 client with botocore's standard retries (``AWS_ENDPOINT_URL`` is honoured)."""
-    import boto3
-    from botocore.config import Config
-
-    settings = s3_client_settings() if max_attempts is None else s3_client_settings(max_attempts)
-    kwargs = {"config": Config(**settings)}
-    if endpoint_url:
-        kwargs["endpoint_url"] = endpoint_url
-    return boto3.client("s3", **kwargs)
-
-
 def _local_client(url: str):
+    """A client of the embedded server: its fake credentials, whatever the environment holds."""
     import boto3
 
-    return boto3.client(
-        "s3",
-        endpoint_url=url,
-        region_name="us-east-1",
-        aws_access_key_id="local",
-        aws_secret_access_key="local",
+    session = boto3.session.Session(
+        aws_access_key_id="local", aws_secret_access_key="local", region_name="us-east-1"
     )
+    return s3_client(session=session, endpoint_url=url)
 
 
 def _free_port() -> int:

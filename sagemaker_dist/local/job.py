@@ -30,7 +30,7 @@ from sagemaker_dist.host.job_spec import JobSpec
 from sagemaker_dist.host.opt_ml import JOB_ENV, build_host_trees
 from sagemaker_dist.host.outputs import CheckpointSync, pack_and_upload
 from sagemaker_dist.host.source_dir import fetch_source_dir
-from sagemaker_dist.local.endpoint import s3_client
+from sagemaker_dist.launch.s3_objects import s3_client
 from sagemaker_dist.local.launchers import (
     CONTAINER,
     HOROVODRUN,

@@ -15,8 +15,8 @@ from sagemaker_dist.contract.record_formats import RECORDIO_MAGIC
 from sagemaker_dist.host.channel_objects import ChannelSpec, FeedError, epoch_objects, resolve_objects
 from sagemaker_dist.host.feeder import ChannelFeeder, recordio_headers
 from sagemaker_dist.host.feeds import download_channel
+from sagemaker_dist.launch.s3_objects import s3_client
 from sagemaker_dist.local.demo_data import tfrecord_frame
-from sagemaker_dist.local.endpoint import s3_client
 
 
 def _put_objects(s3, bucket, prefix, names):
@@ -161,7 +161,7 @@ def test_endpoint_failing_mid_stream_is_resumed_when_it_recovers(s3, bucket, tmp
     _put_objects(s3, bucket, "data/", ["a", "broken", "c"])
     spec = ChannelSpec("train_0", f"s3://{bucket}/data/")
     with cutting_proxy(aws_env["AWS_ENDPOINT_URL"], fail_times=1) as (proxy, url):
-        with _Feed(spec, s3_client(url), tmp_path) as feeder:
+        with _Feed(spec, s3_client(endpoint_url=url), tmp_path) as feeder:
             assert _names_from_tfrecords(_read_fifo(tmp_path / "train_0_0")) == ["a", "broken", "c"]
     assert proxy.cut == 1 and not feeder.stats.errors
 
@@ -170,7 +170,7 @@ def test_endpoint_failing_mid_stream_fails_naming_the_object(s3, bucket, tmp_pat
     _put_objects(s3, bucket, "data/", ["a", "broken"])
     spec = ChannelSpec("train_0", f"s3://{bucket}/data/")
     with cutting_proxy(aws_env["AWS_ENDPOINT_URL"], fail_times=100) as (_, url):
-        feed = _Feed(spec, s3_client(url), tmp_path, attempts=3)
+        feed = _Feed(spec, s3_client(endpoint_url=url), tmp_path, attempts=3)
         with feed:
             data = _read_fifo(tmp_path / "train_0_0")  # EOF after the feeder gives up: a short stream
             feed.feeder.join(10)

@@ -148,7 +148,7 @@ def test_source_comes_from_the_submit_directory_tarball_without_a_source_dir(s3,
     import tarfile
 
     from sagemaker_dist.host.source_dir import SourceDirError, fetch_source_dir
-    from sagemaker_dist.local.endpoint import s3_client
+    from sagemaker_dist.launch.s3_objects import s3_client
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
