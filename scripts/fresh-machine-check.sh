@@ -106,7 +106,7 @@ step "machine set-up: this machine's CA certificates and apt proxy; apt-get inst
 # shellcheck disable=SC2016  # expanded in the container
 in_container "$PREPARE_LIMIT" '
   set -e
-  cp /run/host-ca/*.crt /usr/local/share/ca-certificates/ 2>/dev/null && update-ca-certificates >/dev/null
+  cp /run/host-ca/*.crt /usr/local/share/ca-certificates/ 2>/dev/null && update-ca-certificates >/dev/null 2>&1
   [ -s /run/host-ca/apt-proxy.conf ] && cp /run/host-ca/apt-proxy.conf /etc/apt/apt.conf.d/90proxy
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends git python3 >/dev/null

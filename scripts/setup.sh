@@ -37,7 +37,7 @@ if ! "$PYTHON" -c 'import ensurepip, os, sysconfig; assert os.path.isfile(os.pat
   esac
 fi
 if command -v dpkg-query >/dev/null; then
-  installed=" $(dpkg-query -W -f='${Package} ${Status}\n' "${SYSTEM_PACKAGES[@]}" 2>/dev/null \
+  installed=" $({ dpkg-query -W -f='${Package} ${Status}\n' "${SYSTEM_PACKAGES[@]}" 2>/dev/null || true; } \
     | awk '$NF == "installed" { printf "%s ", $1 }')"
   missing=()
   for package in "${SYSTEM_PACKAGES[@]}"; do
