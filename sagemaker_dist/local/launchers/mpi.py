@@ -31,6 +31,9 @@ _MPI_INNER_TAG = re.compile(r"\[\d+,(?:mpirank:)?(\d+)(?:,[^\]]*)?\]<std(?:out|e
 _FAILED_PROCESS = re.compile(r"Process name: (?:\[\[\d+,\d+\],)?(\d+)\]?\s*\n\s*Exit code:\s*(-?\d+)")
 
 
+HOROVOD_PIN = "horovod==0.28.1"  # as setup.py's horovod extra and scripts/setup.sh build it
+
+
 class LaunchError(ConfigurationError):
     """The ranks could not be started as asked."""
 
@@ -70,7 +73,7 @@ def rank_command(launcher: str, world_size: int, python: str = sys.executable) -
     if launcher == HOROVODRUN:
         tool = _tool("horovodrun")
         if not tool:
-            raise LaunchError("horovodrun is not installed; run scripts/setup.sh (it builds Horovod 0.28.1)")
+            raise LaunchError(f"horovodrun is not installed; run scripts/setup.sh (it builds {HOROVOD_PIN})")
         return [tool, "--gloo", "-np", str(world_size), "-H", f"localhost:{world_size}", *entry]
     if launcher == MPIRUN:
         tool = _tool("mpirun")
@@ -79,13 +82,7 @@ def rank_command(launcher: str, world_size: int, python: str = sys.executable) -
                 "mpirun is not installed; install Open MPI (apt-get install openmpi-bin) and a Horovod "
                 "built with MPI, or use launcher='horovodrun'"
             )
-        if horovod_mpi_built(python) is False:
-            raise LaunchError(
-                "launcher 'mpirun' needs a Horovod built with MPI, and this one is not "
-                "(horovod.tensorflow.mpi_built() is False): under mpirun every rank would initialise "
-                "as a job of size 1 and train alone. Rebuild Horovod with HOROVOD_WITH_MPI=1, or use "
-                "launcher='horovodrun' (Gloo)"
-            )
+        check_horovod_mpi(python, MPIRUN)
         return [
             tool,
             "--allow-run-as-root",
@@ -127,19 +124,60 @@ def split_inner_tags(rank: int, text: str) -> list[tuple[int, str]]:
     return kept or [(rank, "")]
 
 
-def horovod_mpi_built(python: str = sys.executable) -> bool | None:
-    """Whether ``python``'s Horovod (TensorFlow) was built with MPI; None if that cannot be told.
+class HorovodProbeError(LaunchError):
+    """Whether a Python's Horovod was built with MPI could not be told (no Horovod, a broken build)."""
 
-    Asked in a child process: the SDK side never imports Horovod or TensorFlow itself.
+
+_PROBE_TIMEOUT_S = 120  # it imports TensorFlow
+
+
+def horovod_mpi_built(python: str | os.PathLike = sys.executable) -> bool:
+    """Whether ``python``'s Horovod (TensorFlow) was built with MPI.
+
+    Asked in a child process: the SDK side never imports Horovod or TensorFlow itself. Raises
+    HorovodProbeError, with the probe's own error, when it cannot tell: a launcher must not guess.
     """
     code = "import horovod.tensorflow as h; print('MPI_BUILT', h.mpi_built())"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    asked = f"{python} -c {code!r}"
     try:
-        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+        proc = subprocess.run(
+            [str(python), "-c", code], capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S, env=env
+        )
+    except OSError as exc:
+        raise HorovodProbeError(f"could not run {asked}: {exc}") from None
+    except subprocess.TimeoutExpired:
+        raise HorovodProbeError(f"{asked} did not answer within {_PROBE_TIMEOUT_S} s") from None
     match = re.search(r"^MPI_BUILT (True|False)$", proc.stdout, re.MULTILINE)
-    return None if match is None else match.group(1) == "True"
+    if match is None:
+        said = "\n".join((proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-8:])
+        raise HorovodProbeError(f"{asked} failed (exit code {proc.returncode}):\n{said}")
+    return match.group(1) == "True"
+
+
+def check_horovod_mpi(python: str | os.PathLike, launcher: str, error: type[Exception] = LaunchError) -> None:
+    """Refuse ``launcher`` (one that starts the ranks with mpirun) unless ``python``'s Horovod was built
+    with MPI: a Gloo-only Horovod under mpirun initialises every rank as a job of size 1, which then
+    trains alone, and the first error would blame something else. Raises ``error``."""
+    how = (
+        "./scripts/setup.sh does it (it builds each venv's Horovod to match this machine), or by hand with "
+        "Open MPI and its headers installed (Debian: apt-get install openmpi-bin libopenmpi-dev): "
+        f"HOROVOD_WITH_MPI=1 HOROVOD_WITH_TENSORFLOW=1 {python} -m pip install --no-build-isolation "
+        f"--no-cache-dir --no-deps --force-reinstall {HOROVOD_PIN}"
+    )
+    try:
+        built = horovod_mpi_built(python)
+    except HorovodProbeError as exc:
+        raise error(
+            f"launcher {launcher!r} needs a Horovod built with MPI, and whether {python}'s is could not be "
+            f"told: {exc}\nGive that Python a Horovod built with MPI: {how}"
+        ) from None
+    if not built:
+        raise error(
+            f"launcher {launcher!r} needs a Horovod built with MPI, and {python}'s is not "
+            "(horovod.tensorflow.mpi_built() is False): under mpirun every rank would initialise as a job of "
+            f"size 1 and train alone. Rebuild it: {how}. Or use launcher 'horovodrun' (Gloo)"
+        )
 
 
 def describe_exit(code: int) -> str:
