@@ -22,7 +22,7 @@ from pathlib import Path
 import sagemaker_dist
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract import toolkit
-from sagemaker_dist.contract.layout import TF_MWMS
+from sagemaker_dist.contract.layout import HOROVOD, TF_MWMS
 from sagemaker_dist.contract.shell_words import ShellSyntaxError
 from sagemaker_dist.errors import ConfigurationError, JobFailedError
 from sagemaker_dist.host.feeds import close_feeds, open_feeds
@@ -98,7 +98,8 @@ def run_local(
     job = JobSpec.from_request(request, timeout, toolkit_version)
     launcher = _launcher_for(job, launcher)
     if launcher in TOOLKIT_HOST_LAUNCHERS:
-        container = check_toolkit_host(container_python) if launcher == TOOLKIT else None
+        horovod = job.distribution == HOROVOD  # the toolkit's mpirun then needs Horovod with MPI
+        container = check_toolkit_host(container_python, horovod=horovod) if launcher == TOOLKIT else None
         image = check_container_image(image) if launcher == CONTAINER else None
         if job.hosts != 1:
             raise LocalJobError(
@@ -161,7 +162,7 @@ def run_local(
 
 def _launcher_for(job: JobSpec, launcher: str) -> str:
     """A tf-mwms job runs one worker per host with TF_CONFIG (or under the toolkit, which writes it)."""
-    if job.layout is None or job.layout.distribution != TF_MWMS:
+    if job.distribution != TF_MWMS:
         return launcher
     if launcher == MPIRUN:
         raise LocalJobError(

@@ -1,7 +1,7 @@
-"""The mpirun launcher refuses, before anything starts, a Python whose Horovod was built
+"""The mpirun and toolkit launchers refuse, before anything starts, a Python whose Horovod was built
 without MPI (each rank would train alone) or whose Horovod cannot be probed at all.
 
-The Pythons are real: the SDK side's interpreter, started through a
+The Pythons are real: the SDK side's and the container environment's interpreters, started through a
 wrapper that puts a stand-in ``horovod`` package first on their path (one built without MPI, one
 that fails to import), so the probe runs as it does on a badly set-up machine.
 """
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sagemaker_dist import run_local
+from sagemaker_dist import LocalJobError, run_local
+from sagemaker_dist.contract.layout import TF_MWMS
 from sagemaker_dist.local.demo import demo_estimator
 from sagemaker_dist.local.demo_data import write_demo_data
 from sagemaker_dist.local.launchers.mpi import (
@@ -23,9 +24,11 @@ from sagemaker_dist.local.launchers.mpi import (
     check_horovod_mpi,
     horovod_mpi_built,
 )
+from sagemaker_dist.local.launchers.toolkit import ToolkitLauncherError, check_toolkit_host
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "tests" / "helpers" / "local_scripts"
+CONTAINER_PYTHON = REPO / ".venv-toolkit" / "bin" / "python"
 
 GLOO_ONLY = "def mpi_built():\n    return False\n"
 BROKEN = "raise ImportError('libhorovod_tensorflow.so: undefined symbol: stand-in for a broken build')\n"
@@ -77,3 +80,28 @@ def test_mpirun_launcher_refuses_when_the_probe_fails(s3, bucket, tmp_path):
     with pytest.raises(LaunchError, match="(?s)could not be told.*stand-in for a broken build"):
         run_local(request, SCRIPTS, launcher="mpirun", container_python=python, work_dir=work, echo=print)
     assert not work.exists() or not list(work.iterdir())  # refused before anything was created
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI (mpirun) is not installed")
+def test_toolkit_launcher_refuses_a_container_horovod_without_mpi(s3, bucket, tmp_path):
+    """The README's fresh-machine failure: .venv-toolkit kept a Gloo-only Horovod after Open MPI came."""
+    python = _python_with(tmp_path / "py", GLOO_ONLY, base=CONTAINER_PYTHON)
+    with pytest.raises(ToolkitLauncherError) as error:
+        check_toolkit_host(python)
+    message = str(error.value)
+    assert f"launcher 'toolkit' needs a Horovod built with MPI, and {python}'s is not" in message, message
+    assert "./scripts/setup.sh" in message and "--no-build-isolation" in message
+    work = tmp_path / "work"
+    with pytest.raises(ToolkitLauncherError, match="needs a Horovod built with MPI"):
+        run_local(_request(s3, bucket), SCRIPTS, launcher="toolkit", container_python=python, work_dir=work)
+    assert not work.exists() or not list(work.iterdir())
+
+
+def test_toolkit_launcher_leaves_horovod_alone_for_a_tf_mwms_job(s3, bucket, tmp_path):
+    """A tf-mwms job runs no mpirun and no Horovod: the same Python passes, and run_local goes on to
+    its next check (one host only)."""
+    python = _python_with(tmp_path / "py", GLOO_ONLY, base=CONTAINER_PYTHON)
+    assert check_toolkit_host(python, horovod=False) == python
+    request = _request(s3, bucket, hosts=2, distribution=TF_MWMS)
+    with pytest.raises(LocalJobError, match="simulates one host"):
+        run_local(request, SCRIPTS, launcher="toolkit", container_python=python, work_dir=tmp_path / "work")

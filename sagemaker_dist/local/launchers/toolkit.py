@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.local.launchers.mpi import RankGroup
+from sagemaker_dist.local.launchers import TOOLKIT
+from sagemaker_dist.local.launchers.mpi import RankGroup, check_horovod_mpi
 from sagemaker_dist.local.supervision import rank_failure
 
 CONTAINER_PYTHON_ENV = "SAGEMAKER_DIST_CONTAINER_PYTHON"
@@ -41,9 +42,12 @@ def default_container_python() -> Path:
     return Path(sys.prefix).parent / ".venv-toolkit" / "bin" / "python"
 
 
-def check_toolkit_host(container_python: Path | None = None) -> Path:
+def check_toolkit_host(container_python: Path | None = None, *, horovod: bool = True) -> Path:
     """Fail early, naming the fix, where a toolkit host cannot start: not root, no ``unshare``, no
-    namespaces, or a container Python without the toolkit. Returns the container Python."""
+    namespaces, or a container Python without the toolkit. For a Horovod job (``horovod``; a tf-mwms
+    job needs no Horovod) the toolkit starts the ranks with mpirun, so also no mpirun, or a container
+    Python whose Horovod was built without MPI (each rank would train alone). Returns the container
+    Python."""
     python = Path(container_python or default_container_python())
     if os.geteuid() != 0:
         raise ToolkitLauncherError(
@@ -75,7 +79,20 @@ def check_toolkit_host(container_python: Path | None = None) -> Path:
             f"${CONTAINER_PYTHON_ENV} to a Python with sagemaker-training 4.8.3, "
             "sagemaker-tensorflow-training 20.5.0, mpi4py, TensorFlow, Horovod and sagemaker-dist[runtime]"
         )
+    if horovod:
+        if not shutil.which("mpirun", path=_container_path(python, os.environ.get("PATH", os.defpath))):
+            raise ToolkitLauncherError(
+                "launcher 'toolkit' starts a Horovod job's ranks with the toolkit's mpirun, and there is no "
+                "mpirun here: install Open MPI with its headers (Debian: apt-get install openmpi-bin "
+                "libopenmpi-dev; ./scripts/setup.sh does, and rebuilds Horovod with MPI after)"
+            )
+        check_horovod_mpi(python, TOOLKIT, error=ToolkitLauncherError)
     return python
+
+
+def _container_path(python: Path, path: str) -> str:
+    """PATH in the container environment: its ``bin`` first (its ``train``, then this machine's mpirun)."""
+    return os.pathsep.join([str(python.parent), path])
 
 
 def toolkit_host_command(python: Path, tree: Path, state: Path, hosts: list[str]) -> list[str]:
@@ -99,7 +116,7 @@ def toolkit_environment(
     env = {k: v for k, v in base.items() if not k.startswith("SM_") and k != "PYTHONPATH"}
     env.update({str(k): str(v) for k, v in (container_env or {}).items()})
     env.update({"SAGEMAKER_TRAINING_MODULE": TF_TRAINING_MODULE, "TRAINING_JOB_NAME": job_name})
-    env["PATH"] = os.pathsep.join([str(python.parent), env.get("PATH", os.defpath)])
+    env["PATH"] = _container_path(python, env.get("PATH", os.defpath))
     return env
 
 
