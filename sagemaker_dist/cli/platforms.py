@@ -12,6 +12,7 @@ from sagemaker_dist.contract.paths import opt_ml_root
 from sagemaker_dist.errors import ConfigurationError
 
 DEFAULT_IMAGE = "sagemaker-dist:latest"
+JOBS_DIR = "sagemaker-dist-jobs"  # under the current directory: one folder per job that 'slurm' writes
 
 
 def _add_job_source(p) -> None:
@@ -76,7 +77,14 @@ def register(subparsers) -> None:
     )
     k.add_argument("--backoff-limit", type=int, default=0, help="runPolicy.backoffLimit (default 0)")
     k.add_argument("--ttl", type=int, default=3600, help="runPolicy.ttlSecondsAfterFinished (default 3600)")
-    k.add_argument("-o", "--output", type=Path, help="write the YAML here instead of stdout")
+    where = k.add_mutually_exclusive_group()
+    where.add_argument("-o", "--output", type=Path, help="write the YAML to this file instead of stdout")
+    where.add_argument(
+        "--out-dir",
+        type=Path,
+        metavar="DIR",
+        help="write the YAML to DIR/<job name>.yaml instead of stdout (by default no file is written)",
+    )
     add_endpoint_args(k)
     k.set_defaults(func=k8s_command)
 
@@ -89,7 +97,7 @@ def register(subparsers) -> None:
             "srun --mpi=pmix (an MPI-built Horovod), a failing rank failing the job. --submit runs sbatch on "
             "the cluster $SLURM_CONF names; --wait waits and exits with the job's exit code. S3 as for "
             "'local': embedded (only with --wait: it lives as long as this command) unless --bucket or "
-            "--endpoint-url."
+            f"--endpoint-url. Files go to --out-dir (default ./{JOBS_DIR}/<job name>/), nowhere else."
         ),
     )
     _add_job_source(s)
@@ -107,7 +115,15 @@ def register(subparsers) -> None:
     s.add_argument(
         "--spec-uri", help="where to upload the request (default <output path>/<job>/spec/request.json)"
     )
-    s.add_argument("-o", "--output", type=Path, help="the script's path (default ./<job name>.sbatch)")
+    s.add_argument(
+        "--out-dir",
+        type=Path,
+        metavar="DIR",
+        help=f"the folder for the files of this job: the script <job name>.sbatch and Slurm's output "
+        f"<job name>-<job id>.out (default ./{JOBS_DIR}/<job name>/, or the folder of -o; for the output, "
+        "on a filesystem the nodes share)",
+    )
+    s.add_argument("-o", "--output", type=Path, help="the script's path (default DIR/<job name>.sbatch)")
     s.add_argument("--submit", action="store_true", help="run sbatch on the cluster $SLURM_CONF names")
     s.add_argument(
         "--wait", action="store_true", help="with --submit: wait, print its output, exit with its code"
@@ -169,9 +185,10 @@ def k8s_command(args) -> int:
         )
         text = to_yaml(plan_mpijob(request, options))  # every check before the spec is uploaded
         _upload_spec(request, spec_uri)
-    if args.output:
-        _write_atomically(args.output, text)
-        print(f"wrote {args.output}; the job spec is {spec_uri}", file=sys.stderr)
+    path = args.output or (args.out_dir / f"{request['TrainingJobName']}.yaml" if args.out_dir else None)
+    if path:
+        _write_atomically(path, text)
+        print(f"wrote {path.resolve()}; the job spec is {spec_uri}", file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0
@@ -213,10 +230,33 @@ def _upload_spec(request: dict, spec_uri: str) -> None:
 
 
 def _write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_text(text)
-    tmp.chmod(mode)
-    tmp.replace(path)
+    """Write to a temporary file beside ``path``, then rename it there: a reader (sbatch, kubectl, a
+    second run) sees the old file or the whole new one, never a part; a failure leaves no part behind."""
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _out_dir(args, job_name: str) -> Path:
+    """Where ``slurm`` writes: --out-dir, else the folder of -o, else ./sagemaker-dist-jobs/<job name>/
+    (a folder of its own, never the current directory's top level)."""
+    if args.out_dir:
+        return args.out_dir.resolve()
+    if args.output:
+        return args.output.resolve().parent
+    return (Path(JOBS_DIR) / job_name).resolve()
 
 
 def _refuse_with_request(flags: dict) -> None:
@@ -263,18 +303,21 @@ def slurm_command(args) -> int:
         raise ConfigurationError(f"--nodes {nodes}: give at least 1")
     with ExitStack() as stack:
         request, spec_uri = _request_and_spec_uri(stack, args, request, nodes, tasks, args.instance_type)
-        script_path = (args.output or Path(f"{request['TrainingJobName']}.sbatch")).resolve()
+        job_name = request["TrainingJobName"]
+        out_dir = _out_dir(args, job_name)
+        script_path = args.output.resolve() if args.output else out_dir / f"{job_name}.sbatch"
         options = SlurmOptions(
             spec=spec_uri,
             python=args.python or sys.executable,
             gpus_per_node=gpus,
             efa=bool(args.instance_type and efa_interfaces(args.instance_type)),
             partition=args.partition,
-            output=str(script_path.parent / "%x-%j.out"),
+            output=str(out_dir / "%x-%j.out"),
             endpoint_url=args.endpoint_url,
         )
         script = sbatch_script(request, options)  # checks the request before anything is written
         _upload_spec(request, spec_uri)
+        out_dir.mkdir(parents=True, exist_ok=True)  # Slurm writes the job's output there, but makes no folder
         _write_atomically(script_path, script, 0o755)
         print(f"wrote {script_path}; the job spec is {spec_uri}", file=sys.stderr)
         if not args.submit:

@@ -144,8 +144,11 @@ def test_the_demo_trains_on_two_slurm_nodes(slurm_cluster, aws_env, s3, bucket, 
     assert "ended COMPLETED with exit code 0" in proc.stderr
     assert "0: train epoch ended for every rank after 8 step(s)" in out
     assert "pipe agent: node 1 (algo-2) of 2" in out and "1: pipe agent: train_1: 2 epoch(s)" in out
-    (script,) = tmp_path.glob("*.sbatch")
+    (script,) = tmp_path.glob("sagemaker-dist-jobs/*/*.sbatch")  # the job's folder, nothing loose here
     job = script.stem
+    (output,) = script.parent.glob(f"{job}-*.out")  # Slurm's output beside it
+    assert "0: train epoch ended for every rank" in output.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sagemaker-dist-jobs"]
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=f"jobs/{job}/").get("Contents", [])]
     assert f"jobs/{job}/output/model.tar.gz" in keys
     assert f"jobs/{job}/checkpoints/epoch-00002/meta.json" in keys
