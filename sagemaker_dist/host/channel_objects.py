@@ -1,4 +1,4 @@
-"""Which S3 objects each simulated host receives on a channel each epoch, as SageMaker decides it:
+"""Which S3 objects each host receives on a channel each epoch, as SageMaker decides it:
 key order for a prefix, listed order for a manifest; ShuffleConfig is a seeded permutation per epoch,
 taken before ShardedByS3Key deals the objects to hosts, so a host's shard changes between epochs
 (our model of undocumented SageMaker behaviour).

@@ -1,8 +1,8 @@
-"""Pipe-mode emulation: stream a channel's S3 objects into ``<channel>_<epoch>`` FIFOs.
+"""Pipe mode on a host: stream a channel's S3 objects into ``<channel>_<epoch>`` FIFOs.
 
 As SageMaker does it: FIFO ``<channel>_0`` is created, the objects are streamed into it when the
 reader opens it, and ``<channel>_1`` is created once the reader has closed ``<channel>_0`` (after
-EOF, or early). ManifestFile, ShardedByS3Key across simulated hosts (by object count), ShuffleConfig
+EOF, or early). ManifestFile, ShardedByS3Key across hosts (by object count), ShuffleConfig
 (a seeded permutation per epoch, taken before sharding as SageMaker documents) and RecordIO wrapping
 are honoured (``channel_objects`` decides which objects each host gets each epoch).
 """
@@ -190,7 +190,7 @@ def _wait_reader_closed(path: Path, stop: threading.Event) -> None:
 
 
 class ChannelFeeder(threading.Thread):
-    """Feeds one channel of one simulated host, one FIFO per epoch, until stopped."""
+    """Feeds one channel of one host, one FIFO per epoch, until stopped."""
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""Each channel of each simulated host becomes a feed with one interface (``start``, ``close``,
+"""Each channel of each host becomes a feed with one interface (``start``, ``close``,
 ``stats``): Pipe mode streams S3 objects into ``<channel>_<epoch>`` FIFOs while the ranks run; File
 mode downloads the host's objects before they start, as SageMaker does.
 """

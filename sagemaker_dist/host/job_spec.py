@@ -21,7 +21,7 @@ class JobSpecError(ConfigurationError):
 
 @dataclass(frozen=True)
 class JobSpec:
-    """The parts of a CreateTrainingJob request local mode runs, checked once."""
+    """The parts of a CreateTrainingJob request a host runs, checked once."""
 
     request: dict
     name: str
@@ -51,7 +51,7 @@ class JobSpec:
     ) -> JobSpec:
         if not isinstance(request, dict):
             raise JobSpecError(f"the request is a {type(request).__name__}, not a CreateTrainingJob dict")
-        validate_request(request)  # what CreateTrainingJob would refuse, local mode refuses too
+        validate_request(request)  # what CreateTrainingJob would refuse, a host refuses too
         hps = {k: str(v) for k, v in (request.get("HyperParameters") or {}).items()}
         default_mode = (request.get("AlgorithmSpecification") or {}).get("TrainingInputMode", "File")
         hosts = int((request.get("ResourceConfig") or {}).get("InstanceCount", 1))

@@ -1,6 +1,6 @@
-"""One ``/opt/ml`` tree per simulated host (``algo-1`` .. ``algo-H``), as the SageMaker platform
-and the sagemaker-training toolkit present it to the user script: config JSON files, channel
-directories and the ``SM_*`` environment. Pure file writing, no AWS.
+"""The ``/opt/ml`` tree of each host (``algo-1`` .. ``algo-H``: local mode's simulated hosts, or a
+platform's node), as the SageMaker platform and the sagemaker-training toolkit present it to the user
+script: config JSON files, channel directories and the ``SM_*`` environment. Pure file writing, no AWS.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract import toolkit
 from sagemaker_dist.contract.paths import CHECKPOINT_LOCAL_PATH, ROOT_ENV, OptMl
 
-JOB_ENV = "SAGEMAKER_DIST_LOCAL_JOB"  # tells each rank's entry where the job description is
-LOCAL_INSTANCE_TYPE = "local"
+DEFAULT_INSTANCE_TYPE = "local"  # resourceconfig.json's instance type where the request names none
 
 
 def host_names(count: int) -> list[str]:
@@ -24,8 +23,7 @@ def host_names(count: int) -> list[str]:
 
 @dataclass(frozen=True)
 class HostTree(OptMl):
-    """The /opt/ml tree of one simulated host (its paths from the contract) and the environment its
-    ranks get."""
+    """The /opt/ml tree of one host (its paths from the contract) and the environment its ranks get."""
 
     name: str = ""
     env: dict[str, str] = field(default_factory=dict)
@@ -58,7 +56,7 @@ def build_host_trees(
     channels: list[dict],
     hyperparameters: dict,
     default_mode: str = "Pipe",
-    instance_type: str = LOCAL_INSTANCE_TYPE,
+    instance_type: str = DEFAULT_INSTANCE_TYPE,
     num_gpus: int = 0,
     job_name: str = "local-job",
     environment: dict | None = None,
@@ -103,6 +101,23 @@ def build_host_trees(
         tree.env.update({str(k): str(v) for k, v in (environment or {}).items()})
         trees.append(tree)
     return trees
+
+
+def host_trees_for(job, base_dir: Path) -> list[HostTree]:
+    """Every host's tree for ``job`` (a ``JobSpec``), read from its request as SageMaker reads it: one
+    reading for local mode and the platforms' pipe agent."""
+    request = job.request
+    return build_host_trees(
+        base_dir,
+        job.hosts,
+        list(request.get("InputDataConfig") or []),
+        job.hyperparameters,
+        default_mode=job.default_mode,
+        instance_type=(request.get("ResourceConfig") or {}).get("InstanceType", DEFAULT_INSTANCE_TYPE),
+        job_name=job.name,
+        environment=request.get("Environment"),
+        checkpoint_local_path=(request.get("CheckpointConfig") or {}).get("LocalPath"),
+    )
 
 
 def sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name) -> dict[str, str]:

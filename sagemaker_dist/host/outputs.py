@@ -16,8 +16,8 @@ CHECKPOINT_SYNC_S = 2.0
 
 
 class CheckpointSync:
-    """CheckpointConfig emulation: download at start, upload new/changed files every 2 s and at the end
-    (one runtime ``S3Mirror`` per host's checkpoint dir, all to the same prefix)."""
+    """CheckpointConfig as SageMaker serves it: download at start, upload new/changed files every 2 s
+    and at the end (one runtime ``S3Mirror`` per host's checkpoint dir, all to the same prefix)."""
 
     def __init__(self, s3_uri: str | None, local_dirs: list[Path], client):
         self.s3_uri, self.dirs, self.client = s3_uri, local_dirs, client

@@ -27,7 +27,7 @@ from sagemaker_dist.contract.shell_words import ShellSyntaxError
 from sagemaker_dist.errors import ConfigurationError, JobFailedError
 from sagemaker_dist.host.feeds import close_feeds, open_feeds
 from sagemaker_dist.host.job_spec import JobSpec
-from sagemaker_dist.host.opt_ml import JOB_ENV, build_host_trees
+from sagemaker_dist.host.opt_ml import host_trees_for
 from sagemaker_dist.host.outputs import CheckpointSync, pack_and_upload
 from sagemaker_dist.host.source_dir import fetch_source_dir
 from sagemaker_dist.launch.s3_objects import s3_client
@@ -56,6 +56,7 @@ from sagemaker_dist.local.launchers.toolkit import (
     toolkit_host_command,
     toolkit_outcome,
 )
+from sagemaker_dist.local.rank_entry import JOB_ENV
 from sagemaker_dist.local.result import LocalJobResult, final_metrics, rank_summaries
 from sagemaker_dist.local.supervision import interrupt_guard, supervise
 
@@ -184,19 +185,8 @@ def _work_dir(stack: ExitStack, work_dir, job_name: str, keep: bool) -> Path:
 
 def _host_trees(stack: ExitStack, job: JobSpec, work: Path, client, echo):
     """The /opt/ml tree of each simulated host, with its checkpoints restored from S3 (and synced back)."""
-    request = job.request
-    ckpt_cfg = request.get("CheckpointConfig") or {}
-    trees = build_host_trees(
-        work / "hosts",
-        job.hosts,
-        list(request.get("InputDataConfig") or []),
-        job.hyperparameters,
-        default_mode=job.default_mode,
-        instance_type=(request.get("ResourceConfig") or {}).get("InstanceType", "local"),
-        job_name=job.name,
-        environment=request.get("Environment"),
-        checkpoint_local_path=ckpt_cfg.get("LocalPath"),
-    )
+    ckpt_cfg = job.request.get("CheckpointConfig") or {}
+    trees = host_trees_for(job, work / "hosts")
     local_dirs = [t.checkpoint_path(ckpt_cfg.get("LocalPath")) for t in trees]
     ckpt = stack.enter_context(CheckpointSync(ckpt_cfg.get("S3Uri"), local_dirs, client))
     restored = ckpt.restore()

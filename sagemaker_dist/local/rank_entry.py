@@ -19,8 +19,9 @@ import traceback
 from pathlib import Path
 
 from sagemaker_dist.contract.rank_slots import rank_from_environment, rank_slots, slot_environment
-from sagemaker_dist.host.opt_ml import JOB_ENV
 from sagemaker_dist.local.exit_files import TERMINATED, write_exit
+
+JOB_ENV = "SAGEMAKER_DIST_LOCAL_JOB"  # local mode's job description file, for each rank's entry
 
 
 def world_rank() -> tuple[int, int]:

@@ -26,7 +26,7 @@ from sagemaker_dist.host.channel_objects import FeedError, resolve_objects
 from sagemaker_dist.host.feeder import ChannelFeeder
 from sagemaker_dist.host.feeds import FileFeed, close_feeds
 from sagemaker_dist.host.job_spec import JobSpecError
-from sagemaker_dist.host.opt_ml import HostTree, build_host_trees
+from sagemaker_dist.host.opt_ml import HostTree, host_trees_for
 from sagemaker_dist.host.outputs import CheckpointSync, pack_and_upload
 from sagemaker_dist.host.source_dir import fetch_source_dir
 from sagemaker_dist.launch.s3_objects import S3AccessError
@@ -120,23 +120,12 @@ def install_opt_ml(plan: NodePlan, root: Path, client) -> HostTree:
     Everything is built in a staging directory inside ``root`` (which may be a mount point, as an
     emptyDir is) and moved into place file by file, so the runtime never reads a half-written file.
     """
-    request = plan.job.request
     root.mkdir(parents=True, exist_ok=True)
     staging = root / _STAGING
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     try:
-        trees = build_host_trees(
-            staging / "hosts",
-            plan.job.hosts,
-            list(request.get("InputDataConfig") or []),
-            plan.job.hyperparameters,
-            default_mode=plan.job.default_mode,
-            instance_type=(request.get("ResourceConfig") or {}).get("InstanceType", "local"),
-            job_name=plan.job.name,
-            environment=request.get("Environment"),
-            checkpoint_local_path=(request.get("CheckpointConfig") or {}).get("LocalPath"),
-        )
+        trees = host_trees_for(plan.job, staging / "hosts")
         _move_tree(trees[plan.node_index].root, root)
         for stale in (root / "input" / "data").iterdir():  # an earlier agent's FIFOs would block mkfifo
             if stat.S_ISFIFO(stale.lstat().st_mode):

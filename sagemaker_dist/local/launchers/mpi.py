@@ -18,6 +18,7 @@ from pathlib import Path
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.exit_files import TERMINATED
 from sagemaker_dist.local.launchers import HOROVODRUN, MPIRUN, TF_CONFIG
+from sagemaker_dist.local.rank_entry import JOB_ENV
 
 _PREFIX = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
 # mpirun --tag-output: [1,0]<stdout>: and, under the toolkit's options, [1,mpirank:0,algo-1]<stdout>:
@@ -97,7 +98,7 @@ def rank_command(launcher: str, world_size: int, python: str = sys.executable) -
             "slot",
             "--tag-output",
             "-x",
-            "SAGEMAKER_DIST_LOCAL_JOB",
+            JOB_ENV,
             "-x",
             "PATH",
             "-x",
