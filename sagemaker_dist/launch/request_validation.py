@@ -59,13 +59,13 @@ class RequestValidationError(ConfigurationError):
         super().__init__(f"the training job request has {len(self.problems)} problem(s):\n{lines}")
 
 
-@functools.lru_cache(maxsize=1)
-def _input_shape():
-    """CreateTrainingJob's input shape from botocore's bundled model (loaded from disk, no network)."""
+@functools.lru_cache(maxsize=4)
+def _input_shape(operation: str = OPERATION):
+    """An operation's input shape from botocore's bundled model (loaded from disk, no network)."""
     import botocore.session
 
     model = botocore.session.get_session().get_service_model("sagemaker")
-    return model.operation_model(OPERATION).input_shape
+    return model.operation_model(operation).input_shape
 
 
 @functools.lru_cache(maxsize=256)
@@ -109,16 +109,17 @@ def _constraint_problems(value, shape, path: str) -> Iterator[str]:
             yield f"{path} is {value}; at most {meta['max']} allowed"
 
 
-def service_model_problems(request: Mapping) -> list[str]:
-    """Problems botocore's SageMaker model finds: types and required members, then max and pattern."""
+def service_model_problems(request: Mapping, operation: str = OPERATION) -> list[str]:
+    """Problems botocore's SageMaker model finds in ``operation``'s request (CreateTrainingJob by
+    default): types and required members, then max and pattern."""
     from botocore.validate import ParamValidator
 
-    shape = _input_shape()
+    shape = _input_shape(operation)
     report = ParamValidator().validate(dict(request), shape)
     problems = []
     if report.has_errors():
         problems += [line.strip() for line in report.generate_report().splitlines() if line.strip()]
-    problems += list(_constraint_problems(request, shape, OPERATION))
+    problems += list(_constraint_problems(request, shape, operation))
     return problems
 
 

@@ -1,11 +1,16 @@
 """The Keras callbacks ``setup()`` returns, and their order, which matters.
 
+0. ``KerasPatchesWhileFitting`` (both helpers): the helper's Keras patches held from train begin to
+   train end (``patches.py``);
 1. ``RankZeroCheckpoint`` (rank 0 restores at train begin and saves at epoch end);
 2. ``BroadcastInitialWeights``: rank 0's (restored) weights to every rank before the first step;
 3. Horovod's ``BroadcastGlobalVariablesCallback`` (optimizer slots) and ``MetricAverageCallback``
    (train and ``val_*`` metrics averaged over ranks: horovod#600);
 4. learning-rate warm-up;
 5. rank 0's TensorBoard logging and its sync to S3 (``TensorBoardSyncCallback``).
+
+``MetricLine`` (after the averaging, so it prints every rank's mean) prints the chief's one
+machine-readable line per epoch that tuning jobs read (``contract/metric_line.py``).
 
 This module imports TensorFlow when loaded (its classes subclass ``tf.keras.callbacks.Callback``), so
 only ``setup()`` loads it, after the Keras 2 check, and the factories that return one of its callbacks
@@ -17,15 +22,33 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 
 import tensorflow as tf
 
+from sagemaker_dist.contract.metric_line import metric_line
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime import checkpoints as ckpt
 from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
 
 log = logging.getLogger(__name__)
+
+
+class KerasPatchesWhileFitting(tf.keras.callbacks.Callback):
+    """Holds ``window`` (a ``patches.FitWindow``) for the fit this callback is in, so the private
+    Keras methods the helpers replace are Keras's own outside their fits."""
+
+    def __init__(self, window):
+        super().__init__()
+        self.window = window
+        self._supports_tf_logs = True  # no batch hooks: Keras need not convert any logs for it
+
+    def on_train_begin(self, logs=None):
+        self.window.fit_begins()
+
+    def on_train_end(self, logs=None):
+        self.window.fit_ends()
 
 
 class RankZeroCheckpoint(tf.keras.callbacks.Callback):
@@ -116,6 +139,27 @@ class TensorBoardSyncCallback(tf.keras.callbacks.Callback):
                 log.debug("could not flush TensorBoard writer: %s", exc)
 
 
+class MetricLine(tf.keras.callbacks.Callback):
+    """On the chief, print one ``sagemaker-dist-metrics: epoch=N name=value ...`` line per epoch with
+    every metric in Keras' logs, for SageMaker's MetricDefinitions, Katib's StdOut collector and
+    ``tune --local``. The line goes out in one ``write`` (``print`` writes the newline separately, and
+    under load mpirun may tag the two writes apart, splitting the line)."""
+
+    def __init__(self, chief: bool, stream=None):
+        super().__init__()
+        self.chief = chief
+        self.stream = stream
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not self.chief:
+            return
+        line = metric_line(epoch + 1, logs or {})
+        if line:
+            stream = self.stream or sys.stdout
+            stream.write(line + "\n")
+            stream.flush()
+
+
 class BroadcastInitialWeights(tf.keras.callbacks.Callback):
     """Broadcast rank ``root_rank``'s model weights at train begin (after a resume restore), so every
     rank's first step starts from the same weights; Horovod's own callback then syncs optimizer slots."""
@@ -155,6 +199,7 @@ def horovod_callbacks(
     callbacks.append(BroadcastInitialWeights(0))
     callbacks.append(hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0))
     callbacks.append(hvd_keras.callbacks.MetricAverageCallback())
+    callbacks.append(MetricLine(chief=rank == 0))  # after the averaging: every rank's mean
     if warmup_epochs > 0:
         callbacks.append(
             hvd_keras.callbacks.LearningRateWarmupCallback(

@@ -17,14 +17,14 @@ from typing import Any
 
 from sagemaker_dist.contract.layout import TF_MWMS
 from sagemaker_dist.runtime import checkpoints as ckpt
-from sagemaker_dist.runtime.keras.agreement import AGREED, allow_epochs_of_any_length
+from sagemaker_dist.runtime.keras.agreement import AGREED
 from sagemaker_dist.runtime.keras.arguments import SetupArguments, check_arguments
 from sagemaker_dist.runtime.keras.errors import TrainingSetupError
 from sagemaker_dist.runtime.keras.optimizer import build_scaled_optimizer
+from sagemaker_dist.runtime.keras.patches import FitWindow
 from sagemaker_dist.runtime.keras.preflight import (
     check_channels_before_collectives,
     check_job_distribution,
-    keras_major,
 )
 from sagemaker_dist.runtime.keras.surface import FitSurface
 from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
@@ -51,6 +51,7 @@ class StrategyKeras(FitSurface):
     tensorboard_syncer: TensorBoardSyncer | None = None
     local_rank: int = 0
     local_size: int = 1
+    fit_window: FitWindow = field(default_factory=FitWindow, repr=False)  # Keras patched only in our fits
 
     saves_on_every_worker = True
 
@@ -83,8 +84,10 @@ class StrategyKeras(FitSurface):
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         epoch = merged.with_options(options)
-        allow_epochs_of_any_length()  # Keras would hold every epoch to the first one's length
         setattr(epoch, AGREED, True)
+        # Keras would hold every epoch to the first one's length, and Keras 3 reads a batch of it to
+        # build the model before any callback runs: the patches are taken now, released at train end
+        self.fit_window.handed_out()
         return epoch
 
 
@@ -170,10 +173,6 @@ def _start(args: SetupArguments) -> StrategyKeras:
     import tensorflow as tf
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    if keras_major() >= 3:
-        from sagemaker_dist.runtime.keras.keras3_strategy import mend_keras3_for_strategy
-
-        mend_keras3_for_strategy()
     resolver = strategy.cluster_resolver
     rank = int(resolver.task_id) if resolver is not None and resolver.task_id is not None else 0
     size = max(1, len((resolver.cluster_spec().as_dict() if resolver else {}).get("worker", [])))
@@ -184,7 +183,8 @@ def _start(args: SetupArguments) -> StrategyKeras:
     initial_epoch, resume_from = _agreed_resume_point(strategy, ckpt_dir) if ckpt_dir else (0, None)
     from sagemaker_dist.runtime.keras import callbacks as keras_callbacks  # loads TensorFlow's Keras
 
-    callbacks = []
+    window = FitWindow()
+    callbacks = [keras_callbacks.KerasPatchesWhileFitting(window)]
     if ckpt_dir is not None:
         callbacks.append(
             keras_callbacks.WorkerCheckpoint(
@@ -192,6 +192,7 @@ def _start(args: SetupArguments) -> StrategyKeras:
                 every=args.checkpoint_every,
             )
         )  # fmt: skip
+    callbacks.append(keras_callbacks.MetricLine(chief=rank == 0))  # the strategy's metrics are global
     tensorboard, syncer = keras_callbacks.tensorboard_callbacks(
         args.tensorboard_dir, args.tensorboard_s3_uri, args.tensorboard_interval, rank=rank
     )
@@ -208,6 +209,7 @@ def _start(args: SetupArguments) -> StrategyKeras:
         checkpoint_dir=ckpt_dir,
         resume_from=resume_from,
         tensorboard_syncer=syncer,
+        fit_window=window,
     )
     if hv.is_chief:
         log.info(
