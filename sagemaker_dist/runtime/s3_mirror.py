@@ -1,9 +1,9 @@
 """Mirror a local directory to an S3 prefix: each round uploads the files new or changed since the last.
 
 TensorBoard's log sync (``tensorboard_sync``) runs rounds of it from a thread. Checkpoints need none:
-SageMaker itself syncs ``/opt/ml/checkpoints`` to ``CheckpointConfig.S3Uri``. The client is built by
-boto3 itself with botocore's standard retries, so ``AWS_ENDPOINT_URL`` (local mode, tests) and the
-usual credential chain apply. boto3 is imported only when a client is first needed.
+SageMaker itself syncs ``/opt/ml/checkpoints`` to ``CheckpointConfig.S3Uri``. The client is built with
+the contract's one retry and timeout policy (``s3_client_settings``), and ``AWS_ENDPOINT_URL`` (local
+mode, tests) and the usual credential chain apply. boto3 is imported only when a client is first needed.
 """
 
 from __future__ import annotations
