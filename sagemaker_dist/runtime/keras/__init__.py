@@ -7,6 +7,8 @@
 - ``optimizer``: the learning rate scaled by the number of workers;
 - ``steps``: the steps per epoch all ranks agree on, and epochs cut to exactly that many batches;
 - ``callbacks``: the Keras callbacks, as named classes (this file imports TensorFlow when loaded);
+- ``agreement``, ``keras3_strategy``: epochs that end by agreement, and Keras 3's mends under the strategy;
+- ``patches``: the private Keras methods those replace, replaced only while a fit of ours runs;
 - ``errors``: ``TrainingSetupError``.
 
 Importing this package loads nothing: TensorFlow and Horovod load when ``setup()`` runs.

@@ -71,26 +71,21 @@ def _records_in(batch):
 AGREED = "_sagemaker_dist_agreed_epochs"  # marks a dataset whose epochs end by agreement
 
 
-def allow_epochs_of_any_length(data_handler_class=None) -> None:
-    """Keras takes the first epoch's step count as every epoch's: Keras 2 stops training ("Your input
-    ran out of data") when a later epoch is shorter, Keras 3 also cuts a longer one short. An agreed
-    epoch may be either: for datasets marked ``AGREED``, forget the count at each epoch's start, so
-    every epoch runs until the workers agree it has ended."""
-    if data_handler_class is None:
-        from sagemaker_dist.runtime.keras.preflight import keras_major
+def keras2_data_handler():
+    """Keras 2's ``DataHandler`` (keras's or tf_keras's, whichever is behind ``tf.keras``)."""
+    import importlib
 
-        if keras_major() >= 3:
-            _keras3_epochs_of_any_length()
-            return
-        import importlib
+    import tensorflow as tf
 
-        import tensorflow as tf
+    engine = tf.keras.Model.__module__.rsplit(".", 1)[0]  # keras.src.engine, or tf_keras's
+    return importlib.import_module(f"{engine}.data_adapter").DataHandler
 
-        engine = tf.keras.Model.__module__.rsplit(".", 1)[0]  # keras.src.engine, or tf_keras's
-        data_handler_class = importlib.import_module(f"{engine}.data_adapter").DataHandler
-    original = data_handler_class.enumerate_epochs
-    if getattr(original, AGREED, False):
-        return
+
+def keras2_epochs_of_any_length(original):
+    """Keras 2 takes the first epoch's step count as every epoch's and stops training ("Your input ran
+    out of data") when a later epoch is shorter. An agreed epoch may be shorter or longer: for datasets
+    marked ``AGREED``, ``DataHandler.enumerate_epochs`` forgets the count at each epoch's start, so
+    every epoch runs until the workers agree it has ended (``patches.py`` installs it during a fit)."""
 
     def enumerate_epochs(self):
         agreed = getattr(self._dataset, AGREED, False)
@@ -99,8 +94,7 @@ def allow_epochs_of_any_length(data_handler_class=None) -> None:
                 self._inferred_steps = None
             yield epoch, iterator
 
-    setattr(enumerate_epochs, AGREED, True)
-    data_handler_class.enumerate_epochs = enumerate_epochs
+    return enumerate_epochs
 
 
 def agreed(epoch_iterator) -> bool:
@@ -108,20 +102,16 @@ def agreed(epoch_iterator) -> bool:
     return getattr(getattr(getattr(epoch_iterator, "data_adapter", None), "_dataset", None), AGREED, False)
 
 
-def _keras3_epochs_of_any_length() -> None:
-    from keras.src.trainers.epoch_iterator import EpochIterator
-
-    original_enumerate = EpochIterator._enumerate_iterator
-    if getattr(original_enumerate, AGREED, False):
-        return
+def keras3_epochs_of_any_length(original):
+    """Keras 3 also cuts a longer epoch short: ``EpochIterator._enumerate_iterator`` forgets the
+    count at each epoch's start for datasets marked ``AGREED`` (``patches.py`` installs it)."""
 
     def _enumerate_iterator(self):
         if agreed(self):
             self._num_batches = None
-        return original_enumerate(self)
+        return original(self)
 
-    setattr(_enumerate_iterator, AGREED, True)
-    EpochIterator._enumerate_iterator = _enumerate_iterator
+    return _enumerate_iterator
 
 
 def agreed_epoch(batches, what: str, hvd, reports: EpochReports):

@@ -1,32 +1,19 @@
 """Two Keras 3 (TF 2.16+) defects under MultiWorkerMirroredStrategy, mended where they are, for the
-datasets ``mwms_keras`` hands to ``fit`` (marked ``AGREED``).
+datasets ``mwms_keras`` hands to ``fit`` (marked ``AGREED``); ``patches.py`` installs both only while
+such a fit runs.
 
 - ``fit`` builds the model by reading a first batch of a fresh iterator and all-reducing it; see
-  ``_build_from_spec``.
+  ``build_from_spec``.
 - Each step's metric results (scalars) are mean-reduced "along axis 0", which a scalar has not:
-  ``Invalid reduction dimension 0 for input with 0 dimensions``; see ``_scalar_means``.
+  ``Invalid reduction dimension 0 for input with 0 dimensions``; see ``scalar_means``.
 """
 
 from __future__ import annotations
 
 from sagemaker_dist.runtime.keras.agreement import agreed
 
-_PATCHED = "_sagemaker_dist_patched"
 
-
-def mend_keras3_for_strategy() -> None:
-    """Install both mends once (Keras 3 only; the caller checks)."""
-    from keras.src.backend.tensorflow import trainer
-
-    if getattr(trainer.reduce_per_replica, _PATCHED, False):
-        return
-    trainer.TensorFlowTrainer._maybe_symbolic_build = _build_from_spec(
-        trainer.TensorFlowTrainer._maybe_symbolic_build
-    )
-    trainer.reduce_per_replica = _scalar_means(trainer.reduce_per_replica)
-
-
-def _build_from_spec(original):
+def build_from_spec(original):
     """Keras 3 builds a model under a strategy by reading the first batch of a fresh iterator, then
     resets it: on a Pipe channel that opens the epoch's FIFO, reads a batch and closes it, so the
     first epoch would start on the next FIFO (and the batch is all-reduced, which fails for the
@@ -43,7 +30,7 @@ def _build_from_spec(original):
     return _maybe_symbolic_build
 
 
-def _scalar_means(original):
+def scalar_means(original):
     """Keras 3 mean-reduces every per-replica output of a multi-worker step with ``axis=0``; for the
     scalar metric results that fails when the step function is traced. Reduce scalars whole."""
 
@@ -64,5 +51,4 @@ def _scalar_means(original):
 
         return tf.nest.map_structure(scalar_or_original, values)
 
-    setattr(reduce_per_replica, _PATCHED, True)
     return reduce_per_replica

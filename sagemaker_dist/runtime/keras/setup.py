@@ -17,10 +17,11 @@ from typing import Any
 
 from sagemaker_dist.contract.layout import HOROVOD
 from sagemaker_dist.runtime import checkpoints as ckpt
-from sagemaker_dist.runtime.keras.agreement import EpochReports, agreed_epoch, allow_epochs_of_any_length
+from sagemaker_dist.runtime.keras.agreement import EpochReports, agreed_epoch
 from sagemaker_dist.runtime.keras.arguments import SetupArguments, check_arguments, check_world
 from sagemaker_dist.runtime.keras.gpu import pin_gpu
 from sagemaker_dist.runtime.keras.optimizer import build_scaled_optimizer
+from sagemaker_dist.runtime.keras.patches import FitWindow
 from sagemaker_dist.runtime.keras.preflight import (
     check_channels_before_collectives,
     check_job_distribution,
@@ -60,6 +61,7 @@ class HorovodKeras(FitSurface):
     hvd: Any = field(default=None, repr=False)  # horovod.tensorflow, for the per-step agreement
     train_reports: EpochReports | None = None  # how each epoch ended, without counts
     validation_reports: EpochReports | None = None
+    fit_window: FitWindow = field(default_factory=FitWindow, repr=False)  # Keras patched only in our fits
 
     def train_epoch(self, batches):
         """One epoch of this rank's train batches, ending at the same step on every rank.
@@ -80,7 +82,7 @@ class HorovodKeras(FitSurface):
 
     def _epoch(self, batches, steps: int | None, counts: list[int] | None, what: str):
         if steps is None and self.size > 1:
-            allow_epochs_of_any_length()
+            self.fit_window.handed_out()  # Keras would hold every epoch to the first one's length
             return agreed_epoch(batches, what, self.hvd, getattr(self, f"{what}_reports"))
         return exact_epoch(
             batches,
@@ -158,7 +160,8 @@ def _start(args: SetupArguments) -> HorovodKeras:
 
     ckpt_dir = ckpt.checkpoint_dir(args.root) if args.checkpoints else None
     initial_epoch, resume_from = ckpt.resume_point(ckpt_dir, rank=rank) if ckpt_dir is not None else (0, None)
-    callbacks = keras_callbacks.horovod_callbacks(
+    window = FitWindow()
+    callbacks = [keras_callbacks.KerasPatchesWhileFitting(window)] + keras_callbacks.horovod_callbacks(
         rank=rank,
         checkpoint_dir=ckpt_dir,
         resume_from=resume_from,
@@ -192,6 +195,7 @@ def _start(args: SetupArguments) -> HorovodKeras:
         hvd=hvd,
         train_reports=EpochReports("train", rank),
         validation_reports=EpochReports("validation", rank),
+        fit_window=window,
     )
     if hv.is_chief:
         _log_start(hv, base_lr, args.warmup_epochs)

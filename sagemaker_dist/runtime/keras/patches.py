@@ -1,0 +1,129 @@
+"""The private Keras methods the helpers replace, replaced only while a fit of theirs runs.
+
+Keras holds every epoch to the first one's step count (``agreement.py`` lifts that for the datasets the
+helpers mark ``AGREED``), and Keras 3 under MultiWorkerMirroredStrategy builds a model by reading a
+batch and mean-reduces scalar metrics along an axis they lack (``keras3_strategy.py``). Each fix
+replaces a private Keras method; ``keras_patched()`` puts the replacements in place and the originals
+back when its outermost entry leaves, so the process's other fits, and other libraries, see Keras as
+it is. ``FitWindow`` is how a helper holds it: from handing out an agreed dataset (Keras 3 reads one to
+build the model before any callback runs) or a fit's train begin, to the end of that fit.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+_ABSENT = object()  # the owner had no attribute of its own (it was inherited): delete the replacement
+
+
+@dataclass(frozen=True)
+class Patch:
+    """Replace ``owner.name`` (a class or module attribute) with ``make(original)``."""
+
+    owner: Any
+    name: str
+    make: Callable[[Any], Any]
+
+
+def keras_patches() -> list[Patch]:
+    """The replacements for the Keras behind ``tf.keras`` (imports TensorFlow)."""
+    from sagemaker_dist.runtime.keras import agreement, keras3_strategy
+    from sagemaker_dist.runtime.keras.preflight import keras_major
+
+    if keras_major() >= 3:
+        from keras.src.backend.tensorflow import trainer
+        from keras.src.trainers.epoch_iterator import EpochIterator
+
+        return [
+            Patch(EpochIterator, "_enumerate_iterator", agreement.keras3_epochs_of_any_length),
+            Patch(trainer.TensorFlowTrainer, "_maybe_symbolic_build", keras3_strategy.build_from_spec),
+            Patch(trainer, "reduce_per_replica", keras3_strategy.scalar_means),
+        ]
+    return [Patch(agreement.keras2_data_handler(), "enumerate_epochs", agreement.keras2_epochs_of_any_length)]
+
+
+_lock = threading.Lock()
+_depth = 0
+_saved: list[tuple[Any, str, Any]] = []  # (owner, name, what the owner itself held), in install order
+
+
+def _install(patches: list[Patch]) -> None:
+    try:
+        for patch in patches:
+            original = getattr(patch.owner, patch.name)
+            _saved.append((patch.owner, patch.name, vars(patch.owner).get(patch.name, _ABSENT)))
+            setattr(patch.owner, patch.name, patch.make(original))
+    except BaseException:
+        _restore()
+        raise
+
+
+def _restore() -> None:
+    while _saved:
+        owner, name, before = _saved.pop()
+        if before is _ABSENT:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, before)
+
+
+@contextmanager
+def keras_patched(patches: Callable[[], list[Patch]] = keras_patches):
+    """The replacements in place inside, the originals back after the outermost exit (nesting-safe,
+    thread-safe: every entry counts, the first installs, the last restores)."""
+    global _depth
+    with _lock:
+        if _depth == 0:
+            _install(patches())
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0:
+                _restore()
+
+
+class FitWindow:
+    """One helper's hold on ``keras_patched()``: taken when it hands ``fit`` an agreed dataset or a fit
+    with its callbacks begins, released when that fit ends. A fit that raises never reaches its train
+    end, so the hold then lasts until the next fit of this helper ends, or ``close()``."""
+
+    def __init__(self):
+        self._handed_out = None  # the hold taken by handing out a dataset, for the fit that takes it
+        self._fits: list = []  # one hold per fit begun and not ended (a fit inside a fit nests)
+
+    def handed_out(self) -> None:
+        if self._handed_out is None:
+            self._handed_out = _hold()
+
+    def fit_begins(self) -> None:
+        self._fits.append(self._handed_out or _hold())
+        self._handed_out = None
+
+    def fit_ends(self) -> None:
+        if self._fits:
+            self._fits.pop().__exit__(None, None, None)
+
+    @property
+    def holding(self) -> bool:
+        return self._handed_out is not None or bool(self._fits)
+
+    def close(self) -> None:
+        """Release every hold (after a fit that raised, say)."""
+        while self._fits:
+            self.fit_ends()
+        if self._handed_out is not None:
+            self._handed_out, held = None, self._handed_out
+            held.__exit__(None, None, None)
+
+
+def _hold():
+    held = keras_patched()
+    held.__enter__()
+    return held
