@@ -25,6 +25,8 @@ libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = (ctypes.c_size_t,)
 applied = {}
 if sys.argv[1] == "tune":
+    import logging
+    logging.basicConfig(level=logging.INFO, format="LOG %(message)s", stream=sys.stderr)
     from sagemaker_dist.runtime.malloc_tuning import tune_malloc
     applied = tune_malloc()
     assert tune_malloc() == applied  # once per process
@@ -41,7 +43,8 @@ def probe(mode: str, **env) -> dict:
         [sys.executable, "-c", PROBE, mode], env={**base, **env}, capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    logged = [line[4:] for line in out.stderr.splitlines() if line.startswith("LOG ")]
+    return {**json.loads(out.stdout), "log": logged}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -63,6 +66,11 @@ def test_tuning_takes_chunk_sized_blocks_from_the_heap():
         "MALLOC_TRIM_THRESHOLD_": TRIM_THRESHOLD_BYTES,
     }
     assert result["mapped"] == 0
+    assert result["log"] == [  # once, though tune_malloc() ran twice
+        "malloc tuning for the Pipe-mode reader: mmap threshold glibc's dynamic default (128 KiB at start) "
+        "-> 8 MiB; trim threshold glibc's dynamic default (128 KiB at start) -> 64 MiB "
+        "(SAGEMAKER_DIST_MALLOC_TUNING=0 turns this off)"
+    ]
 
 
 def test_the_environment_wins_and_the_tuning_can_be_turned_off():
@@ -70,8 +78,19 @@ def test_the_environment_wins_and_the_tuning_can_be_turned_off():
     result = probe("tune", MALLOC_MMAP_THRESHOLD_="131072")
     assert list(result["applied"]) == ["MALLOC_TRIM_THRESHOLD_"]
     assert result["mapped"] >= 4 << 20
+    assert result["log"] == [
+        "malloc tuning for the Pipe-mode reader: mmap threshold left at 131072 (MALLOC_MMAP_THRESHOLD_ in "
+        "the environment); trim threshold glibc's dynamic default (128 KiB at start) -> 64 MiB "
+        "(SAGEMAKER_DIST_MALLOC_TUNING=0 turns this off)"
+    ]
+    both = probe("tune", MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="262144")
+    assert both["applied"] == {} and "trim threshold left at 262144" in both["log"][0]
+    assert both["log"][0].endswith("(nothing changed)")
     off = probe("tune", SAGEMAKER_DIST_MALLOC_TUNING="0")
     assert off["applied"] == {} and off["mapped"] >= 4 << 20
+    assert off["log"] == [
+        "malloc tuning: mmap and trim thresholds left as they are (SAGEMAKER_DIST_MALLOC_TUNING=0)"
+    ]
 
 
 def test_building_a_pipe_mode_dataset_tunes_malloc(tmp_path):
