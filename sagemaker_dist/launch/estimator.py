@@ -435,3 +435,52 @@ class DistributedEstimator:
         )
 
     fit = launch
+
+    # ----- hyperparameter tuning -----
+
+    def tune(
+        self,
+        inputs,
+        *,
+        objective_metric: str,
+        ranges,
+        max_jobs: int | None = None,
+        max_parallel_jobs: int = 1,
+        objective_type: str = "Maximize",
+        strategy: str = "Bayesian",
+        early_stopping: str = "Off",
+        warm_start=None,
+        metrics: Sequence[str] | None = None,
+        seed: int | None = None,
+        tuning_job_name: str | None = None,
+        wait: bool = True,
+        poll: float = 60.0,
+        timeout: float | None = None,
+        printer: Callable[[str], None] | None = print,
+    ):
+        """A SageMaker hyperparameter tuning job over this job; returns a ``TuningJobHandle``.
+
+        The tuning request is rendered from the very training request ``launch`` would create (shards
+        written once, shared by every trial) and checked before any AWS call. ``ranges`` maps names to
+        ``'MIN:MAX'``, ``'MIN:MAX:log'``, ``'A,B,C'``, a list of values or ``sagemaker.core.parameter``
+        ranges; ``metrics`` are the names the script's Keras logs report (default loss, accuracy,
+        val_loss, val_accuracy), read from the runtime's metric line. See ``launch/tuning.py``.
+        """
+        from sagemaker_dist.launch.tuning import TuningSpec
+        from sagemaker_dist.launch.tuning_job import launch_tuning
+
+        spec = TuningSpec.build(
+            objective_metric=objective_metric,
+            ranges=ranges,
+            max_jobs=max_jobs,
+            max_parallel_jobs=max_parallel_jobs,
+            objective_type=objective_type,
+            strategy=strategy,
+            early_stopping=early_stopping,
+            metrics=metrics,
+            warm_start=warm_start,
+            seed=seed,
+        )
+        return launch_tuning(
+            self, inputs, spec, tuning_job_name, wait=wait, poll=poll, timeout=timeout, printer=printer
+        )
