@@ -3,8 +3,10 @@ learning-rate scaling, exact epochs; two ranks are covered by tests/runtime/test
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -15,7 +17,7 @@ import pytest
 from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, plan_layout
 from sagemaker_dist.runtime import horovod_keras
 from sagemaker_dist.runtime.horovod_keras import TrainingSetupError, build_scaled_optimizer
-from sagemaker_dist.runtime.keras import arguments, preflight
+from sagemaker_dist.runtime.keras import arguments, patches, preflight
 from sagemaker_dist.runtime.ranks import RankChannelError
 
 
@@ -188,6 +190,35 @@ def test_keras_3_is_refused_with_what_to_install():
     horovod_keras.check_keras_2("2.15.0")
     with pytest.raises(TrainingSetupError, match=r"Keras 3.6.0; Horovod supports Keras 2 only.*tf_keras"):
         horovod_keras.check_keras_2("3.6.0")
+
+
+def test_keras_releases_the_patches_were_not_written_for_are_named():
+    for version in ("2.14.1", "2.15.0", "2.21.0", "3.7.0", "3.15.1"):
+        patches.check_keras_release(version)
+    for version, advice in (
+        ("2.13.1", "TensorFlow 2.14 or 2.15"),
+        ("3.6.0", "keras>=3.7,<3.16"),
+        ("3.16.0", "keras>=3.7,<3.16"),
+        ("2", "tf_keras 2.15 to 2.21"),
+    ):
+        with pytest.raises(TrainingSetupError, match=rf"Keras {re.escape(version)}, .*support Keras "
+                           rf"2\.14-2\.21 and 3\.7-3\.15 only.*{re.escape(advice)}"):  # fmt: skip
+            patches.check_keras_release(version)
+
+
+def test_setup_refuses_a_keras_the_patches_were_not_written_for_before_horovod_starts(
+    tmp_path, monkeypatch, horovod_tripwire
+):
+    import tensorflow as tf
+
+    for name in ("RANK", "LOCAL_RANK", "SIZE", "LOCAL_SIZE"):
+        monkeypatch.delenv(f"OMPI_COMM_WORLD_{name}", raising=False)
+    keras = importlib.import_module(tf.keras.__name__.split(".", 1)[0])  # the package behind tf.keras
+    monkeypatch.setattr(keras, "__version__", "2.13.1")
+    with pytest.raises(
+        TrainingSetupError, match=r"tf\.keras is Keras 2\.13\.1, .*2\.14-2\.21 and 3\.7-3\.15"
+    ):
+        horovod_keras.setup(lambda lr: None, learning_rate=0.1, root=tmp_path / "no-job")
 
 
 class _Tripwire(types.ModuleType):

@@ -7,15 +7,33 @@ replaces a private Keras method; ``keras_patched()`` puts the replacements in pl
 back when its outermost entry leaves, so the process's other fits, and other libraries, see Keras as
 it is. ``FitWindow`` is how a helper holds it: from handing out an agreed dataset (Keras 3 reads one to
 build the model before any callback runs) or a fit's train begin, to the end of that fit.
+
+The replacements were written against, and read against the source of, the Keras releases in
+``KERAS_RELEASES``; ``check_keras_release`` (run by both ``setup()``s) refuses any other, since a
+private method that changed would make them misbehave rather than fail.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+
+from sagemaker_dist.runtime.keras.errors import TrainingSetupError
+
+# Keras major version: the first and last minor whose private methods the replacements were checked
+# against. Keras 2: DataHandler.enumerate_epochs, the same from tf.keras 2.14 through tf_keras 2.21.
+# Keras 3: EpochIterator._enumerate_iterator (from 3.7), TensorFlowTrainer._maybe_symbolic_build and
+# trainer.reduce_per_replica, the same through 3.15 (TF 2.21's). Run on 2.15 and 3.15 (tf-latest-check).
+KERAS_RELEASES = {2: (14, 21), 3: (7, 15)}
+_INSTALL = {
+    2: "use TensorFlow 2.14 or 2.15 (each brings its Keras 2), or tf_keras 2.15 to 2.21 with "
+    "TF_USE_LEGACY_KERAS=1",
+    3: "pip install 'keras>=3.7,<3.16'",
+}
 
 _ABSENT = object()  # the owner had no attribute of its own (it was inherited): delete the replacement
 
@@ -44,6 +62,30 @@ def keras_patches() -> list[Patch]:
             Patch(trainer, "reduce_per_replica", keras3_strategy.scalar_means),
         ]
     return [Patch(agreement.keras2_data_handler(), "enumerate_epochs", agreement.keras2_epochs_of_any_length)]
+
+
+def supported_keras() -> str:
+    """The releases the replacements were written for, as a person reads them: "2.14-2.21 and 3.7-3.15"."""
+    return " and ".join(f"{major}.{first}-{major}.{last}" for major, (first, last) in KERAS_RELEASES.items())
+
+
+def check_keras_release(version: str) -> None:
+    """Refuse a Keras whose private methods the replacements were not written for, naming it, the
+    supported releases and what to install."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    if found:
+        major, minor = int(found.group(1)), int(found.group(2))
+        first, last = KERAS_RELEASES.get(major, (1, 0))
+        if first <= minor <= last:
+            return
+        advice = _INSTALL[min(max(major, 2), 3)]
+    else:
+        advice = f"{_INSTALL[2]}; or {_INSTALL[3]}"
+    raise TrainingSetupError(
+        f"tf.keras is Keras {version}, and sagemaker-dist's helpers support Keras {supported_keras()} "
+        "only: during fit they replace private Keras methods (runtime/keras/patches.py) that other "
+        f"releases may have changed, which would train wrongly rather than fail. To run: {advice}"
+    )
 
 
 _lock = threading.Lock()

@@ -14,6 +14,7 @@ from sagemaker_dist.contract.layout import HOROVOD, TF_MWMS
 from sagemaker_dist.contract.rank_slots import RANK_VARIABLES, TF_CONFIG
 from sagemaker_dist.runtime.config import ContainerConfig
 from sagemaker_dist.runtime.keras.errors import TrainingSetupError
+from sagemaker_dist.runtime.keras.patches import check_keras_release
 from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo, check_rank_channels
 
 
@@ -43,8 +44,17 @@ def keras_major() -> int:
 
 
 def check_tf_keras(tf) -> None:
-    """Refuse Keras 3 behind ``tf.keras`` (the imported TensorFlow module ``tf``) before Horovod loads."""
-    check_keras_2(_tf_keras_version(tf))
+    """Refuse Keras 3 behind ``tf.keras`` (the imported TensorFlow module ``tf``) before Horovod loads,
+    and a Keras 2 release the helpers' Keras patches were not written for."""
+    version = _tf_keras_version(tf)
+    check_keras_2(version)
+    check_keras_release(version)
+
+
+def check_tf_keras_release(tf) -> None:
+    """Refuse a Keras behind ``tf.keras`` the helpers' Keras patches were not written for (loads Keras,
+    starts no TensorFlow runtime: the strategy can still be created after it)."""
+    check_keras_release(_tf_keras_version(tf))
 
 
 def check_channels_before_collectives(root=None, *, validation: bool = False) -> None:

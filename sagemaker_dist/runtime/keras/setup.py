@@ -2,7 +2,8 @@
 running the same collectives, and ``HorovodKeras``, what it returns.
 
 Order: check every argument, this rank's channels and what depends on the number of ranks (no
-TensorFlow, no Horovod yet: a mistake fails every rank at once); refuse Keras 3; ``hvd.init()``; pin
+TensorFlow, no Horovod yet: a mistake fails every rank at once); refuse Keras 3 and a Keras release
+the patches were not written for (``patches.KERAS_RELEASES``); ``hvd.init()``; pin
 one GPU per local rank; scale the learning rate and wrap the optimizer; agree on steps per epoch
 (allgather); find the resume epoch (broadcast); build the callbacks.
 """

@@ -25,6 +25,7 @@ from sagemaker_dist.runtime.keras.patches import FitWindow
 from sagemaker_dist.runtime.keras.preflight import (
     check_channels_before_collectives,
     check_job_distribution,
+    check_tf_keras_release,
 )
 from sagemaker_dist.runtime.keras.surface import FitSurface
 from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
@@ -172,6 +173,7 @@ def setup(
 def _start(args: SetupArguments) -> StrategyKeras:
     import tensorflow as tf
 
+    check_tf_keras_release(tf)  # before the strategy starts its server: every worker fails alike
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     resolver = strategy.cluster_resolver
     rank = int(resolver.task_id) if resolver is not None and resolver.task_id is not None else 0
