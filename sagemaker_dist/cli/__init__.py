@@ -14,6 +14,7 @@ COMMAND_MODULES = (
     "sagemaker_dist.cli.launch",
     "sagemaker_dist.cli.local",
     "sagemaker_dist.cli.platforms",
+    "sagemaker_dist.cli.tune",
 )
 
 
@@ -53,7 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "takes_extra", False):  # only 'tune' passes options on to another parser
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

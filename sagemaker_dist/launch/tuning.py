@@ -531,6 +531,7 @@ def render_tuning_request(
         "ParameterRanges": {
             f"{kind}ParameterRanges": [r.as_request() for r in spec.ranges if r.kind == kind]
             for kind in (INTEGER, CONTINUOUS, CATEGORICAL)
+            if any(r.kind == kind for r in spec.ranges)
         },
         "TrainingJobEarlyStoppingType": spec.early_stopping,
     }
