@@ -102,6 +102,7 @@ _MODULE_MARKERS = {
     "test_toolkit_launcher": ("slow", "horovod", "tensorflow"),
     "test_mwms_job": ("slow", "tensorflow"),
     "test_notebook": ("slow", "horovod", "tensorflow"),
+    "test_local_tuning": ("slow", "horovod", "tensorflow"),
     "test_horovod_keras": ("tensorflow",),
     "test_checkpoints": ("tensorflow",),
     "test_pipe_dataset": ("tensorflow",),

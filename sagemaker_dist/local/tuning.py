@@ -235,11 +235,11 @@ def run_local_tuning(
                                lock, echo)  # fmt: skip
             with lock:
                 if state == "complete":
-                    study.tell(trial, record.objective)
+                    _tell(study, trial, record.objective)
                 elif state == "pruned":
-                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                    _tell(study, trial, state=optuna.trial.TrialState.PRUNED)
                 else:
-                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    _tell(study, trial, state=optuna.trial.TrialState.FAIL)
 
     threads = [threading.Thread(target=worker, name=f"trial-slot-{i}") for i in range(spec.max_parallel_jobs)]
     for t in threads:
@@ -249,6 +249,16 @@ def run_local_tuning(
     trials.sort(key=lambda t: t.number)
     return LocalTuningResult(name, spec.objective_metric, spec.objective_type, spec.strategy, trials,
                              time.monotonic() - started)  # fmt: skip
+
+
+def _tell(study, trial, value=None, state=None) -> None:
+    """``study.tell``; the grid sampler calls ``study.stop()`` once its grid is used up, which Optuna
+    allows only inside ``optimize`` (RuntimeError here). The trial is stored before it raises."""
+    try:
+        study.tell(trial, value, state=state)
+    except RuntimeError as exc:
+        if "Study.stop" not in str(exc):
+            raise
 
 
 def _epochs(definition: Mapping) -> int | None:

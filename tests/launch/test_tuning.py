@@ -22,7 +22,6 @@ from sagemaker_dist.launch.estimator import DistributedEstimator
 from sagemaker_dist.launch.request_validation import service_model_problems, validate_request
 from sagemaker_dist.launch.tuning import (
     TUNING_OBJECTIVE_HYPERPARAMETER,
-    ParamRange,
     TuningError,
     TuningRequestError,
     TuningSpec,
@@ -74,7 +73,12 @@ def test_metric_line_carries_every_finite_metric_and_the_regexes_read_it_behind_
     line = metric_line(3, {"loss": 1.5, "accuracy": 0.25, "val_loss": float("nan"), "val_accuracy": 1e-5})
     assert line == f"{PREFIX} epoch=3 loss=1.5 accuracy=0.25 val_accuracy=1e-05"
     definitions = metric_definitions(["loss", "accuracy", "val_loss", "val_accuracy"])
-    for tagged in (line, f"[1,mpirank:0,algo-1]<stdout>:{line}", f"[1,0]<stdout>:{line}", f"[0]<stdout>:{line}"):
+    for tagged in (
+        line,
+        f"[1,mpirank:0,algo-1]<stdout>:{line}",
+        f"[1,0]<stdout>:{line}",
+        f"[0]<stdout>:{line}",
+    ):
         epoch, values = read_metrics(tagged, definitions)
         assert epoch == 3
         assert values == {"loss": 1.5, "accuracy": 0.25, "val_accuracy": 1e-5}  # val_loss was nan: left out
@@ -186,7 +190,9 @@ def test_tuning_request_is_built_from_the_training_request(tmp_path):
         {"Name": "learning_rate", "MinValue": "0.0001", "MaxValue": "0.01", "ScalingType": "Logarithmic"}
     ]
     # each trial is a valid CreateTrainingJob request: static + tuned + the objective SageMaker adds
-    trial = trial_training_request(request, "tune-1-001-abcdef12", {"learning_rate": "0.001", "batch_size": "32"})
+    trial = trial_training_request(
+        request, "tune-1-001-abcdef12", {"learning_rate": "0.001", "batch_size": "32"}
+    )
     validate_request(trial)
     assert trial["HyperParameters"]["learning_rate"] == "0.001"
     assert trial["HyperParameters"][TUNING_OBJECTIVE_HYPERPARAMETER] == "val_accuracy"
@@ -261,13 +267,18 @@ def test_tuning_job_is_created_on_the_moto_server_and_described_back(aws_env, s3
         wait=False,
         printer=lines.append,
     )
-    assert isinstance(handle, TuningJobHandle) and handle.arn.endswith(":hyper-parameter-tuning-job/tune-on-moto")
+    assert isinstance(handle, TuningJobHandle) and handle.arn.endswith(
+        ":hyper-parameter-tuning-job/tune-on-moto"
+    )
     described = boto3.client("sagemaker", region_name="us-east-1").describe_hyper_parameter_tuning_job(
         HyperParameterTuningJobName="tune-on-moto"
     )
     assert described["HyperParameterTuningJobConfig"] == handle.request["HyperParameterTuningJobConfig"]
     definition = described["TrainingJobDefinition"]
-    assert definition["StaticHyperParameters"] == handle.request["TrainingJobDefinition"]["StaticHyperParameters"]
+    assert (
+        definition["StaticHyperParameters"]
+        == handle.request["TrainingJobDefinition"]["StaticHyperParameters"]
+    )
     # sharded once, into 4 manifests under the tuning job's name, shared by every trial
     uris = [c["DataSource"]["S3DataSource"]["S3Uri"] for c in definition["InputDataConfig"]]
     assert len(uris) == 4 and all(u.startswith(f"s3://{bucket}/jobs/tune-on-moto/shards/") for u in uris)
@@ -288,7 +299,8 @@ def test_tuning_job_is_created_on_the_moto_server_and_described_back(aws_env, s3
 
 def test_trial_summaries_make_a_table_with_the_best_marked():
     rows = [
-        {"TrainingJobName": "t-001-a", "TrainingJobStatus": "Completed", "TunedHyperParameters": {"lr": "0.01"},
+        {"TrainingJobName": "t-001-a", "TrainingJobStatus": "Completed",
+         "TunedHyperParameters": {"lr": "0.01"},
          "FinalHyperParameterTuningJobObjectiveMetric": {"MetricName": "val_accuracy", "Value": 0.5}},
         {"TrainingJobName": "t-002-b", "TrainingJobStatus": "Stopped", "TunedHyperParameters": {"lr": "0.1"}},
     ]  # fmt: skip
@@ -316,7 +328,10 @@ def test_cli_dry_run_prints_the_request_as_json(tmp_path):
     config = request["HyperParameterTuningJobConfig"]
     assert config["Strategy"] == "Random" and config["TrainingJobEarlyStoppingType"] == "Auto"
     assert config["HyperParameterTuningJobObjective"] == {"Type": "Minimize", "MetricName": "val_loss"}
-    regex = {d["Name"]: d["Regex"] for d in request["TrainingJobDefinition"]["AlgorithmSpecification"]["MetricDefinitions"]}
+    regex = {
+        d["Name"]: d["Regex"]
+        for d in request["TrainingJobDefinition"]["AlgorithmSpecification"]["MetricDefinitions"]
+    }
     tagged = f"[1,mpirank:0,algo-1]<stdout>:{metric_line(2, {'loss': 2.0, 'val_loss': 1.75})}"
     assert re.search(regex["val_loss"], tagged).group(1) == "1.75"
 
