@@ -3,9 +3,17 @@
 Each checkpoint is a directory ``epoch-NNNNN`` (NNNNN = epochs completed) holding a TensorFlow checkpoint
 of the model and optimizer plus ``meta.json`` listing every file and its size. It is written under a
 ``.tmp-*`` name and renamed into place, so a crash or a half-synced S3 copy never looks complete: a
-checkpoint counts only if its ``meta.json`` parses and every listed file has the listed size. Only rank 0
-writes; at start-up rank 0 picks the newest complete checkpoint and broadcasts its epoch so every rank
-passes the same ``initial_epoch`` to ``fit`` (the weights follow through the usual Horovod broadcast).
+checkpoint counts only if its ``meta.json`` parses and every listed file has the listed size. The files,
+the temporary directory and, after the rename, the checkpoint directory are fsynced, so after a crash
+of the host the rename is either there with its files or not there at all. Only rank 0 writes; at
+start-up rank 0 picks the newest complete checkpoint and broadcasts its epoch so every rank passes
+the same ``initial_epoch`` to ``fit`` (the weights follow through the usual Horovod broadcast).
+
+A restore must match the model and optimizer it is loaded into: a checkpoint of another model (an old
+job's, in a reused checkpoint location) would otherwise load in part and train on silently.
+``restore_checkpoint`` fails when an existing variable has no value in the checkpoint (or another
+shape), and ``Restored.assert_complete`` once the first step has made the optimizer's slots, when
+every value in the checkpoint must have found its variable.
 """
 
 from __future__ import annotations
@@ -18,11 +26,12 @@ import shutil
 import socket
 import tempfile
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 from sagemaker_dist.contract.paths import OptMl, opt_ml_root
+from sagemaker_dist.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +39,10 @@ META_FILE = "meta.json"
 TF_PREFIX = "ckpt"
 FORMAT_VERSION = 1
 _NAME_RE = re.compile(r"^epoch-(\d{5,})$")
+
+
+class CheckpointMismatchError(ConfigurationError):
+    """A checkpoint that does not match the model and optimizer it is restored into."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,16 @@ def _fsync_tree(path: Path) -> None:
     for item in path.iterdir():
         with open(item, "rb") as fh:
             os.fsync(fh.fileno())
+    _fsync_dir(path)  # the files' names in it
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a directory's entries durable (a rename is an entry of the directory it lands in)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def save_checkpoint(
@@ -126,6 +149,7 @@ def save_checkpoint(
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, final)
+        _fsync_dir(directory)  # the rename itself: without it a host crash may lose epoch-N
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -136,14 +160,52 @@ def save_checkpoint(
     return Checkpoint(epoch=epoch, path=final)
 
 
-def restore_checkpoint(model, checkpoint: Checkpoint, *, optimizer=None) -> None:
-    """Load ``checkpoint`` into ``model`` (and its optimizer; slot variables restore when created)."""
+def restore_checkpoint(model, checkpoint: Checkpoint, *, optimizer=None) -> Restored:
+    """Load ``checkpoint`` into ``model`` and its optimizer, or raise ``CheckpointMismatchError`` naming
+    the checkpoint when a variable that exists has no value there or another shape. Values whose
+    variables do not exist yet (the optimizer's slots) load when they are made; call
+    ``assert_complete()`` on the result once they are (after the first training step)."""
     import tensorflow as tf
 
     optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
     trackables = {"model": model} if optimizer is None else {"model": model, "optimizer": optimizer}
-    tf.train.Checkpoint(**trackables).restore(checkpoint.tf_prefix).expect_partial()
+    restored = Restored(checkpoint)
+    with restored.checking():
+        # read(), not restore(): save_checkpoint writes with write(), which keeps no save counter
+        restored.status = tf.train.Checkpoint(**trackables).read(checkpoint.tf_prefix)
+        restored.status.assert_existing_objects_matched()
     log.info("resumed from %s (epoch %d)", checkpoint.path, checkpoint.epoch)
+    return restored
+
+
+@dataclass
+class Restored:
+    """A restore in progress: ``assert_complete()`` checks that every value in the checkpoint found its
+    variable, once the model and optimizer have made them all (after the first training step)."""
+
+    checkpoint: Checkpoint
+    status: object = None
+
+    def assert_complete(self) -> None:
+        with self.checking():
+            self.status.assert_consumed()
+
+    @contextmanager
+    def checking(self):
+        """TensorFlow's mismatch errors (AssertionError, ValueError) as one that names the checkpoint."""
+        try:
+            yield
+        except (AssertionError, ValueError) as exc:
+            detail = " ".join(str(exc).split())
+            detail = detail if len(detail) <= 400 else detail[:400] + " ..."
+            raise CheckpointMismatchError(
+                f"checkpoint {self.checkpoint.path} (epoch {self.checkpoint.epoch}) does not match this "
+                f"model and optimizer: {detail}. It was written by another model or optimizer (e.g. an "
+                "earlier job's, in a reused checkpoint location). Resume from checkpoints of this model: "
+                "give the job a fresh checkpoint location (checkpoint_s3_uri), or delete the epoch-* "
+                f"directories in {self.checkpoint.path.parent} to start at epoch 0; or build the model "
+                "and optimizer as the job that wrote it did"
+            ) from exc
 
 
 def remove_stale_temporaries(directory: str | os.PathLike) -> None:

@@ -14,13 +14,11 @@ import pytest
 from sagemaker_dist.runtime import checkpoints as ckpt
 
 
-def _model(seed=0):
+def _model(seed=0, units=(2, 1)):
     import tensorflow as tf
 
     tf.keras.utils.set_random_seed(seed)
-    model = tf.keras.Sequential(
-        [tf.keras.Input(shape=(3,)), tf.keras.layers.Dense(2), tf.keras.layers.Dense(1)]
-    )
+    model = tf.keras.Sequential([tf.keras.Input(shape=(3,))] + [tf.keras.layers.Dense(n) for n in units])
     model.compile(optimizer=tf.keras.optimizers.legacy.Adam(0.01), loss="mse")
     return model
 
@@ -58,11 +56,12 @@ def test_save_then_restore_model_and_optimizer_state(tmp_path):
 
     fresh = _model(1)
     assert not _same(fresh.get_weights(), model.get_weights())
-    ckpt.restore_checkpoint(fresh, saved)
+    restored = ckpt.restore_checkpoint(fresh, saved)
     assert _same(fresh.get_weights(), model.get_weights())
     # optimizer slots and step count come back when the optimizer creates them (deferred restore)
     model.fit(x, y, epochs=1, batch_size=8, verbose=0, shuffle=False)
     fresh.fit(x, y, epochs=1, batch_size=8, verbose=0, shuffle=False)
+    restored.assert_complete()  # every value in the checkpoint found its variable
     assert int(fresh.optimizer.iterations.numpy()) == int(model.optimizer.iterations.numpy()) == 12
     for a, b in zip(fresh.get_weights(), model.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6)
@@ -160,3 +159,60 @@ def test_crash_mid_swap_puts_the_old_copy_back(tmp_path):
     fresh = _model(7)
     ckpt.restore_checkpoint(fresh, found)
     assert found.epoch == 3 and _same(fresh.get_weights(), model.get_weights())
+
+
+def test_the_rename_is_fsynced_in_the_checkpoint_directory(tmp_path, monkeypatch):
+    """A rename is an entry of the directory it lands in: until that directory is fsynced, a host
+    crash may lose ``epoch-N`` though its files were fsynced."""
+    import os
+
+    synced = []  # (what the descriptor is, whether epoch-00001 had been renamed into place by then)
+    fsync = os.fsync
+
+    def recording_fsync(fd):
+        synced.append((os.readlink(f"/proc/self/fd/{fd}"), (tmp_path / "epoch-00001").exists()))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    ckpt.save_checkpoint(_model(), tmp_path, 1)
+    assert (str(tmp_path), True) in synced  # the directory, after the rename
+    names = [os.path.basename(path) for path, _ in synced]
+    assert any(n.startswith(".tmp-epoch-00001-") for n in names)  # the files' names in the temporary one
+    assert {"ckpt.index", "meta.json"} <= set(names)  # the files themselves, as before
+    synced.clear()
+    ckpt.save_checkpoint(_model(), tmp_path, 1)  # the same epoch again: swapped in, then synced
+    assert synced[-1] == (str(tmp_path), True)
+
+
+def _saved_after_training(directory):
+    x, y = _data()
+    model = _model(0)
+    model.fit(x, y, epochs=1, batch_size=8, verbose=0)
+    return ckpt.save_checkpoint(model, directory, 1)
+
+
+@pytest.mark.parametrize(
+    "units, problem",
+    [((2, 1, 1), "not bound to checkpointed values"), ((3, 1), "incompatible tensor with shape")],
+    ids=["a layer more", "other shapes"],
+)
+def test_a_checkpoint_of_another_model_is_refused_at_restore_naming_it(tmp_path, units, problem):
+    saved = _saved_after_training(tmp_path)
+    with pytest.raises(ckpt.CheckpointMismatchError) as refused:
+        ckpt.restore_checkpoint(_model(1, units), saved)
+    message = str(refused.value)
+    assert f"checkpoint {saved.path} (epoch 1) does not match this model and optimizer" in message
+    assert problem in message and "fresh checkpoint location" in message
+
+
+def test_a_checkpoint_with_more_than_the_model_fails_after_the_first_step_of_the_resumed_fit(tmp_path):
+    """A smaller model matches every variable it has, so only the values left over tell: once the first
+    step has made the optimizer's slots, every value in the checkpoint must have found its variable."""
+    saved = _saved_after_training(tmp_path)
+    x, y = _data()
+    smaller = _model(1, units=(2,))  # the checkpoint's second layer has nowhere to go
+    callback = ckpt.checkpoint_callback(tmp_path, rank=0, resume_from=saved)
+    with pytest.raises(ckpt.CheckpointMismatchError, match=r"epoch-00001 \(epoch 1\) does not match.*"
+                       r"Unresolved object in checkpoint"):  # fmt: skip
+        smaller.fit(x, y, epochs=2, initial_epoch=1, batch_size=8, verbose=0, callbacks=[callback])
+    assert int(smaller.optimizer.iterations.numpy()) == 4 + 1  # the checkpoint's 4 steps, then one more

@@ -52,8 +52,9 @@ class KerasPatchesWhileFitting(tf.keras.callbacks.Callback):
 
 
 class RankZeroCheckpoint(tf.keras.callbacks.Callback):
-    """Restore ``resume_from`` at train begin and save every ``every`` epochs into ``directory``, on rank
-    0 only: other ranks get rank 0's weights by broadcast. ``saved`` lists the epochs it wrote."""
+    """Restore ``resume_from`` at train begin (and check after the first step that it matched the model
+    and optimizer whole) and save every ``every`` epochs into ``directory``, on rank 0 only: other ranks
+    get rank 0's weights by broadcast. ``saved`` lists the epochs it wrote."""
 
     def __init__(
         self,
@@ -73,13 +74,18 @@ class RankZeroCheckpoint(tf.keras.callbacks.Callback):
         self.keep = keep
         self.every = every
         self.saved: list[int] = []
+        self.restored: ckpt.Restored | None = None  # until its first step has made every variable
+        self._supports_tf_logs = True  # its batch hook reads no logs: Keras need not convert them
 
     def on_train_begin(self, logs=None):
         if self.rank != 0:
             return
         ckpt.remove_stale_temporaries(self.directory)
         if self.resume_from is not None:
-            ckpt.restore_checkpoint(self.model, self.resume_from)
+            self.restored = ckpt.restore_checkpoint(self.model, self.resume_from)
+
+    def on_train_batch_end(self, batch, logs=None):
+        _check_restore_complete(self)
 
     def on_epoch_end(self, epoch, logs=None):
         if self.rank == 0 and (epoch + 1) % self.every == 0:
@@ -89,7 +95,8 @@ class RankZeroCheckpoint(tf.keras.callbacks.Callback):
 
 class WorkerCheckpoint(tf.keras.callbacks.Callback):
     """MultiWorkerMirroredStrategy's checkpoints: every worker restores ``resume_from`` (the epoch all
-    hold) and saves every ``every`` epochs; only the chief's copy lands in ``directory``."""
+    hold; checked whole after the first step) and saves every ``every`` epochs; only the chief's copy
+    lands in ``directory``."""
 
     def __init__(self, directory, *, chief: bool, resume_from=None, keep: int | None = 3, every: int = 1):
         if every < 1:
@@ -98,10 +105,15 @@ class WorkerCheckpoint(tf.keras.callbacks.Callback):
         self.directory, self.chief, self.resume_from = Path(directory), chief, resume_from
         self.keep, self.every = keep, every
         self.saved: list[int] = []
+        self.restored: ckpt.Restored | None = None
+        self._supports_tf_logs = True
 
     def on_train_begin(self, logs=None):
         if self.resume_from is not None:
-            ckpt.restore_checkpoint(self.model, self.resume_from)
+            self.restored = ckpt.restore_checkpoint(self.model, self.resume_from)
+
+    def on_train_batch_end(self, batch, logs=None):
+        _check_restore_complete(self)
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every:
@@ -110,6 +122,14 @@ class WorkerCheckpoint(tf.keras.callbacks.Callback):
             ckpt.save_checkpoint(self.model, where, epoch + 1, keep=self.keep, rank=0 if self.chief else -1)
         if self.chief:
             self.saved.append(epoch + 1)
+
+
+def _check_restore_complete(callback) -> None:
+    """After the first step of a resumed fit the optimizer has made its slots: every value in the
+    checkpoint must now have found its variable (``Restored.assert_complete``), checked once."""
+    if callback.restored is not None:
+        restored, callback.restored = callback.restored, None
+        restored.assert_complete()
 
 
 class TensorBoardSyncCallback(tf.keras.callbacks.Callback):
