@@ -221,6 +221,26 @@ def test_setup_refuses_a_keras_the_patches_were_not_written_for_before_horovod_s
         horovod_keras.setup(lambda lr: None, learning_rate=0.1, root=tmp_path / "no-job")
 
 
+def test_tensorboard_asked_for_but_not_installed_fails_in_setup_naming_the_package(
+    tmp_path, monkeypatch, horovod_tripwire
+):
+    """Without the package Keras's TensorBoard callback would fail at the end of the first epoch."""
+    for name in ("RANK", "LOCAL_RANK", "SIZE", "LOCAL_SIZE"):
+        monkeypatch.delenv(f"OMPI_COMM_WORLD_{name}", raising=False)
+    import tensorflow as tf
+
+    matching = re.escape(".".join(tf.__version__.split(".")[:2]))  # TensorFlow's minor version
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # unimportable, as on the TF 2.21 wheel
+    with pytest.raises(
+        TrainingSetupError,
+        match=r"tensorboard_dir='.*tb' needs the tensorboard package, which is not installed.*"
+        rf"pip install 'tensorboard=={matching}\.\*', or drop tensorboard_dir",
+    ):
+        horovod_keras.setup(
+            lambda lr: None, learning_rate=0.1, tensorboard_dir=tmp_path / "tb", root=tmp_path / "no-job"
+        )
+
+
 class _Tripwire(types.ModuleType):
     """Stands in for a Horovod module: asking whether it is initialised is fine (RankInfo.detect does);
     any other use means setup() got past its argument checks."""

@@ -4,6 +4,8 @@ strategy would silently ignore (1 is a record count, not "True") and an argument
 from __future__ import annotations
 
 import importlib
+import re
+import sys
 
 import pytest
 
@@ -42,3 +44,21 @@ def test_a_keras_the_patches_were_not_written_for_is_refused_before_the_strategy
         match=r"Keras 3\.16\.0, .*2\.14-2\.21 and 3\.7-3\.15 only.*pip install 'keras>=3\.7,<3\.16'",
     ):
         mwms_keras.setup(lambda lr: None, learning_rate=0.1, root=tmp_path / "no-job")
+
+
+def test_tensorboard_asked_for_but_not_installed_fails_in_setup_not_after_the_first_epoch(
+    tmp_path, monkeypatch
+):
+    for name in ("TF_CONFIG", "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    import tensorflow as tf
+
+    matching = re.escape(".".join(tf.__version__.split(".")[:2]))  # TensorFlow's minor version
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # unimportable, as on the TF 2.21 wheel
+    with pytest.raises(
+        mwms_keras.TrainingSetupError,
+        match=rf"needs the tensorboard package, which is not installed.*'tensorboard=={matching}\.\*'",
+    ):
+        mwms_keras.setup(
+            lambda lr: None, learning_rate=0.1, tensorboard_dir=tmp_path / "tb", root=tmp_path / "no-job"
+        )

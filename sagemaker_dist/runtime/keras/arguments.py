@@ -8,6 +8,7 @@ argument and what to give instead. ``check_arguments`` needs neither TensorFlow 
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import numbers
 import os
@@ -138,6 +139,28 @@ def _check_tensorboard(args: SetupArguments) -> None:
         except ConfigurationError as exc:
             raise TrainingSetupError(f"tensorboard_s3_uri={uri!r}: {exc}") from None
     _number("tensorboard_interval", args.tensorboard_interval, above=0, meaning="seconds between uploads")
+    if args.tensorboard_dir is not None and importlib.util.find_spec("tensorboard") is None:
+        # TensorFlow writes summaries through the tensorboard package; without it Keras's TensorBoard
+        # callback fails at the end of the first epoch, after a whole epoch's work, on the chief only
+        raise TrainingSetupError(
+            f"tensorboard_dir={str(args.tensorboard_dir)!r} needs the tensorboard package, which is not "
+            "installed (TensorFlow writes its summaries through it; the tensorflow-cpu 2.21 wheel does "
+            f"not bring it): pip install {_tensorboard_requirement()}, or drop tensorboard_dir (and "
+            "tensorboard_s3_uri)"
+        )
+
+
+def _tensorboard_requirement() -> str:
+    """The TensorBoard that matches the installed TensorFlow (the same minor version), for pip."""
+    from importlib import metadata
+
+    for dist in metadata.packages_distributions().get("tensorflow", []):
+        try:
+            major, minor = metadata.version(dist).split(".")[:2]
+        except (metadata.PackageNotFoundError, ValueError):
+            continue
+        return f"'tensorboard=={major}.{minor}.*'"
+    return "tensorboard (the same minor version as TensorFlow)"
 
 
 def _per_rank(records: int | None, total: int | None, size: int, what: str) -> int | None:
