@@ -11,6 +11,7 @@ SDK = [
 ]
 # Local mode: an embedded S3 endpoint and the record framing of the demo data.
 LOCAL = ["moto[server,s3]>=5.1,<6", "crc32c>=2.4,<3", "pyyaml>=6,<7"]  # pyyaml: sagemaker-dist k8s
+OPTUNA = ["optuna==5.0.0"]  # sagemaker-dist tune --local: the search (TPE, random, grid, Hyperband)
 RUNTIME = ["crc32c>=2.4,<3", "numpy>=1.23,<3", "boto3>=1.34,<2"]  # numpy: vectorised record framing
 TENSORFLOW = ["tensorflow-cpu==2.15.1"]
 # distribution tf-mwms on the current DLC's TensorFlow (Keras 3, no Horovod); CI checks it in a venv of
@@ -45,8 +46,8 @@ setup(
         "tensorflow": TENSORFLOW + RUNTIME,
         "tf-latest": TF_LATEST + RUNTIME,
         "horovod": HOROVOD,
-        "local": SDK + LOCAL,
-        "dev": DEV + RUNTIME,
+        "local": SDK + LOCAL + OPTUNA,
+        "dev": DEV + RUNTIME + OPTUNA,
     },
     entry_points={"console_scripts": ["sagemaker-dist=sagemaker_dist.cli:main"]},
     # The TFRecord framer's scan in C (length fields and both CRCs, the GIL released). Optional: where

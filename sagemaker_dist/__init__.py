@@ -48,6 +48,15 @@ _EXPORTS = {
     "validate_request": "launch.request_validation",
     "container_image_uri": "launch.images",
     "dlc_tensorflow_image_uri": "launch.images",
+    # hyperparameter tuning (SageMaker: est.tune; this machine: sagemaker-dist tune --local)
+    "TuningSpec": "launch.tuning",
+    "ParamRange": "launch.tuning",
+    "TuningError": "launch.tuning",
+    "TuningJobHandle": "launch.tuning_job",
+    "TuningJobFailed": "launch.tuning_job",
+    "TrialSummary": "launch.tuning_job",
+    "run_local_tuning": "local.tuning",
+    "LocalTuningResult": "local.tuning",
     # local mode
     "LocalBackend": "local.backend",
     "run_local": "local.job",
