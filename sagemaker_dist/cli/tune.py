@@ -144,7 +144,14 @@ def _sagemaker(args, job, spec) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if not job.no_wait:
-        for line in handle.report_lines(trials=handle.training_jobs()):
+        from sagemaker_dist.errors import AwsError
+
+        try:
+            trials = handle.training_jobs()
+        except AwsError as exc:  # the report without the table; the job itself is done
+            _err(f"note: could not list the training jobs: {exc}")
+            trials = None
+        for line in handle.report_lines(trials=trials):
             print(line)
     print(handle.arn)
     return 0
