@@ -5,9 +5,14 @@
 # image's own toolkit (tests/container/test_container_image.py). Idempotent; prints each step's time.
 #
 # Usage: scripts/container-test.sh [--base IMAGE] [--build-only] [-- pytest args]
+#        eval "$(scripts/container-test.sh --env)"
 #   --base IMAGE  build FROM this image (already in the podman storage below, e.g. a DLC you pulled)
 #                 instead of the stand-in: debootstrap's bookworm minbase + container/standin-base
 #   --build-only  build the image, run no job
+#   --env         print the export lines (CONTAINERS_CONF, CONTAINERS_STORAGE_CONF, TMPDIR) that let a
+#                 shell run `sagemaker-dist local --launcher container --image IMAGE` on the images this
+#                 script built; builds and runs nothing. A run of this script removes every container
+#                 of that storage when it ends, so do not run both at once.
 # Needs root. Installs Debian's podman, buildah, runc and debootstrap with apt-get when missing; podman's
 # settings are scripts/lib/podman-env.sh's (shared with scripts/fresh-machine-check.sh).
 # Cached outside the repository, in ${SAGEMAKER_DIST_CACHE:-~/.cache/sagemaker-dist}/podman: the
@@ -28,7 +33,7 @@ die() {
 }
 
 usage() {
-  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 base=""
@@ -37,6 +42,10 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --base) base="${2:?--base needs an image name}"; shift 2 ;;
     --build-only) build_only=1; shift ;;
+    --env)
+      podman_env_lines "$CACHE_ROOT/podman"
+      echo "# images: $IMAGE (Horovod), $MWMS_IMAGE (tf-mwms)"
+      exit 0 ;;
     -h | --help) usage; exit 0 ;;
     --) shift; break ;;
     *) usage >&2; die "unknown argument: $1" ;;

@@ -44,20 +44,22 @@ podman_tools() {
   fi
 }
 
-# podman_env DIR: podman's settings and storage under DIR (PODMAN_HOME), its run-time dir (RUN_DIR),
-# exported for every podman call that follows; waits (bounded) for another script using DIR.
-podman_env() {
+# podman_paths DIR: PODMAN_HOME (DIR, where the storage lives) and RUN_DIR (podman's run-time state, a
+# private dir under /run keyed by the storage). Every user of one storage must give podman the same
+# run-time paths: podman records them in its database and refuses others.
+podman_paths() {
   PODMAN_HOME=$1
   mkdir -p "$PODMAN_HOME"
   PODMAN_HOME=$(cd "$PODMAN_HOME" && pwd)
-  exec 9>"$PODMAN_HOME/lock"
-  if ! flock -n 9; then
-    echo "waiting (up to ${PODMAN_LOCK_WAIT:-3600} s) for another script using $PODMAN_HOME"
-    flock -w "${PODMAN_LOCK_WAIT:-3600}" 9 || podman_die "$PODMAN_HOME is still in use; giving up"
-  fi
   RUN_DIR="/run/sagemaker-dist-podman-$(printf '%s' "$PODMAN_HOME" | sha256sum | cut -c1-12)"
-  mkdir -p "$RUN_DIR/tmp"
-  cat >"$RUN_DIR/containers.conf" <<EOF
+}
+
+# podman_write_conf CONF_DIR EVENTS_LOG: containers.conf and storage.conf for the storage podman_paths
+# named. Host networking is the default; a several-host job names its own network per container. The
+# networks a job creates are kept with the storage ($PODMAN_HOME/networks), not in /etc/cni/net.d.
+podman_write_conf() {
+  mkdir -p "$1" "$PODMAN_HOME/networks"
+  cat >"$1/containers.conf" <<EOF
 [containers]
 default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
 netns = "host"
@@ -66,15 +68,31 @@ netns = "host"
 runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
-events_logfile_path = "$RUN_DIR/events.log"
+events_logfile_path = "$2"
 tmp_dir = "$RUN_DIR/libpod"
+
+[network]
+network_config_dir = "$PODMAN_HOME/networks"
 EOF
-  cat >"$RUN_DIR/storage.conf" <<EOF
+  cat >"$1/storage.conf" <<EOF
 [storage]
 driver = "overlay"
 graphroot = "$PODMAN_HOME/storage"
 runroot = "$RUN_DIR/storage"
 EOF
+}
+
+# podman_env DIR: podman's settings and storage under DIR (PODMAN_HOME), its run-time dir (RUN_DIR),
+# exported for every podman call that follows; waits (bounded) for another script using DIR.
+podman_env() {
+  podman_paths "$1"
+  exec 9>"$PODMAN_HOME/lock"
+  if ! flock -n 9; then
+    echo "waiting (up to ${PODMAN_LOCK_WAIT:-3600} s) for another script using $PODMAN_HOME"
+    flock -w "${PODMAN_LOCK_WAIT:-3600}" 9 || podman_die "$PODMAN_HOME is still in use; giving up"
+  fi
+  mkdir -p "$RUN_DIR/tmp"
+  podman_write_conf "$RUN_DIR" "$RUN_DIR/events.log"
   export CONTAINERS_CONF="$RUN_DIR/containers.conf" CONTAINERS_STORAGE_CONF="$RUN_DIR/storage.conf"
   export TMPDIR="$RUN_DIR/tmp"
   # What podman leaves outside its own dirs: /var/lib/containers/cache and empty libpod_parent
@@ -86,9 +104,25 @@ EOF
   trap podman_cleanup EXIT
 }
 
+# podman_env_lines DIR: the `export` lines that give a shell the settings podman_env gives the scripts,
+# for the same storage, from files kept with it ($PODMAN_HOME/env: they outlive a script's run, whose
+# run-time dir its exit removes). Takes no lock and removes nothing.
+podman_env_lines() {
+  podman_paths "$1"
+  local conf="$PODMAN_HOME/env"
+  mkdir -p "$conf/tmp"
+  podman_write_conf "$conf" "$conf/events.log"
+  printf 'export CONTAINERS_CONF=%q\n' "$conf/containers.conf"
+  printf 'export CONTAINERS_STORAGE_CONF=%q\n' "$conf/storage.conf"
+  printf 'export TMPDIR=%q\n' "$conf/tmp"
+}
+
 # The EXIT trap podman_env sets: removes this storage's containers and what podman left behind.
 podman_cleanup() {
   podman rm --all --force --time 3 >/dev/null 2>&1 || true
+  # the private networks of several-host jobs (the label of sagemaker_dist/local/launchers/cluster_plan.py)
+  podman network ls --quiet --filter label=sagemaker-dist.cluster 2>/dev/null \
+    | xargs -r podman network rm --force >/dev/null 2>&1 || true
   while read -r _ mountpoint _; do
     case "$mountpoint" in "$RUN_DIR"/*) umount -l "$mountpoint" 2>/dev/null || true ;; esac
   done </proc/mounts
