@@ -14,7 +14,13 @@ from helpers.runtime_helpers import write_opt_ml
 
 from sagemaker_dist.contract.layout import plan_layout
 from sagemaker_dist.runtime.config import ROOT_ENV, ContainerConfig
-from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo, check_rank_channels
+from sagemaker_dist.runtime.ranks import (
+    HorovodWorldError,
+    RankChannelError,
+    RankInfo,
+    check_horovod_world,
+    check_rank_channels,
+)
 
 OMPI = (
     "OMPI_COMM_WORLD_RANK",
@@ -183,3 +189,73 @@ def test_mismatch_under_horovodrun_fails_fast_instead_of_stalling(tmp_path):
     assert "expected channel 'train_0'" in output or "expected channel 'train_1'" in output
     assert "has 3 train channel(s) (train_0, train_1, train_2)" in output
     assert elapsed < 10, f"took {elapsed:.1f} s"
+
+
+REBUILD = (
+    r"HOROVOD_WITH_MPI=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 pip install --no-build-isolation "
+    r"--no-cache-dir --force-reinstall --no-deps horovod==0\.28\.1, or run scripts/setup\.sh"
+)
+
+
+def test_a_horovod_without_mpi_under_mpirun_is_named_not_the_layout():
+    mpirun = {"OMPI_COMM_WORLD_SIZE": "2"}
+    for mpi_built, known in ((False, r" \(horovod\.tensorflow\.mpi_built\(\) is False\)"), (None, "")):
+        with pytest.raises(
+            HorovodWorldError,
+            match=r"^mpirun started 2 processes \(OMPI_COMM_WORLD_SIZE=2\), but Horovod initialised a world "
+            rf"of 1: this Horovod was built without MPI{known}, so under mpirun each process starts a world "
+            rf"of its own and trains alone\. To fix it, rebuild Horovod with Open MPI's headers "
+            rf"present.*{REBUILD}",
+        ):
+            check_horovod_world(mpirun, 1, mpi_built=mpi_built)
+    check_horovod_world(mpirun, 2, mpi_built=False)  # the world mpirun started
+    check_horovod_world({}, 1, mpi_built=False)  # not under mpirun
+    check_horovod_world({"OMPI_COMM_WORLD_SIZE": "x"}, 1)  # not a size: the rank variables' check says so
+    check_horovod_world(mpirun, 1, mpi_built=True, mpi_enabled=True)  # MPI's own smaller communicator
+    with pytest.raises(
+        HorovodWorldError, match=r"has MPI but runs on Gloo \(HOROVOD_CONTROLLER=gloo\).*Unset"
+    ):
+        check_horovod_world({**mpirun, "HOROVOD_CONTROLLER": "gloo"}, 1, mpi_built=True, mpi_enabled=False)
+
+
+# Under mpirun, a Horovod that does not run on MPI makes every process a world of one. Horovod's Gloo
+# controller does that to an MPI build as a build without MPI does, so it stands in for one here.
+SETUP_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import tensorflow as tf
+    from sagemaker_dist.runtime import horovod_keras, rank_dataset
+    try:
+        horovod_keras.setup(tf.keras.optimizers.legacy.SGD, learning_rate=0.1, batch_size=4)
+        rank_dataset("train", "TFRecord")  # where the layout used to be blamed
+    except ValueError as exc:
+        print(f"FAILED {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    """
+)
+
+
+@pytest.mark.horovod
+@pytest.mark.tensorflow
+def test_ranks_of_one_under_mpirun_are_blamed_on_horovod_not_on_the_layout(tmp_path):
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        pytest.skip("mpirun not installed (Open MPI)")
+    write_opt_ml(tmp_path, ["train_0", "train_1"], layout=plan_layout(1, 2))
+    (tmp_path / "script.py").write_text(SETUP_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k not in OMPI + HVD}
+    env.update({ROOT_ENV: str(tmp_path), "TF_CPP_MIN_LOG_LEVEL": "3"})
+    command = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", ROOT_ENV]
+    command += ["-x", "HOROVOD_CONTROLLER=gloo", "-x", "HOROVOD_CPU_OPERATIONS=gloo"]
+    result = subprocess.run(
+        [*command, sys.executable, str(tmp_path / "script.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "FAILED HorovodWorldError: mpirun started 2 processes (OMPI_COMM_WORLD_SIZE=2), but Horovod " \
+        "initialised a world of 1" in output  # fmt: skip
+    assert "Launch with as many processes per host" not in output

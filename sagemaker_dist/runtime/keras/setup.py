@@ -31,6 +31,7 @@ from sagemaker_dist.runtime.keras.preflight import (
 )
 from sagemaker_dist.runtime.keras.steps import agree_on_steps, exact_epoch
 from sagemaker_dist.runtime.keras.surface import FitSurface
+from sagemaker_dist.runtime.ranks import check_initialised_horovod
 from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
 
 log = logging.getLogger(__name__)
@@ -149,6 +150,7 @@ def _start(args: SetupArguments) -> HorovodKeras:
     from sagemaker_dist.runtime.keras import callbacks as keras_callbacks  # loads TensorFlow's Keras
 
     hvd.init()
+    check_initialised_horovod(hvd)  # a Horovod without MPI under mpirun: every process a world of one
     rank, local_rank, size, local_size = hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size()
     records, val_records = check_world(args, rank, size)  # Horovod's numbers: any launcher, no collective
     gpu = pin_gpu(local_rank, local_size) if args.pin_gpus else None
