@@ -7,6 +7,7 @@ from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
 from sagemaker_dist.cli import add_distribution_argument
+from sagemaker_dist.contract.layout import TF_MWMS
 from sagemaker_dist.contract.toolkit import DEFAULT_TOOLKIT_VERSION
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.defaults import LOCAL_INSTANCE_TYPE, LOCAL_ROLE
@@ -62,7 +63,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "--processes-per-host",
         type=int,
-        help="ranks per simulated host (default 1; 2 with --launcher toolkit or container)",
+        help="ranks per simulated host (default 1; 2 with --launcher toolkit or container, for Horovod)",
     )
     p.add_argument("--input-mode", choices=("Pipe", "File"), help="default Pipe")
     add_distribution_argument(p)
@@ -82,7 +83,8 @@ def register(subparsers) -> None:
         help="horovodrun (Gloo) or mpirun: our rank entry sets up each rank; toolkit: AWS's "
         "sagemaker-training entry point runs the host as in the TF DLC and starts mpirun itself "
         "(root, one host; needs the container environment, see --container-python); container: the "
-        "training image runs the host as on SageMaker, podman run IMAGE train (one host; see --image)",
+        "training image runs each host as on SageMaker, podman run IMAGE train (see --image); several "
+        "hosts are one container each on a private podman network, with SSH between them",
     )
     p.add_argument(
         "--image",
@@ -244,9 +246,12 @@ def run_local_command(args) -> int:
     if args.request:  # before any endpoint starts: a bad file or option fails at once
         _check_request_options(args)
         request = read_request(args.request)
-    # the toolkit and container launchers simulate one host, so its ranks are processes of that host
+    # the toolkit and container launchers default to one host, so its ranks are processes of that host;
+    # a tf-mwms job has one worker per host
     one_host = args.launcher in TOOLKIT_HOST_LAUNCHERS
     default_hosts, default_per_host = (1, 2) if one_host else (2, 1)
+    if args.distribution == TF_MWMS:
+        default_per_host = 1
     hosts = default_hosts if args.hosts is None else args.hosts
     per_host = default_per_host if args.processes_per_host is None else args.processes_per_host
     input_mode = args.input_mode or "Pipe"

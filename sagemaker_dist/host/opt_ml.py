@@ -61,8 +61,11 @@ def build_host_trees(
     job_name: str = "local-job",
     environment: dict | None = None,
     checkpoint_local_path: str | None = None,
+    network_interface_name: str = "lo",
 ) -> list[HostTree]:
-    """Create ``base_dir/algo-N`` trees with the three config files and return them with their env."""
+    """Create ``base_dir/algo-N`` trees with the three config files and return them with their env.
+    ``network_interface_name``: the interface the hosts reach each other on, which the toolkit gives
+    mpirun (``lo`` where they all run on this machine's loopback)."""
     names = host_names(hosts)
     hps = hp.encode_all(hyperparameters)
     data_config = input_data_config(channels, default_mode)
@@ -83,7 +86,7 @@ def build_host_trees(
         resource = {
             "current_host": name,
             "hosts": names,
-            "network_interface_name": "lo",
+            "network_interface_name": network_interface_name,
             "current_instance_type": instance_type,
             "current_group_name": "homogeneousCluster",
             "instance_groups": [
@@ -103,7 +106,7 @@ def build_host_trees(
     return trees
 
 
-def host_trees_for(job, base_dir: Path) -> list[HostTree]:
+def host_trees_for(job, base_dir: Path, network_interface_name: str = "lo") -> list[HostTree]:
     """Every host's tree for ``job`` (a ``JobSpec``), read from its request as SageMaker reads it: one
     reading for local mode and the platforms' pipe agent."""
     request = job.request
@@ -117,6 +120,7 @@ def host_trees_for(job, base_dir: Path) -> list[HostTree]:
         job_name=job.name,
         environment=request.get("Environment"),
         checkpoint_local_path=(request.get("CheckpointConfig") or {}).get("LocalPath"),
+        network_interface_name=network_interface_name,
     )
 
 

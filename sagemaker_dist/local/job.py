@@ -39,6 +39,8 @@ from sagemaker_dist.local.launchers import (
     TOOLKIT,
     TOOLKIT_HOST_LAUNCHERS,
 )
+from sagemaker_dist.local.launchers.cluster import check_cluster_endpoint, cluster_group, supervise_cluster
+from sagemaker_dist.local.launchers.cluster_plan import INTERFACE
 from sagemaker_dist.local.launchers.container import (
     ContainerGroup,
     check_container_image,
@@ -98,15 +100,18 @@ def run_local(
     started = time.monotonic()
     job = JobSpec.from_request(request, timeout, toolkit_version)
     launcher = _launcher_for(job, launcher)
+    cluster = launcher == CONTAINER and job.hosts > 1  # one container per host on a network of its own
     if launcher in TOOLKIT_HOST_LAUNCHERS:
         horovod = job.distribution == HOROVOD  # the toolkit's mpirun then needs Horovod with MPI
         container = check_toolkit_host(container_python, horovod=horovod) if launcher == TOOLKIT else None
         image = check_container_image(image) if launcher == CONTAINER else None
-        if job.hosts != 1:
+        if cluster:
+            check_cluster_endpoint(os.environ)
+        elif job.hosts != 1:
             raise LocalJobError(
                 f"launcher {launcher!r} simulates one host (its ranks started by the toolkit's mpirun); this "
-                f"job has {job.hosts}. Use --instance-count 1 with --processes-per-host for the ranks, or "
-                "launcher 'horovodrun' or 'mpirun' for several hosts"
+                f"job has {job.hosts}. Use --instance-count 1 with --processes-per-host for the ranks, "
+                "launcher 'container' (the image, one container per host), or 'horovodrun' or 'mpirun'"
             )
     else:
         command = rank_command(launcher, job.world, python=str(container_python or sys.executable))
@@ -118,12 +123,16 @@ def run_local(
         code_dir = fetch_source_dir(source_dir, job.hyperparameters, work, client)
         if not (code_dir / job.entry_point).is_file():
             raise LocalJobError(f"entry script {job.entry_point!r} is not in the source dir {code_dir}")
-        trees, ckpt = _host_trees(stack, job, work, client, echo)
+        trees, ckpt = _host_trees(stack, job, work, client, echo, INTERFACE if cluster else "lo")
         stop, feed_errors, feeds = threading.Event(), [], []
         stack.callback(close_feeds, feeds)  # after stop is set (LIFO): the feeders see it and end
         stack.callback(stop.set)
         feeds += open_feeds(job.specs, trees, client, stop, feed_errors.append, echo)
-        if launcher in TOOLKIT_HOST_LAUNCHERS:
+        if cluster:
+            source = code_dir if source_dir else None
+            group = cluster_group(stack, job, trees, source, work, extra_env, echo, image)
+            command = group.command
+        elif launcher in TOOLKIT_HOST_LAUNCHERS:
             group = _toolkit_group(
                 job, trees, code_dir if source_dir else None, work, container, extra_env, echo, image
             )
@@ -144,7 +153,10 @@ def run_local(
         launch_time = time.monotonic()
         ckpt.start()
         group.start()
-        failure = supervise(group, feed_errors, trees, job.processes_per_host, started, job.timeout)
+        if cluster:
+            failure = supervise_cluster(group, feed_errors, started, job.timeout)
+        else:
+            failure = supervise(group, feed_errors, trees, job.processes_per_host, started, job.timeout)
         group.finish_output()
         if launcher in TOOLKIT_HOST_LAUNCHERS:
             failure = blame_the_rank_that_raised(failure, group, trees, job.processes_per_host)
@@ -183,10 +195,10 @@ def _work_dir(stack: ExitStack, work_dir, job_name: str, keep: bool) -> Path:
     return work
 
 
-def _host_trees(stack: ExitStack, job: JobSpec, work: Path, client, echo):
+def _host_trees(stack: ExitStack, job: JobSpec, work: Path, client, echo, interface: str):
     """The /opt/ml tree of each simulated host, with its checkpoints restored from S3 (and synced back)."""
     ckpt_cfg = job.request.get("CheckpointConfig") or {}
-    trees = host_trees_for(job, work / "hosts")
+    trees = host_trees_for(job, work / "hosts", interface)
     local_dirs = [t.checkpoint_path(ckpt_cfg.get("LocalPath")) for t in trees]
     ckpt = stack.enter_context(CheckpointSync(ckpt_cfg.get("S3Uri"), local_dirs, client))
     restored = ckpt.restore()

@@ -125,6 +125,12 @@ def split_inner_tags(rank: int, text: str) -> list[tuple[int, str]]:
     return kept or [(rank, "")]
 
 
+def mpi_tagged_lines(line: str) -> list[tuple[int, str]] | None:
+    """A line of mpirun --tag-output as (rank, text) pairs (``split_inner_tags``); None when untagged."""
+    match = _MPI_TAG.match(line)
+    return split_inner_tags(int(match.group(1)), match.group(3)) if match else None
+
+
 class HorovodProbeError(LaunchError):
     """Whether a Python's Horovod was built with MPI could not be told (no Horovod, a broken build)."""
 
