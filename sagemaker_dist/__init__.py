@@ -50,8 +50,8 @@ _EXPORTS = {
     "dlc_tensorflow_image_uri": "launch.images",
     # hyperparameter tuning (SageMaker: est.tune; this machine: sagemaker-dist tune --local)
     "TuningSpec": "launch.tuning",
-    "ParamRange": "launch.tuning",
-    "TuningError": "launch.tuning",
+    "ParamRange": "launch.tuning_ranges",
+    "TuningError": "launch.tuning_ranges",
     "TuningJobHandle": "launch.tuning_job",
     "TuningJobFailed": "launch.tuning_job",
     "TrialSummary": "launch.tuning_job",

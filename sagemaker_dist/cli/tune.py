@@ -86,7 +86,8 @@ def _mode_args(mode: str, extra: list[str]) -> argparse.Namespace:
 
 def _spec(args, drop_metrics: bool = False):
     from sagemaker_dist.contract.metric_line import DEFAULT_METRICS
-    from sagemaker_dist.launch.tuning import TuningSpec, parse_range_option
+    from sagemaker_dist.launch.tuning import TuningSpec
+    from sagemaker_dist.launch.tuning_ranges import parse_range_option
 
     warm = {"parents": args.warm_start, "type": args.warm_start_type} if args.warm_start else None
     return TuningSpec.build(
@@ -182,8 +183,8 @@ def _local(args, job, spec) -> int:
     from sagemaker_dist.launch.tuning import (
         default_tuning_job_name,
         render_tuning_request,
-        validate_tuning_request,
     )
+    from sagemaker_dist.launch.tuning_validation import validate_tuning_request
     from sagemaker_dist.local.demo import DEMO_BUCKET, DEMO_JOB_DIR, prepare_demo_job
     from sagemaker_dist.local.launchers import TOOLKIT_HOST_LAUNCHERS
     from sagemaker_dist.local.tuning import TrialRunner, _optuna, run_local_tuning
@@ -267,17 +268,17 @@ def _k8s(args, job, spec) -> int:
     from sagemaker_dist.launch.tuning import (
         render_tuning_request,
         trial_training_request,
-        validate_tuning_request,
     )
+    from sagemaker_dist.launch.tuning_validation import validate_tuning_request
     from sagemaker_dist.platforms.k8s_mpijob import MPIJobOptions, to_yaml
     from sagemaker_dist.platforms.katib import (
         ExperimentOptions,
         KatibError,
         check_experiment_spec,
-        experiment_problems,
         katib_setup_documents,
         plan_experiment,
     )
+    from sagemaker_dist.platforms.katib_rules import experiment_problems
     from sagemaker_dist.platforms.node_plan import ranks_per_node
 
     request = None

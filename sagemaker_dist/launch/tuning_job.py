@@ -18,13 +18,13 @@ from sagemaker_dist.errors import JobFailedError
 from sagemaker_dist.launch.aws import _is_not_found, aws_error
 from sagemaker_dist.launch.backends import SageMakerBackend
 from sagemaker_dist.launch.tuning import (
-    TuningError,
     TuningSpec,
     check_tuning_job_name,
     default_tuning_job_name,
     render_tuning_request,
-    validate_tuning_request,
 )
+from sagemaker_dist.launch.tuning_ranges import TuningError
+from sagemaker_dist.launch.tuning_validation import validate_tuning_request
 
 if TYPE_CHECKING:
     from sagemaker_dist.launch.estimator import DistributedEstimator

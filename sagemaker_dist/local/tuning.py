@@ -31,13 +31,8 @@ from pathlib import Path
 
 from sagemaker_dist.contract.metric_line import read_metrics
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.launch.tuning import (
-    CATEGORICAL,
-    INTEGER,
-    TuningSpec,
-    format_number,
-    trial_training_request,
-)
+from sagemaker_dist.launch.tuning import TuningSpec, trial_training_request
+from sagemaker_dist.launch.tuning_ranges import CATEGORICAL, INTEGER, format_number
 
 RANK0_PREFIX = "[rank 0 "  # local mode prints each rank's line as "[rank 0 algo-1] text"
 STOP_GRACE_S = 30.0  # after SIGTERM: time a stopped trial's job gets to clean up before SIGKILL

@@ -22,15 +22,10 @@ from sagemaker_dist.launch.estimator import DistributedEstimator
 from sagemaker_dist.launch.request_validation import service_model_problems, validate_request
 from sagemaker_dist.launch.tuning import (
     TUNING_OBJECTIVE_HYPERPARAMETER,
-    TuningError,
-    TuningRequestError,
     TuningSpec,
     default_tuning_job_name,
-    parse_range_option,
     render_tuning_request,
-    to_range,
     trial_training_request,
-    validate_tuning_request,
 )
 from sagemaker_dist.launch.tuning_job import (
     TrialSummary,
@@ -38,6 +33,8 @@ from sagemaker_dist.launch.tuning_job import (
     draft_tuning_request,
     trial_table,
 )
+from sagemaker_dist.launch.tuning_ranges import TuningError, parse_range_option, to_range
+from sagemaker_dist.launch.tuning_validation import TuningRequestError, validate_tuning_request
 
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/sagemaker-dist:0.1.0"
 ROLE_ARN = "arn:aws:iam::123456789012:role/SageMakerRole"

@@ -6,7 +6,7 @@ Sources (kubeflow/katib v0.19.0, commit 578e60f1ce83dbb5e7151026a3bdc4de233947fc
 ``fixtures/katib_v1beta1_swagger.json`` is ``pkg/apis/v1beta1/swagger.json`` as is (the Experiment's
 definitions; the Kubernetes ones it refers to are stood in for below), ``fixtures/katib_config_v0.19.0.yaml``
 is ``manifests/v1beta1/installs/katib-standalone/katib-config.yaml``. The webhook's rules
-(``pkg/webhook/v1beta1/experiment/validator/validator.go``) are ``platforms.katib.experiment_problems``.
+(``pkg/webhook/v1beta1/experiment/validator/validator.go``) are ``platforms.katib_rules.experiment_problems``.
 The CRD's own YAML preserves unknown fields and checks nothing, so it is not used.
 """
 
@@ -31,10 +31,10 @@ from sagemaker_dist.platforms.katib import (
     MPIJOB_V2_RESOURCE,
     KatibError,
     check_experiment_spec,
-    experiment_problems,
     katib_config,
     katib_setup_documents,
 )
+from sagemaker_dist.platforms.katib_rules import experiment_problems
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CLI = [sys.executable, "-m", "sagemaker_dist.cli", "tune", "--k8s"]
