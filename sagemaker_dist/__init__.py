@@ -39,7 +39,7 @@ _EXPORTS = {
     "ShardSet": "launch.shard_writer",
     # launching
     "DistributedEstimator": "launch.estimator",
-    "PreparedJob": "launch.estimator",
+    "PreparedJob": "launch.backends",
     "ChannelSource": "launch.inputs",
     "SageMakerBackend": "launch.backends",
     "TrainingJobHandle": "launch.training_job",

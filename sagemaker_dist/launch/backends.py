@@ -8,13 +8,30 @@ runs it on this machine. The estimator only knows the protocol, so it never impo
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
+from sagemaker_dist.contract.layout import ChannelLayout
 from sagemaker_dist.launch.aws import create_training_job, with_sdk_config_defaults
+from sagemaker_dist.launch.source_package import SourcePackage
 from sagemaker_dist.launch.training_job import TrainingJobHandle
 
-if TYPE_CHECKING:
-    from sagemaker_dist.launch.estimator import PreparedJob
+
+@dataclass(frozen=True)
+class PreparedJob:
+    """What ``prepare`` produced: the validated request, the layout and the uploaded source package.
+
+    ``source.path`` was a temporary file and is gone; the tarball lives at the request's
+    ``sagemaker_submit_directory``.
+    """
+
+    request: dict
+    layout: ChannelLayout
+    source: SourcePackage
+
+    @property
+    def job_name(self) -> str:
+        return self.request["TrainingJobName"]
 
 
 class TrainingBackend(Protocol):

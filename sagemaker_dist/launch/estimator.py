@@ -10,12 +10,10 @@ with ``backend=LocalBackend()`` (``sagemaker_dist.LocalBackend``), this machine.
 
 from __future__ import annotations
 
-import re
 import tempfile
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
-from datetime import datetime, timezone
 
 import boto3
 
@@ -36,10 +34,10 @@ from sagemaker_dist.contract.toolkit import (
     ToolkitArgumentWarning,
     changed_hyperparameters,
 )
-from sagemaker_dist.launch.aws import AwsRequestError, check_job_name_free, role_arn  # noqa: F401 - API
-from sagemaker_dist.launch.backends import SageMakerBackend, TrainingBackend
+from sagemaker_dist.launch.aws import check_job_name_free, role_arn
+from sagemaker_dist.launch.backends import PreparedJob, SageMakerBackend, TrainingBackend
 from sagemaker_dist.launch.images import MWMS_DLC, container_image_uri, dlc_tensorflow_image_uri
-from sagemaker_dist.launch.inputs import (  # noqa: F401 - ChannelSource is part of the API
+from sagemaker_dist.launch.inputs import (
     ChannelSource,
     EstimatorError,
     JobInputs,
@@ -52,12 +50,13 @@ from sagemaker_dist.launch.request import (
     ResolvedNames,
     check_distribution_options,
     check_mpi_options,
+    default_job_name,
     framework_hyperparameters,
     render_request,
     tags_list,
     user_hyperparameters,
 )
-from sagemaker_dist.launch.request_validation import MAX_JOB_NAME, validate_request
+from sagemaker_dist.launch.request_validation import validate_request
 from sagemaker_dist.launch.s3_objects import s3_client
 from sagemaker_dist.launch.source_package import (
     MAX_SOURCE_BYTES,
@@ -71,31 +70,6 @@ from sagemaker_dist.launch.staging import plan_role_shards
 
 _PLACEHOLDER_ACCOUNT = "000000000000"
 _PLACEHOLDER_OUTPUT = "s3://output-bucket-not-yet-resolved"
-
-
-@dataclass(frozen=True)
-class PreparedJob:
-    """What ``prepare`` produced: the validated request, the layout and the uploaded source package.
-
-    ``source.path`` was a temporary file and is gone; the tarball lives at the request's
-    ``sagemaker_submit_directory``.
-    """
-
-    request: dict
-    layout: ChannelLayout
-    source: SourcePackage
-
-    @property
-    def job_name(self) -> str:
-        return self.request["TrainingJobName"]
-
-
-def default_job_name(base: str, now: datetime | None = None) -> str:
-    """``base-YYYYmmdd-HHMMSS-mmm``, with ``base`` cut so the whole stays within 63 characters."""
-    now = now or datetime.now(timezone.utc)
-    stamp = now.strftime("%Y%m%d-%H%M%S-") + f"{now.microsecond // 1000:03d}"
-    base = re.sub(r"[^A-Za-z0-9-]", "-", base)[: MAX_JOB_NAME - len(stamp) - 1].strip("-") or "job"
-    return f"{base}-{stamp}"
 
 
 @dataclass

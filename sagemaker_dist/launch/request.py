@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,7 @@ from sagemaker_dist.contract.paths import (
 )
 from sagemaker_dist.contract.s3_uri import join_s3
 from sagemaker_dist.launch.inputs import ChannelSource, EstimatorError, JobInputs
+from sagemaker_dist.launch.request_validation import MAX_JOB_NAME
 from sagemaker_dist.launch.source_package import TARBALL_NAME
 
 if TYPE_CHECKING:
@@ -257,3 +259,11 @@ def _add_optional(request: dict, est: DistributedEstimator, names: ResolvedNames
         request["Tags"] = est.tags
     if est.environment:
         request["Environment"] = dict(est.environment)
+
+
+def default_job_name(base: str, now: datetime | None = None) -> str:
+    """``base-YYYYmmdd-HHMMSS-mmm``, with ``base`` cut so the whole stays within 63 characters."""
+    now = now or datetime.now(timezone.utc)
+    stamp = now.strftime("%Y%m%d-%H%M%S-") + f"{now.microsecond // 1000:03d}"
+    base = re.sub(r"[^A-Za-z0-9-]", "-", base)[: MAX_JOB_NAME - len(stamp) - 1].strip("-") or "job"
+    return f"{base}-{stamp}"

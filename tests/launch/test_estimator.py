@@ -12,11 +12,11 @@ import pytest
 
 from sagemaker_dist.contract.layout import ChannelLayout, LayoutError
 from sagemaker_dist.launch.aws import role_arn, sdk_channels, with_sdk_config_defaults
-from sagemaker_dist.launch.estimator import DistributedEstimator, default_job_name
+from sagemaker_dist.launch.estimator import DistributedEstimator
 from sagemaker_dist.launch.images import ImageError, container_image_uri, dlc_tensorflow_image_uri
 from sagemaker_dist.launch.inputs import ChannelSource, EstimatorError
 from sagemaker_dist.launch.instances import ProcessesPerHostError, UnknownInstanceTypeError
-from sagemaker_dist.launch.request import DEFAULT_MPI_OPTIONS
+from sagemaker_dist.launch.request import DEFAULT_MPI_OPTIONS, default_job_name
 from sagemaker_dist.launch.request_validation import RequestValidationError
 from sagemaker_dist.launch.sharding import NotEnoughObjectsError
 from sagemaker_dist.launch.source_package import SourcePackageError
