@@ -1,10 +1,12 @@
 """Rank-0 checkpoints in ``<root>/checkpoints`` (which SageMaker syncs to S3) and resume from the newest.
 
-Each checkpoint is a directory ``epoch-NNNNN`` (NNNNN = epochs completed) holding a TensorFlow checkpoint
-of the model and optimizer plus ``meta.json`` listing every file and its size. It is written under a
-``.tmp-*`` name and renamed into place, so a crash or a half-synced S3 copy never looks complete: a
-checkpoint counts only if its ``meta.json`` parses and every listed file has the listed size. The files,
-the temporary directory and, after the rename, the checkpoint directory are fsynced, so after a crash
+Each checkpoint is a directory ``epoch-NNNNN`` (NNNNN = epochs completed), or ``epoch-NNNNN-step-SSSSSS``
+for one written inside epoch NNNNN after SSSSSS of its steps (a stop, or a periodic step checkpoint),
+holding a TensorFlow checkpoint of the model and optimizer plus ``meta.json`` listing every file and
+its size. It is written under a ``.tmp-*`` name and renamed into place, so a crash or a half-synced
+S3 copy never looks complete: a checkpoint counts only if its ``meta.json`` parses and every listed
+file has the listed size. The files, the temporary directory and, after the rename, the checkpoint
+directory are fsynced, so after a crash
 of the host the rename is either there with its files or not there at all. Only rank 0 writes; at
 start-up rank 0 picks the newest complete checkpoint and broadcasts its epoch so every rank passes
 the same ``initial_epoch`` to ``fit`` (the weights follow through the usual Horovod broadcast).
@@ -27,7 +29,7 @@ import socket
 import tempfile
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sagemaker_dist.contract.paths import OptMl, opt_ml_root
@@ -38,7 +40,7 @@ log = logging.getLogger(__name__)
 META_FILE = "meta.json"
 TF_PREFIX = "ckpt"
 FORMAT_VERSION = 1
-_NAME_RE = re.compile(r"^epoch-(\d{5,})$")
+_NAME_RE = re.compile(r"^epoch-(\d{5,})(?:-step-(\d{6,}))?$")
 
 
 class CheckpointMismatchError(ConfigurationError):
@@ -47,10 +49,18 @@ class CheckpointMismatchError(ConfigurationError):
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A complete checkpoint: ``epoch`` epochs were done when it was written."""
+    """A complete checkpoint: ``epoch`` epochs and ``step`` steps of the next one were done when it was
+    written; ``meta`` is its ``meta.json`` (a stop's adds ``records_consumed``, per rank)."""
 
     epoch: int
     path: Path
+    step: int = 0
+    meta: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """``(epoch, step)``: what orders checkpoints, newest last."""
+        return self.epoch, self.step
 
     @property
     def tf_prefix(self) -> str:
@@ -71,9 +81,10 @@ def _complete(path: Path) -> Checkpoint | None:
         meta = json.loads((path / META_FILE).read_text())
         files = meta["files"]
         epoch = int(meta["epoch"])
+        step = int(meta.get("step", 0))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if epoch != int(match.group(1)) or not files:
+    if epoch != int(match.group(1)) or step != int(match.group(2) or 0) or not files:
         return None
     for name, size in files.items():
         try:
@@ -81,7 +92,12 @@ def _complete(path: Path) -> Checkpoint | None:
                 return None
         except OSError:
             return None
-    return Checkpoint(epoch=epoch, path=path)
+    return Checkpoint(epoch=epoch, path=path, step=step, meta=meta)
+
+
+def checkpoint_name(epoch: int, step: int = 0) -> str:
+    """``epoch-NNNNN`` after whole epochs, ``epoch-NNNNN-step-SSSSSS`` inside one."""
+    return f"epoch-{epoch:05d}" + (f"-step-{step:06d}" if step else "")
 
 
 def list_checkpoints(directory: str | os.PathLike) -> list[Checkpoint]:
@@ -90,7 +106,7 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Checkpoint]:
     if not directory.is_dir():
         return []
     found = [c for c in (_complete(p) for p in directory.iterdir()) if c is not None]
-    return sorted(found, key=lambda c: c.epoch)
+    return sorted(found, key=lambda c: c.position)
 
 
 def latest_checkpoint(directory: str | os.PathLike) -> Checkpoint | None:
@@ -116,15 +132,24 @@ def _fsync_dir(path: Path) -> None:
 
 
 def save_checkpoint(
-    model, directory: str | os.PathLike, epoch: int, *, optimizer=None, keep: int | None = 3, rank: int = 0
+    model,
+    directory: str | os.PathLike,
+    epoch: int,
+    *,
+    optimizer=None,
+    keep: int | None = 3,
+    rank: int = 0,
+    step: int = 0,
+    extra: dict | None = None,
 ) -> Checkpoint:
-    """Write model (and optimizer) state for ``epoch`` completed epochs atomically; prune to ``keep``.
-    ``rank`` is recorded in ``meta.json`` so a run can be audited for rank-0-only writes."""
+    """Write model (and optimizer) state for ``epoch`` completed epochs (and ``step`` steps of the next)
+    atomically; prune to ``keep``. ``rank`` is recorded in ``meta.json`` so a run can be audited for
+    rank-0-only writes; ``extra`` goes into it as well (a stop's records consumed per rank)."""
     import tensorflow as tf
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    final = directory / f"epoch-{epoch:05d}"
+    final = directory / checkpoint_name(epoch, step)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=directory))
     try:
         optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
@@ -132,8 +157,10 @@ def save_checkpoint(
         tf.train.Checkpoint(**trackables).write(str(tmp / TF_PREFIX))
         files = {p.name: p.stat().st_size for p in tmp.iterdir()}
         meta = {
+            **(extra or {}),
             "format": FORMAT_VERSION,
             "epoch": epoch,
+            "step": step,
             "files": files,
             "written_at": time.time(),
             "host": socket.gethostname(),
@@ -156,8 +183,8 @@ def save_checkpoint(
     if keep is not None and keep > 0:
         for old_ckpt in list_checkpoints(directory)[:-keep]:
             shutil.rmtree(old_ckpt.path, ignore_errors=True)
-    log.info("checkpoint for epoch %d written to %s", epoch, final)
-    return Checkpoint(epoch=epoch, path=final)
+    log.info("checkpoint for epoch %d%s written to %s", epoch, f" step {step}" if step else "", final)
+    return Checkpoint(epoch=epoch, path=final, step=step, meta=meta)
 
 
 def restore_checkpoint(model, checkpoint: Checkpoint, *, optimizer=None) -> Restored:
@@ -174,7 +201,7 @@ def restore_checkpoint(model, checkpoint: Checkpoint, *, optimizer=None) -> Rest
         # read(), not restore(): save_checkpoint writes with write(), which keeps no save counter
         restored.status = tf.train.Checkpoint(**trackables).read(checkpoint.tf_prefix)
         restored.status.assert_existing_objects_matched()
-    log.info("resumed from %s (epoch %d)", checkpoint.path, checkpoint.epoch)
+    log.info("resumed from %s (epoch %d, step %d)", checkpoint.path, checkpoint.epoch, checkpoint.step)
     return restored
 
 
@@ -251,10 +278,17 @@ def _broadcast_from_rank0(value):
 def resume_point(directory: str | os.PathLike, *, rank: int) -> tuple[int, Checkpoint | None]:
     """``(initial_epoch, checkpoint)``: rank 0 picks the newest complete checkpoint and every rank gets
     its epoch (a collective when Horovod is initialised, so call it on all ranks). Other ranks get no
-    checkpoint: they receive rank 0's weights by broadcast."""
+    checkpoint: they receive rank 0's weights by broadcast. ``resume_position`` adds the step."""
+    (epoch, _), found = resume_position(directory, rank=rank)
+    return epoch, found
+
+
+def resume_position(directory: str | os.PathLike, *, rank: int) -> tuple[tuple[int, int], Checkpoint | None]:
+    """``((epoch, step), checkpoint)``: as ``resume_point``, with the steps of that epoch already done
+    (every rank skips that many batches of its first epoch); one broadcast."""
     found = latest_checkpoint(directory) if rank == 0 else None
-    epoch = _broadcast_from_rank0(found.epoch if found else 0)
-    return int(epoch), found
+    epoch, step = _broadcast_from_rank0(found.position if found else (0, 0))
+    return (int(epoch), int(step)), found
 
 
 def checkpoint_callback(

@@ -114,8 +114,21 @@ def keras3_epochs_of_any_length(original):
     return _enumerate_iterator
 
 
-def agreed_epoch(batches, what: str, hvd, reports: EpochReports):
-    """``batches`` ended at the step where the first rank runs out, the same step on every rank."""
+def skip_first_batches(batches, skip):
+    """``batches`` whose first iteration drops ``skip.take()`` batches (read, not trained): the steps
+    trained before a stop, skipped once after the resume (``stop.ResumeSkip``); later iterations skip 0."""
+    import tensorflow as tf
+
+    counts = tf.data.Dataset.range(1).map(lambda _: tf.reshape(tf.py_function(skip.take, [], tf.int64), []))
+    return counts.flat_map(lambda n: batches.skip(n))
+
+
+def agreed_epoch(batches, what: str, hvd, reports: EpochReports, stop=None):
+    """``batches`` ended at the step where the first rank runs out, the same step on every rank.
+
+    With ``stop`` (a ``stop.StopRequest``), the same allreduce also carries each rank's stop request
+    (min of ``[has, -wants]``): once any rank wants to stop, every rank trains that step and ends there,
+    its records per rank noted in ``stop.agreed``, with no collective after it."""
     import tensorflow as tf
 
     blank = blank_like(batches.element_spec)
@@ -132,11 +145,20 @@ def agreed_epoch(batches, what: str, hvd, reports: EpochReports):
     flagged = batches.map(has_batch)
     out_of_data = tf.data.Dataset.from_tensors((tf.constant(0, tf.int64), blank)).repeat()
     padded = flagged.concatenate(out_of_data)
+    zero = tf.constant(0, tf.int64)
+
+    def agree(has):
+        if stop is None:
+            return hvd.allreduce(has, op=hvd.Min, name=f"sagemaker_dist_{what}_has_batch"), zero
+        wants = tf.reshape(tf.py_function(stop.wanted, [], tf.int64), [])
+        both = hvd.allreduce(tf.stack([has, -wants]), op=hvd.Min, name=f"sagemaker_dist_{what}_has_or_stop")
+        return both[0], -both[1]
 
     def step(state, item):
-        steps, read = state
+        steps, read, stopped = state
         has, batch = item
-        everyone = hvd.allreduce(has, op=hvd.Min, name=f"sagemaker_dist_{what}_has_batch")
+        # after the agreed stop: end here, with no collective (every rank is at the same place)
+        everyone, stopping = tf.cond(stopped > 0, lambda: (zero, zero), lambda: agree(has))
         records = _records_in(batch) * has
 
         def report():  # every rank takes this branch at the same step: the allgather is safe
@@ -148,13 +170,23 @@ def agreed_epoch(batches, what: str, hvd, reports: EpochReports):
             reports.add(steps_done.numpy(), gathered.numpy())
             return 0
 
-        ended = tf.cond(everyone > 0, lambda: tf.constant(0, tf.int64), report)
-        with tf.control_dependencies([ended]):
-            state = (steps + everyone, read + records * everyone)
+        def note_stop():  # the same on every rank: the stop was agreed at this step
+            trained = tf.expand_dims(tf.reshape(read + records, [1]), 0)
+            gathered = hvd.allgather(trained, name=f"sagemaker_dist_{what}_stop_records")
+            return tf.py_function(_note_stop, [steps, gathered], tf.int64)
+
+        def _note_stop(index, gathered):
+            stop.note_agreed(index.numpy(), gathered.numpy().reshape(-1))
+            return 0
+
+        ended = tf.cond(tf.logical_and(everyone <= 0, stopped <= 0), report, lambda: tf.constant(0, tf.int64))
+        stop_now = everyone * stopping
+        noted = tf.cond(stop_now > 0, note_stop, lambda: tf.constant(0, tf.int64)) if stop else zero
+        with tf.control_dependencies([ended, noted]):
+            state = (steps + everyone, read + records * everyone, stop_now)
         return state, (everyone, batch)
 
-    zero = tf.constant(0, tf.int64)
-    agreed = padded.scan((zero, zero), step)
+    agreed = padded.scan((zero, zero, zero), step)
     # prefetch: the next step's agreement runs while this step trains (every rank still submits the
     # same collectives in the same order, and nothing is read past the agreed end)
     epoch = agreed.take_while(agreed_to_go_on).map(the_batch).prefetch(1)

@@ -44,6 +44,10 @@ class SetupArguments:
     root: str | os.PathLike | None = None
     pin_gpus: bool = True
     check_channels: bool = True
+    stop_on_sigterm: bool = True
+    checkpoint_every_steps: int | None = None
+    checkpoint_every_seconds: float | None = None
+    stop_grace: float = 100.0
 
     @property
     def validates(self) -> bool:
@@ -122,6 +126,11 @@ def _check_checkpoints(args: SetupArguments) -> None:
         raise TrainingSetupError(
             f"checkpoint_every={args.checkpoint_every!r}: give a whole number of epochs >= 1"
         )
+    _flag("stop_on_sigterm", args.stop_on_sigterm)
+    _whole("checkpoint_every_steps", args.checkpoint_every_steps, 1, "the steps between step checkpoints")
+    if args.checkpoint_every_seconds is not None:
+        _number("checkpoint_every_seconds", args.checkpoint_every_seconds, above=0, meaning="seconds")
+    _number("stop_grace", args.stop_grace, above=0, meaning="seconds from SIGTERM to a forced exit")
 
 
 def _check_tensorboard(args: SetupArguments) -> None:

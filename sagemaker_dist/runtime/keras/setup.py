@@ -18,7 +18,7 @@ from typing import Any
 
 from sagemaker_dist.contract.layout import HOROVOD
 from sagemaker_dist.runtime import checkpoints as ckpt
-from sagemaker_dist.runtime.keras.agreement import EpochReports, agreed_epoch
+from sagemaker_dist.runtime.keras.agreement import EpochReports, agreed_epoch, skip_first_batches
 from sagemaker_dist.runtime.keras.arguments import SetupArguments, check_arguments, check_world
 from sagemaker_dist.runtime.keras.gpu import pin_gpu
 from sagemaker_dist.runtime.keras.optimizer import build_scaled_optimizer
@@ -30,6 +30,7 @@ from sagemaker_dist.runtime.keras.preflight import (
     launched_world,
 )
 from sagemaker_dist.runtime.keras.steps import agree_on_steps, exact_epoch
+from sagemaker_dist.runtime.keras.stop import ResumeSkip, StepSchedule, StopRequest
 from sagemaker_dist.runtime.keras.surface import FitSurface
 from sagemaker_dist.runtime.ranks import check_initialised_horovod
 from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
@@ -64,6 +65,9 @@ class HorovodKeras(FitSurface):
     train_reports: EpochReports | None = None  # how each epoch ended, without counts
     validation_reports: EpochReports | None = None
     fit_window: FitWindow = field(default_factory=FitWindow, repr=False)  # Keras patched only in our fits
+    stop: StopRequest | None = None  # SIGTERM -> a stop every rank agrees on (agreed epochs only)
+    resume_step: int = 0  # steps of initial_epoch trained before the checkpoint resumed from
+    resume_skip: ResumeSkip | None = field(default=None, repr=False)
 
     def train_epoch(self, batches):
         """One epoch of this rank's train batches, ending at the same step on every rank.
@@ -76,6 +80,8 @@ class HorovodKeras(FitSurface):
         shorter than promised fails naming the rank. (A ``.repeat()``-ed Pipe dataset would read
         ahead into the next epoch's FIFO.)
         """
+        if self.resume_skip is not None and self.steps_per_epoch is None and self.size > 1:
+            batches = skip_first_batches(batches, self.resume_skip)  # trained before the stop
         return self._epoch(batches, self.steps_per_epoch, self.train_counts, "train")
 
     def validation_epoch(self, batches):
@@ -85,7 +91,8 @@ class HorovodKeras(FitSurface):
     def _epoch(self, batches, steps: int | None, counts: list[int] | None, what: str):
         if steps is None and self.size > 1:
             self.fit_window.handed_out()  # Keras would hold every epoch to the first one's length
-            return agreed_epoch(batches, what, self.hvd, getattr(self, f"{what}_reports"))
+            stop = self.stop if what == "train" else None
+            return agreed_epoch(batches, what, self.hvd, getattr(self, f"{what}_reports"), stop)
         return exact_epoch(
             batches,
             steps=steps,
@@ -116,6 +123,10 @@ def setup(
     root: str | os.PathLike | None = None,
     pin_gpus: bool = True,
     check_channels: bool = True,
+    stop_on_sigterm: bool = True,
+    checkpoint_every_steps: int | None = None,
+    checkpoint_every_seconds: float | None = None,
+    stop_grace: float = 100.0,
 ) -> HorovodKeras:
     """Initialise Horovod and return the optimizer, callbacks and step counts for ``model.fit``.
 
@@ -127,6 +138,12 @@ def setup(
     ``val_*`` (horovod#600). ``check_channels`` verifies this
     rank's channels before the first collective when the job carries a sagemaker-dist layout.
     Every argument is checked before Horovod starts; a bad one raises ``TrainingSetupError`` naming it.
+
+    Stops (``stop.py``; epochs without record counts on several ranks): SIGTERM on any rank stops every
+    rank after the same step, rank 0 checkpoints that step and ``fit`` raises ``TrainingStopped``;
+    ``stop_grace`` seconds after the signal a rank that could not stop exits anyway. Rank 0 also writes
+    a step checkpoint every ``checkpoint_every_steps`` steps and/or ``checkpoint_every_seconds``; a
+    resume from a step checkpoint skips the batches of that epoch every rank already trained.
     """
     args = SetupArguments(**locals())  # every parameter above, by name
     check_arguments(args)
@@ -162,7 +179,17 @@ def _start(args: SetupArguments) -> HorovodKeras:
     val_steps, val_counts = agree_on_steps(val_records, args.batch_size, "validation", hvd)
 
     ckpt_dir = ckpt.checkpoint_dir(args.root) if args.checkpoints else None
-    initial_epoch, resume_from = ckpt.resume_point(ckpt_dir, rank=rank) if ckpt_dir is not None else (0, None)
+    (initial_epoch, resume_step), resume_from = (
+        ckpt.resume_position(ckpt_dir, rank=rank) if ckpt_dir is not None else ((0, 0), None)
+    )
+    stoppable = steps is None and size > 1  # the per-step agreement carries the stop
+    if resume_step and not stoppable:
+        log.warning(
+            "checkpoint of epoch %d step %d: with record counts (or one rank) the epoch restarts from its "
+            "first step", initial_epoch + 1, resume_step,
+        )  # fmt: skip
+        resume_step = 0
+    stop = StopRequest(rank, args.stop_grace).install() if args.stop_on_sigterm and stoppable else None
     window = FitWindow()
     callbacks = [keras_callbacks.KerasPatchesWhileFitting(window)] + keras_callbacks.horovod_callbacks(
         rank=rank,
@@ -177,6 +204,8 @@ def _start(args: SetupArguments) -> HorovodKeras:
     tensorboard, syncer = keras_callbacks.tensorboard_callbacks(
         args.tensorboard_dir, args.tensorboard_s3_uri, args.tensorboard_interval, rank=rank
     )
+    if stoppable:
+        callbacks.append(_stop_callback(args, stop, rank, ckpt_dir, resume_step, resume_from, tensorboard))
     hv = HorovodKeras(
         rank=rank,
         local_rank=local_rank,
@@ -199,17 +228,45 @@ def _start(args: SetupArguments) -> HorovodKeras:
         train_reports=EpochReports("train", rank),
         validation_reports=EpochReports("validation", rank),
         fit_window=window,
+        stop=stop,
+        resume_step=resume_step,
+        resume_skip=ResumeSkip(resume_step) if resume_step else None,
     )
     if hv.is_chief:
         _log_start(hv, base_lr, args.warmup_epochs)
     return hv
 
 
+def _stop_callback(args, stop, rank, ckpt_dir, resume_step, resume_from, tensorboard):
+    """The stop's and step checkpoints' callback; without a stop request it only writes step checkpoints
+    (``stop_on_sigterm=False``). TensorBoard's final flush is its last act on a stop."""
+    from sagemaker_dist.runtime.keras.callbacks import TensorBoardSyncCallback
+    from sagemaker_dist.runtime.keras.stop_callback import StopAtAgreedStep
+
+    sync = [c for c in tensorboard if isinstance(c, TensorBoardSyncCallback)]
+    flush = (
+        [sync[0].on_train_end]
+        if sync
+        else [TensorBoardSyncCallback(None, t)._flush_writers for t in tensorboard]
+    )
+    records = (resume_from.meta.get("records_consumed") if resume_from and resume_step else None) or None
+    return StopAtAgreedStep(
+        stop if stop is not None else StopRequest(rank),
+        rank=rank,
+        directory=ckpt_dir,
+        keep=args.keep_checkpoints,
+        schedule=StepSchedule(args.checkpoint_every_steps, args.checkpoint_every_seconds),
+        resume_step=resume_step,
+        resume_records=tuple(records) if records else None,
+        on_stop=flush,
+    )
+
+
 def _log_start(hv: HorovodKeras, base_lr: float, warmup_epochs: float) -> None:
     """One line on rank 0 with what every rank agreed on, for the job's log."""
     log.info(
         "Horovod: %d rank(s), %d per host; learning rate %g x %d = %g%s; steps per epoch %s; "
-        "validation steps %s; starting at epoch %d%s",
+        "validation steps %s; starting at epoch %d%s%s",
         hv.size,
         hv.local_size,
         base_lr,
@@ -219,5 +276,6 @@ def _log_start(hv: HorovodKeras, base_lr: float, warmup_epochs: float) -> None:
         hv.steps_per_epoch,
         hv.validation_steps,
         hv.initial_epoch,
+        f" after its step {hv.resume_step}" if hv.resume_step else "",
         f" from {hv.resume_from.path}" if hv.resume_from else "",
     )

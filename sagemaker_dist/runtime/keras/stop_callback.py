@@ -1,0 +1,101 @@
+"""The Keras side of stops (``stop.py``): at the step the ranks agreed on, rank 0 checkpoints that step,
+TensorBoard is flushed and ``fit`` raises ``TrainingStopped`` on every rank; in between, rank 0 writes
+the periodic step checkpoints. Imports TensorFlow when loaded (``setup()`` loads it)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import tensorflow as tf
+
+from sagemaker_dist.runtime import checkpoints as ckpt
+from sagemaker_dist.runtime.keras.stop import StepSchedule, StopRequest, TrainingStopped
+
+log = logging.getLogger(__name__)
+
+
+class StopAtAgreedStep(tf.keras.callbacks.Callback):
+    """Ends the fit after the step the ranks agreed to stop at, and writes rank 0's step checkpoints.
+
+    ``resume_step`` batches of the first epoch (``initial_epoch``) were trained before this fit (the
+    dataset skips them), so this fit's batch ``b`` of that epoch is its step ``resume_step + b + 1``;
+    ``resume_records`` are the records each rank had trained of it then. ``on_stop`` are called, in
+    order, before the fit ends (TensorBoard's final flush)."""
+
+    def __init__(
+        self,
+        stop: StopRequest,
+        *,
+        rank: int,
+        directory=None,
+        keep: int | None = 3,
+        schedule: StepSchedule | None = None,
+        resume_step: int = 0,
+        resume_records: tuple[int, ...] | None = None,
+        on_stop=(),
+    ):
+        super().__init__()
+        self.stop, self.rank, self.directory, self.keep = stop, rank, directory, keep
+        self.schedule, self.on_stop = schedule or StepSchedule(), list(on_stop)
+        self._offset, self._resume_records = int(resume_step), resume_records
+        self._epoch = 0
+        self._last_save = (0, time.monotonic())  # (steps of this fit, when)
+        self._steps = 0
+        self.saved: list[tuple[int, int]] = []  # (epoch, step) of the step checkpoints written
+        self._supports_tf_logs = True  # reads no logs: Keras need not convert them
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._offset, self._resume_records = 0, None
+        self._last_save = (self._steps, time.monotonic())  # the epoch's own checkpoint just went out
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._steps += 1
+        step = self._offset + batch + 1
+        if self.stop.stopping_at(batch):
+            self._stop_here(step)
+        if self.rank == 0 and self.directory is not None and self.schedule.active:
+            steps_since, since = self._steps - self._last_save[0], time.monotonic() - self._last_save[1]
+            if self.schedule.due(steps_since, since):
+                ckpt.save_checkpoint(self.model, self.directory, self._epoch, keep=self.keep, step=step)
+                self.saved.append((self._epoch, step))
+                self._last_save = (self._steps, time.monotonic())
+
+    def on_train_end(self, logs=None):
+        self.stop.uninstall()
+
+    def _stop_here(self, step: int) -> None:
+        agreed = self.stop.agreed
+        records = list(agreed.records)
+        if self._resume_records and len(self._resume_records) == len(records):
+            records = [a + b for a, b in zip(self._resume_records, records)]
+        written = None
+        if self.rank == 0 and self.directory is not None:
+            written = ckpt.save_checkpoint(
+                self.model,
+                self.directory,
+                self._epoch,
+                keep=self.keep,
+                step=step,
+                extra={"stopped": True, "records_consumed": records},
+            )
+        for flush in self.on_stop:
+            try:
+                flush()
+            except Exception as exc:  # a flush that fails must not keep the rank from stopping
+                log.warning("on stop: %s failed: %s", getattr(flush, "__qualname__", flush), exc)
+        waited = time.monotonic() - self.stop.received_at if self.stop.received_at is not None else None
+        if self.rank == 0:
+            print(
+                f"sagemaker-dist: stopped in epoch {self._epoch + 1} after step {step} on every rank "
+                f"(records of this epoch trained per rank: {records})"
+                + (f"; checkpoint {written.path.name}" if written else "; no checkpoint (checkpoints off)")
+                + (f"; {waited:.1f} s after the stop request" if waited is not None else ""),
+                flush=True,
+            )
+        self.stop.done()
+        self.stop.uninstall()
+        raise TrainingStopped(self._epoch, step, written)

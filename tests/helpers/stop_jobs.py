@@ -1,0 +1,89 @@
+"""A one-host /opt/ml tree for horovodrun tests, and FIFOs fed with TFRecords whose ``id`` says which
+record each is (rank r's shard: ids r*N .. r*N+N-1, the same every epoch, as without a ShuffleConfig)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, plan_layout
+from sagemaker_dist.local.demo_data import encode_example, generate_examples, tfrecord_frame
+
+
+def shard_bytes(first_id: int, count: int, seed: int) -> bytes:
+    return b"".join(
+        tfrecord_frame(encode_example({"image": image, "label": label, "id": first_id + i}))
+        for i, (image, label) in enumerate(generate_examples(count, seed))
+    )
+
+
+def write_config(root: Path, world: int) -> None:
+    """A host running ``world`` ranks, Pipe channels train_0 .. train_<world-1>."""
+    config = root / "input" / "config"
+    config.mkdir(parents=True)
+    (root / "input" / "data").mkdir(parents=True)
+    layout = plan_layout(1, world)
+    channels = {
+        name: {
+            "TrainingInputMode": "Pipe",
+            "S3DistributionType": "FullyReplicated",
+            "RecordWrapperType": "None",
+        }
+        for name in layout.channel_names
+    }
+    resource = {"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "lo"}
+    (config / "resourceconfig.json").write_text(json.dumps(resource))
+    (config / "inputdataconfig.json").write_text(json.dumps(channels))
+    (config / "hyperparameters.json").write_text(json.dumps({LAYOUT_HYPERPARAMETER: layout.to_json()}))
+
+
+def feed_fifo(
+    path: Path, data: bytes, deadline: float, after: threading.Thread | None = None
+) -> threading.Thread:
+    """Create FIFO ``path`` (once ``after``, the previous epoch's feeder, is done) and write ``data``
+    into it when a reader opens it, as SageMaker does; gives up at ``deadline``."""
+
+    def run():
+        if after is not None:
+            after.join(max(0.0, deadline - time.monotonic()))
+            if after.is_alive():
+                return
+        os.mkfifo(path)
+        while time.monotonic() < deadline:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except FileNotFoundError:  # the reader's side removed it (its job ended)
+                return
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:  # ENXIO: no reader yet
+                    raise
+                time.sleep(0.02)
+        else:
+            return
+        os.set_blocking(fd, True)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        except BrokenPipeError:
+            pass
+        finally:
+            os.close(fd)
+
+    thread = threading.Thread(target=run, daemon=True, name=f"feed-{path.name}")
+    thread.start()
+    return thread
+
+
+def feed_epochs(data_dir: Path, world: int, per_rank: int, epochs: int, deadline: float) -> None:
+    """FIFOs train_<r>_<e> for every rank and epoch, each made once the one before was read."""
+    for r in range(world):
+        data = shard_bytes(r * per_rank, per_rank, seed=r)
+        before = None
+        for e in range(epochs):
+            before = feed_fifo(data_dir / f"train_{r}_{e}", data, deadline, before)
