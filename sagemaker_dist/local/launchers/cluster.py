@@ -248,9 +248,9 @@ class ClusterGroup(RankGroup):
 
     # what went wrong, in words
 
-    def host_failure(self, host: ClusterHost, what: str) -> str:
+    def host_failure(self, host: ClusterHost, what: str, why: str | None = None) -> str:
         ranks = ", ".join(map(str, host.ranks))
-        parts = [f"host {host.name} (rank(s) {ranks}) {what}; the job was stopped"]
+        parts = [f"host {host.name} (rank(s) {ranks}) {what}; the job was stopped", *([why] if why else [])]
         for rank in host.ranks:
             tail = self.rank_lines.get(rank, [])[-8:]
             if tail:
@@ -294,7 +294,7 @@ class ClusterGroup(RankGroup):
             return None
         host = next(h for h in self.plan.hosts if h.name == missing[0])
         report = ssh_wait_report(master, self.progress[host.name], now - since)
-        return self.host_failure(host, "was never reached by SSH") + "\n" + report
+        return self.host_failure(host, "was never reached by SSH", report)
 
 
 def supervise_cluster(group: ClusterGroup, feed_errors: list[str], started: float, timeout: float | None):

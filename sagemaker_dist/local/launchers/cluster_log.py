@@ -72,8 +72,8 @@ def ssh_wait_report(master: HostProgress, worker: HostProgress, waited_s: float)
     """Why ``worker`` never let ``master`` in, from both toolkits' lines."""
     said = master.last_refusal.get(worker.name)
     lines = [
-        f"host {worker.name}: its SSH did not let {master.name} in within {waited_s:.0f} s, so the toolkit's "
-        "mpirun never started"
+        f"Its SSH did not let {master.name} in within {waited_s:.0f} s (local mode's bound on the toolkit's "
+        "wait), so the toolkit's mpirun never started"
     ]
     if said:
         lines.append(f"{master.name}'s toolkit last said: cannot connect to host {worker.name}: {said}")

@@ -1,0 +1,243 @@
+"""Several hosts in the training image, as SageMaker runs a multi-instance job: one container per host on
+a private --internal podman network, the image's own toolkit starting sshd and mpirun across hosts (or
+TF_CONFIG for tf-mwms), Pipe FIFOs of every host fed from this machine, the moto S3 server on this
+machine's loopback relayed into each host.
+
+Marked ``image``: scripts/container-test.sh builds the images and runs these. A job that succeeds pays
+the toolkit's own 30 s sleeps after mpirun (the master's and the workers'); the faults do not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sagemaker_dist import LocalJobFailed, run_local
+from sagemaker_dist.local.demo import DEMO_JOB_DIR, demo_estimator
+from sagemaker_dist.local.demo_data import write_demo_data
+from sagemaker_dist.local.launchers import cluster
+from sagemaker_dist.local.launchers.cluster_plan import LABEL
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+BIN = Path(sys.executable).parent
+IMAGE = os.environ.get("SAGEMAKER_DIST_TEST_IMAGE")
+MWMS_IMAGE = os.environ.get("SAGEMAKER_DIST_TEST_MWMS_IMAGE")
+NO_KEYS_IMAGE = "localhost/sagemaker-dist:test-no-ssh-keys"
+
+pytestmark = pytest.mark.image
+
+
+def _podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _left_behind() -> tuple[list[str], list[str]]:
+    """The job containers and networks still in podman's storage (every job labels its own)."""
+    containers = _podman("ps", "--all", "--filter", f"label={LABEL}", "--format", "{{.Names}}").stdout.split()
+    networks = _podman("network", "ls", "--filter", f"label={LABEL}", "--format", "{{.Name}}").stdout.split()
+    return containers, networks
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_behind():
+    assert _left_behind() == ([], []), "a job container or network was there before the test"
+    yield
+    assert _left_behind() == ([], [])
+
+
+def _request(s3, bucket, source_dir: Path, entry_point: str, hosts: int, per_host: int, hps: dict, **kw):
+    """Pipe mode; the source package goes to S3 (every host's toolkit downloads it, through the relay)."""
+    write_demo_data(f"s3://{bucket}/data/", files=8, records_per_file=16, validation_files=4, client=s3)
+    estimator = demo_estimator(
+        bucket, hosts, per_host, "Pipe", hps, source_dir=source_dir, entry_point=entry_point, **kw
+    )
+    inputs = {"train": f"s3://{bucket}/data/train/", "validation": f"s3://{bucket}/data/validation/"}
+    return estimator.prepare(inputs, printer=None).request
+
+
+def _apart(lines: list[str]) -> list[str]:
+    """Job lines that are neither a rank's, a toolkit's nor a command: there must be none."""
+    keep = ("[rank ", "[toolkit algo-", "$ ", "local job ")
+    started = next(i for i, line in enumerate(lines) if line.startswith("local job "))
+    ended = next((i for i, line in enumerate(lines) if " finished in " in line), len(lines))
+    return [line for line in lines[started:ended] if not line.startswith(keep)]
+
+
+def test_two_hosts_of_two_ranks_train_the_demo(s3, bucket, tmp_path):
+    request = _request(s3, bucket, DEMO_JOB_DIR, "train_cifar10.py", 2, 2, {"epochs": 2, "batch_size": 16})
+    lines: list[str] = []
+    started = time.monotonic()
+    result = run_local(request, launcher="container", image=IMAGE, work_dir=tmp_path, echo=lines.append,
+                       keep_work_dir=True, timeout=500)  # fmt: skip
+    took = time.monotonic() - started
+    out = "\n".join(lines)
+    create = [line for line in lines if line.startswith("$ podman create ")]
+    assert len(create) == 2 and all(f"--hostname algo-{i + 1} " in c for i, c in enumerate(create)), create
+    assert any(line.startswith("$ podman network create --internal --subnet ") for line in lines)
+    mpirun = [
+        line for line in lines if line.startswith("[toolkit algo-1] mpirun --host algo-1:2,algo-2:2 -np 4 ")
+    ]
+    assert mpirun and "btl_tcp_if_include eth0" in mpirun[0] and "oob_tcp_if_include eth0" in mpirun[0], out[
+        -3000:
+    ]
+    assert "[toolkit algo-1] " in out and "[toolkit algo-2] " in out
+    assert _apart(lines) == []
+    for rank in range(4):
+        assert f"[rank {rank} algo-{rank // 2 + 1}] " in out, f"rank {rank}: " + out[-3000:]
+    ends = [line for line in lines if "train epoch ended for every rank" in line]
+    assert len(ends) == 2 and all(e.startswith("[rank 0 algo-1] ") for e in ends), out[-3000:]
+    assert all("Records read per rank: [" in e for e in ends)
+    fed = {(s.host, s.channel): s.bytes for s in result.feed_stats}
+    for rank in range(4):  # each rank read its own FIFO, on its own host
+        assert fed[f"algo-{rank // 2 + 1}", f"train_{rank}"] > 0, fed
+    assert [(r.rank, r.host) for r in result.ranks] == [
+        (0, "algo-1"),
+        (1, "algo-1"),
+        (2, "algo-2"),
+        (3, "algo-2"),
+    ]
+    assert sum(r.records for r in result.ranks) == 2 * 8 * 16, result.ranks  # 2 epochs, every FIFO to its end
+    assert "loss" in result.metrics and result.model_uri, out[-3000:]
+    assert s3.head_object(Bucket=bucket, Key=result.model_uri.split("/", 3)[3])["ContentLength"] > 0
+    hosts = Path(result.work_dir) / "hosts"
+    for name in ("algo-1", "algo-2"):
+        resource = json.loads((hosts / name / "input" / "config" / "resourceconfig.json").read_text())
+        assert resource["network_interface_name"] == "eth0" and resource["current_host"] == name
+        assert (hosts / name / "code" / "train_cifar10.py").is_file()  # downloaded from S3 via the relay
+        assert (hosts / name / "output" / "success").is_file()
+    assert (hosts / "algo-1" / "model" / "1" / "saved_model.pb").is_file()
+    print(f"2 x 2 demo in containers: {took:.0f} s")
+
+
+def test_tf_mwms_on_two_hosts(s3, bucket, tmp_path):
+    request = _request(
+        s3, bucket, DEMO_JOB_DIR, "train_cifar10.py", 2, 1, {"epochs": 2}, distribution="tf-mwms"
+    )
+    lines: list[str] = []
+    started = time.monotonic()
+    result = run_local(request, launcher="container", image=MWMS_IMAGE, work_dir=tmp_path, echo=lines.append,
+                       keep_work_dir=True, timeout=400)  # fmt: skip
+    took = time.monotonic() - started
+    out = "\n".join(lines)
+    assert "mpirun" not in out
+    for name in ("algo-1", "algo-2"):
+        assert f"[toolkit {name}] " in out and "multi_worker_mirrored_strategy setup" in out, out[-3000:]
+    assert "MultiWorkerMirroredStrategy: 2 worker(s)" in out, out[-3000:]
+    assert "[rank 1 algo-2] " in out and _apart(lines) == []
+    fed = {(s.host, s.channel): s.bytes for s in result.feed_stats}
+    assert fed["algo-1", "train_0"] > 0 and fed["algo-2", "train_1"] > 0, fed
+    assert "loss" in result.metrics and result.model_uri, out[-3000:]
+    for name in ("algo-1", "algo-2"):
+        assert (Path(result.work_dir) / "hosts" / name / "output" / "success").is_file()
+    print(f"2-host tf-mwms in containers: {took:.0f} s")
+
+
+def test_a_worker_host_that_dies_stops_the_job_naming_it(s3, bucket, tmp_path):
+    request = _request(s3, bucket, SCRIPTS, "cluster_rank.py", 2, 1, {})
+    killed: dict = {}
+
+    def echo(line: str) -> None:
+        if "up on algo-2" in line and not killed:
+            killed["at"] = time.monotonic()
+            name = next(n for n in _left_behind()[0] if n.endswith("-algo-2"))
+            killed["done"] = _podman("kill", name)
+
+    with pytest.raises(LocalJobFailed) as failure:
+        run_local(request, launcher="container", image=IMAGE, work_dir=tmp_path, echo=echo, timeout=300)
+    stopped_after = time.monotonic() - killed["at"]
+    message = str(failure.value)
+    assert killed["done"].returncode == 0, killed["done"].stderr
+    assert message.startswith("host algo-2 (rank(s) 1) died: its container exited with code 137"), message
+    assert stopped_after < 30, f"stopped {stopped_after:.1f} s after algo-2 died"
+    print(f"stopped {stopped_after:.1f} s after algo-2's container was killed")
+
+
+def test_a_rank_raising_on_algo_2_has_its_traceback_in_the_error(s3, bucket, tmp_path):
+    request = _request(s3, bucket, SCRIPTS, "cluster_rank.py", 2, 1, {"fail_rank": 1})
+    lines: list[str] = []
+    with pytest.raises(LocalJobFailed) as failure:
+        run_local(
+            request, launcher="container", image=IMAGE, work_dir=tmp_path, echo=lines.append, timeout=300
+        )
+    message = str(failure.value)
+    assert message.startswith("rank 1 (host algo-2) "), message + "\n".join(lines[-40:])
+    # the traceback's last frames, as for one host (the rank's last 12 lines)
+    assert (
+        'File "cluster_rank.py", line' in message
+        and "RuntimeError: rank 1 failed on purpose on algo-2" in message
+    )
+    assert "/opt/ml/output/failure says:" in message
+
+
+def test_a_host_whose_ssh_never_lets_the_master_in_is_named_before_mpirun(s3, bucket, tmp_path, monkeypatch):
+    """An image without root's authorized key: sshd runs on the master, but no host can log into
+    another, so the master's toolkit would wait an hour for algo-2 (and algo-2 for ever for it)."""
+    build = ["podman", "build", "--format", "docker", "-t", NO_KEYS_IMAGE, "-f", "-", str(tmp_path)]
+    containerfile = f"FROM {IMAGE}\nRUN rm /root/.ssh/authorized_keys\n"
+    built = subprocess.run(build, input=containerfile, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    monkeypatch.setattr(cluster, "SSH_WAIT_S", 20.0)
+    request = _request(s3, bucket, SCRIPTS, "cluster_rank.py", 2, 1, {})
+    lines: list[str] = []
+    try:
+        with pytest.raises(LocalJobFailed) as failure:
+            run_local(request, launcher="container", image=NO_KEYS_IMAGE, work_dir=tmp_path / "work",
+                      echo=lines.append, timeout=300)  # fmt: skip
+    finally:
+        _podman("rmi", "--force", NO_KEYS_IMAGE)
+    message = str(failure.value)
+    print(message)
+    assert message.startswith("host algo-2 (rank(s) 1) was never reached by SSH"), message
+    assert "Its SSH did not let algo-1 in within 2" in message and "mpirun never started" in message, message
+    # what each toolkit last said: algo-1 cannot reach algo-2, which waits to log into algo-1 first
+    assert "algo-1's toolkit last said: cannot connect to host algo-2: " in message, message
+    assert "algo-2's toolkit is still waiting to log into algo-1 (" in message, message
+    assert not any(" mpirun --host " in line for line in lines)
+
+
+def test_the_time_limit_removes_every_container_and_the_network(s3, bucket, tmp_path):
+    request = _request(s3, bucket, SCRIPTS, "cluster_rank.py", 2, 1, {})
+    with pytest.raises(LocalJobFailed, match="ran past its 15 s limit"):
+        run_local(
+            request, launcher="container", image=IMAGE, work_dir=tmp_path, echo=lambda _: None, timeout=15
+        )
+    assert _left_behind() == ([], [])
+    assert not list(tmp_path.iterdir())
+
+
+def test_ctrl_c_removes_every_container_and_the_network(s3, bucket, aws_env, tmp_path):
+    """The command line, interrupted as a user does once both hosts are up."""
+    write_demo_data(f"s3://{bucket}/data/", files=4, records_per_file=16, validation_files=2, client=s3)
+    command = [str(BIN / "sagemaker-dist"), "local", "--entry-point", "cluster_rank.py", "--source-dir",
+               str(SCRIPTS), "--train", f"s3://{bucket}/data/train/", "--launcher", "container", "--image",
+               IMAGE, "--hosts", "2", "--processes-per-host", "1", "--bucket", bucket, "--work-dir",
+               str(tmp_path), "--endpoint-url", aws_env["AWS_ENDPOINT_URL"]]  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    seen, deadline = [], time.monotonic() + 240
+    try:
+        while not any("up on algo-2" in line for line in seen):
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(seen[-30:])
+            try:
+                seen.append(lines.get(timeout=1))
+            except queue.Empty:
+                pass
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 130, "".join(seen[-30:])
+    assert _left_behind() == ([], [])
+    assert not list(tmp_path.iterdir())
