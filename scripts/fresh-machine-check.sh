@@ -89,7 +89,8 @@ if [ "$warm" = 1 ]; then
 fi
 
 step "starting a privileged container from $ROOTFS_IMAGE (bare Debian 12)"
-podman run --detach --name "$name" --privileged --init --hostname fresh-machine \
+# A host name that resolves, as Debian's installer writes it into /etc/hosts (Gloo needs one).
+podman run --detach --name "$name" --privileged --init --hostname fresh-machine --add-host fresh-machine:127.0.1.1 \
   "${mounts[@]}" "${env_args[@]}" "$ROOTFS_IMAGE" sleep infinity >/dev/null
 step_done
 
