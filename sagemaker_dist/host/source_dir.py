@@ -39,5 +39,23 @@ def fetch_source_dir(source_dir, hps: dict, work: Path, client) -> Path:
     except Exception as exc:  # noqa: BLE001 - botocore retried already; name the object
         raise SourceDirError(f"cannot download the source package {uri}: {exc}") from exc
     with tarfile.open(tarball) as tar:
-        tar.extractall(target, filter="data")
+        _extract_safely(tar, target, uri)
     return target
+
+
+def _extract_safely(tar: tarfile.TarFile, target: Path, uri: str) -> None:
+    """Unpack with tarfile's ``data`` filter where this Python has it (3.10.12+, 3.11.4+, 3.12); on
+    older patch releases (Debian 12's 3.11.2) refuse what that filter refuses: members outside
+    ``target``, links, devices."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(target, filter="data")
+        return
+    root = target.resolve()
+    for member in tar.getmembers():
+        inside = (root / member.name).resolve()
+        if not (member.isfile() or member.isdir()) or (inside != root and root not in inside.parents):
+            raise SourceDirError(
+                f"the source package {uri} holds {member.name!r}, which is not a plain file or folder "
+                "inside the package; pack the source dir with sagemaker-dist (or tar without links)"
+            )
+    tar.extractall(target)
