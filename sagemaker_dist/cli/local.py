@@ -108,6 +108,14 @@ def register(subparsers) -> None:
     p.add_argument("--work-dir", type=Path, help="where the per-host /opt/ml trees go (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the /opt/ml trees after the job")
     p.add_argument("--timeout", type=float, help="stop the job after this many seconds")
+    p.add_argument(
+        "--interrupt-at",
+        type=float,
+        action="append",
+        metavar="SECONDS",
+        help="a spot interruption: SIGTERM every rank SECONDS after the ranks start, wait up to 120 s, then "
+        "start the job again with its checkpoints restored (repeatable: one per attempt)",
+    )
     p.set_defaults(func=run_local_command)
 
     d = subparsers.add_parser(
@@ -269,7 +277,13 @@ def run_local_command(args) -> int:
             ensure_bucket(bucket)
         if args.demo:
             job = prepare_demo_job(
-                bucket, hosts, per_host, input_mode, _hyperparameters(args), distribution=args.distribution
+                bucket,
+                hosts,
+                per_host,
+                input_mode,
+                _hyperparameters(args),
+                distribution=args.distribution,
+                long=bool(args.interrupt_at),
             )
             request, source_dir = job.request, job.source_dir  # prepare() printed the layout
         elif request is not None:
@@ -287,7 +301,14 @@ def run_local_command(args) -> int:
             request, source_dir = prepared.request, Path(estimator.source_dir)
         if args.demo and args.checkpoint_s3_uri:
             request.setdefault("CheckpointConfig", {})["S3Uri"] = args.checkpoint_s3_uri
-        run_local(
+        run = run_local
+        if args.interrupt_at:  # managed spot, here: interrupted, then started again from its checkpoints
+            from sagemaker_dist.local.spot import run_interrupted
+
+            def run(request, source_dir, **kwargs):
+                return run_interrupted(request, source_dir, args.interrupt_at, run=run_local, **kwargs)
+
+        run(
             request,
             source_dir,
             launcher=args.launcher,

@@ -21,6 +21,9 @@ DEMO_JOB_DIR = Path(__file__).resolve().parent / "demo_job"  # package data: ins
 DEMO_ENTRY_POINT = "train_cifar10.py"
 DEMO_BUCKET = "sagemaker-dist-demo"
 DEMO_FILES, DEMO_RECORDS_PER_FILE, DEMO_VALIDATION_FILES = 8, 64, 2  # at least; more for many ranks
+# --interrupt-at: epochs long enough (about 12 s each here, 2 ranks) for an interruption to land inside
+# training, in a prefix of their own so the plain demo keeps its size
+INTERRUPTED_DEMO_PREFIX, INTERRUPTED_DEMO_FILES_PER_RANK = "cifar10-demo-long", 32
 
 
 @dataclass
@@ -38,19 +41,20 @@ def ensure_demo_data(
     client=None,
     files: int = DEMO_FILES,
     validation_files: int = DEMO_VALIDATION_FILES,
+    prefix: str = "cifar10-demo",
     **kwargs,
 ) -> DemoDataset | None:
-    """Write the demo dataset unless ``s3://bucket/cifar10-demo/`` already holds one this large.
+    """Write the demo dataset unless ``s3://bucket/<prefix>/`` already holds one this large.
 
     Returns None when the existing data was kept; its ``dataset.json`` says how many records a file has.
     """
     client = client or s3_client()
-    _, key = parse_s3_uri(f"s3://{bucket}/cifar10-demo/")
+    _, key = parse_s3_uri(f"s3://{bucket}/{prefix}/")
     existing = _dataset_info(client, bucket, key)
     if existing and existing["files"] >= files and existing["validation_files"] >= validation_files:
         return None
     return write_demo_data(
-        f"s3://{bucket}/cifar10-demo/",
+        f"s3://{bucket}/{prefix}/",
         files=files,
         validation_files=validation_files,
         client=client,
@@ -105,32 +109,36 @@ def prepare_demo_job(
     job_name: str | None = None,
     printer=print,
     distribution: str = "horovod",
+    long: bool = False,
 ) -> DemoJob:
     """Write the data if missing, shard it into per-rank manifests and build the request.
 
     The file counts grow with the world size (4 train files and 1 validation file per rank at least),
-    and no rank is told any record count: every epoch ends where the first rank runs out.
+    and no rank is told any record count: every epoch ends where the first rank runs out. ``long``:
+    the larger dataset ``--interrupt-at`` uses (``INTERRUPTED_DEMO_FILES_PER_RANK`` files per rank).
     """
     world = hosts * processes_per_host
     client = s3_client()
+    prefix = INTERRUPTED_DEMO_PREFIX if long else "cifar10-demo"
     dataset = ensure_demo_data(
         bucket,
         client,
-        files=max(DEMO_FILES, 4 * world),
+        prefix=prefix,
+        files=max(DEMO_FILES, (INTERRUPTED_DEMO_FILES_PER_RANK if long else 4) * world),
         validation_files=max(DEMO_VALIDATION_FILES, world),
         records_per_file=DEMO_RECORDS_PER_FILE,
     )
     if dataset and printer:
         printer(
             f"wrote demo data: {dataset.files} TFRecord files, {dataset.records} records, "
-            f"{dataset.bytes / 1e6:.1f} MB under s3://{bucket}/cifar10-demo/"
+            f"{dataset.bytes / 1e6:.1f} MB under s3://{bucket}/{prefix}/"
         )
     hps = {"epochs": 2, "batch_size": 32, "tensorboard_interval": 5}
     hps.update(hyperparameters or {})
     estimator = demo_estimator(bucket, hosts, processes_per_host, input_mode, hps, distribution=distribution)
     inputs = {
-        "train": f"s3://{bucket}/cifar10-demo/train/",
-        "validation": f"s3://{bucket}/cifar10-demo/validation/",
+        "train": f"s3://{bucket}/{prefix}/train/",
+        "validation": f"s3://{bucket}/{prefix}/validation/",
     }
     prepared = estimator.prepare(inputs, job_name, printer=printer, backend=LocalBackend())
     request_hps = prepared.request["HyperParameters"]  # no record counts: the ranks agree on epoch ends

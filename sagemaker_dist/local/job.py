@@ -84,6 +84,7 @@ def run_local(
     toolkit_version: str = toolkit.DEFAULT_TOOLKIT_VERSION,
     container_python: str | os.PathLike | None = None,
     image: str | None = None,
+    on_started=None,
 ) -> LocalJobResult:
     """Run the CreateTrainingJob ``request`` (as the estimator builds it) here, with real Horovod ranks.
 
@@ -95,7 +96,8 @@ def run_local(
     sagemaker-training toolkit (``toolkit_version``, default the TF DLCs' 4.8.3) would pass them.
     With ``launcher="toolkit"`` the toolkit itself (in ``container_python``'s environment) starts the
     ranks, as in the DLC; with ``launcher="container"`` the training ``image`` itself runs the host
-    (``podman run <image> train``), as on SageMaker.
+    (``podman run <image> train``), as on SageMaker. ``on_started(group)`` is called once the ranks'
+    launcher has started (``local/spot.py`` interrupts the job from there).
     """
     started = time.monotonic()
     job = JobSpec.from_request(request, timeout, toolkit_version)
@@ -153,6 +155,8 @@ def run_local(
         launch_time = time.monotonic()
         ckpt.start()
         group.start()
+        if on_started is not None:
+            on_started(group)
         if cluster:
             failure = supervise_cluster(group, feed_errors, started, job.timeout)
         else:

@@ -1,0 +1,207 @@
+"""Spot interruptions in local mode (``sagemaker-dist local --interrupt-at SECONDS``, repeatable).
+
+As a spot interruption does: SECONDS after an attempt's ranks start, every rank gets SIGTERM; the job
+has up to ``STOP_WINDOW_S`` (SageMaker's 120 s) to end, then what is left is killed. As managed spot
+does: the job is started again, on fresh /opt/ml trees with its checkpoints restored from its
+checkpoint S3 URI, until an attempt is not interrupted (the last one never is). Every attempt is
+reported; the command ends with the last one's status.
+
+The signal goes to each rank process itself (the pids the rank entry writes, or for launchers that
+start the ranks themselves, the Python processes below the launcher with a rank's environment), not to
+horovodrun or mpirun: those answer SIGTERM by killing the ranks after a few seconds, whatever the ranks
+were doing. That is what the image's entry point must do on SageMaker too (forward SIGTERM to every
+rank), and what the runtime's stop (``runtime/keras/stop.py``) needs: time to agree and checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sagemaker_dist.errors import ConfigurationError, JobFailedError
+
+STOP_WINDOW_S = 120.0  # SIGTERM to SIGKILL, as SageMaker gives a stopped or interrupted job
+_RANK_ENV = (b"OMPI_COMM_WORLD_RANK=", b"HOROVOD_RANK=", b"TF_CONFIG=")
+_STOPPED_LINE = re.compile(r"sagemaker-dist: stopped in epoch (\d+) after step (\d+)")
+_STARTED_LINE = re.compile(r"starting at epoch (\d+)(?: after its step (\d+))?")
+
+
+def check_interrupts(interrupt_at: list[float], request: dict) -> None:
+    """Each time a positive number of seconds, and a checkpoint S3 URI to restart from (as managed spot
+    training requires)."""
+    bad = [t for t in interrupt_at if not (isinstance(t, int | float) and t > 0)]
+    if bad:
+        raise ConfigurationError(f"--interrupt-at {bad[0]!r}: give seconds after the ranks start, > 0")
+    if interrupt_at and not (request.get("CheckpointConfig") or {}).get("S3Uri"):
+        raise ConfigurationError(
+            "--interrupt-at restarts the job from its checkpoints, as managed spot training does, and this "
+            "job has no CheckpointConfig.S3Uri: give --checkpoint-s3-uri (or the estimator's checkpoints)"
+        )
+
+
+def rank_pids(group) -> list[int]:
+    """The rank processes of a running ``RankGroup``: the pids its rank entries wrote, else the Python
+    processes below the launcher whose environment names a rank (the toolkit's mpirun starts those)."""
+    group.watch()
+    if group.known_pids:
+        return sorted(group.known_pids.values())
+    from sagemaker_dist.local.launchers.mpi import _descendants
+
+    found = []
+    for pid in sorted(_descendants([group.proc.pid])) if group.proc else []:
+        try:
+            exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if exe.startswith("python") and any(b"\0" + key in b"\0" + environ for key in _RANK_ENV):
+            found.append(pid)
+    return found
+
+
+class Interruption:
+    """One attempt's interruption: ``arm(group)`` when its ranks start; ``at`` seconds later every rank
+    gets SIGTERM, and the launcher is killed if the job has not ended ``window`` seconds after that."""
+
+    def __init__(self, at: float | None, echo=print, window: float = STOP_WINDOW_S):
+        self.at, self.echo, self.window = at, echo, window
+        self.signalled_at: float | None = None  # time.monotonic()
+        self.ended_after: float | None = None  # seconds from SIGTERM to the launcher's exit
+        self.killed = False
+        self._cancel = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, group) -> None:
+        if self.at is None:
+            return
+        self._thread = threading.Thread(
+            target=self._run, args=(group,), name="spot-interruption", daemon=True
+        )
+        self._thread.start()
+
+    def cancel(self) -> None:
+        """The attempt is over: no signal after this; waits for the thread (bounded)."""
+        self._cancel.set()
+        if self._thread is not None:
+            self._thread.join(10.0)
+
+    def _run(self, group) -> None:
+        if self._cancel.wait(self.at) or group.poll() is not None:
+            return  # the attempt ended first
+        pids = rank_pids(group)
+        self.signalled_at = time.monotonic()
+        self.echo(
+            f"[spot] interruption: SIGTERM to rank process(es) {pids}, {self.at:g} s after the ranks started"
+        )
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = self.signalled_at + self.window
+        while group.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if group.poll() is None:
+            self.killed = True
+            self.echo(f"[spot] the job did not end within {self.window:.0f} s of SIGTERM: killing it")
+            group.kill()
+        self.ended_after = time.monotonic() - self.signalled_at
+
+
+@dataclass
+class Attempt:
+    """One attempt of an interrupted job, as the command reports it."""
+
+    number: int
+    interrupted_at: float | None  # seconds after its ranks started; None: not interrupted
+    status: str  # Completed, Stopped (interrupted, ended in time), Killed, Failed
+    ended_after_signal: float | None = None
+    stopped_at: tuple[int, int] | None = None  # (epoch, step) the ranks stopped after (rank 0's line)
+    resumed_from: tuple[int, int] | None = None  # (epochs done, steps of the next) at its start
+    seconds: float = 0.0
+    error: str | None = None
+    result: object = None
+
+    def line(self) -> str:
+        text = f"attempt {self.number}: {self.status} after {self.seconds:.1f} s"
+        if self.resumed_from and self.resumed_from != (0, 0):
+            text += f"; resumed after epoch {self.resumed_from[0]} step {self.resumed_from[1]}"
+        if self.interrupted_at is not None:
+            text += f"; interrupted {self.interrupted_at:g} s after the ranks started"
+            if self.ended_after_signal is not None:
+                text += f", the job ended {self.ended_after_signal:.1f} s after SIGTERM"
+        if self.stopped_at:
+            text += f"; the ranks stopped in epoch {self.stopped_at[0]} after step {self.stopped_at[1]}"
+        if self.error and self.status != "Completed":
+            text += f"; {self.error.splitlines()[0]}"
+        return text
+
+
+def stop_positions(lines: list[str]) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """(where rank 0 said the ranks stopped, where it said it started) from rank 0's output."""
+    stopped = started = None
+    for line in lines:
+        if started is None and (m := _STARTED_LINE.search(line)):
+            started = (int(m.group(1)), int(m.group(2) or 0))
+        if m := _STOPPED_LINE.search(line):
+            stopped = (int(m.group(1)), int(m.group(2)))
+    return stopped, started
+
+
+def run_interrupted(request: dict, source_dir, interrupt_at: list[float], *, run, echo=print, **kwargs):
+    """Run ``request`` with ``run`` (``run_local``) once per interruption plus once more, as managed
+    spot training would; returns ``(attempts, last result)``, or raises the last attempt's failure."""
+    check_interrupts(interrupt_at, request)
+    attempts: list[Attempt] = []
+    for number in range(1, len(interrupt_at) + 2):
+        at = interrupt_at[number - 1] if number <= len(interrupt_at) else None
+        if number > 1:
+            echo(f"[spot] attempt {number}: starting the job again with its checkpoints restored")
+        interruption = Interruption(at, echo)
+        started, error, result, lines = time.monotonic(), None, None, []
+        try:
+            result = run(
+                request, source_dir, echo=_collecting(echo, lines), on_started=interruption.arm, **kwargs
+            )
+        except JobFailedError as exc:
+            error = str(exc)
+        finally:
+            interruption.cancel()
+        stopped, resumed = stop_positions(lines)
+        signalled = interruption.signalled_at is not None
+        status = (
+            ("Killed" if interruption.killed else "Stopped" if error is None else "Failed")
+            if signalled
+            else ("Completed" if error is None else "Failed")
+        )
+        attempts.append(
+            Attempt(
+                number, at if signalled else None, status, interruption.ended_after, stopped, resumed,
+                time.monotonic() - started, error, result,
+            )
+        )  # fmt: skip
+        echo("[spot] " + attempts[-1].line())
+        if not signalled:
+            break  # ended before its interruption: nothing to restart
+    echo(f"[spot] {len(attempts)} attempt(s):")
+    for attempt in attempts:
+        echo("[spot]   " + attempt.line())
+    last = attempts[-1]
+    if last.status != "Completed":
+        raise JobFailedError(
+            f"the last attempt ({last.number}) ended {last.status}: {last.error or ''}".strip()
+        )
+    return attempts, last.result
+
+
+def _collecting(echo, lines: list[str]):
+    def show(text: str) -> None:
+        lines.append(text)
+        echo(text)
+
+    return show
