@@ -261,13 +261,24 @@ def _spot_problems(request: Mapping) -> list[str]:
     runtime = stop.get("MaxRuntimeInSeconds")
     wait = stop.get("MaxWaitTimeInSeconds")
     if request.get("EnableManagedSpotTraining"):
+        problems = []
         if wait is None:
-            return [
+            problems.append(
                 "managed spot training needs MaxWaitTimeInSeconds; pass max_wait= (seconds, at least "
                 f"max_run={runtime})"
-            ]
-        if isinstance(runtime, int) and isinstance(wait, int) and wait < runtime:
-            return [f"max_wait={wait} is less than max_run={runtime}; spot jobs need max_wait >= max_run"]
+            )
+        elif isinstance(runtime, int) and isinstance(wait, int) and wait < runtime:
+            problems.append(
+                f"max_wait={wait} is less than max_run={runtime}; spot jobs need max_wait >= max_run"
+            )
+        if not (request.get("CheckpointConfig") or {}).get("S3Uri"):
+            # an interrupted job restarts from what SageMaker restores there; without it, from scratch
+            problems.append(
+                "managed spot training needs a checkpoint S3 URI (CheckpointConfig.S3Uri): an interrupted "
+                "job is started again with /opt/ml/checkpoints restored from it, and without one it starts "
+                "from scratch; keep checkpoints=True (the default) or pass checkpoint_s3_uri="
+            )
+        return problems
     elif wait is not None:
         return [
             "MaxWaitTimeInSeconds is set but managed spot training is off; pass use_spot=True or "

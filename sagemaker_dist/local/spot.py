@@ -28,7 +28,7 @@ from sagemaker_dist.errors import ConfigurationError, JobFailedError
 STOP_WINDOW_S = 120.0  # SIGTERM to SIGKILL, as SageMaker gives a stopped or interrupted job
 _RANK_ENV = (b"OMPI_COMM_WORLD_RANK=", b"HOROVOD_RANK=", b"TF_CONFIG=")
 _STOPPED_LINE = re.compile(r"sagemaker-dist: stopped in epoch (\d+) after step (\d+)")
-_STARTED_LINE = re.compile(r"starting at epoch (\d+)(?: after its step (\d+))?")
+_STARTED_LINE = re.compile(r"sagemaker-dist: resuming from checkpoint \S+ (\d+) epoch\(s\) done, (\d+) step")
 
 
 def check_interrupts(interrupt_at: list[float], request: dict) -> None:
@@ -147,7 +147,7 @@ def stop_positions(lines: list[str]) -> tuple[tuple[int, int] | None, tuple[int,
     stopped = started = None
     for line in lines:
         if started is None and (m := _STARTED_LINE.search(line)):
-            started = (int(m.group(1)), int(m.group(2) or 0))
+            started = (int(m.group(1)), int(m.group(2)))
         if m := _STOPPED_LINE.search(line):
             stopped = (int(m.group(1)), int(m.group(2)))
     return stopped, started

@@ -174,10 +174,19 @@ def test_spot_needs_max_wait_at_least_max_run():
     ok = changed(
         EnableManagedSpotTraining=True,
         StoppingCondition={"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 3600},
+        CheckpointConfig={"S3Uri": "s3://bucket/ckpt/job", "LocalPath": "/opt/ml/checkpoints"},
     )
     validate_request(ok)
     no_spot = changed(StoppingCondition={"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 7200})
     assert any("managed spot training is off" in p for p in problems_of(no_spot))
+
+
+def test_spot_needs_a_checkpoint_s3_uri_to_restart_from():
+    spot = changed(
+        EnableManagedSpotTraining=True,
+        StoppingCondition={"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 3600},
+    )
+    assert any("needs a checkpoint S3 URI (CheckpointConfig.S3Uri)" in p for p in problems_of(spot))
 
 
 def test_service_model_catches_types_unknown_members_enums_and_required():
@@ -252,8 +261,8 @@ def test_all_problems_are_reported_at_once():
     problems = problems_of(
         changed(TrainingJobName="bad_name", EnableManagedSpotTraining=True, HyperParameters={"secret": "x"})
     )
-    assert len(problems) == 3
-    assert str(RequestValidationError(problems)).startswith("the training job request has 3 problem(s):")
+    assert len(problems) == 4  # the name, max_wait and the checkpoint URI of spot, the secret
+    assert str(RequestValidationError(problems)).startswith("the training job request has 4 problem(s):")
 
 
 def _with_layout(per_host: int, validation_mode: str, extra_mode: str = "File") -> dict:

@@ -234,6 +234,12 @@ def _start(args: SetupArguments) -> HorovodKeras:
     )
     if hv.is_chief:
         _log_start(hv, base_lr, args.warmup_epochs)
+        if resume_from is not None:  # the job's log says where it resumed, whatever the logging set-up
+            print(
+                f"sagemaker-dist: resuming from checkpoint {resume_from.path.name}: {initial_epoch} epoch(s) "
+                f"done, {resume_step} step(s) of the next",
+                flush=True,
+            )
     return hv
 
 
