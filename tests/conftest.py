@@ -99,6 +99,7 @@ def bucket(s3):
 _MODULE_MARKERS = {
     "test_horovod_training": ("slow", "horovod", "tensorflow"),
     "test_stop_resume": ("slow", "horovod", "tensorflow"),
+    "test_local_spot": ("slow", "horovod", "tensorflow"),
     "test_local_job": ("slow", "horovod", "tensorflow"),
     "test_toolkit_launcher": ("slow", "horovod", "tensorflow"),
     "test_mwms_job": ("slow", "tensorflow"),

@@ -1,0 +1,69 @@
+"""Test entry script for local spot interruptions: horovod_keras without record counts on records
+with an ``id``; each rank appends to ``--out``/trained-rank<R>.jsonl a start line (pid, the epoch and
+step it resumes at) and one line per batch its train step trains (epoch, ids). ``--pause`` slows a step.
+"""
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import tensorflow as tf
+
+from sagemaker_dist.runtime import horovod_keras, rank_dataset
+
+p = argparse.ArgumentParser()
+p.add_argument("--out", required=True)
+p.add_argument("--epochs", type=int, default=3)
+p.add_argument("--batch_size", type=int, default=4)
+p.add_argument("--pause", type=float, default=0.1)
+args, _ = p.parse_known_args()
+
+FEATURES = {
+    "image": tf.io.FixedLenFeature([], tf.string),
+    "label": tf.io.FixedLenFeature([], tf.int64),
+    "id": tf.io.FixedLenFeature([], tf.int64),
+}
+hv = horovod_keras.setup(tf.keras.optimizers.legacy.SGD, learning_rate=0.01, batch_size=args.batch_size)
+trained = open(Path(args.out) / f"trained-rank{hv.rank}.jsonl", "a")
+trained.write(json.dumps({"start": os.getpid(), "epoch": hv.initial_epoch, "step": hv.resume_step}) + "\n")
+trained.flush()
+state = {"epoch": None}
+
+
+def note(ids):
+    trained.write(
+        json.dumps({"pid": os.getpid(), "epoch": state["epoch"], "ids": ids.numpy().tolist()}) + "\n"
+    )
+    trained.flush()
+    time.sleep(args.pause)
+    return 0
+
+
+class Tracked(tf.keras.Model):
+    def train_step(self, data):
+        x, y, ids = data
+        with tf.control_dependencies([tf.py_function(note, [ids], tf.int64)]):
+            x = tf.identity(x)
+        return super().train_step((x, y))
+
+
+class Epochs(tf.keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        state["epoch"] = epoch
+
+
+def parse(serialized):
+    parsed = tf.io.parse_single_example(serialized, FEATURES)
+    image = tf.cast(tf.reshape(tf.io.decode_raw(parsed["image"], tf.uint8), (32, 32, 3)), tf.float32) / 255.0
+    return image, parsed["label"], parsed["id"]
+
+
+inputs = tf.keras.Input((32, 32, 3))
+x = tf.keras.layers.GlobalAveragePooling2D()(tf.keras.layers.Conv2D(4, 3, activation="relu")(inputs))
+model = Tracked(inputs, tf.keras.layers.Dense(10)(x))
+model.compile(hv.optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+ds = rank_dataset("train", "TFRecord").map(parse).batch(args.batch_size, drop_remainder=True)
+model.fit(hv.train_epoch(ds), epochs=args.epochs, **hv.fit_kwargs(callbacks=[Epochs()]))
+print(f"rank {hv.rank}: finished", flush=True)

@@ -1,0 +1,121 @@
+"""Spot interruptions in local mode: ``--interrupt-at`` on real horovodrun / mpirun ranks, real FIFOs
+fed from S3 (moto server), TensorFlow. The job's records carry ids; each rank logs the ids of every
+batch its train step trained, so the test counts batches across the attempts: no epoch restarted, no
+batch skipped, at most the step in flight repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers.stop_jobs import shard_bytes
+
+from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.local.demo import demo_estimator
+from sagemaker_dist.local.job import run_local
+from sagemaker_dist.local.launchers.mpi import horovod_mpi_built
+from sagemaker_dist.local.spot import check_interrupts, run_interrupted
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "tests" / "helpers" / "local_scripts"
+FILES, PER_FILE, BATCH, EPOCHS = 4, 80, 4, 3  # 2 files a rank: 160 records, 40 steps an epoch
+INTERRUPT_AT = 25.0  # seconds after the ranks start: TensorFlow's start-up, then about 1 epoch in
+JOB_TIMEOUT_S = 240
+CLI = [sys.executable, "-m", "sagemaker_dist.cli"]
+
+
+def _data(s3, bucket) -> dict[str, list[int]]:
+    """FILES train files on S3 with ids; returns each file's ids by key."""
+    ids = {}
+    for i in range(FILES):
+        key = f"ids/train/part-{i:05d}.tfrecord"
+        s3.put_object(Bucket=bucket, Key=key, Body=shard_bytes(i * PER_FILE, PER_FILE, seed=i))
+        ids[key] = list(range(i * PER_FILE, (i + 1) * PER_FILE))
+    return ids
+
+
+def _request(bucket, out: Path):
+    estimator = demo_estimator(
+        bucket, 2, 1, "Pipe", {"epochs": EPOCHS, "batch_size": BATCH, "pause": 0.12, "out": str(out)},
+        source_dir=SCRIPTS, entry_point="train_ids.py",
+        checkpoint_s3_uri=f"s3://{bucket}/ckpt/spot",
+    )  # fmt: skip
+    return estimator.prepare({"train": f"s3://{bucket}/ids/train/"}, printer=None).request
+
+
+def _segments(path: Path) -> list[dict]:
+    """The rank's attempts in order: each {"start": ..., "epochs": {epoch: [ids of each batch]}}."""
+    attempts = []
+    for line in path.read_text().splitlines():
+        entry = json.loads(line)
+        if "start" in entry:
+            attempts.append({"start": entry, "epochs": {}})
+        else:
+            attempts[-1]["epochs"].setdefault(entry["epoch"], []).append(entry["ids"])
+    return attempts
+
+
+@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
+def test_interrupted_job_restarts_and_trains_each_remaining_batch_once(s3, bucket, tmp_path, launcher):
+    if launcher == "mpirun":
+        assert horovod_mpi_built(), (
+            "Horovod was built without MPI: scripts/setup.sh rebuilds it with Open MPI"
+        )
+    _data(s3, bucket)
+    out = tmp_path / "out"
+    out.mkdir()
+    lines: list[str] = []
+    attempts, result = run_interrupted(
+        _request(bucket, out), SCRIPTS, [INTERRUPT_AT], run=run_local, echo=lines.append,
+        launcher=launcher, work_dir=tmp_path / "work", timeout=JOB_TIMEOUT_S,
+    )  # fmt: skip
+    log = "\n".join(lines)
+    assert [a.status for a in attempts] == ["Stopped", "Completed"], log[-4000:]
+    first, second = attempts
+    assert first.stopped_at is not None and first.ended_after_signal < 30, log[-4000:]
+    epoch, step = first.stopped_at  # epoch counted from 1, as Keras prints it
+    assert second.resumed_from == (epoch - 1, step)  # the stop's own checkpoint: nothing lost
+    steps_per_epoch = 2 * PER_FILE // BATCH
+    for rank in range(2):
+        one, two = _segments(out / f"trained-rank{rank}.jsonl")
+        assert (two["start"]["epoch"], two["start"]["step"]) == (epoch - 1, step)
+        shard = sorted(sum(one["epochs"][0], [])) if epoch > 1 else None
+        for e in range(epoch - 1):  # epochs done before the stop: whole, once
+            assert len(one["epochs"][e]) == steps_per_epoch
+        stopped = one["epochs"][epoch - 1]
+        assert len(stopped) == step  # trained up to the agreed step, then stopped
+        assert min(two["epochs"]) == epoch - 1  # no epoch restarted
+        resumed = stopped + two["epochs"][epoch - 1]
+        assert len(resumed) == steps_per_epoch, "the stopped epoch: every batch once across both attempts"
+        assert len({tuple(b) for b in resumed}) == steps_per_epoch
+        if shard is not None:
+            assert sorted(sum(resumed, [])) == shard
+        for e in range(epoch, EPOCHS):
+            assert sorted(sum(two["epochs"][e], [])) == sorted(sum(resumed, []))
+
+
+def test_interrupt_at_needs_a_checkpoint_uri_and_positive_seconds():
+    with pytest.raises(ConfigurationError, match="no CheckpointConfig.S3Uri"):
+        check_interrupts([30.0], {"CheckpointConfig": {}})
+    with pytest.raises(ConfigurationError, match="--interrupt-at -1"):
+        check_interrupts([-1], {"CheckpointConfig": {"S3Uri": "s3://b/c"}})
+    check_interrupts([30.0, 40.0], {"CheckpointConfig": {"S3Uri": "s3://b/c"}})
+
+
+def test_demo_interrupted_ends_0_with_2_attempts(tmp_path):
+    """The README's command: ``sagemaker-dist local --demo -p epochs=4 --interrupt-at 30``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    proc = subprocess.run(
+        [*CLI, "local", "--demo", "-p", "epochs=4", "--interrupt-at", "30",
+         "--s3-state-dir", str(tmp_path / "s3")],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-5000:]
+    assert "[spot] 2 attempt(s):" in output
+    assert "attempt 1: Stopped" in output and "attempt 2: Completed" in output, output[-3000:]
