@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
@@ -65,6 +65,24 @@ def role_arn(role: str, region: str | None = None, account: str | None = None, b
     return f"arn:{partition}:iam::{account}:role/{role.lstrip('/')}"
 
 
+def existing(describe: Callable[[], dict], what: str, permission: str) -> dict | None:
+    """What ``describe()`` returns, or None where SageMaker says there is no such resource: the check
+    that a name is free, made before anything is written to S3 (other errors name ``permission``)."""
+    try:
+        return describe()
+    except ClientError as exc:
+        if _is_not_found(exc):
+            return None
+        raise aws_error(
+            exc,
+            what,
+            f"the name must be checked before anything is written to S3: allow {permission} for these "
+            "credentials",
+        ) from exc
+    except BotoCoreError as exc:
+        raise aws_error(exc, what, "") from exc
+
+
 def check_job_name_free(job_name: str, boto_session=None) -> None:
     """Raise EstimatorError if a training job called ``job_name`` exists (DescribeTrainingJob).
 
@@ -72,19 +90,13 @@ def check_job_name_free(job_name: str, boto_session=None) -> None:
     under ``<output_path>/<job_name>/``, overwriting those of the job that has the name.
     """
     client = (boto_session or boto3.Session()).client("sagemaker")  # honours AWS_ENDPOINT_URL
-    try:
-        job = client.describe_training_job(TrainingJobName=job_name)
-    except ClientError as exc:
-        if _is_not_found(exc):
-            return
-        raise aws_error(
-            exc,
-            f"describe training job {job_name!r}",
-            "the job name must be checked before anything is written to S3: allow "
-            "sagemaker:DescribeTrainingJob for these credentials",
-        ) from exc
-    except BotoCoreError as exc:
-        raise aws_error(exc, f"describe training job {job_name!r}", "") from exc
+    job = existing(
+        lambda: client.describe_training_job(TrainingJobName=job_name),
+        f"describe training job {job_name!r}",
+        "sagemaker:DescribeTrainingJob",
+    )
+    if job is None:
+        return
     raise EstimatorError(
         f"a training job named {job_name!r} already exists (status {job.get('TrainingJobStatus')}); "
         "job names are unique per account and region: pass another job_name= (CLI: --job-name), or "

@@ -15,7 +15,7 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 from sagemaker_dist.errors import JobFailedError
-from sagemaker_dist.launch.aws import _is_not_found, aws_error
+from sagemaker_dist.launch.aws import aws_error, existing
 from sagemaker_dist.launch.backends import SageMakerBackend
 from sagemaker_dist.launch.tuning import (
     TuningSpec,
@@ -197,19 +197,13 @@ class TuningJobHandle:
 def check_tuning_job_name_free(name: str, boto_session=None) -> None:
     """Raise TuningError if a tuning job called ``name`` exists (DescribeHyperParameterTuningJob)."""
     client = (boto_session or boto3.Session()).client("sagemaker")
-    try:
-        job = client.describe_hyper_parameter_tuning_job(HyperParameterTuningJobName=name)
-    except ClientError as exc:
-        if _is_not_found(exc):
-            return
-        raise aws_error(
-            exc,
-            f"describe tuning job {name!r}",
-            "the name must be checked before anything is written to S3: allow "
-            "sagemaker:DescribeHyperParameterTuningJob for these credentials",
-        ) from exc
-    except BotoCoreError as exc:
-        raise aws_error(exc, f"describe tuning job {name!r}", "") from exc
+    job = existing(
+        lambda: client.describe_hyper_parameter_tuning_job(HyperParameterTuningJobName=name),
+        f"describe tuning job {name!r}",
+        "sagemaker:DescribeHyperParameterTuningJob",
+    )
+    if job is None:
+        return
     raise TuningError(
         f"a tuning job named {name!r} already exists (status {job.get('HyperParameterTuningJobStatus')}); "
         "pass another tuning_job_name= (CLI: --job-name), or leave it out for a time-stamped name"

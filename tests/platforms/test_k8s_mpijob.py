@@ -19,6 +19,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from helpers.k8s_schemas import strict_schema
 
 from sagemaker_dist.platforms.k8s_mpijob import MPIJobError, check_name, mpirun_options
 from sagemaker_dist.platforms.node_plan import ranks_per_node
@@ -33,19 +34,9 @@ RESTART_POLICIES = {"Never", "OnFailure"}  # validation.go: validRestartPolicies
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
-def _strict(schema):
-    """The schema with unknown fields refused (the API server would prune them silently: a typo)."""
-    if isinstance(schema, dict):
-        out = {k: _strict(v) for k, v in schema.items()}
-        if "properties" in out and "additionalProperties" not in out:
-            out["additionalProperties"] = False
-        return out
-    if isinstance(schema, list):
-        return [_strict(v) for v in schema]
-    return schema
 
 
-SCHEMA = _strict(json.loads(FIXTURE.read_text())["openAPIV3Schema"])
+SCHEMA = strict_schema(json.loads(FIXTURE.read_text())["openAPIV3Schema"])
 
 
 def schema_problems(job: dict) -> list[str]:

@@ -23,6 +23,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from helpers.k8s_schemas import strict_schema
 
 from sagemaker_dist.contract.metric_line import metric_line
 from sagemaker_dist.launch.tuning import TuningSpec
@@ -62,22 +63,14 @@ K8S_STAND_INS = {
 }
 
 
-def _strict(schema):
-    """Unknown fields refused (the API server would prune them silently: a typo)."""
-    if isinstance(schema, dict):
-        out = {k: _strict(v) for k, v in schema.items()}
-        if "properties" in out and "additionalProperties" not in out:
-            out["additionalProperties"] = False
-        return out
-    if isinstance(schema, list):
-        return [_strict(v) for v in schema]
-    return schema
 
 
-EXPERIMENT_SCHEMA = _strict(
+EXPERIMENT_SCHEMA = strict_schema(
     {"$ref": "#/definitions/v1beta1.Experiment", "definitions": {**SWAGGER["definitions"], **K8S_STAND_INS}}
 )
-MPIJOB_SCHEMA = _strict(json.loads((FIXTURES / "mpijob_v2beta1_openapi.json").read_text())["openAPIV3Schema"])
+MPIJOB_SCHEMA = strict_schema(
+    json.loads((FIXTURES / "mpijob_v2beta1_openapi.json").read_text())["openAPIV3Schema"]
+)
 
 
 def swagger_problems(document: dict) -> list[str]:
