@@ -216,3 +216,23 @@ def test_a_checkpoint_with_more_than_the_model_fails_after_the_first_step_of_the
                        r"Unresolved object in checkpoint"):  # fmt: skip
         smaller.fit(x, y, epochs=2, initial_epoch=1, batch_size=8, verbose=0, callbacks=[callback])
     assert int(smaller.optimizer.iterations.numpy()) == 4 + 1  # the checkpoint's 4 steps, then one more
+
+
+def test_step_checkpoints_order_after_their_epoch_and_resume_with_the_step(tmp_path):
+    x, y = _data()
+    model = _model(0)
+    model.fit(x, y, epochs=1, batch_size=8, verbose=0)
+    ckpt.save_checkpoint(model, tmp_path, 1, keep=None)
+    stop = ckpt.save_checkpoint(
+        model, tmp_path, 1, step=7, keep=None, extra={"stopped": True, "records_consumed": [56, 56]}
+    )
+    assert stop.path.name == "epoch-00001-step-000007"
+    found = ckpt.list_checkpoints(tmp_path)
+    assert [c.position for c in found] == [(1, 0), (1, 7)]
+    assert found[-1].meta["records_consumed"] == [56, 56] and found[-1].meta["stopped"] is True
+    assert ckpt.resume_position(tmp_path, rank=0) == ((1, 7), found[-1])
+    assert ckpt.resume_point(tmp_path, rank=0) == (1, found[-1])
+    ckpt.save_checkpoint(model, tmp_path, 2, keep=2)  # the epoch's end outranks its steps; pruned to 2
+    assert [c.position for c in ckpt.list_checkpoints(tmp_path)] == [(1, 7), (2, 0)]
+    (tmp_path / "epoch-00002-step-000003").mkdir()  # no meta.json: never resumed from
+    assert ckpt.latest_checkpoint(tmp_path).position == (2, 0)
