@@ -21,12 +21,11 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from sagemaker_dist.errors import ConfigurationError, JobFailedError
+from sagemaker_dist.host.stop_forwarding import rank_processes
 
 STOP_WINDOW_S = 120.0  # SIGTERM to SIGKILL, as SageMaker gives a stopped or interrupted job
-_RANK_ENV = (b"OMPI_COMM_WORLD_RANK=", b"HOROVOD_RANK=", b"TF_CONFIG=")
 _STOPPED_LINE = re.compile(r"sagemaker-dist: stopped in epoch (\d+) after step (\d+)")
 _STARTED_LINE = re.compile(r"sagemaker-dist: resuming from checkpoint \S+ (\d+) epoch\(s\) done, (\d+) step")
 
@@ -50,18 +49,7 @@ def rank_pids(group) -> list[int]:
     group.watch()
     if group.known_pids:
         return sorted(group.known_pids.values())
-    from sagemaker_dist.local.launchers.mpi import _descendants
-
-    found = []
-    for pid in sorted(_descendants([group.proc.pid])) if group.proc else []:
-        try:
-            exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            continue
-        if exe.startswith("python") and any(b"\0" + key in b"\0" + environ for key in _RANK_ENV):
-            found.append(pid)
-    return found
+    return rank_processes(group.proc.pid) if group.proc else []
 
 
 class Interruption:

@@ -23,8 +23,12 @@ from sagemaker_dist.local.spot import check_interrupts, run_interrupted
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "tests" / "helpers" / "local_scripts"
+TOOLKIT_PYTHON = REPO / ".venv-toolkit" / "bin" / "python"
 FILES, PER_FILE, BATCH, EPOCHS = 4, 80, 4, 3  # 2 files a rank: 160 records, 40 steps an epoch
-INTERRUPT_AT = 25.0  # seconds after the ranks start: TensorFlow's start-up, then about 1 epoch in
+# seconds after the ranks start: TensorFlow's start-up, then about 1 epoch in; the toolkit downloads the
+# code and starts mpirun first, and its MPI master sleeps 30 s after mpirun ends, as on SageMaker
+INTERRUPT_AT = {"horovodrun": 25.0, "mpirun": 25.0, "toolkit": 40.0}
+SIGTERM_TO_END_S = {"horovodrun": 30.0, "mpirun": 30.0, "toolkit": 60.0}
 JOB_TIMEOUT_S = 240
 CLI = [sys.executable, "-m", "sagemaker_dist.cli"]
 
@@ -39,9 +43,10 @@ def _data(s3, bucket) -> dict[str, list[int]]:
     return ids
 
 
-def _request(bucket, out: Path):
+def _request(bucket, out: Path, hosts: int = 2, per_host: int = 1):
     estimator = demo_estimator(
-        bucket, 2, 1, "Pipe", {"epochs": EPOCHS, "batch_size": BATCH, "pause": 0.12, "out": str(out)},
+        bucket, hosts, per_host, "Pipe",
+        {"epochs": EPOCHS, "batch_size": BATCH, "pause": 0.12, "out": str(out)},
         source_dir=SCRIPTS, entry_point="train_ids.py",
         checkpoint_s3_uri=f"s3://{bucket}/ckpt/spot",
     )  # fmt: skip
@@ -60,24 +65,28 @@ def _segments(path: Path) -> list[dict]:
     return attempts
 
 
-@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
+@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun", "toolkit"])
 def test_interrupted_job_restarts_and_trains_each_remaining_batch_once(s3, bucket, tmp_path, launcher):
-    if launcher == "mpirun":
+    if launcher in ("mpirun", "toolkit"):
         assert horovod_mpi_built(), (
             "Horovod was built without MPI: scripts/setup.sh rebuilds it with Open MPI"
         )
+    if launcher == "toolkit" and (os.geteuid() != 0 or not TOOLKIT_PYTHON.exists()):
+        pytest.skip("--launcher toolkit needs root and .venv-toolkit (scripts/setup.sh)")
+    shape = (1, 2) if launcher == "toolkit" else (2, 1)  # the toolkit runs one simulated host
+    where = {"container_python": TOOLKIT_PYTHON} if launcher == "toolkit" else {}
     _data(s3, bucket)
     out = tmp_path / "out"
     out.mkdir()
     lines: list[str] = []
     attempts, result = run_interrupted(
-        _request(bucket, out), SCRIPTS, [INTERRUPT_AT], run=run_local, echo=lines.append,
-        launcher=launcher, work_dir=tmp_path / "work", timeout=JOB_TIMEOUT_S,
+        _request(bucket, out, *shape), SCRIPTS, [INTERRUPT_AT[launcher]], run=run_local, echo=lines.append,
+        launcher=launcher, work_dir=tmp_path / "work", timeout=JOB_TIMEOUT_S, **where,
     )  # fmt: skip
     log = "\n".join(lines)
     assert [a.status for a in attempts] == ["Stopped", "Completed"], log[-4000:]
     first, second = attempts
-    assert first.stopped_at is not None and first.ended_after_signal < 30, log[-4000:]
+    assert first.stopped_at is not None and first.ended_after_signal < SIGTERM_TO_END_S[launcher], log[-4000:]
     epoch, step = first.stopped_at  # epoch counted from 1, as Keras prints it
     assert second.resumed_from == (epoch - 1, step)  # the stop's own checkpoint: nothing lost
     steps_per_epoch = 2 * PER_FILE // BATCH

@@ -36,8 +36,11 @@ def _trained(out: Path, rank: int) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _run_attempt(attempt: int, root: Path, out: Path, stop_ranks=None, every=None) -> tuple[int, str, float]:
-    """One attempt under horovodrun; with ``stop_ranks``, SIGTERM those ranks mid-epoch. Returns
+def _run_attempt(
+    attempt: int, root: Path, out: Path, stop_ranks=None, every=None, forwarder=False
+) -> tuple[int, str, float]:
+    """One attempt under horovodrun; with ``stop_ranks``, SIGTERM those ranks mid-epoch (with
+    ``forwarder``, horovodrun runs under the image's entry point and only it gets SIGTERM). Returns
     (exit code, output, seconds from the SIGTERM to the job's end)."""
     write_config(root, WORLD)
     deadline = time.monotonic() + ATTEMPT_TIMEOUT_S
@@ -48,7 +51,9 @@ def _run_attempt(attempt: int, root: Path, out: Path, stop_ranks=None, every=Non
         "PYTHONPATH": str(REPO),
         "TF_CPP_MIN_LOG_LEVEL": "2",
     }
+    entry = [sys.executable, "-m", "sagemaker_dist.host.stop_forwarding"] if forwarder else []
     command = [
+        *entry,
         str(Path(sys.executable).with_name("horovodrun")), "-np", str(WORLD), "-H", f"localhost:{WORLD}",
         "--gloo",
         sys.executable, str(REPO / "tests" / "helpers" / "stop_job.py"), str(out), str(attempt), str(EPOCHS),
@@ -63,8 +68,13 @@ def _run_attempt(attempt: int, root: Path, out: Path, stop_ranks=None, every=Non
         try:
             while stop_ranks and proc.poll() is None and time.monotonic() < deadline:
                 if len([b for b in _trained(out, 0) if b["attempt"] == str(attempt)]) >= SIGNAL_AFTER_BATCHES:
-                    for rank in stop_ranks:
-                        os.kill(int((out / f"pid-rank{rank}").read_text()), signal.SIGTERM)
+                    pids = (
+                        [proc.pid]
+                        if forwarder
+                        else [int((out / f"pid-rank{r}").read_text()) for r in stop_ranks]
+                    )
+                    for pid in pids:
+                        os.kill(pid, signal.SIGTERM)
                     signalled = time.monotonic()
                     break
                 time.sleep(0.05)
@@ -116,6 +126,18 @@ def test_stopped_mid_epoch_then_resumed_trains_each_remaining_batch_once(tmp_pat
         resumed = sum(one[1], []) + sum(two[1], [])
         assert resumed == shard, "epoch 2 across both attempts: every batch once, in order"
         assert sorted(sum(two[2], [])) == shard  # epoch 3: whole, in attempt 2
+
+
+def test_sigterm_to_the_image_entry_point_reaches_every_rank_and_the_job_ends_0(tmp_path):
+    """``python -m sagemaker_dist.host.stop_forwarding horovodrun ...``, as the image's PID 1 would run
+    ``train``: SIGTERM to it alone, and every rank stops after the same step with rank 0's checkpoint."""
+    out = tmp_path / "out"
+    out.mkdir()
+    code, output, took = _run_attempt(1, tmp_path / "job", out, stop_ranks=(0, 1), forwarder=True)
+    assert code == 0, output[-5000:]
+    assert "SIGTERM: forwarded to rank process(es)" in output and "stopped in epoch 2 after step" in output
+    assert took < 30, f"the job took {took:.1f} s to end after SIGTERM"
+    assert [c for c in list_checkpoints(tmp_path / "job" / "checkpoints") if c.meta.get("stopped")]
 
 
 def test_periodic_step_checkpoints_on_rank0_only(tmp_path):
