@@ -2,7 +2,9 @@
 # Build the training image (container/Dockerfile, unchanged but for build args) on a stand-in for the
 # AWS TensorFlow DLC, then run jobs in it the way SageMaker does: `podman run <image> train` with the
 # host's /opt/ml tree bind-mounted, Pipe FIFOs fed from S3 by local mode, 2 MPI ranks started by the
-# image's own toolkit (tests/container/test_container_image.py). Idempotent; prints each step's time.
+# image's own toolkit (tests/container/test_container_image.py); and on 2 hosts, one container each on
+# a private network, mpirun over SSH between them (test_cluster_image.py). Idempotent; prints each
+# step's time.
 #
 # Usage: scripts/container-test.sh [--base IMAGE] [--build-only] [-- pytest args]
 #        eval "$(scripts/container-test.sh --env)"
@@ -33,7 +35,7 @@ die() {
 }
 
 usage() {
-  sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 base=""
@@ -117,9 +119,11 @@ build --volume "$CA_BUNDLE:$CA_BUNDLE:ro" --ignorefile container/Dockerfile.dock
 step_done
 [ "$build_only" = 1 ] && exit 0
 
-# 4. Jobs in the image: the demo on 2 MPI ranks, a failing rank, a job stopped at its time limit. The
-# tests marked `image` (deselected in the main suite, where no image is configured).
-step "jobs in $IMAGE (tests/container/test_container_image.py -m image)"
+# 4. Jobs in the image: the demo on 2 MPI ranks, a failing rank, a job stopped at its time limit; then
+# several hosts, one container each on a private network (test_cluster_image.py: the 2 x 2 demo, tf-mwms
+# on 2 hosts, a dead worker, a rank raising on algo-2, no SSH key, the time limit, Ctrl-C). The tests
+# marked `image` (deselected in the main suite, where no image is configured).
+step "jobs in $IMAGE (tests/container/ -m image)"
 SAGEMAKER_DIST_TEST_IMAGE="$IMAGE" SAGEMAKER_DIST_TEST_MWMS_IMAGE="$MWMS_IMAGE" .venv/bin/python -m pytest -q -p no:cacheprovider \
-  -m image tests/container/test_container_image.py "$@"
+  -m image --durations=0 tests/container/test_container_image.py tests/container/test_cluster_image.py "$@"
 step_done

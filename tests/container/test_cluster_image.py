@@ -186,7 +186,7 @@ def test_a_host_whose_ssh_never_lets_the_master_in_is_named_before_mpirun(s3, bu
     containerfile = f"FROM {IMAGE}\nRUN rm /root/.ssh/authorized_keys\n"
     built = subprocess.run(build, input=containerfile, capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
-    monkeypatch.setattr(cluster, "SSH_WAIT_S", 20.0)
+    monkeypatch.setattr(cluster, "SSH_WAIT_S", 10.0)
     request = _request(s3, bucket, SCRIPTS, "cluster_rank.py", 2, 1, {})
     lines: list[str] = []
     try:
@@ -198,7 +198,7 @@ def test_a_host_whose_ssh_never_lets_the_master_in_is_named_before_mpirun(s3, bu
     message = str(failure.value)
     print(message)
     assert message.startswith("host algo-2 (rank(s) 1) was never reached by SSH"), message
-    assert "Its SSH did not let algo-1 in within 2" in message and "mpirun never started" in message, message
+    assert "Its SSH did not let algo-1 in within 1" in message and "mpirun never started" in message, message
     # what each toolkit last said: algo-1 cannot reach algo-2, which waits to log into algo-1 first
     assert "algo-1's toolkit last said: cannot connect to host algo-2: " in message, message
     assert "algo-2's toolkit is still waiting to log into algo-1 (" in message, message

@@ -269,7 +269,7 @@ class ClusterGroup(RankGroup):
         text = path.read_text(errors="replace").strip().splitlines()[-15:]
         return [f"{host.name}'s /opt/ml/output/failure says:\n" + "\n".join(f"  {line}" for line in text)]
 
-    def death(self, host: ClusterHost, code: int) -> str:
+    def death(self, host: ClusterHost, code: int, when: str = "while the job ran") -> str:
         """A host's container that ended non-zero on its own (nothing of ours stopped it yet)."""
         failed = bool(self._failure_file(host))
         if self.tf_mwms and failed:  # its one worker failed, and the toolkit wrote why
@@ -277,10 +277,8 @@ class ClusterGroup(RankGroup):
             said = [] if host is self.plan.master else self._failure_file(host)
             return "\n".join([rank_failure(self, host.ranks[0], what, self.trees, self.per_host), *said])
         if failed:
-            return self.host_failure(host, f"ended: its toolkit exited with {describe_exit(code)}")
-        return self.host_failure(
-            host, f"died: its container exited with {describe_exit(code)} while the job ran"
-        )
+            return self.host_failure(host, f"ended: its toolkit exited with {describe_exit(code)} {when}")
+        return self.host_failure(host, f"died: its container exited with {describe_exit(code)} {when}")
 
     def ssh_wait_ran_out(self, now: float) -> str | None:
         """The master's wait for the workers' SSH, bounded: the first worker it never reached, named."""
@@ -353,7 +351,7 @@ def _master_ended(group: ClusterGroup, workers) -> str | None:
                 group, rank, f"exited with {describe_exit(rank_code)}", group.trees, group.per_host
             )
         if not group.progress[master.name].mpirun_started:
-            return group.death(master, code) + "\nmpirun never started"
+            return group.death(master, code, "before mpirun started")
         return group.death(master, code)
     # the master ended well: each worker's toolkit ends after its own 30 s sleep
     deadline = time.monotonic() + WORKERS_END_WAIT_S

@@ -69,7 +69,7 @@ def container_environment(
 
     ``PYTHONUNBUFFERED=1`` (unless the request says otherwise): the toolkit ``print``s every line of
     mpirun's into a pipe, which Python buffers by 8 KiB, so without it the ranks' lines would come
-    minutes late, after the toolkit's own (CloudWatch shows the same on SageMaker)."""
+    minutes late, after the toolkit's own (presumably CloudWatch shows the same on SageMaker)."""
     env = {k: v for k, v in base.items() if _AWS_NAMES.match(k)}
     env["TF_CPP_MIN_LOG_LEVEL"] = base.get("TF_CPP_MIN_LOG_LEVEL", "2")
     env["PYTHONUNBUFFERED"] = "1"
