@@ -8,6 +8,7 @@ import ipaddress
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -159,7 +160,7 @@ def test_the_relay_brings_this_machines_endpoint_onto_another_namespaces_loopbac
         try:
             url = f"http://127.0.0.1:{port}/"
             get = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10).read())"
-            inside = subprocess.run(["nsenter", f"--net={netns}", "python3", "-c", get],
+            inside = subprocess.run(["nsenter", f"--net={netns}", sys.executable, "-c", get],
                                     capture_output=True, text=True, timeout=60)  # fmt: skip
             assert inside.stdout.strip() == "b'from this machine'", inside.stderr
         finally:
