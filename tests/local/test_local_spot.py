@@ -1,7 +1,7 @@
-"""Spot interruptions in local mode: ``--interrupt-at`` on real horovodrun / mpirun ranks, real FIFOs
-fed from S3 (moto server), TensorFlow. The job's records carry ids; each rank logs the ids of every
-batch its train step trained, so the test counts batches across the attempts: no epoch restarted, no
-batch skipped, at most the step in flight repeated.
+"""Spot interruptions in local mode: ``--interrupt-at`` on real ranks (horovodrun, mpirun, AWS's
+toolkit; tf-mwms workers with TF_CONFIG), real FIFOs fed from S3 (moto server), TensorFlow. The job's
+records carry ids; each rank logs the ids of every batch its train step trained, so the test counts
+batches across the attempts: no epoch restarted, no batch skipped, at most the step in flight repeated.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ TOOLKIT_PYTHON = REPO / ".venv-toolkit" / "bin" / "python"
 FILES, PER_FILE, BATCH, EPOCHS = 4, 80, 4, 3  # 2 files a rank: 160 records, 40 steps an epoch
 # seconds after the ranks start: TensorFlow's start-up, then about 1 epoch in; the toolkit downloads the
 # code and starts mpirun first, and its MPI master sleeps 30 s after mpirun ends, as on SageMaker
-INTERRUPT_AT = {"horovodrun": 25.0, "mpirun": 25.0, "toolkit": 40.0}
-SIGTERM_TO_END_S = {"horovodrun": 30.0, "mpirun": 30.0, "toolkit": 60.0}
+INTERRUPT_AT = {"horovodrun": 25.0, "mpirun": 25.0, "toolkit": 35.0, "tf-mwms": 25.0}
+EPOCHS_OF = {"horovodrun": EPOCHS, "mpirun": EPOCHS, "toolkit": EPOCHS + 2, "tf-mwms": EPOCHS}
+SIGTERM_TO_END_S = {"horovodrun": 30.0, "mpirun": 30.0, "toolkit": 60.0, "tf-mwms": 30.0}
 JOB_TIMEOUT_S = 240
 CLI = [sys.executable, "-m", "sagemaker_dist.cli"]
 
@@ -43,10 +44,12 @@ def _data(s3, bucket) -> dict[str, list[int]]:
     return ids
 
 
-def _request(bucket, out: Path, hosts: int = 2, per_host: int = 1):
+def _request(bucket, out: Path, hosts: int = 2, per_host: int = 1, epochs: int = EPOCHS, mwms=False):
     estimator = demo_estimator(
         bucket, hosts, per_host, "Pipe",
-        {"epochs": EPOCHS, "batch_size": BATCH, "pause": 0.12, "out": str(out)},
+        {"epochs": epochs, "batch_size": BATCH, "pause": 0.12, "out": str(out),
+         "helper": "mwms" if mwms else "horovod"},
+        **({"distribution": "tf-mwms"} if mwms else {}),
         source_dir=SCRIPTS, entry_point="train_ids.py",
         checkpoint_s3_uri=f"s3://{bucket}/ckpt/spot",
     )  # fmt: skip
@@ -65,7 +68,7 @@ def _segments(path: Path) -> list[dict]:
     return attempts
 
 
-@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun", "toolkit"])
+@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun", "toolkit", "tf-mwms"])
 def test_interrupted_job_restarts_and_trains_each_remaining_batch_once(s3, bucket, tmp_path, launcher):
     if launcher in ("mpirun", "toolkit"):
         assert horovod_mpi_built(), (
@@ -80,14 +83,24 @@ def test_interrupted_job_restarts_and_trains_each_remaining_batch_once(s3, bucke
     out.mkdir()
     lines: list[str] = []
     attempts, result = run_interrupted(
-        _request(bucket, out, *shape), SCRIPTS, [INTERRUPT_AT[launcher]], run=run_local, echo=lines.append,
-        launcher=launcher, work_dir=tmp_path / "work", timeout=JOB_TIMEOUT_S, **where,
+        _request(bucket, out, *shape, EPOCHS_OF[launcher], launcher == "tf-mwms"), SCRIPTS,
+        [INTERRUPT_AT[launcher]], run=run_local, echo=lines.append,
+        launcher="horovodrun" if launcher == "tf-mwms" else launcher, work_dir=tmp_path / "work",
+        timeout=JOB_TIMEOUT_S, **where,
     )  # fmt: skip
     log = "\n".join(lines)
+    (tmp_path / "job.log").write_text(log)  # the whole of it, for a failure's reader
     assert [a.status for a in attempts] == ["Stopped", "Completed"], log[-4000:]
     first, second = attempts
     assert first.stopped_at is not None and first.ended_after_signal < SIGTERM_TO_END_S[launcher], log[-4000:]
     epoch, step = first.stopped_at  # epoch counted from 1, as Keras prints it
+    if launcher == "tf-mwms":  # stops on every worker after the same step; the resume restarts that epoch
+        assert second.resumed_from == (epoch - 1, 0)
+        for rank in range(2):
+            one, two = _segments(out / f"trained-rank{rank}.jsonl")
+            assert len(one["epochs"][epoch - 1]) == step
+            assert min(two["epochs"]) == epoch - 1 and len(two["epochs"][epoch - 1]) == 2 * PER_FILE // BATCH
+        return
     assert second.resumed_from == (epoch - 1, step)  # the stop's own checkpoint: nothing lost
     steps_per_epoch = 2 * PER_FILE // BATCH
     for rank in range(2):
@@ -104,7 +117,7 @@ def test_interrupted_job_restarts_and_trains_each_remaining_batch_once(s3, bucke
         assert len({tuple(b) for b in resumed}) == steps_per_epoch
         if shard is not None:
             assert sorted(sum(resumed, [])) == shard
-        for e in range(epoch, EPOCHS):
+        for e in range(epoch, EPOCHS_OF[launcher]):
             assert sorted(sum(two["epochs"][e], [])) == sorted(sum(resumed, []))
 
 

@@ -60,9 +60,20 @@ class StopAtAgreedStep(tf.keras.callbacks.Callback):
         if self.rank == 0 and self.directory is not None and self.schedule.active:
             steps_since, since = self._steps - self._last_save[0], time.monotonic() - self._last_save[1]
             if self.schedule.due(steps_since, since):
-                ckpt.save_checkpoint(self.model, self.directory, self._epoch, keep=self.keep, step=step)
-                self.saved.append((self._epoch, step))
-                self._last_save = (self._steps, time.monotonic())
+                self._save_step(step)
+
+    def _save_step(self, step: int) -> None:
+        self._write(step)
+        self.saved.append((self._epoch, step))
+        self._last_save = (self._steps, time.monotonic())
+
+    def _write(self, step: int, extra: dict | None = None):
+        """Rank 0's checkpoint of this step (Horovod: the others get its weights by broadcast)."""
+        if self.rank != 0 or self.directory is None:
+            return None
+        return ckpt.save_checkpoint(
+            self.model, self.directory, self._epoch, keep=self.keep, step=step, extra=extra
+        )
 
     def on_train_end(self, logs=None):
         self.stop.uninstall()
@@ -72,16 +83,7 @@ class StopAtAgreedStep(tf.keras.callbacks.Callback):
         records = list(agreed.records)
         if self._resume_records and len(self._resume_records) == len(records):
             records = [a + b for a, b in zip(self._resume_records, records)]
-        written = None
-        if self.rank == 0 and self.directory is not None:
-            written = ckpt.save_checkpoint(
-                self.model,
-                self.directory,
-                self._epoch,
-                keep=self.keep,
-                step=step,
-                extra={"stopped": True, "records_consumed": records},
-            )
+        written = self._write(step, {"stopped": True, "records_consumed": records or None})
         for flush in self.on_stop:
             try:
                 flush()
@@ -90,8 +92,8 @@ class StopAtAgreedStep(tf.keras.callbacks.Callback):
         waited = time.monotonic() - self.stop.received_at if self.stop.received_at is not None else None
         if self.rank == 0:
             print(
-                f"sagemaker-dist: stopped in epoch {self._epoch + 1} after step {step} on every rank "
-                f"(records of this epoch trained per rank: {records})"
+                f"sagemaker-dist: stopped in epoch {self._epoch + 1} after step {step} on every rank"
+                + (f" (records of this epoch trained per rank: {records})" if records else "")
                 + (f"; checkpoint {written.path.name}" if written else "; no checkpoint (checkpoints off)")
                 + (f"; {waited:.1f} s after the stop request" if waited is not None else ""),
                 flush=True,
@@ -99,3 +101,40 @@ class StopAtAgreedStep(tf.keras.callbacks.Callback):
         self.stop.done()
         self.stop.uninstall()
         raise TrainingStopped(self._epoch, step, written)
+
+
+class StopOnEveryWorker(StopAtAgreedStep):
+    """MultiWorkerMirroredStrategy's stops: no per-step allreduce of ours to ride on, so after every step
+    the workers agree, in one collective (``agree``: any worker's flags), on a stop and on a step
+    checkpoint being due; every worker then saves (the strategy needs all of them), the chief's copy kept."""
+
+    def __init__(self, stop: StopRequest, *, agree, chief: bool, **kwargs):
+        super().__init__(stop, rank=0 if chief else 1, **kwargs)
+        self.agree, self.chief = agree, chief
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._steps += 1
+        step = self._offset + batch + 1
+        steps_since, since = self._steps - self._last_save[0], time.monotonic() - self._last_save[1]
+        due = self.directory is not None and self.schedule.due(steps_since, since)
+        stop, due = self.agree([self.stop.wanted(), int(due)])
+        if stop:
+            self.stop.note_agreed(batch, ())
+            self._stop_here(step)
+        if due:
+            self._save_step(step)
+
+    def _write(self, step: int, extra: dict | None = None):
+        if self.directory is None:
+            return None
+        with ckpt.writing_dir(self.chief, self.directory) as where:
+            saved = ckpt.save_checkpoint(
+                self.model,
+                where,
+                self._epoch,
+                keep=self.keep,
+                step=step,
+                extra=extra,
+                rank=0 if self.chief else -1,
+            )
+        return saved if self.chief else None

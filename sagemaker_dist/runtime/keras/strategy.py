@@ -17,7 +17,7 @@ from typing import Any
 
 from sagemaker_dist.contract.layout import TF_MWMS
 from sagemaker_dist.runtime import checkpoints as ckpt
-from sagemaker_dist.runtime.keras.agreement import AGREED
+from sagemaker_dist.runtime.keras.agreement import AGREED, skip_first_batches
 from sagemaker_dist.runtime.keras.arguments import SetupArguments, check_arguments
 from sagemaker_dist.runtime.keras.errors import TrainingSetupError
 from sagemaker_dist.runtime.keras.optimizer import build_scaled_optimizer
@@ -27,6 +27,7 @@ from sagemaker_dist.runtime.keras.preflight import (
     check_job_distribution,
     check_tf_keras_release,
 )
+from sagemaker_dist.runtime.keras.stop import ResumeSkip, StepSchedule, StopRequest
 from sagemaker_dist.runtime.keras.surface import FitSurface
 from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
 
@@ -53,6 +54,9 @@ class StrategyKeras(FitSurface):
     local_rank: int = 0
     local_size: int = 1
     fit_window: FitWindow = field(default_factory=FitWindow, repr=False)  # Keras patched only in our fits
+    stop: StopRequest | None = None  # SIGTERM -> a stop every worker agrees on after a step
+    resume_step: int = 0  # steps of initial_epoch trained before the checkpoint resumed from
+    resume_skip: ResumeSkip | None = field(default=None, repr=False)
 
     saves_on_every_worker = True
 
@@ -66,14 +70,15 @@ class StrategyKeras(FitSurface):
 
         Pass it as is (no ``.repeat()``): Keras makes a new iterator each epoch, which opens the next
         FIFO. The epoch ends when every worker has run out; workers that ran out first take empty
-        steps meanwhile, so the collectives stay in step."""
-        return self._epoch(batches)
+        steps meanwhile, so the collectives stay in step. After a resume from a step checkpoint the
+        first epoch skips the steps already trained."""
+        return self._epoch(batches, self.resume_skip)
 
     def validation_epoch(self, batches):
         """This worker's validation batches, ending together on every worker like ``train_epoch``."""
         return self._epoch(batches)
 
-    def _epoch(self, batches):
+    def _epoch(self, batches, skip=None):
         import tensorflow as tf
 
         per_replica = _batch_size(batches, self.batch_size)
@@ -82,6 +87,8 @@ class StrategyKeras(FitSurface):
         # unknown: tf.distribute then agrees every step across workers whether any still has data (its
         # get_next_as_optional), which is what keeps uneven shards in step.
         merged = batches.rebatch(per_replica * self.replicas)
+        if skip is not None:
+            merged = skip_first_batches(merged, skip)  # one merged batch per step of this worker
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         epoch = merged.with_options(options)
@@ -182,7 +189,18 @@ def _start(args: SetupArguments) -> StrategyKeras:
     with strategy.scope():
         opt, base_lr, scaled_lr = build_scaled_optimizer(args.optimizer, replicas, args.learning_rate)
     ckpt_dir = ckpt.checkpoint_dir(args.root) if args.checkpoints else None
-    initial_epoch, resume_from = _agreed_resume_point(strategy, ckpt_dir) if ckpt_dir else (0, None)
+    (initial_epoch, resume_step), resume_from = (
+        _agreed_resume_point(strategy, ckpt_dir) if ckpt_dir else ((0, 0), None)
+    )
+    if resume_step:
+        # skipping the trained steps inside a distributed dataset left the resumed epoch empty in our
+        # test: until that is understood the epoch restarts (its first resume_step steps are repeated)
+        log.warning(
+            "tf-mwms: resuming epoch %d from its first step (the checkpoint is of its step %d)",
+            initial_epoch + 1, resume_step,
+        )  # fmt: skip
+        resume_step = 0
+    stop = StopRequest(rank, args.stop_grace).install() if args.stop_on_sigterm else None
     from sagemaker_dist.runtime.keras import callbacks as keras_callbacks  # loads TensorFlow's Keras
 
     window = FitWindow()
@@ -198,6 +216,8 @@ def _start(args: SetupArguments) -> StrategyKeras:
     tensorboard, syncer = keras_callbacks.tensorboard_callbacks(
         args.tensorboard_dir, args.tensorboard_s3_uri, args.tensorboard_interval, rank=rank
     )
+    if stop is not None or args.checkpoint_every_steps or args.checkpoint_every_seconds:
+        callbacks.append(_stop_callback(args, stop, strategy, size, rank, ckpt_dir, resume_step, tensorboard))
     hv = StrategyKeras(
         strategy=strategy,
         rank=rank,
@@ -212,7 +232,16 @@ def _start(args: SetupArguments) -> StrategyKeras:
         resume_from=resume_from,
         tensorboard_syncer=syncer,
         fit_window=window,
+        stop=stop,
+        resume_step=resume_step,
+        resume_skip=ResumeSkip(resume_step) if resume_step else None,  # 0 for now: see the warning above
     )
+    if hv.is_chief and resume_from is not None:  # the job's log says where it resumed
+        print(
+            f"sagemaker-dist: resuming from checkpoint {resume_from.path.name}: {initial_epoch} epoch(s) "
+            f"done, {resume_step} step(s) of the next",
+            flush=True,
+        )
     if hv.is_chief:
         log.info(
             "MultiWorkerMirroredStrategy: %d worker(s), %d replica(s) in sync; learning rate %g x %d = %g; "
@@ -223,18 +252,54 @@ def _start(args: SetupArguments) -> StrategyKeras:
     return hv
 
 
-def _agreed_resume_point(strategy, directory) -> tuple[int, ckpt.Checkpoint | None]:
-    """The newest epoch every worker holds a complete checkpoint of (SageMaker restores the checkpoint
-    prefix onto every host): each worker's newest, gathered, and the smallest taken."""
+def _stop_callback(args, stop, strategy, size, rank, ckpt_dir, resume_step, tensorboard):
+    """The workers' per-step agreement on a stop and on step checkpoints (``stop_callback.py``)."""
+    from sagemaker_dist.runtime.keras.callbacks import TensorBoardSyncCallback
+    from sagemaker_dist.runtime.keras.stop_callback import StopOnEveryWorker
+
+    sync = [c for c in tensorboard if isinstance(c, TensorBoardSyncCallback)]
+    return StopOnEveryWorker(
+        stop if stop is not None else StopRequest(rank),
+        agree=_any_worker(strategy) if size > 1 else (lambda flags: [bool(f) for f in flags]),
+        chief=rank == 0,
+        directory=ckpt_dir,
+        keep=args.keep_checkpoints,
+        schedule=StepSchedule(args.checkpoint_every_steps, args.checkpoint_every_seconds),
+        resume_step=resume_step,
+        on_stop=[sync[0].on_train_end] if sync else [],
+    )
+
+
+def _any_worker(strategy):
+    """``agree(flags)``: for each flag, whether any worker's is set (one all-reduce, a sum)."""
+    import tensorflow as tf
+
+    def agree(flags):
+        mine = strategy.experimental_distribute_values_from_function(
+            lambda _ctx: tf.constant(flags, tf.int64)
+        )
+        total = strategy.reduce(tf.distribute.ReduceOp.SUM, mine, axis=None)
+        return [int(v) > 0 for v in total.numpy()]
+
+    return agree
+
+
+_POSITION = 10**9  # (epoch, step) as one int64, for the workers' min
+
+
+def _agreed_resume_point(strategy, directory) -> tuple[tuple[int, int], ckpt.Checkpoint | None]:
+    """The newest (epoch, step) every worker holds a complete checkpoint of (SageMaker restores the
+    checkpoint prefix onto every host): each worker's newest, gathered, and the smallest taken."""
     import tensorflow as tf
 
     ckpt.remove_stale_temporaries(directory)
     found = ckpt.list_checkpoints(directory)
-    newest = found[-1].epoch if found else 0
+    newest = found[-1].epoch * _POSITION + found[-1].step if found else 0
     if int(strategy.num_replicas_in_sync) > 1:
         mine = strategy.experimental_distribute_values_from_function(
             lambda _ctx: tf.constant([newest], tf.int64)
         )
         newest = int(tf.reduce_min(strategy.gather(mine, axis=0)).numpy())
-    chosen = next((c for c in found if c.epoch == newest), None)
-    return (newest, chosen) if chosen else (0, None)
+    position = divmod(newest, _POSITION)
+    chosen = next((c for c in found if c.position == position), None)
+    return (position, chosen) if chosen else ((0, 0), None)

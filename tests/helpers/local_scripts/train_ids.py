@@ -11,13 +11,14 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from sagemaker_dist.runtime import horovod_keras, rank_dataset
+from sagemaker_dist.runtime import horovod_keras, mwms_keras, rank_dataset
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
 p.add_argument("--epochs", type=int, default=3)
 p.add_argument("--batch_size", type=int, default=4)
 p.add_argument("--pause", type=float, default=0.1)
+p.add_argument("--helper", default="horovod", help="horovod or mwms")
 args, _ = p.parse_known_args()
 
 FEATURES = {
@@ -25,7 +26,11 @@ FEATURES = {
     "label": tf.io.FixedLenFeature([], tf.int64),
     "id": tf.io.FixedLenFeature([], tf.int64),
 }
-hv = horovod_keras.setup(tf.keras.optimizers.legacy.SGD, learning_rate=0.01, batch_size=args.batch_size)
+mwms = args.helper == "mwms"
+helper, optimizer = (
+    (mwms_keras, tf.keras.optimizers.SGD) if mwms else (horovod_keras, tf.keras.optimizers.legacy.SGD)
+)
+hv = helper.setup(optimizer, learning_rate=0.01, batch_size=args.batch_size)
 trained = open(Path(args.out) / f"trained-rank{hv.rank}.jsonl", "a")
 trained.write(json.dumps({"start": os.getpid(), "epoch": hv.initial_epoch, "step": hv.resume_step}) + "\n")
 trained.flush()
@@ -60,10 +65,11 @@ def parse(serialized):
     return image, parsed["label"], parsed["id"]
 
 
-inputs = tf.keras.Input((32, 32, 3))
-x = tf.keras.layers.GlobalAveragePooling2D()(tf.keras.layers.Conv2D(4, 3, activation="relu")(inputs))
-model = Tracked(inputs, tf.keras.layers.Dense(10)(x))
-model.compile(hv.optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+with hv.scope():
+    inputs = tf.keras.Input((32, 32, 3))
+    x = tf.keras.layers.GlobalAveragePooling2D()(tf.keras.layers.Conv2D(4, 3, activation="relu")(inputs))
+    model = Tracked(inputs, tf.keras.layers.Dense(10)(x))
+    model.compile(hv.optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 ds = rank_dataset("train", "TFRecord").map(parse).batch(args.batch_size, drop_remainder=True)
 model.fit(hv.train_epoch(ds), epochs=args.epochs, **hv.fit_kwargs(callbacks=[Epochs()]))
 print(f"rank {hv.rank}: finished", flush=True)
