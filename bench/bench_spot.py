@@ -40,7 +40,10 @@ def one_round(epochs: int, at: float) -> dict:
         raise SystemExit(f"round failed (exit {proc.returncode}):\n{output[-4000:]}")
     epoch, step = int(stop.group(1)), int(stop.group(2))
     done_epochs, done_steps = int(resumed.group(1)), int(resumed.group(2))
-    lost = step - done_steps if done_epochs == epoch - 1 else None  # resumed inside the stopped epoch
+    if done_epochs == epoch - 1:  # resumed inside the stopped epoch
+        lost = step - done_steps
+    else:  # the stop was the epoch's last step: resumed at the next epoch's start
+        lost = 0 if (done_epochs, done_steps) == (epoch, 0) else None
     return {
         "stop_s": float(stop.group(3)),
         "end_s": float(ended.group(1)),

@@ -154,11 +154,18 @@ def agreed_epoch(batches, what: str, hvd, reports: EpochReports, stop=None):
         both = hvd.allreduce(tf.stack([has, -wants]), op=hvd.Min, name=f"sagemaker_dist_{what}_has_or_stop")
         return both[0], -both[1]
 
+    def after_stop(has):
+        more = hvd.allreduce(has, op=hvd.Min, name=f"sagemaker_dist_{what}_has_batch_after_stop")
+        noted = tf.py_function(lambda m: stop.note_rest(int(m.numpy()) > 0) or 0, [more], tf.int64)
+        with tf.control_dependencies([noted]):
+            return tf.identity(zero), tf.identity(zero)
+
     def step(state, item):
         steps, read, stopped = state
         has, batch = item
-        # after the agreed stop: end here, with no collective (every rank is at the same place)
-        everyone, stopping = tf.cond(stopped > 0, lambda: (zero, zero), lambda: agree(has))
+        # after the agreed stop: end here; one last has-only allreduce (every rank is at the same place)
+        # says whether the stopped step was the epoch's last, so the checkpoint can say "epoch done"
+        everyone, stopping = tf.cond(stopped > 0, lambda: after_stop(has), lambda: agree(has))
         records = _records_in(batch) * has
 
         def report():  # every rank takes this branch at the same step: the allgather is safe

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_GRACE_S = 100.0  # SIGTERM to forced exit: inside SageMaker's 120 s, with room for its SIGKILL
 STOPPED_EXIT_CODE = 0  # the process ends cleanly: whether the job was stopped is the platform's word
+REST_WAIT_S = 30.0  # the stop's last allreduce (is the epoch over?) runs ahead in tf.data: a bound anyway
 
 
 class TrainingStopped(SystemExit):
@@ -59,6 +60,8 @@ class StopRequest:
         self.requested = threading.Event()
         self.received_at: float | None = None  # time.monotonic() of the first SIGTERM
         self.agreed: AgreedStop | None = None
+        self.epoch_has_more: bool | None = None  # after the stop: whether its epoch had batches left
+        self._rest_known = threading.Event()
         self._previous = None
         self._installed = False
         self._watchdog: threading.Timer | None = None
@@ -97,6 +100,16 @@ class StopRequest:
 
     def note_agreed(self, index: int, records) -> None:
         self.agreed = AgreedStop(int(index), tuple(int(r) for r in records))
+
+    def note_rest(self, more: bool) -> None:
+        self.epoch_has_more = bool(more)
+        self._rest_known.set()
+
+    def epoch_ended_at_stop(self, timeout: float = REST_WAIT_S) -> bool:
+        """True when the stopped step was its epoch's last (the ranks' has-only allreduce after it said
+        so; waits for it, bounded): the checkpoint is then of the whole epoch, and the resumed job
+        starts the next one instead of an epoch with nothing left, which Keras refuses."""
+        return self._rest_known.wait(timeout) and self.epoch_has_more is False
 
     def stopping_at(self, batch: int) -> bool:
         """True at the batch (Keras's index in this epoch) the ranks agreed to stop after."""

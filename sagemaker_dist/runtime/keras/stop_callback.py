@@ -78,11 +78,18 @@ class StopAtAgreedStep(tf.keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         self.stop.uninstall()
 
+    def _epoch_over(self) -> bool:
+        return self.stop.epoch_ended_at_stop()
+
     def _stop_here(self, step: int) -> None:
         agreed = self.stop.agreed
         records = list(agreed.records)
         if self._resume_records and len(self._resume_records) == len(records):
             records = [a + b for a, b in zip(self._resume_records, records)]
+        epoch, last = self._epoch, step
+        over = self._epoch_over()
+        if over:  # the stopped step was the epoch's last: the checkpoint is of the whole epoch
+            self._epoch, step = self._epoch + 1, 0
         written = self._write(step, {"stopped": True, "records_consumed": records or None})
         for flush in self.on_stop:
             try:
@@ -92,7 +99,9 @@ class StopAtAgreedStep(tf.keras.callbacks.Callback):
         waited = time.monotonic() - self.stop.received_at if self.stop.received_at is not None else None
         if self.rank == 0:
             print(
-                f"sagemaker-dist: stopped in epoch {self._epoch + 1} after step {step} on every rank"
+                f"sagemaker-dist: stopped in epoch {epoch + 1} after step {last}"
+                + (" (its last)" if over else "")
+                + " on every rank"
                 + (f" (records of this epoch trained per rank: {records})" if records else "")
                 + (f"; checkpoint {written.path.name}" if written else "; no checkpoint (checkpoints off)")
                 + (f"; {waited:.1f} s after the stop request" if waited is not None else ""),
@@ -123,6 +132,9 @@ class StopOnEveryWorker(StopAtAgreedStep):
             self._stop_here(step)
         if due:
             self._save_step(step)
+
+    def _epoch_over(self) -> bool:
+        return False  # no look past the step here; the resume restarts the epoch anyway (strategy.py)
 
     def _write(self, step: int, extra: dict | None = None):
         if self.directory is None:
