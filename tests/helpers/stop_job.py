@@ -61,6 +61,20 @@ def main() -> None:
         def on_epoch_begin(self, epoch, logs=None):
             state["epoch"] = epoch
 
+    # STOP_AT_AGREEMENT=N: rank 0 wants to stop from the N-th per-step agreement on (each batch's, and
+    # each epoch's end marker's): a stop agreed at a chosen step, whatever tf.data reads ahead
+    stop_at = int(os.environ.get("STOP_AT_AGREEMENT", "0"))
+    if stop_at and hv.rank == 0:
+        asked, wanted = [0], hv.stop.wanted
+
+        def counting():
+            asked[0] += 1
+            if asked[0] == stop_at:
+                hv.stop.request("STOP_AT_AGREEMENT")
+            return wanted()
+
+        hv.stop.wanted = counting
+
     def parse(serialized):
         parsed = tf.io.parse_single_example(serialized, FEATURES)
         image = (

@@ -37,7 +37,7 @@ def _trained(out: Path, rank: int) -> list[dict]:
 
 
 def _run_attempt(
-    attempt: int, root: Path, out: Path, stop_ranks=None, every=None, forwarder=False
+    attempt: int, root: Path, out: Path, stop_ranks=None, every=None, forwarder=False, extra_env=None
 ) -> tuple[int, str, float]:
     """One attempt under horovodrun; with ``stop_ranks``, SIGTERM those ranks mid-epoch (with
     ``forwarder``, horovodrun runs under the image's entry point and only it gets SIGTERM). Returns
@@ -46,6 +46,7 @@ def _run_attempt(
     deadline = time.monotonic() + ATTEMPT_TIMEOUT_S
     feed_epochs(root / "input" / "data", WORLD, PER_RANK, EPOCHS, deadline)
     env = {
+        **(extra_env or {}),
         **os.environ,
         "SAGEMAKER_DIST_OPT_ML": str(root),
         "PYTHONPATH": str(REPO),
@@ -138,6 +139,28 @@ def test_sigterm_to_the_image_entry_point_reaches_every_rank_and_the_job_ends_0(
     assert "SIGTERM: forwarded to rank process(es)" in output and "stopped in epoch 2 after step" in output
     assert took < 30, f"the job took {took:.1f} s to end after SIGTERM"
     assert [c for c in list_checkpoints(tmp_path / "job" / "checkpoints") if c.meta.get("stopped")]
+
+
+def test_a_stop_on_the_epochs_last_step_checkpoints_the_whole_epoch(tmp_path):
+    """Rank 0 wants to stop from the agreement of epoch 2's last batch on (each epoch: 16 batches and the
+    end marker), so the ranks agree on that epoch's last step: the checkpoint is of 2 whole epochs and
+    the resumed job trains epoch 3 only."""
+    out = tmp_path / "out"
+    out.mkdir()
+    last = (PER_RANK // BATCH + 1) + PER_RANK // BATCH
+    code, output, _ = _run_attempt(1, tmp_path / "a1", out, extra_env={"STOP_AT_AGREEMENT": str(last)})
+    assert code == 0, output[-5000:]
+    assert f"stopped in epoch 2 after step {PER_RANK // BATCH} (its last) on every rank" in output, output[
+        -3000:
+    ]
+    stop = list_checkpoints(tmp_path / "a1" / "checkpoints")[-1]
+    assert stop.position == (2, 0) and stop.meta["stopped"]
+    shutil.copytree(tmp_path / "a1" / "checkpoints", tmp_path / "a2" / "checkpoints")
+    code, output, _ = _run_attempt(2, tmp_path / "a2", out)
+    assert code == 0, output[-5000:]
+    for r in range(WORLD):
+        two = _by_epoch(_trained(out, r), "2")
+        assert sorted(two) == [2] and sorted(sum(two[2], [])) == list(range(r * PER_RANK, (r + 1) * PER_RANK))
 
 
 def test_periodic_step_checkpoints_on_rank0_only(tmp_path):
