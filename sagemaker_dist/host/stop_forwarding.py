@@ -21,26 +21,10 @@ import sys
 import time
 from pathlib import Path
 
+from sagemaker_dist.host.processes import descendants
+
 RANK_ENVIRONMENT = (b"OMPI_COMM_WORLD_RANK=", b"HOROVOD_RANK=", b"TF_CONFIG=")
 DEFAULT_GRACE_S = 110.0  # SIGTERM to SIGKILL of what is left: inside SageMaker's 120 s
-
-
-def descendants(roots: list[int]) -> set[int]:
-    """Every live descendant of ``roots``, from /proc (processes that called setsid included)."""
-    children: dict[int, list[int]] = {}
-    for stat_file in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat_file.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat_file.parent.name))
-    found, todo = set(), list(roots)
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
 
 
 def is_rank(exe: str, environ: bytes) -> bool:

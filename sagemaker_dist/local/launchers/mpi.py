@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.host.processes import descendants
 from sagemaker_dist.local.exit_files import TERMINATED
 from sagemaker_dist.local.launchers import HOROVODRUN, MPIRUN, TF_CONFIG
 from sagemaker_dist.local.rank_entry import JOB_ENV
@@ -333,7 +334,7 @@ class RankGroup:
         tree: set[int] = set()
         for sig in (signal.SIGTERM, signal.SIGKILL):
             roots = [self.proc.pid] if self.proc else []
-            tree |= _descendants([*roots, *self.known_pids.values()]) | set(self.known_pids.values())
+            tree |= descendants([*roots, *self.known_pids.values()]) | set(self.known_pids.values())
             targets = [pid for pid in tree if _alive(pid)]
             if self.proc and self.proc.poll() is None:
                 targets.append(self.proc.pid)
@@ -363,21 +364,3 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
-
-
-def _descendants(roots: list[int]) -> set[int]:
-    """Every live descendant of ``roots`` (from /proc; helpers that called setsid included)."""
-    children: dict[int, list[int]] = {}
-    for stat_file in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat_file.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat_file.parent.name))
-    found, todo = set(), list(roots)
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
