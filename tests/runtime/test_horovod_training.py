@@ -9,19 +9,18 @@ which record it is. Epoch-1 FIFOs are created only once TensorBoard events from 
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import boto3
 import numpy as np
 import pytest
+from helpers.stop_jobs import feed_fifo
 
 from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, plan_layout
 from sagemaker_dist.local.demo_data import encode_example, generate_examples, tfrecord_frame
@@ -42,36 +41,6 @@ def shard_bytes(first_id: int, count: int, seed: int) -> bytes:
         tfrecord_frame(encode_example({"image": image, "label": label, "id": first_id + i}))
         for i, (image, label) in enumerate(generate_examples(count, seed))
     )
-
-
-def feed_fifo(path: Path, data: bytes, deadline: float) -> threading.Thread:
-    """Create FIFO ``path`` and write ``data`` into it once a reader opens it (as SageMaker does)."""
-    os.mkfifo(path)
-
-    def run():
-        while time.monotonic() < deadline:
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
-                break
-            except OSError as exc:
-                if exc.errno != errno.ENXIO:  # ENXIO: no reader yet
-                    raise
-                time.sleep(0.02)
-        else:
-            return
-        os.set_blocking(fd, True)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        except BrokenPipeError:
-            pass
-        finally:
-            os.close(fd)
-
-    thread = threading.Thread(target=run, daemon=True, name=f"feed-{path.name}")
-    thread.start()
-    return thread
 
 
 def write_config(root: Path) -> None:
