@@ -37,7 +37,7 @@ from sagemaker_dist.local.launchers.toolkit import check_toolkit_host
 from sagemaker_dist.local.launchers.toolkit_host import prepare_host
 from sagemaker_dist.platforms.pipe_agent import wait_ready
 
-MODULE = "helpers.k8s_simulation"  # run as -m, where __name__ is __main__
+SCRIPT = str(Path(__file__).resolve())  # run as a script (tests/ is on no pod's path): __name__ is __main__
 SIM_DIR_ENV = "SAGEMAKER_DIST_K8S_SIM_DIR"  # tells the ssh stand-in where the worker pods are
 _WORKER = re.compile(r"-worker-(\d+)(\.|$)")
 AGENT_READY_S = 120.0
@@ -87,7 +87,7 @@ def _pod_command(
     python: Path, root: Path, state: Path, hosts: list[str], hostname: str, command: list[str]
 ) -> list[str]:
     return [
-        "unshare", "-m", "-u", str(python), "-m", MODULE, "pod", "--tree", str(root), "--state", str(state),
+        "unshare", "-m", "-u", str(python), SCRIPT, "pod", "--tree", str(root), "--state", str(state),
         "--hosts", ",".join(hosts), "--hostname", hostname, "--", *command,
     ]  # fmt: skip
 
@@ -149,7 +149,7 @@ def simulate(
             "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
             "OMPI_MCA_orte_default_hostfile": str(work / "hostfile"),
             "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
-            "OMPI_MCA_plm_rsh_agent": f"{python} -m {MODULE} ssh",
+            "OMPI_MCA_plm_rsh_agent": f"{python} {SCRIPT} ssh",
             SIM_DIR_ENV: str(work),
         }
         (launcher,) = _containers(manifest, "Launcher").values()
