@@ -21,12 +21,12 @@ def shard_bytes(first_id: int, count: int, seed: int) -> bytes:
     )
 
 
-def write_config(root: Path, world: int) -> None:
-    """A host running ``world`` ranks, Pipe channels train_0 .. train_<world-1>."""
+def write_config(root: Path, world: int, validation: str | None = None) -> None:
+    """A host running ``world`` ranks, Pipe channels train_0 .. train_<world-1> (and validation's)."""
     config = root / "input" / "config"
     config.mkdir(parents=True)
     (root / "input" / "data").mkdir(parents=True)
-    layout = plan_layout(1, world)
+    layout = plan_layout(1, world, validation=validation)
     channels = {
         name: {
             "TrainingInputMode": "Pipe",

@@ -20,10 +20,7 @@ from pathlib import Path
 import boto3
 import numpy as np
 import pytest
-from helpers.stop_jobs import feed_fifo
-
-from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, plan_layout
-from sagemaker_dist.local.demo_data import encode_example, generate_examples, tfrecord_frame
+from helpers.stop_jobs import feed_fifo, shard_bytes, write_config
 
 REPO = Path(__file__).resolve().parents[2]
 WORLD = 2
@@ -34,32 +31,6 @@ BATCH = 8
 TRAIN_PER_RANK = 32
 VALIDATION_PER_RANK = 16
 TIMEOUT = 240
-
-
-def shard_bytes(first_id: int, count: int, seed: int) -> bytes:
-    return b"".join(
-        tfrecord_frame(encode_example({"image": image, "label": label, "id": first_id + i}))
-        for i, (image, label) in enumerate(generate_examples(count, seed))
-    )
-
-
-def write_config(root: Path) -> None:
-    config = root / "input" / "config"
-    config.mkdir(parents=True)
-    (root / "input" / "data").mkdir(parents=True)
-    layout = plan_layout(1, WORLD, validation="per-worker")
-    channels = {
-        name: {
-            "TrainingInputMode": "Pipe",
-            "S3DistributionType": "FullyReplicated",
-            "RecordWrapperType": "None",
-        }
-        for name in layout.channel_names
-    }
-    resource = {"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "lo"}
-    (config / "resourceconfig.json").write_text(json.dumps(resource))
-    (config / "inputdataconfig.json").write_text(json.dumps(channels))
-    (config / "hyperparameters.json").write_text(json.dumps({LAYOUT_HYPERPARAMETER: layout.to_json()}))
 
 
 def seed_checkpoint(root: Path) -> dict[str, np.ndarray]:
@@ -90,7 +61,7 @@ def events_with_epoch_scalars(s3, bucket: str) -> bool:
 def job(tmp_path_factory, moto_server):
     root = tmp_path_factory.mktemp("opt_ml")
     out = tmp_path_factory.mktemp("job_out")
-    write_config(root)
+    write_config(root, WORLD, validation="per-worker")
     seeded_weights = seed_checkpoint(root)
     aws = {
         "AWS_ENDPOINT_URL": moto_server,
