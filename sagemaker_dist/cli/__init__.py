@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A job's progress must show as it happens under a pipe too (| tee, a CI log, a test reading it):
+    # Python block-buffers stdout there, and a long job would print nothing until it ended.
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "takes_extra", False):  # only 'tune' passes options on to another parser

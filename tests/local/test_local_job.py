@@ -250,6 +250,8 @@ def test_ctrl_c_cleans_up_every_process_and_fifo(s3, bucket, tmp_path, aws_env):
         # as from a terminal: a runner started in the background (nohup, `&`) ignores SIGINT, and
         # Python then keeps ignoring it in its children
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        # stdout is a pipe here, as under `| tee` or a CI log: the lines must come while the job runs
+        env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},
     )
     output = io.StringIO()
     reader = threading.Thread(target=lambda: [output.write(line) for line in proc.stdout], daemon=True)
