@@ -178,8 +178,6 @@ class DistributedEstimator:
         """Total ranks (workers): hosts x processes per host."""
         return self.instance_count * self.processes_per_host
 
-    # ----- planning (no AWS) -----
-
     def plan(self, inputs) -> ChannelLayout:
         """The channel layout for these inputs (pure: no AWS call)."""
         inputs = parse_inputs(inputs)
@@ -278,8 +276,6 @@ class DistributedEstimator:
             self._image(account=_PLACEHOLDER_ACCOUNT),
         )
         return self._render(layout, inputs, sources, names)
-
-    # ----- AWS edges -----
 
     def _image(self, account: str | None = None) -> str:
         """``image_uri``, else our container in the caller's ECR (``account`` given: no STS call)."""
@@ -381,8 +377,6 @@ class DistributedEstimator:
         say(f"uploaded {len(package.files)} source file(s) ({package.source_bytes} bytes) to {submit}")
         return request
 
-    # ----- running -----
-
     def launch(
         self,
         inputs,
@@ -410,8 +404,6 @@ class DistributedEstimator:
 
     fit = launch
 
-    # ----- hyperparameter tuning -----
-
     def tune(
         self,
         inputs,
@@ -432,14 +424,8 @@ class DistributedEstimator:
         timeout: float | None = None,
         printer: Callable[[str], None] | None = print,
     ):
-        """A SageMaker hyperparameter tuning job over this job; returns a ``TuningJobHandle``.
-
-        The tuning request is rendered from the very training request ``launch`` would create (shards
-        written once, shared by every trial) and checked before any AWS call. ``ranges`` maps names to
-        ``'MIN:MAX'``, ``'MIN:MAX:log'``, ``'A,B,C'``, a list of values or ``sagemaker.core.parameter``
-        ranges; ``metrics`` are the names the script's Keras logs report (default loss, accuracy,
-        val_loss, val_accuracy), read from the runtime's metric line. See ``launch/tuning.py``.
-        """
+        """A SageMaker tuning job over this job's very request (sharded once, checked before any AWS
+        call); returns a ``TuningJobHandle``. ``ranges`` and ``metrics``: see ``TuningSpec.build``."""
         from sagemaker_dist.launch.tuning import TuningSpec
         from sagemaker_dist.launch.tuning_job import launch_tuning
 
