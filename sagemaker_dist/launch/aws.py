@@ -135,27 +135,33 @@ def with_sdk_config_defaults(request: Mapping) -> tuple[dict, list[str]]:
     return out, [snake_to_pascal(name) for name in added]
 
 
-def create_training_job(request: Mapping, boto_session=None):
-    """CreateTrainingJob through SDK v3: ``sagemaker.core.resources.TrainingJob.create``."""
-    from sagemaker.core.resources import TrainingJob
+def create_with_sdk(resource, shape: str, request: Mapping, what: str, hint: str, boto_session=None):
+    """``resource.create`` of SDK v3 for a request in boto3's shape, AWS errors as ours naming ``what``."""
     from sagemaker.core.utils.code_injection.codec import transform
 
     boto_session = boto_session or boto3.Session()
-    name = request.get("TrainingJobName")
     try:
-        return TrainingJob.create(
-            **transform(dict(request), "CreateTrainingJobRequest"),
-            session=boto_session,
-            region=boto_session.region_name,
+        return resource.create(
+            **transform(dict(request), shape), session=boto_session, region=boto_session.region_name
         )
     except (ClientError, BotoCoreError) as exc:
-        raise aws_error(
-            exc,
-            f"create training job {name!r}",
-            "no job was created; fix what the message names (role, limits, quotas, image, S3 access) "
-            "and launch again with another job_name (the shards and source of this attempt are "
-            "already in S3 under its name)",
-        ) from exc
+        raise aws_error(exc, what, hint) from exc
+
+
+def create_training_job(request: Mapping, boto_session=None):
+    """CreateTrainingJob through SDK v3: ``sagemaker.core.resources.TrainingJob.create``."""
+    from sagemaker.core.resources import TrainingJob
+
+    return create_with_sdk(
+        TrainingJob,
+        "CreateTrainingJobRequest",
+        request,
+        f"create training job {request.get('TrainingJobName')!r}",
+        "no job was created; fix what the message names (role, limits, quotas, image, S3 access) "
+        "and launch again with another job_name (the shards and source of this attempt are "
+        "already in S3 under its name)",
+        boto_session,
+    )
 
 
 def sdk_channels(request: Mapping) -> list:

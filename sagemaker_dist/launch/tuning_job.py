@@ -15,7 +15,7 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 from sagemaker_dist.errors import JobFailedError
-from sagemaker_dist.launch.aws import aws_error, existing
+from sagemaker_dist.launch.aws import aws_error, create_with_sdk, existing
 from sagemaker_dist.launch.backends import SageMakerBackend
 from sagemaker_dist.launch.tuning import (
     TuningSpec,
@@ -214,23 +214,16 @@ def create_tuning_job(request: Mapping, boto_session=None) -> str:
     """CreateHyperParameterTuningJob through SDK v3: ``sagemaker.core.resources.HyperParameterTuningJob``;
     returns the ARN."""
     from sagemaker.core.resources import HyperParameterTuningJob
-    from sagemaker.core.utils.code_injection.codec import transform
 
-    boto_session = boto_session or boto3.Session()
-    name = request["HyperParameterTuningJobName"]
-    try:
-        job = HyperParameterTuningJob.create(
-            **transform(dict(request), "CreateHyperParameterTuningJobRequest"),
-            session=boto_session,
-            region=boto_session.region_name,
-        )
-    except (ClientError, BotoCoreError) as exc:
-        raise aws_error(
-            exc,
-            f"create tuning job {name!r}",
-            "no tuning job was created; fix what the message names and run again with another job name "
-            "(the shards and source of this attempt are already in S3 under its name)",
-        ) from exc
+    job = create_with_sdk(
+        HyperParameterTuningJob,
+        "CreateHyperParameterTuningJobRequest",
+        request,
+        f"create tuning job {request['HyperParameterTuningJobName']!r}",
+        "no tuning job was created; fix what the message names and run again with another job name "
+        "(the shards and source of this attempt are already in S3 under its name)",
+        boto_session,
+    )
     return job.hyper_parameter_tuning_job_arn
 
 
