@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from sagemaker_dist.errors import ConfigurationError
+
 ENGINE = "podman"
 # The name podman's CNI bridge gives a container's interface, and SageMaker's own: resourceconfig.json's
 # network_interface_name, which the toolkit hands to mpirun (btl/oob_tcp_if_include, NCCL_SOCKET_IFNAME).
@@ -27,7 +29,7 @@ LABEL = "sagemaker-dist.cluster"  # on the network and every container: what a c
 ENDPOINT_NAMES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")  # botocore's precedence for S3
 
 
-class ClusterPlanError(ValueError):
+class ClusterPlanError(ConfigurationError):
     """A several-host job that cannot be laid out as asked; the message says what to change."""
 
 
