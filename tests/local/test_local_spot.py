@@ -25,9 +25,12 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "tests" / "helpers" / "local_scripts"
 TOOLKIT_PYTHON = REPO / ".venv-toolkit" / "bin" / "python"
 FILES, PER_FILE, BATCH, EPOCHS = 4, 80, 4, 3  # 2 files a rank: 160 records, 40 steps an epoch
-# seconds after the ranks start: TensorFlow's start-up, then about 1 epoch in; the toolkit downloads the
-# code and starts mpirun first, and its MPI master sleeps 30 s after mpirun ends, as on SageMaker
-INTERRUPT_AT = {"horovodrun": 25.0, "mpirun": 25.0, "toolkit": 35.0, "tf-mwms": 25.0}
+# seconds after the ranks start: TensorFlow's start-up (about 6 s on a quiet machine, 15 s under load),
+# then inside the training whatever the load: a step sleeps PAUSE_S, so the uninterrupted job trains for
+# about 40 s after its start-up (a quiet CI machine finished a 0.12 s-a-step job before 25 s). The
+# toolkit downloads the code and starts mpirun first, and its MPI master sleeps 30 s after mpirun ends.
+INTERRUPT_AT = {"horovodrun": 20.0, "mpirun": 20.0, "toolkit": 35.0, "tf-mwms": 20.0}
+PAUSE_S = {"horovodrun": 0.3, "mpirun": 0.3, "toolkit": 0.12, "tf-mwms": 0.3}
 EPOCHS_OF = {"horovodrun": EPOCHS, "mpirun": EPOCHS, "toolkit": EPOCHS + 2, "tf-mwms": EPOCHS}
 SIGTERM_TO_END_S = {"horovodrun": 30.0, "mpirun": 30.0, "toolkit": 60.0, "tf-mwms": 30.0}
 JOB_TIMEOUT_S = 240
@@ -44,10 +47,10 @@ def _data(s3, bucket) -> dict[str, list[int]]:
     return ids
 
 
-def _request(bucket, out: Path, hosts: int = 2, per_host: int = 1, epochs: int = EPOCHS, mwms=False):
+def _request(bucket, out: Path, hosts=2, per_host=1, epochs=EPOCHS, mwms=False, pause=0.12):
     estimator = demo_estimator(
         bucket, hosts, per_host, "Pipe",
-        {"epochs": epochs, "batch_size": BATCH, "pause": 0.12, "out": str(out),
+        {"epochs": epochs, "batch_size": BATCH, "pause": pause, "out": str(out),
          "helper": "mwms" if mwms else "horovod"},
         **({"distribution": "tf-mwms"} if mwms else {}),
         source_dir=SCRIPTS, entry_point="train_ids.py",
@@ -83,7 +86,7 @@ def test_interrupted_job_restarts_and_trains_each_remaining_batch_once(s3, bucke
     out.mkdir()
     lines: list[str] = []
     attempts, result = run_interrupted(
-        _request(bucket, out, *shape, EPOCHS_OF[launcher], launcher == "tf-mwms"), SCRIPTS,
+        _request(bucket, out, *shape, EPOCHS_OF[launcher], launcher == "tf-mwms", PAUSE_S[launcher]), SCRIPTS,
         [INTERRUPT_AT[launcher]], run=run_local, echo=lines.append,
         launcher="horovodrun" if launcher == "tf-mwms" else launcher, work_dir=tmp_path / "work",
         timeout=JOB_TIMEOUT_S, **where,
