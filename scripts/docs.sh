@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Build the documentation site into site/ with warnings as errors. Set up first (scripts/setup.sh,
+# idempotent and cached, as scripts/test.sh does; then the `docs` extra's pins into .venv when one is
+# missing or another version), execute notebooks/horovod_pipe_mode.ipynb top to bottom in local mode
+# into docs/notebooks/ (an ignored build copy; the site shows it with its outputs), then
+# `mkdocs build --strict`. Usage: scripts/docs.sh [--skip-notebook] (keeps the last executed copy)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+NOTEBOOK=notebooks/horovod_pipe_mode.ipynb
+EXECUTED=docs/notebooks/horovod_pipe_mode.ipynb
+NOTEBOOK_TIMEOUT_S=${NOTEBOOK_TIMEOUT_S:-420}   # the whole notebook; each cell has its own bound too
+skip_notebook=0
+for arg in "$@"; do
+  case "$arg" in
+    --skip-notebook) skip_notebook=1 ;;
+    *) echo "docs.sh: unknown argument $arg (usage: scripts/docs.sh [--skip-notebook])" >&2 && exit 2 ;;
+  esac
+done
+
+bash scripts/setup.sh
+
+# The docs extra's pins, read from setup.py, installed only when one is missing or differs.
+mapfile -t missing < <(.venv/bin/python - <<'EOF'
+import ast
+from importlib import metadata
+
+tree = ast.parse(open("setup.py", encoding="utf-8").read())
+pins = next(
+    ast.literal_eval(node.value)
+    for node in tree.body
+    if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "DOCS" for t in node.targets)
+)
+for pin in pins:
+    name, version = pin.split("==")
+    try:
+        ok = metadata.version(name) == version
+    except metadata.PackageNotFoundError:
+        ok = False
+    if not ok:
+        print(pin)
+EOF
+)
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "docs.sh: installing ${missing[*]}"
+  .venv/bin/python -m pip install -q "${missing[@]}"
+fi
+
+started=$SECONDS
+if [ "$skip_notebook" = 0 ] || [ ! -f "$EXECUTED" ]; then
+  mkdir -p "$(dirname "$EXECUTED")"
+  # In local mode, as tests/test_notebook.py runs it: no AWS_* variables (the notebook brings its own
+  # embedded S3 endpoint and credentials); a failing cell fails the build, naming the cell.
+  (
+    for var in $(compgen -e); do
+      case "$var" in AWS_*) unset "$var" ;; esac
+    done
+    timeout --kill-after=30 "$NOTEBOOK_TIMEOUT_S" .venv/bin/python - "$NOTEBOOK" "$EXECUTED" <<'EOF'
+import sys
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+source, target = Path(sys.argv[1]), Path(sys.argv[2])
+nb = nbformat.read(source, as_version=4)
+client = NotebookClient(
+    nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(source.parent.resolve())}}
+)
+client.execute()
+partial = target.with_name(f".{target.name}.part")
+nbformat.write(nb, partial)
+partial.replace(target)
+EOF
+  )
+  echo "docs.sh: executed $NOTEBOOK into $EXECUTED in $((SECONDS - started)) s"
+fi
+
+started=$SECONDS
+NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict --clean --site-dir site
+echo "docs.sh: built site/ in $((SECONDS - started)) s"
