@@ -64,6 +64,8 @@ _EXPORTS = {
     "LocalJobError": "local.job",
     "LocalJobFailed": "local.job",
     "embedded_s3": "local.endpoint",
+    "write_demo_data": "local.demo_data",
+    "DemoDataset": "local.demo_data",
     "JobSpecError": "host.job_spec",
 }
 

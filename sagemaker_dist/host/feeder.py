@@ -73,6 +73,9 @@ class TFRecordCounter:
             self.valid = False
 
 
+TIMELINE_STEP_S = 0.1
+
+
 @dataclass
 class FeedStats:
     """What one channel FIFO of one host delivered."""
@@ -87,6 +90,9 @@ class FeedStats:
     first_byte: float | None = None
     last_byte: float | None = None
     errors: list[str] = field(default_factory=list)
+    # (monotonic time, bytes delivered so far), at most one sample per TIMELINE_STEP_S: what the
+    # reader took over time (a FIFO write returns only once the reader made room)
+    timeline: list[tuple[float, int]] = field(default_factory=list)
 
 
 class StreamTarget:
@@ -105,6 +111,11 @@ class StreamTarget:
             self.stats.first_byte = now
         self.stats.last_byte = now
         self.stats.bytes += len(data)
+        timeline = self.stats.timeline
+        if not timeline or now - timeline[-1][0] >= TIMELINE_STEP_S:
+            timeline.append((now, self.stats.bytes))
+        else:
+            timeline[-1] = (timeline[-1][0], self.stats.bytes)
         if self.counter is not None:
             self.counter.feed(data)
 

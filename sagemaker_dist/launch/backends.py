@@ -53,6 +53,19 @@ class TrainingBackend(Protocol):
         printer: Callable[[str], None] | None,
     ) -> Any: ...
 
+    def run_tuning(
+        self,
+        request: dict,
+        spec: Any,
+        *,
+        source_dir: str | None,
+        wait: bool,
+        poll: float,
+        timeout: float | None,
+        printer: Callable[[str], None] | None,
+    ) -> Any:
+        """Run a validated CreateHyperParameterTuningJob request (its trials share the shards)."""
+
 
 class SageMakerBackend:
     """CreateTrainingJob through SDK v3's ``sagemaker.core``; returns a ``TrainingJobHandle``."""
@@ -82,3 +95,13 @@ class SageMakerBackend:
         if wait:
             handle.wait(poll=poll, timeout=timeout, printer=printer)
         return handle
+
+    def run_tuning(
+        self, request, spec, *, source_dir=None, wait=True, poll=60.0, timeout=None, printer=print
+    ):
+        """Creates the tuning job on SageMaker; returns a ``TuningJobHandle``."""
+        from sagemaker_dist.launch.tuning_job import run_sagemaker_tuning
+
+        return run_sagemaker_tuning(
+            request, spec, self.boto_session, wait=wait, poll=poll, timeout=timeout, printer=printer
+        )

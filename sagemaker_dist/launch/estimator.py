@@ -419,13 +419,15 @@ class DistributedEstimator:
         metrics: Sequence[str] | None = None,
         seed: int | None = None,
         tuning_job_name: str | None = None,
+        backend: TrainingBackend | None = None,
         wait: bool = True,
         poll: float = 60.0,
         timeout: float | None = None,
         printer: Callable[[str], None] | None = print,
     ):
-        """A SageMaker tuning job over this job's very request (sharded once, checked before any AWS
-        call); returns a ``TuningJobHandle``. ``ranges`` and ``metrics``: see ``TuningSpec.build``."""
+        """A tuning job over this job's very request (sharded once, checked before any AWS call): on
+        SageMaker, a ``TuningJobHandle``; with ``backend=LocalBackend()``, every trial here and a
+        ``LocalTuningResult``. ``ranges`` and ``metrics``: see ``TuningSpec.build``."""
         from sagemaker_dist.launch.tuning import TuningSpec
         from sagemaker_dist.launch.tuning_job import launch_tuning
 
@@ -441,6 +443,5 @@ class DistributedEstimator:
             warm_start=warm_start,
             seed=seed,
         )
-        return launch_tuning(
-            self, inputs, spec, tuning_job_name, wait=wait, poll=poll, timeout=timeout, printer=printer
-        )
+        run = {"backend": backend, "wait": wait, "poll": poll, "timeout": timeout, "printer": printer}
+        return launch_tuning(self, inputs, spec, tuning_job_name, **run)

@@ -17,6 +17,7 @@ from sagemaker_dist.contract.s3_uri import (  # noqa: F401 - S3UriError re-expor
     s3_client_settings,
 )
 from sagemaker_dist.errors import AwsError, DataError
+from sagemaker_dist.launch.progress import progress_bar
 
 
 class S3AccessError(AwsError):
@@ -97,15 +98,17 @@ def list_objects(s3_uri: str, suffix: str | None = None, client=None) -> list[S3
     found: list[S3Object] = []
     listed = 0
     try:
-        for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
-            for item in page.get("Contents", ()):
-                key, size = item["Key"], int(item["Size"])
-                if key.endswith("/") and size == 0:
-                    continue
-                listed += 1
-                if suffix and not key.endswith(suffix):
-                    continue
-                found.append(S3Object(key, size))
+        with progress_bar(desc=f"list {s3_uri}", unit=" objects") as bar:
+            for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+                for item in page.get("Contents", ()):
+                    key, size = item["Key"], int(item["Size"])
+                    if key.endswith("/") and size == 0:
+                        continue
+                    listed += 1
+                    if suffix and not key.endswith(suffix):
+                        continue
+                    found.append(S3Object(key, size))
+                bar.update(len(page.get("Contents", ())))
     except ClientError as exc:
         raise describe_client_error(exc, bucket, f"list {s3_uri}") from exc
     except BotoCoreError as exc:

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from sagemaker_dist.contract.layout import check_channel_name
 from sagemaker_dist.contract.s3_uri import parse_s3_uri, s3_uri
 from sagemaker_dist.errors import AwsError, ConfigurationError, DataError
+from sagemaker_dist.launch.progress import progress_bar
 from sagemaker_dist.launch.s3_objects import (
     S3AccessError,
     describe_client_error,
@@ -193,7 +194,7 @@ def write_shards(
 
     ``mode='manifest'`` writes one ManifestFile per shard; ``mode='copy'`` copies each object
     server-side into ``<out>/<role>/<k>/``. The complete marker is written only after everything else
-    succeeded. ``progress=None`` shows a tqdm bar only on a terminal.
+    succeeded. ``progress=None`` shows a bar only on a terminal or in a notebook.
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -218,7 +219,7 @@ def write_shards(
             client, plan, src_bucket, folder, out_bucket, out_root, workers, transfer_config, progress
         )
     else:
-        _put_manifests(client, plan, src_bucket, folder, planned.uris, workers)
+        _put_manifests(client, plan, src_bucket, folder, planned.uris, workers, progress)
         deleted = _delete_stale_manifests(client, out_bucket, out_root, planned.uris)
     shard_set = replace(planned, copied=copied, skipped=skipped, deleted=deleted)
     try:
@@ -236,13 +237,17 @@ def manifest_document(plan: ShardPlan, shard: int, src_bucket: str, folder: str)
     return [{"prefix": s3_uri(src_bucket, folder)}] + [k[len(folder) :] for k in plan.shards[shard]]
 
 
-def _put_manifests(client, plan, src_bucket, folder, uris, workers) -> None:
-    def put(i: int):
+def _put_manifests(client, plan, src_bucket, folder, uris, workers, progress=None) -> None:
+    def put(i: int, bar):
         out_bucket, key = parse_s3_uri(uris[i])
         body = json.dumps(manifest_document(plan, i, src_bucket, folder)).encode()
-        return client.put_object(Bucket=out_bucket, Key=key, Body=body, ContentType="application/json")
+        client.put_object(Bucket=out_bucket, Key=key, Body=body, ContentType="application/json")
+        bar.update(1)
 
-    _run_all([(f"writing {uri}", lambda i=i: put(i)) for i, uri in enumerate(uris)], workers)
+    with progress_bar(
+        len(uris), desc=f"write {len(uris)} manifests", unit=" manifests", enabled=progress
+    ) as bar:
+        _run_all([(f"writing {uri}", lambda i=i: put(i, bar)) for i, uri in enumerate(uris)], workers)
 
 
 def _existing_objects(client, bucket: str, prefix: str) -> dict[str, int]:
@@ -275,7 +280,6 @@ def _delete_stale_manifests(client, bucket: str, out_root: str, uris: list[str])
 
 def _copy_shards(client, plan, src_bucket, folder, out_bucket, out_root, workers, transfer_config, progress):
     from boto3.s3.transfer import TransferConfig
-    from tqdm.auto import tqdm
 
     config = transfer_config or TransferConfig(
         multipart_threshold=64 * MiB, multipart_chunksize=64 * MiB, max_concurrency=4
@@ -293,8 +297,7 @@ def _copy_shards(client, plan, src_bucket, folder, out_bucket, out_root, workers
     stale = [k for k in existing if k not in wanted and _SHARD_DIR.match(k[len(out_root) :])]
 
     total = sum(s for _, _, s in todo)
-    disable = None if progress is None else not progress  # None: tqdm shows it only on a terminal
-    bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"copy {len(todo)} objects", disable=disable)
+    bar = progress_bar(total, desc=f"copy {len(todo)} objects", unit="B", enabled=progress, unit_scale=True)
 
     def copy(src_key: str, dest: str, size: int):
         client.copy(

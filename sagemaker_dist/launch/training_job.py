@@ -9,6 +9,7 @@ import boto3
 from botocore.exceptions import ClientError
 
 from sagemaker_dist.errors import JobFailedError
+from sagemaker_dist.launch.progress import progress_bar
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 TERMINAL_STATUSES = ("Completed", "Failed", "Stopped")
@@ -32,6 +33,11 @@ class TrainingJobHandle:
     @property
     def arn(self) -> str:
         return self.training_job.training_job_arn
+
+    @property
+    def model_uri(self) -> str | None:
+        """The model artefact's S3 URI once the job completed (as ``LocalJobResult.model_uri``)."""
+        return (self.describe().get("ModelArtifacts") or {}).get("S3ModelArtifacts")
 
     def _client(self, service: str):
         return (self._boto_session or boto3.Session()).client(service)
@@ -62,6 +68,10 @@ class TrainingJobHandle:
         """
         say = printer or (lambda _line: None)
         say(f"CloudWatch logs: group {LOG_GROUP}, streams {self.name}/algo-<n>-<time>")
+        with progress_bar(desc=self.name, bar_format="{desc} [{elapsed}]") as bar:
+            return self._watch(poll, timeout, say, bar)
+
+    def _watch(self, poll, timeout, say, bar) -> str:
         start = time.monotonic()
         seen_transitions, seen_streams, last = 0, set(), None
         while True:
@@ -71,6 +81,7 @@ class TrainingJobHandle:
                 say(f"{self.name}: {t['Status']} - {t.get('StatusMessage', '')}".rstrip(" -"))
             seen_transitions = len(transitions)
             status = (info["TrainingJobStatus"], info.get("SecondaryStatus"))
+            bar.set_description_str(f"{self.name}: {status[0]} ({status[1]})")
             if status != last:
                 say(f"{self.name}: status {status[0]} ({status[1]})")
                 last = status

@@ -17,6 +17,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 from sagemaker_dist.errors import JobFailedError
 from sagemaker_dist.launch.aws import aws_error, create_with_sdk, existing
 from sagemaker_dist.launch.backends import SageMakerBackend
+from sagemaker_dist.launch.progress import progress_bar
+from sagemaker_dist.launch.source_package import resolve_entry_point
 from sagemaker_dist.launch.tuning import (
     TuningSpec,
     check_tuning_job_name,
@@ -157,11 +159,19 @@ class TuningJobHandle:
         plus an hour) or SageMaker's 30 days. Raises TuningJobFailed if it ends Failed or Stopped."""
         say = printer or (lambda _line: None)
         limit = timeout if timeout is not None else self._budget_seconds()
+        config = self.request.get("HyperParameterTuningJobConfig") or {}
+        total = (config.get("ResourceLimits") or {}).get("MaxNumberOfTrainingJobs")
+        with progress_bar(total, desc=self.name, unit="job") as bar:
+            return self._watch(poll, limit, say, bar)
+
+    def _watch(self, poll, limit, say, bar) -> str:
         start, last = time.monotonic(), None
         while True:
             info = self.describe()
             status = info["HyperParameterTuningJobStatus"]
             counters = info.get("TrainingJobStatusCounters") or {}
+            bar.update(sum(counters.get(k, 0) for k in ("Completed", "Stopped", "NonRetryableError")) - bar.n)
+            bar.set_postfix_str(status)
             now = (status, tuple(sorted(counters.items())))
             if now != last:
                 say(self.report_lines(info)[0])
@@ -244,26 +254,43 @@ def launch_tuning(
     spec: TuningSpec,
     tuning_job_name: str | None = None,
     *,
+    backend=None,
     wait: bool = True,
     poll: float = 60.0,
     timeout: float | None = None,
     printer: Callable[[str], None] | None = print,
-) -> TuningJobHandle:
-    """Check everything locally, check the name is free, shard and upload once, create the tuning job."""
+):
+    """Check everything locally, check the name is free, shard and upload once, then run the tuning
+    request on ``backend``: a SageMaker tuning job (the default; a ``TuningJobHandle``) or, with
+    ``LocalBackend()``, every trial on this machine (a ``LocalTuningResult``)."""
     say = printer or (lambda _line: None)
     name = check_tuning_job_name(tuning_job_name or default_tuning_job_name(est.base_job_name))
     _, notes = draft_tuning_request(est, inputs, spec, name)  # every local check, no AWS call
     session = est._boto_session()
-    check_tuning_job_name_free(name, session)
+    backend = backend or SageMakerBackend(session)
+    if backend.checks_job_name:
+        check_tuning_job_name_free(name, session)
     for line in spec.describe() + notes:
         say(line)
-    backend = SageMakerBackend(session)
     prepared = est.prepare(inputs, name, printer=printer, check_job_name=False, backend=backend)
     request, _ = render_tuning_request(prepared.request, spec, name)
     validate_tuning_request(request, spec)
-    arn = create_tuning_job(request, session)
-    say(f"created tuning job {name}: {spec.n_trials} training job(s), {spec.max_parallel_jobs} at a time")
-    handle = TuningJobHandle(name, session, request, arn)
+    source_dir = resolve_entry_point(est.entry_point, est.source_dir)[0]
+    return backend.run_tuning(
+        request, spec, source_dir=source_dir, wait=wait, poll=poll, timeout=timeout, printer=printer
+    )
+
+
+def run_sagemaker_tuning(request, spec, boto_session=None, *, wait=True, poll=60.0, timeout=None,
+                         printer=print) -> TuningJobHandle:  # fmt: skip
+    """CreateHyperParameterTuningJob for a validated request; waits (bounded) with ``wait``."""
+    arn = create_tuning_job(request, boto_session)
+    name = request["HyperParameterTuningJobName"]
+    if printer:
+        printer(
+            f"created tuning job {name}: {spec.n_trials} training job(s), {spec.max_parallel_jobs} at a time"
+        )
+    handle = TuningJobHandle(name, boto_session, request, arn)
     if wait:
         handle.wait(poll=poll, timeout=timeout, printer=printer)
     return handle

@@ -1,9 +1,15 @@
-"""Local mode behind the estimator's backend surface: ``est.launch(inputs, backend=LocalBackend())``."""
+"""Local mode behind the estimator's backend surface: ``est.launch(inputs, backend=LocalBackend())``
+and ``est.tune(inputs, ..., backend=LocalBackend())``."""
 
 from __future__ import annotations
 
+import os
+import tempfile
+from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 
+from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.contract.toolkit import DEFAULT_TOOLKIT_VERSION
 
 
@@ -41,3 +47,36 @@ class LocalBackend:
             toolkit_version=self.toolkit_version,
             container_python=self.container_python,
         )
+
+    def run_tuning(
+        self, request, spec, *, source_dir=None, wait=True, poll=60.0, timeout=None, printer=print
+    ):
+        """Every trial here, a full local job each (Optuna picks the values); returns a
+        ``LocalTuningResult``. ``timeout`` bounds each trial (default: the request's
+        MaxRuntimeInSeconds). Trials reach S3 as this process does: ``$AWS_ENDPOINT_URL`` if set."""
+        from sagemaker_dist.local.tuning import TrialRunner, run_local_tuning
+
+        say = printer or (lambda _line: None)
+        options = ["--launcher", self.launcher, "--toolkit-version", self.toolkit_version]
+        endpoint = os.environ.get("AWS_ENDPOINT_URL")
+        if endpoint:
+            options += ["--endpoint-url", endpoint]
+        else:
+            output = request["TrainingJobDefinition"]["OutputDataConfig"]["S3OutputPath"]
+            options += ["--bucket", parse_s3_uri(output)[0]]
+        if self.container_python:
+            options += ["--container-python", str(self.container_python)]
+        if self.keep_work_dir:
+            options.append("--keep")
+        runner = TrialRunner(str(source_dir) if source_dir else None, tuple(options))
+        with ExitStack() as stack:
+            work = self.work_dir or stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="sagemaker-dist-tune-")
+            )
+            name = request["HyperParameterTuningJobName"]
+            result = run_local_tuning(
+                request, spec, runner, Path(work) / name, echo=say, trial_timeout=timeout
+            )
+        for line in result.table_lines():
+            say(line)
+        return result

@@ -8,6 +8,7 @@ demo model can actually learn something in a few steps.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sagemaker_dist.contract.record_formats import encode_tfrecord
@@ -98,7 +99,7 @@ class DemoDataset:
 def write_demo_data(
     prefix: str = DEFAULT_PREFIX,
     files: int = 8,
-    records_per_file: int = 64,
+    records_per_file: int | Sequence[int] = 64,
     validation_files: int = 2,
     seed: int = 0,
     client=None,
@@ -106,10 +107,16 @@ def write_demo_data(
 ) -> DemoDataset:
     """Write ``files`` train and ``validation_files`` validation TFRecord files under ``prefix``.
 
+    ``records_per_file`` is one count for every file, or one count per train file (files of
+    different sizes, as real datasets have; validation files then get the mean count).
+
     ``create_bucket`` creates a missing bucket: only for a local endpoint (the embedded one starts
     empty), never on real S3, where a missing bucket is an error.
     """
-    if files < 1 or records_per_file < 1 or validation_files < 0:
+    counts = [records_per_file] * files if isinstance(records_per_file, int) else list(records_per_file)
+    if len(counts) != files:
+        raise ConfigurationError(f"records_per_file has {len(counts)} count(s) for {files} train file(s)")
+    if files < 1 or min(counts) < 1 or validation_files < 0:
         raise ConfigurationError(
             f"demo data needs files >= 1 and records per file >= 1 (got files={files}, "
             f"records_per_file={records_per_file}, validation_files={validation_files})"
@@ -127,12 +134,14 @@ def write_demo_data(
                 "never creates buckets on real S3) or check your credentials and region"
             ) from exc
         client.create_bucket(Bucket=bucket)
-    total = 0
-    for role, count, offset in (("train", files, 0), ("validation", validation_files, 10_000)):
-        for i in range(count):
-            body = tfrecord_file(records_per_file, seed + offset + i)
+    total = records = 0
+    mean = round(sum(counts) / files)
+    for role, sizes, offset in (("train", counts, 0), ("validation", [mean] * validation_files, 10_000)):
+        for i, size in enumerate(sizes):
+            body = tfrecord_file(size, seed + offset + i)
             client.put_object(Bucket=bucket, Key=f"{key_prefix}{role}/part-{i:05d}.tfrecord", Body=body)
             total += len(body)
+            records += size
     info = {"files": files, "validation_files": validation_files, "records_per_file": records_per_file}
     client.put_object(Bucket=bucket, Key=key_prefix + DATASET_FILE, Body=json.dumps(info).encode())
     base = f"s3://{bucket}/{key_prefix}"
@@ -140,6 +149,6 @@ def write_demo_data(
         train_uri=base + "train/",
         validation_uri=base + "validation/",
         files=files + validation_files,
-        records=(files + validation_files) * records_per_file,
+        records=records,
         bytes=total,
     )

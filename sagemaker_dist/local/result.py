@@ -20,6 +20,8 @@ class RankSummary:
     bytes: int
     first_record_s: float | None
     records_per_s: float | None
+    # (seconds from starting the ranks, bytes the rank had read from its train FIFOs): for plots
+    read_over_time: list[tuple[float, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -110,5 +112,6 @@ def rank_summaries(world, per_host, trees, layout, feeders, launch_time) -> list
         rate = None
         if s.records and s.first_byte and s.last_byte and s.last_byte > s.first_byte:
             rate = s.records / (s.last_byte - s.first_byte)
-        out.append(RankSummary(rank, host, channel, s.records, s.bytes, first, rate))
+        read = [(round(t - launch_time, 3), n) for t, n in s.timeline]
+        out.append(RankSummary(rank, host, channel, s.records, s.bytes, first, rate, read))
     return out

@@ -84,15 +84,25 @@ class LocalTuningResult:
         pick = max if self.objective_type == "Maximize" else min
         return pick(done, key=lambda t: t.objective)
 
-    def table_lines(self) -> list[str]:
-        from sagemaker_dist.launch.tuning_job import TrialSummary, trial_table
+    def training_jobs(self):
+        """Every trial as a ``TrialSummary``, as ``TuningJobHandle.training_jobs()`` lists SageMaker's."""
+        from sagemaker_dist.launch.tuning_job import TrialSummary
 
-        summaries = [
+        return [
             TrialSummary(t.job_name, t.status, t.hyperparameters, t.objective, None, t.reason)
             for t in self.trials
         ]
+
+    def best_training_job(self):
+        """The best trial as a ``TrialSummary`` (None before one completed), as the handle's."""
         best = self.best
-        lines = trial_table(summaries, self.objective_metric, best.job_name if best else None)
+        return next((t for t in self.training_jobs() if best and t.name == best.job_name), None)
+
+    def table_lines(self) -> list[str]:
+        from sagemaker_dist.launch.tuning_job import trial_table
+
+        best = self.best
+        lines = trial_table(self.training_jobs(), self.objective_metric, best.job_name if best else None)
         lines.append(
             f"tuning {self.name}: {len(self.trials)} trial(s) in {self.seconds:.1f} s, "
             f"{self.strategy} search, {self.objective_type.lower()} {self.objective_metric}"

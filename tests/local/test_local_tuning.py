@@ -148,4 +148,32 @@ def test_early_stopping_stops_the_whole_trial_job(tmp_path):
     assert stopped.epochs == [(1, 0.1)] and stopped.seconds < 10
     assert any("early stopping at epoch 1" in line for line in lines)
     assert result.best.hyperparameters["score"] == "0.9" and result.best.objective == 0.9
+    # the same surface as a SageMaker tuning job's handle
+    assert [t.status for t in result.training_jobs()] == ["Completed", "Completed", "Stopped"]
+    assert result.best_training_job().name == result.best.job_name
     assert [e for e, _ in result.trials[0].epochs] == [1, 2, 3]  # rank 1's lines are not read
+
+
+@pytest.mark.slow
+def test_est_tune_with_local_backend_runs_the_trials_here(s3, bucket, tmp_path):
+    """The notebook's call: ``est.tune(inputs, ..., backend=LocalBackend())`` shards once, runs every
+    trial as a local job reaching the same S3 endpoint, and returns the trials and the best."""
+    from sagemaker_dist import LocalBackend, LocalTuningResult
+
+    write_demo_data(f"s3://{bucket}/data/", files=4, records_per_file=16, validation_files=2, client=s3)
+    est = demo_estimator(bucket, 2, 1, "Pipe", {"epochs": 1, "batch_size": 8})
+    inputs = {"train": f"s3://{bucket}/data/train/", "validation": f"s3://{bucket}/data/validation/"}
+    lines: list[str] = []
+    result = est.tune(
+        inputs, objective_metric="val_accuracy", ranges={"learning_rate": "1e-3,1e-2"}, strategy="Grid",
+        max_jobs=None, tuning_job_name="nb-tune", backend=LocalBackend(work_dir=str(tmp_path)),
+        printer=lines.append,
+    )  # fmt: skip
+    assert isinstance(result, LocalTuningResult), lines[-20:]
+    assert sorted(t.hyperparameters["learning_rate"] for t in result.trials) == ["0.001", "0.01"]
+    assert all(t.status == "Completed" and t.objective is not None for t in result.trials), lines[-40:]
+    assert result.best.objective == max(t.objective for t in result.trials)
+    assert any(line.startswith("best: nb-tune-") for line in lines)
+    # sharded once: one plan under the tuning job's name, shared by both trials
+    plans = s3.list_objects_v2(Bucket=bucket, Prefix="jobs/nb-tune/shards/")["Contents"]
+    assert sum(o["Key"].endswith("_plan.json") for o in plans) == 2  # train and validation

@@ -334,3 +334,17 @@ def test_mpirun_tags_inside_a_line_are_split_by_rank():
     assert split_inner_tags(0, "abc[1,0]<stdout>:") == [(0, "abc")]
     assert split_inner_tags(0, "") == [(0, "")]
     assert split_inner_tags(0, "x[1,1]<stdout>:y[1,0]<stdout>:z") == [(0, "x"), (1, "y"), (0, "z")]
+
+
+def test_demo_data_with_one_count_per_file_writes_files_of_those_sizes(s3, bucket):
+    from sagemaker_dist import write_demo_data
+    from sagemaker_dist.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="2 count"):
+        write_demo_data(f"s3://{bucket}/d/", files=3, records_per_file=[1, 2], client=s3)
+    data = write_demo_data(
+        f"s3://{bucket}/d/", files=3, records_per_file=[1, 5, 9], validation_files=1, client=s3
+    )
+    sizes = [o["Size"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="d/train/")["Contents"]]
+    assert sizes[0] < sizes[1] < sizes[2] and sizes[1] == 5 * sizes[0]  # records of one size each
+    assert data.records == 1 + 5 + 9 + 5  # the validation file gets the mean count
