@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 NOTEBOOK=notebooks/horovod_pipe_mode.ipynb
 EXECUTED=docs/notebooks/horovod_pipe_mode.ipynb
-NOTEBOOK_TIMEOUT_S=${NOTEBOOK_TIMEOUT_S:-420}   # the whole notebook; each cell has its own bound too
+NOTEBOOK_TIMEOUT_S=${NOTEBOOK_TIMEOUT_S:-900}   # the whole notebook; each cell has its own bound (600 s)
 skip_notebook=0
 for arg in "$@"; do
   case "$arg" in
@@ -65,7 +65,7 @@ from nbclient import NotebookClient
 source, target = Path(sys.argv[1]), Path(sys.argv[2])
 nb = nbformat.read(source, as_version=4)
 client = NotebookClient(
-    nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(source.parent.resolve())}}
+    nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(source.parent.resolve())}}
 )
 client.execute()
 partial = target.with_name(f".{target.name}.part")

@@ -1,13 +1,15 @@
 """mkdocs hook: the pages and pictures the site builds from the code and from data, never by hand.
 
-- ``reference/api.md``: one mkdocstrings block per public name of the two façades, read from the code
-  (``_EXPORTS`` in ``sagemaker_dist/__init__.py``; ``_LAZY`` and ``_SUBMODULES`` in
+- ``reference/api.md``, at its marker: one mkdocstrings block per public name of the two façades,
+  read from the code (``_EXPORTS`` in ``sagemaker_dist/__init__.py``; ``_LAZY`` and ``_SUBMODULES`` in
   ``sagemaker_dist/runtime/__init__.py``) so a name added there is documented without an edit here.
-- ``reference/cli.md``: ``sagemaker-dist --help`` and every subcommand's, from the parser itself.
+- ``reference/cli.md``, at its marker: ``sagemaker-dist --help`` and every subcommand's, from the
+  parser itself.
 - ``img/*.png``: the benchmark headline figures (``docs/_data/headline_figures.json``) drawn with
   matplotlib.
 
-Everything is generated in memory (``File.generated``): nothing is written into ``docs/``.
+Everything is generated in memory (``File.generated``, the pages' markdown): nothing is written into
+``docs/``.
 """
 
 from __future__ import annotations
@@ -69,17 +71,7 @@ def _target(name: str, module: str) -> str:
 
 def api_markdown() -> str:
     facades = public_names()
-    lines = [
-        "# API reference",
-        "",
-        "Every public name of the two façades, generated from the docstrings. The launch side",
-        "(`import sagemaker_dist`) never loads TensorFlow; the container side",
-        "(`import sagemaker_dist.runtime`) never loads the SageMaker SDK. Import each name from its",
-        "façade: `from sagemaker_dist import DistributedEstimator`,",
-        "`from sagemaker_dist.runtime import rank_dataset`. Each heading is that import path; the table",
-        "gives the module that defines the name.",
-        "",
-    ]
+    lines = []
     titles = {
         "sagemaker_dist": "Launch side: `sagemaker_dist`",
         "sagemaker_dist.runtime": "Container side: `sagemaker_dist.runtime`",
@@ -108,10 +100,6 @@ def cli_markdown() -> str:
 
     parser = build_parser()
     lines = [
-        "# Command line",
-        "",
-        "`sagemaker-dist` and each subcommand's `--help`, generated from the parser at build time.",
-        "",
         "```text",
         parser.format_help().rstrip(),
         "```",
@@ -201,6 +189,7 @@ def figures() -> dict[str, bytes]:
     limit = spot["limit_s"]
     ax.axvline(limit, color="tab:red", linestyle="--", label=f"SageMaker's limit ({limit} s)")
     ax.set_xscale("log")
+    ax.set_xlim(0.1, 300)
     ax.set_xlabel("seconds after SIGTERM (log)")
     ax.set_ylabel("round")
     ax.set_title(spot["title"], fontsize=10)
@@ -209,11 +198,25 @@ def figures() -> dict[str, bytes]:
     return out
 
 
+# The committed pages (readable on GitHub as they are) hold a marker the build replaces.
+MARKERS = {
+    "reference/api.md": ("<!-- generated: api -->", api_markdown),
+    "reference/cli.md": ("<!-- generated: cli -->", cli_markdown),
+}
+
+
 def on_files(files, config):
     from mkdocs.structure.files import File
 
-    files.append(File.generated(config, "reference/api.md", content=api_markdown()))
-    files.append(File.generated(config, "reference/cli.md", content=cli_markdown()))
     for name, png in figures().items():
         files.append(File.generated(config, f"img/{name}", content=png))
     return files
+
+
+def on_page_markdown(markdown, page, config, files):
+    marker, generate = MARKERS.get(page.file.src_uri, (None, None))
+    if marker is None:
+        return markdown
+    if marker not in markdown:
+        raise ValueError(f"docs/{page.file.src_uri} has lost its marker {marker}")
+    return markdown.replace(marker, generate())
