@@ -50,7 +50,8 @@ setup(
     description=__doc__,
     python_requires=">=3.10",
     packages=find_packages(include=["sagemaker_dist", "sagemaker_dist.*"]),
-    package_data={"sagemaker_dist.local": ["demo_job/*.py"]},  # the demo's training script
+    # the demo's training script; the compiled reader's source, built where it runs (pipe.native_build)
+    package_data={"sagemaker_dist.local": ["demo_job/*.py"], "sagemaker_dist.runtime.pipe": ["native/*.cc"]},
     # the console command (plan, shard) works with these alone; launch needs [sdk], training [tensorflow]
     install_requires=["boto3>=1.34,<2", "numpy>=1.23,<3", "tqdm>=4.66,<5"],
     extras_require={

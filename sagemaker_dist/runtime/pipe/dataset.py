@@ -1,7 +1,8 @@
 """``PipeModeDataset`` (the drop-in for ``sagemaker_tensorflow.PipeModeDataset``) and ``rank_dataset``.
 
-Checks the arguments and the channel's input mode, then builds the dataset from the reader
-(``pipe.reader``) and the TensorFlow bridge (``pipe.tf_bridge``).
+Checks the arguments and the channel's input mode, then builds the dataset on the compiled reader
+(``pipe.compiled``, where ``pipe.native_build`` can build it) or on the Python reader
+(``pipe.reader`` and the TensorFlow bridge ``pipe.tf_bridge``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from sagemaker_dist.contract.paths import opt_ml_root
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT
 from sagemaker_dist.runtime.framing import DEFAULT_CHUNK, check_record_format
+from sagemaker_dist.runtime.malloc_tuning import tune_malloc
+from sagemaker_dist.runtime.pipe.compiled import compiled_dataset
+from sagemaker_dist.runtime.pipe.native_build import compiled_op
 from sagemaker_dist.runtime.pipe.reader import EpochReader
 from sagemaker_dist.runtime.pipe.tf_bridge import records_dataset
 
@@ -86,6 +90,22 @@ class PipeModeDataset:
         pipe_dir = Path(pipe_dir) if pipe_dir is not None else root / "input" / "data"
         config_dir = Path(config_dir) if config_dir is not None else root / "input" / "config"
         _check_channel(config_dir, channel)
+        op = compiled_op()
+        if op is not None:
+            tune_malloc()
+            return compiled_dataset(
+                op,
+                channel,
+                record_format,
+                state_dir,
+                pipe_dir,
+                benchmark,
+                benchmark_records_interval,
+                max_corrupted_records_to_skip,
+                fifo_timeout,
+                batch_size,
+                drop_remainder,
+            )
         reader = EpochReader(
             channel,
             record_format,

@@ -1,0 +1,84 @@
+"""PipeModeDataset on the compiled reader: a ``tf.data.Dataset`` whose source is our C++ op.
+
+The op (``native/pipe_dataset_op.cc``) reads, frames and checks the records and makes the tensors
+itself, batched where a batch size is known (``batch_size=`` or ``.batch(n)`` on the returned
+dataset): no ``py_function``, no Python ``bytes`` per record, and a dataset tf.data can serialise
+and optimise. Iterators of one PipeModeDataset (its ``.batch`` included) share an id, so a newer
+one closes the older's FIFO, as with the Python reader.
+"""
+
+from __future__ import annotations
+
+import random
+
+_classes: dict = {}
+
+
+def _dataset_class():
+    """The DatasetSource subclass, made on first use (TensorFlow is imported only then)."""
+    if "source" not in _classes:
+        import tensorflow as tf
+        from tensorflow.python.data.ops import dataset_ops
+
+        class PipeModeSourceDataset(dataset_ops.DatasetSource):
+            """The op's dataset: scalar records, or 1-D batches of them."""
+
+            def __init__(self, op, args: dict, batch_size: int, drop_remainder: bool):
+                if batch_size:
+                    shape = [batch_size if drop_remainder else None]
+                else:
+                    shape = []
+                self._spec = tf.TensorSpec(shape, tf.string)
+                variant = op.sagemaker_dist_pipe_dataset(
+                    batch_size=batch_size, drop_remainder=drop_remainder, **args
+                )
+                super().__init__(variant)
+
+            @property
+            def element_spec(self):
+                return self._spec
+
+        _classes["source"] = PipeModeSourceDataset
+    return _classes["source"]
+
+
+def compiled_dataset(
+    op,
+    channel: str,
+    record_format: str,
+    state_dir,
+    pipe_dir,
+    benchmark: bool,
+    interval: int,
+    max_skip: int,
+    timeout: float,
+    batch_size: int | None,
+    drop_remainder: bool,
+):
+    """The dataset: records, or batches with ``batch_size``; ``.batch(n)`` batches in the op."""
+    source = _dataset_class()
+    args = dict(
+        channel=channel,
+        record_format=record_format,
+        state_dir=str(state_dir),
+        pipe_dir=str(pipe_dir),
+        fifo_timeout=float(timeout),
+        max_corrupted_records_to_skip=int(max_skip),
+        benchmark=bool(benchmark),
+        benchmark_records_interval=int(interval),
+        dataset_id=random.getrandbits(62),
+    )
+    if batch_size is not None:
+        return source(op, args, batch_size, drop_remainder)
+    records = source(op, args, 0, False)
+    ordinary = records.batch
+
+    def batch(batch_size, drop_remainder=False, num_parallel_calls=None, deterministic=None, name=None):
+        custom = num_parallel_calls is not None or deterministic is not None or name is not None
+        if custom or not isinstance(batch_size, int) or batch_size < 1:
+            return ordinary(batch_size, drop_remainder, num_parallel_calls, deterministic, name)
+        return source(op, args, batch_size, bool(drop_remainder))
+
+    batch.__doc__ = ordinary.__doc__
+    records.batch = batch
+    return records

@@ -1,0 +1,170 @@
+"""Which reader a PipeModeDataset runs: the compiled tf.data op, built here at first use, or Python's.
+
+AWS's reader was a C++ op prebuilt per TensorFlow version, and it stopped with the last version AWS
+built it for. Ours is compiled where it runs, against the TensorFlow installed there
+(``tf.sysconfig`` flags), into ``$SAGEMAKER_DIST_CACHE/ops/<key>/`` (default
+``~/.cache/sagemaker-dist``), keyed by the TensorFlow version, its compile and link flags (ABI), the
+compiler and our version and source; later processes only load it. Concurrent ranks build it once
+(a lock file; the library is written to a temporary name and renamed). With no compiler, or a
+build that fails or takes longer than ``BUILD_TIMEOUT``, the Python reader runs. One log line
+says which reader runs and why. ``SAGEMAKER_DIST_READER=python|compiled|auto`` (default auto)
+forces a reader; ``compiled`` where it cannot be built is an error naming why.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from sagemaker_dist import __version__
+from sagemaker_dist.errors import ConfigurationError
+
+log = logging.getLogger(__name__)
+
+READER_ENV = "SAGEMAKER_DIST_READER"
+READERS = ("auto", "compiled", "python")
+CACHE_ENV = "SAGEMAKER_DIST_CACHE"
+SOURCE = Path(__file__).resolve().parent / "native" / "pipe_dataset_op.cc"
+LIBRARY = "pipe_dataset_op.so"
+FAILED = "build-failed.txt"  # in the key's folder: auto mode does not retry a failed build
+BUILD_TIMEOUT = 300.0  # seconds for the compiler (about 40 s on 2 busy cores), and for the lock
+OP_NAME = "sagemaker_dist_pipe_dataset"
+
+_loaded: dict[str, object] = {}  # reader setting -> op module (or None for Python), once per process
+
+
+class NativeReaderError(ConfigurationError):
+    """The compiled reader was asked for (SAGEMAKER_DIST_READER=compiled) and cannot be built or loaded."""
+
+
+class _Unavailable(Exception):
+    """Why the compiled reader cannot run here (the message says so)."""
+
+
+def reader_setting() -> str:
+    value = os.environ.get(READER_ENV, "auto").strip().lower() or "auto"
+    if value not in READERS:
+        raise ConfigurationError(f"{READER_ENV}={value!r}; use one of {', '.join(READERS)}")
+    return value
+
+
+def compiled_op():
+    """The compiled op's module, or None where the Python reader runs (logged once per process)."""
+    setting = reader_setting()
+    if setting in _loaded:
+        return _loaded[setting]
+    if setting == "python":
+        log.info("PipeModeDataset: the Python reader runs (%s=python)", READER_ENV)
+        module = None
+    else:
+        try:
+            module, how = _load(force=setting == "compiled")
+        except _Unavailable as why:
+            if setting == "compiled":
+                raise NativeReaderError(
+                    f"{READER_ENV}=compiled, but the compiled reader cannot run: {why}"
+                ) from None
+            log.warning("PipeModeDataset: the Python reader runs: the compiled reader cannot (%s)", why)
+            module = None
+        else:
+            log.info("PipeModeDataset: the compiled reader runs (%s)", how)
+    _loaded[setting] = module
+    return module
+
+
+def cache_root() -> Path:
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sagemaker-dist"
+    return Path(os.environ.get(CACHE_ENV) or default)
+
+
+def build_plan(tf) -> tuple[list[str], Path]:
+    """(compiler command without the output, the library's path in the cache) for this TensorFlow."""
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not compiler:
+        raise _Unavailable("no C++ compiler: install g++ (Debian: build-essential), or set CXX")
+    flags = [*tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
+    command = [compiler, "-std=c++17", "-shared", "-fPIC", "-O2", str(SOURCE), *flags]
+    key = hashlib.sha256(
+        "\0".join([tf.__version__, __version__, os.uname().machine, *command]).encode() + SOURCE.read_bytes()
+    ).hexdigest()[:16]
+    return command, cache_root() / "ops" / f"tf{tf.__version__}-{key}" / LIBRARY
+
+
+def _load(force: bool):
+    """(op module, how it came) — loaded from the cache, else built first; _Unavailable says why not."""
+    import tensorflow as tf
+
+    if not SOURCE.is_file():
+        raise _Unavailable(f"its source {SOURCE} is not installed")
+    command, library = build_plan(tf)
+    how = f"TensorFlow {tf.__version__}, {library}"
+    if not library.is_file():
+        started = time.monotonic()
+        _build(command, library, force)
+        how += f", built in {time.monotonic() - started:.0f} s"
+    try:
+        module = tf.load_op_library(str(library))
+    except Exception as exc:  # noqa: BLE001 - any load failure means: the Python reader
+        raise _Unavailable(f"{library} does not load: {exc}") from None
+    if not hasattr(module, OP_NAME):
+        raise _Unavailable(f"{library} has no op {OP_NAME}")
+    return module, how
+
+
+def _build(command: list[str], library: Path, force: bool) -> None:
+    """Compile into ``library`` once, however many processes ask at the same time."""
+    folder = library.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _Unavailable(f"cannot create the build cache {folder}: {exc}") from None
+    failed = folder / FAILED
+    with open(folder / ".lock", "a") as lock:
+        _lock(lock, folder)
+        if library.is_file():  # another process built it while this one waited
+            return
+        if failed.is_file() and not force:
+            raise _Unavailable(f"it failed to build before (see {failed}; {READER_ENV}=compiled retries)")
+        fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
+        os.close(fd)
+        try:
+            done = subprocess.run(
+                [*command, "-o", tmp], capture_output=True, text=True, timeout=BUILD_TIMEOUT
+            )
+        except subprocess.TimeoutExpired:
+            os.unlink(tmp)
+            raise _Unavailable(f"the build took longer than {BUILD_TIMEOUT:g} s") from None
+        except OSError as exc:
+            os.unlink(tmp)
+            raise _Unavailable(f"the compiler {command[0]} did not run: {exc}") from None
+        if done.returncode != 0:
+            os.unlink(tmp)
+            failed.write_text(" ".join(command) + "\n\n" + done.stderr)
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise _Unavailable(
+                f"the build failed ({command[0]} exited {done.returncode}: {last}; see {failed})"
+            )
+        os.chmod(tmp, 0o755)  # mkstemp made it 0600: other users of the cache load it too
+        os.replace(tmp, library)
+        failed.unlink(missing_ok=True)
+
+
+def _lock(lock, folder: Path) -> None:
+    deadline = time.monotonic() + BUILD_TIMEOUT
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise _Unavailable(
+                    f"another process held {folder / '.lock'} for {BUILD_TIMEOUT:g} s"
+                ) from None
+            time.sleep(0.2)
