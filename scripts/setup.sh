@@ -144,4 +144,10 @@ if [ "$toolkit_ok" = 0 ]; then
   "$TOOLKIT_VENV/bin/python" -m pip install -q -e ".[runtime,horovod]"
   echo "$STAMP" >"$TOOLKIT_VENV/.sagemaker-dist-setup"
 fi
+# The compiled Pipe-mode reader, built against each venv's TensorFlow into the build cache and read
+# back (a job's ranks would otherwise build it at first use); where it cannot, the Python reader runs.
+for venv in "$VENV" "$TOOLKIT_VENV"; do
+  "$venv/bin/python" -m sagemaker_dist.runtime.pipe.native_build 2>&1 | grep -v "^WARNING\|cpu_feature_guard\|oneDNN\|To enable the following" &
+done
+wait
 echo "sagemaker-dist is installed in $VENV (the container environment, with AWS's toolkit, in $TOOLKIT_VENV)"

@@ -30,6 +30,8 @@ if ! "$VENV/bin/python" -c 'import tensorflow, tensorboard, sagemaker_dist.runti
   "$VENV/bin/python" -m pip install -q -e ".[tf-latest]"
 fi
 "$VENV/bin/python" -c 'import tensorflow as tf, keras; print("TensorFlow", tf.__version__, "Keras", keras.__version__)'
+# The compiled Pipe-mode reader built against this TensorFlow and read back (an error if it cannot be)
+"$VENV/bin/python" -m sagemaker_dist.runtime.pipe.native_build
 started=$(date +%s)
 .venv/bin/sagemaker-dist local --demo --distribution tf-mwms --container-python "$VENV/bin/python" --timeout 600
 echo "tf-latest-check: the tf-mwms demo ended 0 on TF $("$VENV/bin/python" -c 'import tensorflow as tf; print(tf.__version__)') in $(( $(date +%s) - started )) s"

@@ -9,6 +9,8 @@ compiler and our version and source; later processes only load it. Concurrent ra
 build that fails or takes longer than ``BUILD_TIMEOUT``, the Python reader runs. One log line
 says which reader runs and why. ``SAGEMAKER_DIST_READER=python|compiled|auto`` (default auto)
 forces a reader; ``compiled`` where it cannot be built is an error naming why.
+``python -m sagemaker_dist.runtime.pipe.native_build`` builds it now and reads records back with it
+(scripts/setup.sh and scripts/tf-latest-check.sh do, so jobs find it built).
 """
 
 from __future__ import annotations
@@ -168,3 +170,36 @@ def _lock(lock, folder: Path) -> None:
                     f"another process held {folder / '.lock'} for {BUILD_TIMEOUT:g} s"
                 ) from None
             time.sleep(0.2)
+
+
+def self_check() -> str:
+    """Build (retrying a failed build), load, and read a stream of small and large records back."""
+    import tempfile
+
+    from sagemaker_dist.contract.record_formats import encode_tfrecord
+
+    os.environ[READER_ENV] = "compiled"
+    _loaded.clear()
+    for marker in cache_root().glob(f"ops/*/{FAILED}"):
+        marker.unlink(missing_ok=True)
+    op = compiled_op()
+    from sagemaker_dist.runtime.pipe.compiled import compiled_dataset
+
+    records = [os.urandom(n) for n in (0, 1, 100, 40_000, 300_000)] * 20
+    with tempfile.TemporaryDirectory(prefix="sagemaker-dist-reader-check-") as tmp:
+        (Path(tmp) / "check_0").write_bytes(b"".join(encode_tfrecord(r) for r in records))
+        args = ("check", "TFRecord", tmp, tmp, False, 0, 0, 5.0)
+        got = [r.numpy() for r in compiled_dataset(op, *args, batch_size=None, drop_remainder=False)]
+        batches = compiled_dataset(op, *args, batch_size=7, drop_remainder=False)
+        (Path(tmp) / "check_1").write_bytes(b"".join(encode_tfrecord(r) for r in records))
+        batched = [r for b in batches for r in b.numpy().tolist()]
+    if got != records or batched != records:
+        raise NativeReaderError("the compiled reader read back other records than were written")
+    import tensorflow as tf
+
+    return f"the compiled reader reads TFRecords on TensorFlow {tf.__version__} ({build_plan(tf)[1]})"
+
+
+if __name__ == "__main__":  # python -m sagemaker_dist.runtime.pipe.native_build: build it now, and check it
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    print(self_check(), flush=True)
