@@ -61,6 +61,7 @@ from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 
 source, target = Path(sys.argv[1]), Path(sys.argv[2])
 nb = nbformat.read(source, as_version=4)
@@ -68,6 +69,8 @@ client = NotebookClient(
     nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(source.parent.resolve())}}
 )
 client.execute()
+# As a notebook front end shows them: a progress bar's redraws (\r) as its last state, one block per stream
+nb, _ = CoalesceStreamsPreprocessor().preprocess(nb, {})
 partial = target.with_name(f".{target.name}.part")
 nbformat.write(nb, partial)
 partial.replace(target)
