@@ -8,6 +8,9 @@ size and each run is one iteration of it (one epoch, as Keras ``fit`` does; for 
 FIFO); ``--build-per-run`` builds them for every run instead. Prints MB/s and the two ratios, and
 MB per CPU second (for ours and raw, the writer process's CPU included: raw's is mostly the writer).
 
+PipeModeDataset runs the reader ``SAGEMAKER_DIST_READER`` picks (default: the compiled one where it
+builds); ``--fresh`` measures both, the compiled reader as ``ours`` and the Python one as ``py``.
+
 ``--fresh`` runs every measurement in a new process instead, the way a job's first epoch runs:
 TensorFlow is imported first (not timed), then the clock covers building the dataset (for ours,
 importing ``sagemaker_dist.runtime`` too; for AWS's, loading its op library), ``iter()`` to the
@@ -193,6 +196,7 @@ def main(argv=None) -> int:
     import tensorflow as tf
 
     from sagemaker_dist.runtime import PipeModeDataset
+    from sagemaker_dist.runtime.pipe.native_build import compiled_op
 
     sizes = [int(s) for s in args.sizes.split(",")]
     print(
@@ -202,6 +206,7 @@ def main(argv=None) -> int:
         + ("datasets built for each run" if args.build_per_run else "datasets built once, one epoch per run")
         + (", record sizes vary +-50%" if args.vary else "")
         + f", TFRecord scan: {'C' if _tfrecord_scan_is_compiled() else 'numpy'}"
+        + f", reader: {'compiled' if compiled_op() is not None else 'Python'}"
     )
     print(
         "ours = PipeModeDataset(...).batch(256) (drop-in); opt = PipeModeDataset(..., batch_size=256);\n"

@@ -7,7 +7,10 @@ imports TensorFlow (not timed: every reader needs it), then times building the d
 ``iter()`` to the first batch, and the rest of one epoch. The writer process is up and about to
 open the FIFO before the child starts (SageMaker's agent is already running when training reads).
 Arms run interleaved, one process each per repeat; ratios are medians of per-run ratios of the
-total (build + epoch) times.
+total (build + epoch) times. ``ours`` is PipeModeDataset on the compiled reader (built before the
+runs, not timed: a job finds it in the build cache), ``py`` the same on the Python reader
+(``SAGEMAKER_DIST_READER``); ``cpu s/GB`` is the reading process's CPU time (user + system, the
+writer's excluded) over the timed part, per GB read.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ if arm != "raw":
 else:  # the pipe buffer ours asks for
     from sagemaker_dist.runtime.fifo import F_SETPIPE_SZ, PIPE_BUFFER_BYTES
 start = time.perf_counter()
+cpu = time.process_time()
 dirs = dict(pipe_dir=os.path.join(root, "input", "data"), config_dir=os.path.join(root, "input", "config"))
-if arm == "ours":
+if arm in ("ours", "py"):
     from sagemaker_dist.runtime import PipeModeDataset
     ds = PipeModeDataset("bench", "TFRecord", state_dir=os.path.join(root, "pipe_state"), **dirs).batch(batch)
 elif arm == "aws":
@@ -64,8 +68,9 @@ else:
         n += int(b.shape[0])
     version = tf.__version__
 end = time.perf_counter()
-print(json.dumps({"build": built - start, "first": first - built, "rest": end - first, "total": end - start,
-                  "n": n, "tf": version, "python": sys.version.split()[0]}))
+cpu = time.process_time() - cpu
+print(json.dumps({"cpu": cpu, "build": built - start, "first": first - built, "rest": end - first,
+                  "total": end - start, "n": n, "tf": version, "python": sys.version.split()[0]}))
 """
 
 
@@ -74,6 +79,7 @@ def run_child(python: str, arm: str, src: Path, root: Path, fifo: Path | None) -
         **os.environ,
         "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
         "TF_CPP_MIN_LOG_LEVEL": "2",
+        "SAGEMAKER_DIST_READER": "python" if arm == "py" else "compiled",
     }
     argv = [python, "-c", CHILD, arm, str(src), str(root), str(fifo or "-"), str(BATCH)]
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
@@ -89,13 +95,19 @@ def median_ratio(runs: dict, a: str, b: str) -> float:
 
 def main(args, make_file, start_writer) -> int:
     """Interleaved fresh-process runs per record size; prints start-up, totals and ratios."""
-    arms = ["ours", "file", "raw"] + (["aws"] if args.aws else [])
+    arms = ["ours", "py", "file", "raw"] + (["aws"] if args.aws else [])
     python = args.python or sys.executable
     sizes = [int(s) for s in args.sizes.split(",")]
     # As pip does at install: byte-compiled modules (this machine sets PYTHONDONTWRITEBYTECODE, and
     # compiling our modules on import would add about 10 ms to every start-up measured).
     package = Path(__file__).resolve().parent.parent / "sagemaker_dist"
     subprocess.run([python, "-m", "compileall", "-q", str(package)], check=True)
+    # The compiled reader, built (or found) in the build cache before the runs, as a job finds it.
+    subprocess.run(
+        [python, "-m", "sagemaker_dist.runtime.pipe.native_build"],
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(package.parent), "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
     print(
         f"fresh processes of {python}, {os.cpu_count()} CPU(s), {args.mb} MiB per epoch, .batch({BATCH}), "
         f"median of {args.repeats} interleaved runs, load average {os.getloadavg()[0]:.1f}"
@@ -115,7 +127,7 @@ def main(args, make_file, start_writer) -> int:
         (root / "input" / "config" / "inputdataconfig.json").write_text(
             json.dumps({"bench": pipe, "aws": pipe})
         )
-        epochs = {"ours": 0, "aws": 0, "raw": 0}
+        epochs = {"ours": 0, "aws": 0, "raw": 0}  # py and ours read the same channel's epochs
         versions = set()
         for size in sizes:
             src = root / f"records-{size}.tfrecord"
@@ -126,8 +138,9 @@ def main(args, make_file, start_writer) -> int:
                 for arm in arms:
                     fifo = writer = None
                     if arm != "file":
-                        fifo = data / f"{'bench' if arm == 'ours' else arm}_{epochs[arm]}"
-                        epochs[arm] += 1
+                        channel = "ours" if arm in ("ours", "py") else arm
+                        fifo = data / f"{'bench' if channel == 'ours' else arm}_{epochs[channel]}"
+                        epochs[channel] += 1
                         writer = start_writer(src, fifo)
                     result = run_child(python, arm, src, root, fifo)
                     if writer is not None:
@@ -147,12 +160,17 @@ def report(size: int, nbytes: int, runs: dict, arms: list[str]) -> None:
         return 1000 * statistics.median(r[key] for r in runs[arm])
 
     print(f"-- {size} B records, {nbytes / 1e6:.0f} MB")
-    print(f"{'arm':>6} {'build':>8} {'first':>8} {'rest':>8} {'total':>8} {'MB/s':>7} {'ours vs it':>10}")
+    print(
+        f"{'arm':>6} {'build':>8} {'first':>8} {'rest':>8} {'total':>8} {'MB/s':>7} {'cpu s/GB':>9} "
+        f"{'ours vs it':>10} {'py vs it':>9}"
+    )
     for arm in arms:
         total = statistics.median(r["total"] for r in runs[arm])
+        cpu = statistics.median(r["cpu"] for r in runs[arm]) / (nbytes / 1e9)
         versus = "" if arm == "ours" else f"{median_ratio(runs, 'ours', arm):.2f}x"
+        py_versus = "" if arm == "py" else f"{median_ratio(runs, 'py', arm):.2f}x"
         print(
             f"{arm:>6} {ms(arm, 'build'):>8.1f} {ms(arm, 'first'):>8.1f} {ms(arm, 'rest'):>8.1f} "
-            f"{ms(arm, 'total'):>8.1f} {nbytes / total / 1e6:>7.0f} {versus:>10}",
+            f"{ms(arm, 'total'):>8.1f} {nbytes / total / 1e6:>7.0f} {cpu:>9.2f} {versus:>10} {py_versus:>9}",
             flush=True,
         )
