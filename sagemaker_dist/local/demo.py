@@ -15,7 +15,7 @@ from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.launch.s3_objects import s3_client
 from sagemaker_dist.local.backend import LocalBackend
 from sagemaker_dist.local.defaults import LOCAL_INSTANCE_TYPE, LOCAL_ROLE
-from sagemaker_dist.local.demo_data import DATASET_FILE, DemoDataset, write_demo_data
+from sagemaker_dist.local.demo_data import DATASET_FILE, GENERATOR, DemoDataset, write_demo_data
 
 DEMO_JOB_DIR = Path(__file__).resolve().parent / "demo_job"  # package data: installed with the package
 DEMO_ENTRY_POINT = "train_cifar10.py"
@@ -51,7 +51,8 @@ def ensure_demo_data(
     client = client or s3_client()
     _, key = parse_s3_uri(f"s3://{bucket}/{prefix}/")
     existing = _dataset_info(client, bucket, key)
-    if existing and existing["files"] >= files and existing["validation_files"] >= validation_files:
+    current = existing and existing.get("generator") == GENERATOR
+    if current and existing["files"] >= files and existing["validation_files"] >= validation_files:
         return None
     return write_demo_data(
         f"s3://{bucket}/{prefix}/",

@@ -18,6 +18,8 @@ from sagemaker_dist.launch.s3_objects import s3_client
 
 IMAGE_SHAPE = (32, 32, 3)
 NUM_CLASSES = 10
+PALETTE_SEED = 10
+GENERATOR = 2  # in dataset.json: data written by an older generator is written again
 IMAGE_KEY = "image"
 LABEL_KEY = "label"
 DEFAULT_PREFIX = "s3://sagemaker-dist-demo/cifar10-demo/"
@@ -69,7 +71,9 @@ def generate_examples(count: int, seed: int = 0):
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    palette = rng.integers(0, 256, size=(NUM_CLASSES, 3))
+    # one palette for the whole dataset (a per-file palette gave every file its own colour for a
+    # label, so the demo model stayed at chance)
+    palette = np.random.default_rng(PALETTE_SEED).integers(0, 256, size=(NUM_CLASSES, 3))
     for _ in range(count):
         label = int(rng.integers(0, NUM_CLASSES))
         noise = rng.integers(-48, 49, size=IMAGE_SHAPE)
@@ -142,7 +146,8 @@ def write_demo_data(
             client.put_object(Bucket=bucket, Key=f"{key_prefix}{role}/part-{i:05d}.tfrecord", Body=body)
             total += len(body)
             records += size
-    info = {"files": files, "validation_files": validation_files, "records_per_file": records_per_file}
+    info = {"files": files, "validation_files": validation_files, "records_per_file": records_per_file,
+            "generator": GENERATOR}  # fmt: skip
     client.put_object(Bucket=bucket, Key=key_prefix + DATASET_FILE, Body=json.dumps(info).encode())
     base = f"s3://{bucket}/{key_prefix}"
     return DemoDataset(
