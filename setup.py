@@ -51,7 +51,10 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["sagemaker_dist", "sagemaker_dist.*"]),
     # the demo's training script; the compiled reader's source, built where it runs (pipe.native_build)
-    package_data={"sagemaker_dist.local": ["demo_job/*.py"], "sagemaker_dist.runtime.pipe": ["native/*.cc"]},
+    package_data={
+        "sagemaker_dist.local": ["demo_job/*.py"],
+        "sagemaker_dist.runtime.pipe": ["native/*.cc", "native/*.h"],
+    },
     # the console command (plan, shard) works with these alone; launch needs [sdk], training [tensorflow]
     install_requires=["boto3>=1.34,<2", "numpy>=1.23,<3", "tqdm>=4.66,<5"],
     extras_require={

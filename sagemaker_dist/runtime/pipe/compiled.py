@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import random
 
+# Batches the op makes ahead of the consumer, in tf.data's thread: measured in one process on 2 busy
+# cores, a 100 MB epoch of 100 B records took 1.55 s with 2 against 2.53 s with none (1 KB: 0.21 against
+# 0.31 s; 100 KB: the same). Records one by one are not prefetched: each element would pay for it.
+PREFETCH_BATCHES = 2
 _classes: dict = {}
 
 
@@ -69,7 +73,7 @@ def compiled_dataset(
         dataset_id=random.getrandbits(62),
     )
     if batch_size is not None:
-        return source(op, args, batch_size, drop_remainder)
+        return source(op, args, batch_size, drop_remainder).prefetch(PREFETCH_BATCHES)
     records = source(op, args, 0, False)
     ordinary = records.batch
 
@@ -77,7 +81,7 @@ def compiled_dataset(
         custom = num_parallel_calls is not None or deterministic is not None or name is not None
         if custom or not isinstance(batch_size, int) or batch_size < 1:
             return ordinary(batch_size, drop_remainder, num_parallel_calls, deterministic, name)
-        return source(op, args, batch_size, bool(drop_remainder))
+        return source(op, args, batch_size, bool(drop_remainder)).prefetch(PREFETCH_BATCHES)
 
     batch.__doc__ = ordinary.__doc__
     records.batch = batch

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 READER_ENV = "SAGEMAKER_DIST_READER"
 READERS = ("auto", "compiled", "python")
 CACHE_ENV = "SAGEMAKER_DIST_CACHE"
-SOURCE = Path(__file__).resolve().parent / "native" / "pipe_dataset_op.cc"
+SOURCE = Path(__file__).resolve().parent / "native" / "pipe_dataset_op.cc"  # includes native/*.h
 LIBRARY = "pipe_dataset_op.so"
 FAILED = "build-failed.txt"  # in the key's folder: auto mode does not retry a failed build
 BUILD_TIMEOUT = 300.0  # seconds for the compiler (about 40 s on 2 busy cores), and for the lock
@@ -93,9 +93,10 @@ def build_plan(tf) -> tuple[list[str], Path]:
         raise _Unavailable("no C++ compiler: install g++ (Debian: build-essential), or set CXX")
     flags = [*tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
     command = [compiler, "-std=c++17", "-shared", "-fPIC", "-O2", str(SOURCE), *flags]
-    key = hashlib.sha256(
-        "\0".join([tf.__version__, __version__, os.uname().machine, *command]).encode() + SOURCE.read_bytes()
-    ).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([tf.__version__, __version__, os.uname().machine, *command]).encode())
+    for source in sorted(SOURCE.parent.glob("*.[ch]*")):
+        key.update(source.read_bytes())
+    key = key.hexdigest()[:16]
     return command, cache_root() / "ops" / f"tf{tf.__version__}-{key}" / LIBRARY
 
 
