@@ -10,7 +10,12 @@ TFRecords read one by one straight into their own ``bytes`` and grouped in whole
 ``fit(epochs=...)``) closes the one before and opens the next FIFO ``<channel>_<n>``; ``n`` is kept
 in ``<state_dir>/<channel>`` under flock, as AWS does.
 
+Where a C++ compiler is, the reader is compiled instead (``native/pipe_dataset_op.cc``): a tf.data
+source op built at first use against the installed TensorFlow, same files, same errors, same tests.
+
 - ``dataset``: ``PipeModeDataset`` and ``rank_dataset`` (argument and channel checks);
+- ``native_build``: which reader runs; builds, caches and loads the compiled one;
+- ``compiled``: the dataset on the compiled reader;
 - ``epochs``: the per-channel epoch counter (which FIFO the next iteration opens);
 - ``reader``: the reader thread (FIFO -> framed chunks);
 - ``tf_bridge``: chunks into tf.data without a copy, (re)batched in C++.

@@ -129,7 +129,11 @@ def _build(command: list[str], library: Path, force: bool) -> None:
     except OSError as exc:
         raise _Unavailable(f"cannot create the build cache {folder}: {exc}") from None
     failed = folder / FAILED
-    with open(folder / ".lock", "a") as lock:
+    try:
+        lock = open(folder / ".lock", "a")  # noqa: SIM115 - closed by the with below
+    except OSError as exc:
+        raise _Unavailable(f"cannot write to the build cache {folder}: {exc}") from None
+    with lock:
         _lock(lock, folder)
         if library.is_file():  # another process built it while this one waited
             return
