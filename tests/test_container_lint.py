@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from sagemaker_dist import __version__
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "container" / "Dockerfile"
 SCRIPT = REPO / "container" / "build_and_push.sh"
+ENTRYPOINT = REPO / "container" / "entrypoint.sh"
 BIN = Path(sys.executable).parent
 
 
@@ -30,12 +33,12 @@ def test_dockerfile_is_hadolint_clean():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_build_script_is_shellcheck_clean():
-    done = subprocess.run([_tool("shellcheck"), str(SCRIPT)], capture_output=True, text=True)
+def test_build_script_and_entrypoint_are_shellcheck_clean():
+    done = subprocess.run([_tool("shellcheck"), str(SCRIPT), str(ENTRYPOINT)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_dockerfile_builds_horovod_with_nccl_and_mpi_and_keeps_the_toolkit_entrypoint():
+def test_dockerfile_builds_horovod_with_nccl_and_mpi_and_runs_the_toolkit_under_the_stop_forwarding():
     text = DOCKERFILE.read_text()
     assert re.search(r"^ARG TF_VERSION=2\.14\.\d+$", text, re.M)
     assert (
@@ -45,7 +48,44 @@ def test_dockerfile_builds_horovod_with_nccl_and_mpi_and_keeps_the_toolkit_entry
     for setting in ("HOROVOD_GPU_OPERATIONS=NCCL", "HOROVOD_WITH_MPI=1", "HOROVOD_WITH_TENSORFLOW=1"):
         assert setting in text
     assert r"\[X\] NCCL" in text and r"\[X\] MPI" in text  # the build greps what Horovod reports
-    assert not re.search(r"^(ENTRYPOINT|CMD)\b", text, re.M)  # the DLC's toolkit entrypoint stays
+    # PID 1 forwards SageMaker's SIGTERM to the ranks; the DLC's own entry point (and `train`) under it
+    assert re.findall(r"^(?:ENTRYPOINT|CMD)\b.*$", text, re.M) == [
+        'ENTRYPOINT ["/usr/local/bin/sagemaker-dist-entrypoint"]',
+        'CMD ["/bin/bash"]',
+    ]
+    assert "COPY container/entrypoint.sh /usr/local/bin/sagemaker-dist-entrypoint" in text
+    entry = ENTRYPOINT.read_text()
+    dlc_start = "bash -m /usr/local/bin/start_with_right_hostname.sh"
+    assert f"exec python -m sagemaker_dist.host.stop_forwarding {dlc_start}" in entry
+
+
+FAKE_RANK = """
+import os, signal, subprocess, sys, time
+if sys.argv[1:] == ["rank"]:  # a rank: TensorFlow's import first, then the runtime's handler
+    time.sleep(1.5)
+    signal.signal(signal.SIGTERM, lambda *a: (open(os.environ["OUT"], "w").write("stopped"), sys.exit(0)))
+    time.sleep(30)
+    sys.exit(3)
+rank = subprocess.Popen([sys.executable, __file__, "rank"], env={**os.environ, "OMPI_COMM_WORLD_RANK": "0"})
+sys.exit(rank.wait())
+"""
+
+
+def test_the_entrypoint_forwards_sigterm_to_a_rank_once_its_handler_is_in(tmp_path):
+    """SIGTERM while the rank is still starting (no handler yet) must not kill it: the entry point waits
+    for its handler, then forwards; the job ends 0, as after a stop."""
+    script = tmp_path / "job.py"
+    script.write_text(FAKE_RANK)
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "OUT": str(tmp_path / "rank.out")}
+    proc = subprocess.Popen(
+        ["sh", str(ENTRYPOINT), "python", str(script)], env=env, stderr=subprocess.PIPE, text=True
+    )
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert (tmp_path / "rank.out").read_text() == "stopped", err
+    assert "forwarded to rank process(es) [" in err
 
 
 FAKE_AWS = """#!/usr/bin/env bash
@@ -151,3 +191,21 @@ def test_dry_run_prints_the_commands_and_runs_none(fake_path):
     )
     assert "+ docker push 123456789012.dkr.ecr.cn-north-1.amazonaws.com.cn/sagemaker-dist:" in done.stderr
     assert not calls.exists()
+
+
+def test_term_after_ranks_ends_a_command_that_outlives_them_once_they_have(tmp_path):
+    """A Kubernetes worker's sshd does not end with its ranks: ``--term-after-ranks`` sends it SIGTERM
+    once the ranks the stop reached have ended (their checkpoint written), not before."""
+    script = tmp_path / "sshd.py"
+    script.write_text(FAKE_RANK.replace("sys.exit(rank.wait())", "rank.wait(); time.sleep(60); sys.exit(4)"))
+    env = {**os.environ, "OUT": str(tmp_path / "rank.out")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sagemaker_dist.host.stop_forwarding", "--term-after-ranks",
+         sys.executable, str(script)],
+        env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert (tmp_path / "rank.out").read_text() == "stopped", err
+    assert proc.returncode == 128 + signal.SIGTERM and "the ranks have ended: SIGTERM to the command" in err

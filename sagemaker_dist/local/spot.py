@@ -11,6 +11,8 @@ start the ranks themselves, the Python processes below the launcher with a rank'
 horovodrun or mpirun: those answer SIGTERM by killing the ranks after a few seconds, whatever the ranks
 were doing. That is what the image's entry point must do on SageMaker too (forward SIGTERM to every
 rank), and what the runtime's stop (``runtime/keras/stop.py``) needs: time to agree and checkpoint.
+With ``launcher="container"`` the interruption is SageMaker's own, ``podman stop``: SIGTERM to each
+container's PID 1, the image's entry point (``host/stop_forwarding.py``), which forwards it to the ranks.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -78,19 +81,31 @@ class Interruption:
         if self._thread is not None:
             self._thread.join(10.0)
 
+    def _due(self, group) -> bool:
+        """Wait until the interruption is due: ``at`` seconds; False if the attempt ended first."""
+        return not self._cancel.wait(self.at) and group.poll() is None
+
     def _run(self, group) -> None:
-        if self._cancel.wait(self.at) or group.poll() is not None:
+        if not self._due(group):
             return  # the attempt ended first
-        pids = rank_pids(group)
-        self.signalled_at = time.monotonic()
-        self.echo(
-            f"[spot] interruption: SIGTERM to rank process(es) {pids}, {self.at:g} s after the ranks started"
-        )
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        stopper = None
+        if hasattr(group, "stop_like_sagemaker"):  # the image: SIGTERM to PID 1, as SageMaker sends it
+            self.signalled_at = time.monotonic()
+            stopper = group.stop_like_sagemaker(self.window)
+            self.echo(
+                f"[spot] interruption: podman stop --time {self.window:.0f} (SIGTERM to each container's "
+                f"PID 1, SIGKILL {self.window:.0f} s later), {self.at:g} s after the ranks started"
+            )
+        else:
+            pids = rank_pids(group)
+            self.signalled_at = time.monotonic()
+            after = f"{self.at:g} s after the ranks started"
+            self.echo(f"[spot] interruption: SIGTERM to rank process(es) {pids}, {after}")
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
         deadline = self.signalled_at + self.window
         while group.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -99,6 +114,12 @@ class Interruption:
             self.echo(f"[spot] the job did not end within {self.window:.0f} s of SIGTERM: killing it")
             group.kill()
         self.ended_after = time.monotonic() - self.signalled_at
+        if stopper is not None:  # podman stop ends with the containers
+            try:
+                stopper.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                stopper.kill()
+                stopper.wait()
 
 
 @dataclass

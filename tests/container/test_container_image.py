@@ -13,11 +13,14 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from helpers.stop_jobs import check_resumed_inside_the_epoch, shard_bytes, trained_segments
 
 from sagemaker_dist import LocalJobFailed, run_local
+from sagemaker_dist.local import spot
 from sagemaker_dist.local.demo import DEMO_JOB_DIR, demo_estimator
 from sagemaker_dist.local.demo_data import write_demo_data
 from sagemaker_dist.local.launchers.container import ContainerLauncherError
@@ -183,3 +186,63 @@ def test_a_tf_mwms_job_trains_in_the_image_without_horovod(s3, bucket, tmp_path)
     assert "MultiWorkerMirroredStrategy: 1 worker(s)" in out and "mpirun" not in out, out[-3000:]
     assert "loss" in result.metrics and result.model_uri, out[-3000:]
     assert (Path(result.work_dir) / "hosts" / "algo-1" / "output" / "success").is_file()
+
+
+@needs_image
+@pytest.mark.timeout(420)  # 2 attempts, each with the toolkit's 30 s sleep; about 2 min on a quiet machine
+def test_a_job_stopped_with_podman_stop_resumes_inside_the_epoch(s3, bucket, tmp_path, monkeypatch):
+    """SageMaker's stop, as a spot interruption brings it: ``podman stop --time 120`` of the running
+    2-rank job mid-epoch (SIGTERM to PID 1 only, SIGKILL 120 s later). The image's entry point forwards it
+    to both ranks, which agree on a step, checkpoint it and end; then the job again, its checkpoints
+    restored (managed spot): it resumes inside the stopped epoch and trains each remaining batch once."""
+    files, per_file, batch, epochs = 4, 80, 4, 3  # 2 files a rank: 160 records, 40 steps (6 s) an epoch
+    for i in range(files):
+        body = shard_bytes(i * per_file, per_file, seed=i)
+        s3.put_object(Bucket=bucket, Key=f"ids/train/part-{i:05d}.tfrecord", Body=body)
+    hps = {"epochs": epochs, "batch_size": batch, "pause": 0.15, "out": "/opt/ml/output/data"}
+    estimator = demo_estimator(
+        bucket, 1, 2, "Pipe", hps,
+        source_dir=SCRIPTS, entry_point="train_ids.py", checkpoint_s3_uri=f"s3://{bucket}/ckpt/spot",
+    )  # fmt: skip
+    request = estimator.prepare({"train": f"s3://{bucket}/ids/train/"}, printer=None).request
+    lines: list[str] = []
+
+    def echo(line: str) -> None:  # kept, and shown with a failure (pytest's captured output)
+        lines.append(line)
+        print(line, flush=True)
+
+    class InEpoch2(spot.Interruption):
+        """Due once rank 0 has trained 44 batches (epoch 2, step 4), not after fixed seconds: the start-up
+        of the toolkit and TensorFlow takes 15 s on a quiet machine, minutes on a loaded one."""
+
+        def _due(self, group) -> bool:
+            armed = time.monotonic()
+            while not self._cancel.wait(0.1) and group.poll() is None:
+                logs = list(tmp_path.glob("*/hosts/algo-1/output/data/trained-rank0.jsonl"))  # attempt 1's
+                if logs and logs[0].read_text().count("\n") > 44:  # the start line, 44 batches
+                    self.at = round(time.monotonic() - armed, 1)
+                    return True
+            return False
+
+    monkeypatch.setattr(spot, "Interruption", InEpoch2)
+    attempts, _ = spot.run_interrupted(
+        request, None, [1.0], run=run_local, echo=echo, launcher="container", image=IMAGE,
+        work_dir=tmp_path, keep_work_dir=True, timeout=360,
+    )  # fmt: skip
+    log = "\n".join(lines)
+    (tmp_path / "job.log").write_text(log)
+    assert [a.status for a in attempts] == ["Stopped", "Completed"], log[-4000:]
+    first, second = attempts
+    assert "podman stop --time 120" in log
+    assert "[stop-forwarding] SIGTERM: forwarded to rank process(es) [" in log, log[-4000:]
+    # before SIGKILL; the toolkit sleeps its 30 s after mpirun, as after any run
+    assert first.stopped_at is not None and first.ended_after_signal < 110, log[-4000:]
+    assert second.resumed_from == (first.stopped_at[0] - 1, first.stopped_at[1])  # nothing lost
+    trees = [Path(a.result.work_dir) / "hosts" / "algo-1" for a in attempts]
+    assert (trees[0] / "output" / "success").is_file()  # a stop ends as a run does: exit 0
+    for rank in range(2):
+        (one,), (two,) = (
+            trained_segments(t / "output" / "data" / f"trained-rank{rank}.jsonl") for t in trees
+        )
+        check_resumed_inside_the_epoch(one, two, first.stopped_at, 2 * per_file // batch, epochs)
+    print(f"SIGTERM to the job's end: {first.ended_after_signal:.1f} s; stopped at {first.stopped_at}")

@@ -87,3 +87,39 @@ def feed_epochs(data_dir: Path, world: int, per_rank: int, epochs: int, deadline
         before = None
         for e in range(epochs):
             before = feed_fifo(data_dir / f"train_{r}_{e}", data, deadline, before)
+
+
+def trained_segments(path: Path) -> list[dict]:
+    """A rank's attempts in order from the trained-rank<R>.jsonl lines train_ids.py writes: each
+    {"start": {"epoch": ..., "step": ...}, "epochs": {epoch: [ids of each batch]}}."""
+    attempts = []
+    for line in path.read_text().splitlines():
+        entry = json.loads(line)
+        if "start" in entry:
+            attempts.append({"start": entry, "epochs": {}})
+        else:
+            attempts[-1]["epochs"].setdefault(entry["epoch"], []).append(entry["ids"])
+    return attempts
+
+
+def check_resumed_inside_the_epoch(
+    one: dict, two: dict, stopped_at: tuple[int, int], steps: int, epochs: int
+):
+    """One rank's two attempts (``trained_segments``), stopped after ``stopped_at`` (epoch counted from
+    1, step) of ``steps`` an epoch: the epochs before the stop trained whole and once, the second attempt
+    starts at the stop's step (no epoch restarted), the stopped epoch's batches are each trained once
+    across both attempts (no batch skipped, none repeated), and the later epochs train the same shard."""
+    epoch, step = stopped_at
+    assert (two["start"]["epoch"], two["start"]["step"]) == (epoch - 1, step)
+    for e in range(epoch - 1):
+        assert len(one["epochs"][e]) == steps
+    stopped = one["epochs"][epoch - 1]
+    assert len(stopped) == step  # trained up to the agreed step, then stopped
+    assert min(two["epochs"]) == epoch - 1  # no epoch restarted
+    resumed = stopped + two["epochs"][epoch - 1]
+    assert len(resumed) == steps, "the stopped epoch: every batch once across both attempts"
+    assert len({tuple(b) for b in resumed}) == steps
+    if epoch > 1:
+        assert sorted(sum(resumed, [])) == sorted(sum(one["epochs"][0], []))
+    for e in range(epoch, epochs):
+        assert sorted(sum(two["epochs"][e], [])) == sorted(sum(resumed, []))

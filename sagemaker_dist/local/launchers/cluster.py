@@ -43,7 +43,11 @@ from sagemaker_dist.local.launchers.cluster_plan import (
     loopback_endpoint_port,
     plan_cluster,
 )
-from sagemaker_dist.local.launchers.container import ContainerLauncherError, container_environment
+from sagemaker_dist.local.launchers.container import (
+    ContainerLauncherError,
+    container_environment,
+    stop_containers,
+)
 from sagemaker_dist.local.launchers.mpi import RankGroup, describe_exit, mpi_tagged_lines
 from sagemaker_dist.local.launchers.netns_relay import NetnsRelay, RelayError, listen_in_netns
 from sagemaker_dist.local.supervision import rank_failure
@@ -226,6 +230,10 @@ class ClusterGroup(RankGroup):
             code = proc.poll()
             if code is not None and name not in self.ended:
                 self.ended[name] = (code, now)
+
+    def stop_like_sagemaker(self, grace: float) -> subprocess.Popen:
+        """``podman stop --time grace`` of every host's container (``stop_containers``)."""
+        return stop_containers([h.container for h in self.plan.hosts], grace)
 
     def kill(self, grace: float = 3.0) -> None:
         """Stop and remove every container (SIGTERM, SIGKILL after ``grace``), then the podman clients,

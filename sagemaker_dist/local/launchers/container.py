@@ -99,6 +99,17 @@ def container_host_command(
     return [*command, image, "train"]
 
 
+def stop_containers(names: list[str], grace: float) -> subprocess.Popen:
+    """What SageMaker does to stop a job (a stop, a spot interruption): SIGTERM to each container's
+    PID 1 (the image's entry point forwards it to the ranks), SIGKILL ``grace`` seconds later. Returns
+    the running ``podman stop``, which ends when the containers have."""
+    return subprocess.Popen(
+        [ENGINE, "stop", "--time", str(max(0, round(grace))), *names],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 class ContainerGroup(RankGroup):
     """The one simulated host as a running container (the toolkit's mpirun starts its ranks)."""
 
@@ -117,6 +128,10 @@ class ContainerGroup(RankGroup):
         command = container_host_command(image, tree, hosts, self.name, sorted(container_env))
         # podman reads each --env NAME from its own environment; its own settings come from ours
         super().__init__(command, {**os.environ, **container_env}, pid_dir, world_size, on_line)
+
+    def stop_like_sagemaker(self, grace: float) -> subprocess.Popen:
+        """``podman stop --time grace`` of the container (``stop_containers``)."""
+        return stop_containers([self.name], grace)
 
     def kill(self, grace: float = 3.0) -> None:
         """Stop and remove the container (SIGTERM, SIGKILL after ``grace``), then the podman client:
