@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import signal
 import threading
 from pathlib import Path
 
@@ -48,6 +47,15 @@ def register(subparsers) -> None:
     )
     a.add_argument(
         "--until-pid", type=int, help="stop when this process exits (e.g. the node's rank launcher)"
+    )
+    a.add_argument(
+        "--drain",
+        type=float,
+        default=0.0,
+        help="on SIGTERM (scancel, preemption, a pod's deletion: the ranks get it too), keep feeding and "
+        "syncing checkpoints until this node's ranks have ended (they agree on a step and checkpoint it), "
+        "this many seconds at most; SIGINT, --until-pid or --epochs still end it at once (default 0: "
+        "SIGTERM ends it at once)",
     )
     a.set_defaults(func=pipe_agent_command)
 
@@ -136,16 +144,16 @@ def register(subparsers) -> None:
 def pipe_agent_command(args) -> int:
     from sagemaker_dist.launch.s3_objects import s3_client
     from sagemaker_dist.platforms.node_plan import parse_ranks, plan_node
-    from sagemaker_dist.platforms.pipe_agent import load_job_spec, run_agent
+    from sagemaker_dist.platforms.pipe_agent import load_job_spec, run_agent, stop_on_signals
 
     client = s3_client()
     request = load_job_spec(args.spec, client)
     ranks = parse_ranks(args.ranks) if args.ranks else None
     plan = plan_node(request, args.node_index, ranks, args.epochs, args.shuffle_seed)
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: stop.set())
-    run_agent(plan, args.root or opt_ml_root(), client, stop, args.until_pid, echo=_echo)
+    root = args.root or opt_ml_root()
+    stop_on_signals(stop, root, args.drain, _echo)
+    run_agent(plan, root, client, stop, args.until_pid, echo=_echo)
     return 0
 
 

@@ -6,6 +6,14 @@ the workers over SSH with the hostfile it mounts), a pipe-agent sidecar feeds th
 <entry script> <arguments>`` with the arguments the sagemaker-training toolkit would pass, so the
 script sees what it sees on SageMaker. S3 access comes from the pods' service account (IRSA or EKS
 Pod Identity). Pure: no I/O, no Kubernetes client.
+
+Stops (the MPIJob or a pod deleted, a node drained or preempted): the kubelet sends SIGTERM to each
+container's PID 1 and SIGKILL after the pod's ``terminationGracePeriodSeconds`` (120 s here, SageMaker's
+window). sshd and mpirun would end the ranks at once, so both run under the image's stop-forwarding
+entry point (``host/stop_forwarding.py``): on a worker it forwards SIGTERM to the ranks below sshd (they
+agree on a step, rank 0 checkpoints it, they end 0), then ends sshd; on the launcher mpirun is left to
+end with its ranks. The pipe agent (seeing the ranks: ``shareProcessNamespace``) keeps feeding and
+syncing checkpoints until they have ended (``--drain``).
 """
 
 from __future__ import annotations
@@ -29,6 +37,9 @@ EFA_RESOURCE = "vpc.amazonaws.com/efa"
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 OPT_ML_VOLUME = "opt-ml"
 SSHD = ["/usr/sbin/sshd", "-De"]  # the workers' main process: mpirun reaches them over SSH
+STOP_WINDOW_S = 120  # terminationGracePeriodSeconds: SIGTERM to SIGKILL, as SageMaker gives a stop
+AGENT_DRAIN_S = 110  # the pipe agent's life after SIGTERM: the ranks' stop checkpoint reaches S3
+FORWARD_STOPS = ["python", "-m", "sagemaker_dist.host.stop_forwarding"]  # PID 1 in front of sshd, mpirun
 
 
 class MPIJobError(ConfigurationError):
@@ -74,8 +85,8 @@ def launcher_command(job: JobSpec, world: int, options: MPIJobOptions, efa: bool
     custom = str(hp.decode_one(job.hyperparameters, hp.MPI_CUSTOM_OPTIONS, "") or "")
     argv = toolkit.script_argv(job.hyperparameters, options.toolkit_version, {"HOME": "/root"}, None)
     return [
-        "mpirun", "--allow-run-as-root", "-np", str(world), "-bind-to", "none", "-map-by", "slot",
-        *env, *mpirun_options(custom), "-wdir", f"{DEFAULT_ROOT}/code",
+        *FORWARD_STOPS, "mpirun", "--allow-run-as-root", "-np", str(world),
+        "-bind-to", "none", "-map-by", "slot", *env, *mpirun_options(custom), "-wdir", f"{DEFAULT_ROOT}/code",
         "python", "-m", "mpi4py", job.entry_point, *argv,
     ]  # fmt: skip
 
@@ -84,7 +95,7 @@ def agent_command(options: MPIJobOptions) -> list[str]:
     """The sidecar: this worker's pipe agent, its node index from mpi-operator's replica-index label."""
     return [
         "python", "-m", "sagemaker_dist.cli", "pipe-agent", "--spec", options.spec_uri,
-        "--node-index", "$(NODE_INDEX)", "--root", DEFAULT_ROOT,
+        "--node-index", "$(NODE_INDEX)", "--root", DEFAULT_ROOT, "--drain", str(AGENT_DRAIN_S),
     ]  # fmt: skip
 
 
@@ -124,7 +135,7 @@ def plan_mpijob(request: dict, options: MPIJobOptions) -> dict:
     worker = {
         "name": "worker",
         "image": options.image,
-        "command": SSHD,
+        "command": [*FORWARD_STOPS, "--term-after-ranks", *SSHD],  # SIGTERM to the ranks, then sshd
         **env,
         "resources": {"limits": worker_limits},
         "volumeMounts": [opt_ml, {"name": "dshm", "mountPath": "/dev/shm"}],
@@ -163,7 +174,7 @@ def plan_mpijob(request: dict, options: MPIJobOptions) -> dict:
     if max_run:
         run_policy["activeDeadlineSeconds"] = int(max_run)  # SageMaker's MaxRuntimeInSeconds
     labels = {"app.kubernetes.io/name": "sagemaker-dist", "sagemaker-dist/job": name}
-    pod = {"serviceAccountName": options.service_account}
+    pod = {"serviceAccountName": options.service_account, "terminationGracePeriodSeconds": STOP_WINDOW_S}
     return {
         "apiVersion": API_VERSION,
         "kind": "MPIJob",
@@ -185,7 +196,13 @@ def plan_mpijob(request: dict, options: MPIJobOptions) -> dict:
                     "restartPolicy": "Never",
                     "template": {
                         "metadata": {"labels": labels},
-                        "spec": {**pod, "containers": [worker, agent], "volumes": volumes},
+                        # the agent sees the ranks (in /proc), to outlive them on a stop
+                        "spec": {
+                            **pod,
+                            "shareProcessNamespace": True,
+                            "containers": [worker, agent],
+                            "volumes": volumes,
+                        },  # fmt: skip
                     },
                 },
             },

@@ -7,6 +7,7 @@ the node's root (``$SAGEMAKER_DIST_OPT_ML``, ``/opt/ml`` by default), unpacks th
 ``<root>/code``, restores and syncs checkpoints, and feeds ``<channel>_<epoch>`` FIFOs with local
 mode's feeder (next FIFO once the previous is closed, per-epoch shuffle, Range resume) until it is
 stopped: SIGTERM/SIGINT, the ``until_pid`` process exiting, or every feeder done with its epochs.
+On a platform's stop it can outlive the ranks' SIGTERM by a drain period (``stop_on_signals``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import stat
 import threading
 import time
@@ -202,6 +204,68 @@ def run_agent(
         raise PipeAgentError("; ".join(errors))
     if plan.node_index == 0:
         upload_outputs(plan, tree, client, echo)
+
+
+def node_ranks_running(root: Path) -> bool:
+    """Whether a rank of this node's tree runs: a process ``host/stop_forwarding.is_rank`` names, in the
+    agent's PID namespace (the same node on Slurm, the same pod with ``shareProcessNamespace`` on
+    Kubernetes), whose ``SAGEMAKER_DIST_OPT_ML`` is ``root`` or which works in ``root``/code (the same
+    directory, whatever the mount namespace: the ranks start there)."""
+    from sagemaker_dist.host.stop_forwarding import is_rank
+
+    want, pid_ns = os.path.realpath(root), os.readlink("/proc/self/ns/pid")
+    try:
+        code = os.stat(Path(root) / "code")
+        code_id = (code.st_dev, code.st_ino)
+    except OSError:
+        code_id = None
+    for environ_file in Path("/proc").glob("[0-9]*/environ"):
+        proc = environ_file.parent
+        try:
+            if os.readlink(proc / "ns" / "pid") != pid_ns or not is_rank(
+                os.readlink(proc / "exe"), environ := environ_file.read_bytes()
+            ):
+                continue
+            pairs = dict(e.split(b"=", 1) for e in environ.split(b"\0") if b"=" in e)
+            if b"SAGEMAKER_DIST_OPT_ML" in pairs:
+                if os.path.realpath(pairs[b"SAGEMAKER_DIST_OPT_ML"].decode()) == want:
+                    return True
+            elif code_id is not None:
+                cwd = os.stat(proc / "cwd")
+                if (cwd.st_dev, cwd.st_ino) == code_id:
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def stop_on_signals(stop: threading.Event, root: Path, drain: float = 0.0, echo=print) -> None:
+    """SIGINT sets ``stop``; so does SIGTERM, at once, or with ``drain`` > 0 once this node's ranks have
+    ended (``node_ranks_running``), ``drain`` seconds at most (a second SIGTERM: at once). A platform's
+    stop (scancel, preemption, a pod's deletion) sends SIGTERM to the agent and the ranks alike: the ranks
+    then agree on a step and rank 0 checkpoints it, which needs the FIFOs fed to that step and the
+    checkpoint synced to S3 after it, so the agent must outlive them."""
+    draining: list[threading.Thread] = []
+
+    def drain_then_stop(deadline: float) -> None:
+        while not stop.is_set() and time.monotonic() < deadline and node_ranks_running(root):
+            stop.wait(0.5)
+        stop.set()
+
+    def on_term(signum, frame):
+        if drain <= 0 or draining:
+            stop.set()
+            return
+        thread = threading.Thread(target=drain_then_stop, args=(time.monotonic() + drain,), daemon=True)
+        draining.append(thread)
+        thread.start()
+        echo(
+            f"pipe agent: SIGTERM: feeding and syncing checkpoints until this node's ranks end "
+            f"({drain:g} s at most)"
+        )
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
 
 
 def upload_outputs(plan: NodePlan, tree: HostTree, client, echo) -> None:

@@ -7,6 +7,13 @@ keeps trees apart where several slurmds share one file system). Ranks get it as
 toolkit would pass. ``srun --kill-on-bad-exit=1 --label`` stops every rank when one fails and says
 which (``srun: error: n2: task 1: Exited with exit code 3``); the script exits with the step's code.
 Checkpoints (CheckpointConfig.S3Uri) are synced by each node's agent; rank 0 syncs TensorBoard.
+
+Stops: ``#SBATCH --signal=TERM@120`` sends SIGTERM to every step's tasks (the ranks and the agents, not
+srun itself) 120 s before the time limit, as SageMaker stops a job at MaxRuntimeInSeconds: the ranks
+agree on a step, rank 0 checkpoints it and they end 0. ``scancel --signal=TERM <job>`` does the same at
+any time. A plain ``scancel`` or a preemption also sends SIGTERM, with the cluster's KillWait (default
+30 s) or the partition's GraceTime before SIGKILL. The agents (``--drain``) keep feeding and syncing
+checkpoints after their SIGTERM, until the script ends them with SIGINT once the ranks have ended.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from sagemaker_dist.platforms.pipe_agent import READY_FILE
 
 AGENT_STEP = "sagemaker-dist-pipe-agents"  # the agents' step name, to signal that step alone
 DEFAULT_ROOT_BASE = "/tmp/sagemaker-dist-$SLURM_JOB_ID"  # expanded by the batch shell
+STOP_WINDOW_S = 120  # SIGTERM to the end: SageMaker's window, before the time limit's SIGKILL
+AGENT_DRAIN_S = 110  # an agent's life after its SIGTERM, at most (the script ends it sooner)
 
 
 class SlurmJobError(ConfigurationError):
@@ -73,6 +82,7 @@ def sbatch_script(request: dict, options: SlurmOptions) -> str:
         f"--nodes={nodes}",
         f"--ntasks-per-node={tasks}",
         f"--output={options.output}",
+        f"--signal=TERM@{STOP_WINDOW_S}",  # to the steps' tasks: the ranks stop and checkpoint in time
     ]
     if options.gpus_per_node:
         directives.append(f"--gpus-per-node={options.gpus_per_node}")
@@ -83,7 +93,18 @@ def sbatch_script(request: dict, options: SlurmOptions) -> str:
     per_node = f"--nodes={nodes} --ntasks={nodes} --ntasks-per-node=1"
     exports = f"export AWS_ENDPOINT_URL={shlex.quote(options.endpoint_url)}\n" if options.endpoint_url else ""
     exports += "export FI_PROVIDER=efa  # EFA for NCCL and Open MPI\n" if options.efa else ""
-    agent = _q([options.python, "-m", "sagemaker_dist.cli", "pipe-agent", "--spec", options.spec])
+    agent = _q(
+        [
+            options.python,
+            "-m",
+            "sagemaker_dist.cli",
+            "pipe-agent",
+            "--spec",
+            options.spec,
+            "--drain",
+            AGENT_DRAIN_S,
+        ]
+    )
     ranks = _q([options.python, job.entry_point, *argv])
     wait_ready = (
         f"for i in $(seq {options.agent_ready_seconds * 2}); do "
@@ -110,10 +131,10 @@ srun --overlap {per_node} --kill-on-bad-exit=1 --label --job-name={AGENT_STEP} \
   sh -c 'exec "$0" "$@" --node-index "$SLURM_NODEID" --root "$SD_ROOT/node-$SLURM_NODEID"' \\
   {agent} &
 AGENTS=$!
-stop_agents() {{  # SIGTERM to each agent (a SIGTERM to srun itself would end them with SIGKILL)
+stop_agents() {{  # SIGINT to each agent: now (a SIGTERM drains; one to srun itself would SIGKILL them)
   local step
   step=$(squeue -h -s -j "$SLURM_JOB_ID" -o "%i %j" | awk '$2 == "{AGENT_STEP}" {{print $1}}')
-  if [ -n "$step" ]; then scancel --signal=TERM "$step"; else kill "$AGENTS" 2>/dev/null; fi
+  if [ -n "$step" ]; then scancel --signal=INT "$step"; else kill "$AGENTS" 2>/dev/null; fi
   wait "$AGENTS"
 }}
 finish() {{  # stop the agents, remove the trees (outputs are in S3; SAGEMAKER_DIST_KEEP_ROOT=1 keeps them)

@@ -34,8 +34,6 @@ RESTART_POLICIES = {"Never", "OnFailure"}  # validation.go: validRestartPolicies
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
-
-
 SCHEMA = strict_schema(json.loads(FIXTURE.read_text())["openAPIV3Schema"])
 
 
@@ -114,8 +112,12 @@ def test_demo_mpijob_is_valid_v2beta1_with_8_slots_on_2_workers(demo_mpijob, s3,
     launcher, workers = spec["mpiReplicaSpecs"]["Launcher"], spec["mpiReplicaSpecs"]["Worker"]
     assert launcher["replicas"] == 1 and workers["replicas"] == 2
     (command,) = [c["command"] for c in launcher["template"]["spec"]["containers"]]
-    assert command[:4] == ["mpirun", "--allow-run-as-root", "-np", "16"]
-    i = command.index("python")
+    # a stop (the MPIJob or a pod deleted): SIGTERM reaches the ranks, not mpirun or sshd, which would
+    # end them at once; every pod gets SageMaker's 120 s to stop
+    forward = ["python", "-m", "sagemaker_dist.host.stop_forwarding"]
+    assert command[:7] == [*forward, "mpirun", "--allow-run-as-root", "-np", "16"]
+    assert launcher["template"]["spec"]["terminationGracePeriodSeconds"] == 120
+    i = command.index("mpi4py") - 2  # the ranks: python -m mpi4py SCRIPT
     assert command[i : i + 4] == ["python", "-m", "mpi4py", "train_cifar10.py"]
     assert command[i + 4 : i + 8] == ["--batch_size", "32", "--epochs", "2"]  # as the toolkit passes them
     assert ["-x", "NCCL_DEBUG=WARN"] == command[
@@ -126,6 +128,9 @@ def test_demo_mpijob_is_valid_v2beta1_with_8_slots_on_2_workers(demo_mpijob, s3,
     assert containers["worker"]["resources"]["limits"] == {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 4}
     agent = containers["pipe-agent"]
     assert agent["command"][:4] == ["python", "-m", "sagemaker_dist.cli", "pipe-agent"]
+    assert agent["command"][-2:] == ["--drain", "110"]  # feeds and syncs until the ranks have stopped
+    assert containers["worker"]["command"] == [*forward, "--term-after-ranks", "/usr/sbin/sshd", "-De"]
+    assert pod["terminationGracePeriodSeconds"] == 120 and pod["shareProcessNamespace"] is True
     assert {"name": "opt-ml", "emptyDir": {}} in pod["volumes"]
     assert all({"name": "opt-ml", "mountPath": "/opt/ml"} in c["volumeMounts"] for c in containers.values())
     assert pod["serviceAccountName"] == "sagemaker-dist"

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from helpers.local_s3_proxy import cutting_proxy
 
 from sagemaker_dist.local.demo import prepare_demo_job
 from sagemaker_dist.platforms.node_plan import NodePlanError, parse_ranks, plan_node
-from sagemaker_dist.platforms.pipe_agent import READY_FILE, wait_ready
+from sagemaker_dist.platforms.pipe_agent import READY_FILE, stop_on_signals, wait_ready
 
 CLI = [sys.executable, "-m", "sagemaker_dist.cli", "pipe-agent"]
 
@@ -219,3 +220,45 @@ def test_per_local_rank_nodes_feed_their_local_channels(demo_request):
         "HyperParameters": {k: v for k, v in request["HyperParameters"].items() if "layout" not in k},
     }
     assert len(plan_node(bare, 0).channels) == 4
+
+
+def test_on_sigterm_the_agent_outlives_its_nodes_ranks_then_stops(tmp_path):
+    """A platform's stop sends SIGTERM to the agent and the ranks alike: with --drain the agent goes on
+    (feeding, syncing checkpoints) until the ranks of its tree have ended; SIGINT stops it at once."""
+    root, other = tmp_path / "node-0", tmp_path / "node-1"
+    (root / "code").mkdir(parents=True)
+    rank_env = {k: v for k, v in os.environ.items() if k != "SAGEMAKER_DIST_OPT_ML"}
+    rank_env["OMPI_COMM_WORLD_RANK"] = "0"
+    sleep = [sys.executable, "-c", "import time, sys; time.sleep(float(sys.argv[1]))"]
+    mine = [  # a rank of this tree: started in its code/ (Kubernetes), or told the tree (Slurm)
+        subprocess.Popen([*sleep, "2"], env=rank_env, cwd=root / "code"),
+        subprocess.Popen([*sleep, "2.5"], env={**rank_env, "SAGEMAKER_DIST_OPT_ML": str(root)}),
+    ]
+    theirs = [  # another job's ranks on the node: not waited for
+        subprocess.Popen([*sleep, "60"], env=rank_env, cwd=tmp_path),
+        subprocess.Popen([*sleep, "60"], env={**rank_env, "SAGEMAKER_DIST_OPT_ML": str(other)}),
+    ]
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        stop, lines = threading.Event(), []
+        stop_on_signals(stop, root, drain=30, echo=lines.append)
+        signalled = time.monotonic()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert not stop.wait(1.0) and mine[0].poll() is None  # the ranks still stopping: it goes on
+        assert stop.wait(10) and [p.poll() for p in mine] == [0, 0]
+        assert time.monotonic() - signalled < 5 and "until this node's ranks end" in lines[0]
+        stop = threading.Event()
+        stop_on_signals(stop, root, drain=30)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.wait(1.0)  # SIGINT (the sbatch script, once its ranks ended): at once
+        stop = threading.Event()
+        stop_on_signals(stop, other, drain=0)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.wait(1.0)  # no --drain: SIGTERM stops it at once
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+        for proc in theirs:
+            proc.kill()
+        for proc in (*mine, *theirs):
+            proc.wait()

@@ -44,8 +44,12 @@ def test_the_script_runs_an_agent_per_node_then_the_ranks_with_pmix(s3, bucket, 
         "--gpus-per-node=4",
         "--partition=gpu",
         "--time=1440",
+        "--signal=TERM@120",  # the ranks stop and checkpoint before the time limit's SIGKILL
     ):
         assert f"#SBATCH {directive}\n" in script
+    # on a stop the agents feed and sync until the ranks have ended; the script ends them with SIGINT
+    assert "pipe-agent --spec s3://b/spec.json --drain 110" in script
+    assert 'scancel --signal=INT "$step"' in script
     assert "pipe-agent --spec s3://b/spec.json" in script and '--node-index "$SLURM_NODEID"' in script
     assert "srun --overlap --mpi=pmix --nodes=2 --ntasks-per-node=4 --kill-on-bad-exit=1 --label" in script
     assert "/opt/py/bin/python train_cifar10.py --batch_size 32 --epochs 2" in script  # the toolkit's argv
