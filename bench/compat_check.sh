@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Optional, not part of CI: run the record/dataset tests and a short pipe-reader benchmark against other
-# TensorFlow versions, each in a throwaway virtual environment (downloads tensorflow-cpu each time).
+# TensorFlow versions, each in a throwaway virtual environment (downloads tensorflow-cpu each time). The
+# dataset tests run both readers: the compiled one is built against that TensorFlow (skipped, naming
+# why, where it cannot be).
 # Usage: bench/compat_check.sh [TF_VERSION ...]     default: 2.14.1 2.21.0 (TF 2.14 needs Python <= 3.11)
 #        PYTHON=/root/.pyenv/versions/3.10.13/bin/python bench/compat_check.sh 2.14.1   (the DLC's Python)
 #        BENCH_MB=256 BENCH_REPEATS=5 bench/compat_check.sh ...   (a longer benchmark; default 64 MiB x 3)
@@ -32,6 +34,7 @@ for version in "$@"; do
   # This venv has no Horovod (a 7-minute build): the two tests that start it are left to CI.
   if "${keras2[@]}" env PYTHONPATH="$PWD" "$tmp/venv/bin/python" -m pytest -q -p no:cacheprovider \
       tests/runtime/test_records.py tests/runtime/test_large_records.py tests/runtime/test_pipe_dataset.py \
+      tests/runtime/test_pipe_readers.py \
       tests/runtime/test_runtime_config.py tests/runtime/test_ranks.py tests/runtime/test_file_channels.py \
       tests/runtime/test_checkpoints.py tests/runtime/test_horovod_keras.py \
       --deselect tests/runtime/test_horovod_keras.py::test_shard_smaller_than_a_batch_is_named \
