@@ -59,7 +59,9 @@ class PipeModeDataset:
     ``tf.data.Dataset``, so ``.map``, ``.batch``, ``.repeat`` and Keras ``fit`` work as usual.
     ``fifo_timeout`` is how long to wait for each epoch's FIFO to appear. ``batch_size=N`` returns
     batches (1-D ``tf.string``) instead, the same as ``.batch(N, drop_remainder)`` but built without
-    per-record work in tf.data (``Dataset.rebatch``): faster for small records.
+    per-record work in tf.data (``Dataset.rebatch``): faster for small records. The records are read by
+    the compiled op where it builds here, else in Python (``pipe.native_build``; one log line says
+    which, ``$SAGEMAKER_DIST_READER`` forces one): the same records, errors and epochs either way.
     """
 
     def __new__(
