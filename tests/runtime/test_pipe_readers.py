@@ -12,6 +12,7 @@ import random
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from helpers.runtime_helpers import write_opt_ml
@@ -171,6 +172,7 @@ def test_a_newer_iterator_closes_the_older_ones_fifo_for_the_next_epoch(opt_ml):
     ds = PipeModeDataset("train_0", "TFRecord", fifo_timeout=20)
     older = iter(ds)
     assert next(older).numpy() == records[0]
+    time.sleep(1)  # tf.data's prefetch settles: no call of the older iterator is in flight
 
     def second_epoch():  # appears only once epoch 0's FIFO is closed, as SageMaker does
         first.wait(30)
