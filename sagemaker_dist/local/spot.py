@@ -190,8 +190,8 @@ def run_interrupted(request: dict, source_dir, interrupt_at: list[float], *, run
         )
         attempts.append(
             Attempt(
-                number, at if signalled else None, status, interruption.ended_after, stopped, resumed,
-                time.monotonic() - started, error, result,
+                number, interruption.at if signalled else None, status, interruption.ended_after, stopped,
+                resumed, time.monotonic() - started, error, result,
             )
         )  # fmt: skip
         echo("[spot] " + attempts[-1].line())
