@@ -87,6 +87,9 @@ def test_the_demo_trains_in_the_image(s3, bucket, tmp_path):
     assert any(line.startswith("[launcher] mpirun --host algo-1:2 -np 2 ") for line in lines), out[-3000:]
     ends = [line for line in lines if "train epoch ended for every rank" in line]
     assert len(ends) == 2 and all(e.startswith("[rank 0 algo-1] ") for e in ends), out[-3000:]
+    readers = [line for line in lines if "PipeModeDataset: the compiled reader runs" in line]
+    assert len(readers) == 2, out[-3000:]  # both ranks, on the op the image build made (none built now)
+    assert all("/opt/sagemaker-dist/cache/ops/" in r and "built in" not in r for r in readers), readers
     fed = {(s.host, s.channel): s.bytes for s in result.feed_stats}
     assert fed["algo-1", "train_0"] > 0 and fed["algo-1", "train_1"] > 0, fed  # each rank read its FIFO
     assert "loss" in result.metrics and result.model_uri, out[-3000:]
