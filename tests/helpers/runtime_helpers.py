@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -69,3 +71,18 @@ class FifoFeeder(threading.Thread):
                 self.served += 1
         except BaseException as exc:  # surfaced by the test through .error
             self.error = exc
+
+
+SHORT_WRITES = """
+import os, sys
+out = os.open(sys.argv[1], os.O_WRONLY)
+data = open(sys.argv[2], "rb").read()
+for i in range(0, len(data), 7000):  # small writes: the reader sees short reads
+    os.write(out, data[i : i + 7000])
+os.close(out)
+"""
+
+
+def write_in_short_writes(fifo: Path, src: Path) -> subprocess.Popen:
+    """A writer process sending ``src``'s bytes into ``fifo`` in 7000-byte writes, as a slow feed does."""
+    return subprocess.Popen([sys.executable, "-c", SHORT_WRITES, str(fifo), str(src)])

@@ -9,10 +9,9 @@ from __future__ import annotations
 import io
 import logging
 import os
-import subprocess
-import sys
 
 import pytest
+from helpers.runtime_helpers import write_in_short_writes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -159,22 +158,12 @@ def test_a_quiet_writer_gets_the_large_records_read_so_far_handed_over():
     assert counts == sorted(set(counts)) and len(counts) >= 4  # one by one, not one group of 100
 
 
-WRITER = """
-import os, sys
-out = os.open(sys.argv[1], os.O_WRONLY)
-data = open(sys.argv[2], "rb").read()
-for i in range(0, len(data), 7000):  # small writes: the reader sees short reads
-    os.write(out, data[i : i + 7000])
-os.close(out)
-"""
-
-
 def test_large_records_through_a_real_fifo_from_another_process(tmp_path):
     records = [os.urandom(LARGE + 1000 * i) for i in range(30)] + [b"tail"]
     (tmp_path / "src").write_bytes(b"".join(encode_tfrecord(r) for r in records))
     fifo = tmp_path / "train_0_0"
     os.mkfifo(fifo)
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(fifo), str(tmp_path / "src")])
+    writer = write_in_short_writes(fifo, tmp_path / "src")
     with FifoReader(fifo) as reader:
         got, kinds, _ = read_items(reader, 1 << 16, group=8, ready=reader.ready)
         assert reader.bytes_read == (tmp_path / "src").stat().st_size

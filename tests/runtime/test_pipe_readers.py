@@ -10,12 +10,11 @@ import logging
 import os
 import random
 import subprocess
-import sys
 import threading
 import time
 
 import pytest
-from helpers.runtime_helpers import write_opt_ml
+from helpers.runtime_helpers import write_in_short_writes, write_opt_ml
 
 from sagemaker_dist.contract.record_formats import RECORDIO_MAGIC, encode_recordio, encode_tfrecord
 from sagemaker_dist.runtime.config import ROOT_ENV
@@ -27,14 +26,6 @@ tf = pytest.importorskip("tensorflow")
 from sagemaker_dist.runtime import PipeModeDataset  # noqa: E402
 
 LARGE = LARGE_RECORD_BYTES
-WRITER = """
-import os, sys
-out = os.open(sys.argv[1], os.O_WRONLY)
-data = open(sys.argv[2], "rb").read()
-for i in range(0, len(data), 7000):  # small writes: the reader sees short reads
-    os.write(out, data[i : i + 7000])
-os.close(out)
-"""
 
 
 @pytest.fixture
@@ -50,7 +41,7 @@ def through_fifo(root, name: str, data: bytes) -> subprocess.Popen:
     src.write_bytes(data)
     fifo = root / "input" / "data" / name
     os.mkfifo(fifo)
-    return subprocess.Popen([sys.executable, "-c", WRITER, str(fifo), str(src)])
+    return write_in_short_writes(fifo, src)
 
 
 def replay(root, name: str, data: bytes) -> None:

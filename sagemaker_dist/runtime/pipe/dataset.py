@@ -92,33 +92,14 @@ class PipeModeDataset:
         pipe_dir = Path(pipe_dir) if pipe_dir is not None else root / "input" / "data"
         config_dir = Path(config_dir) if config_dir is not None else root / "input" / "config"
         _check_channel(config_dir, channel)
+        # what both readers take, in their order: the channel, where its FIFOs are, how to read them
+        source = (channel, record_format, state_dir, pipe_dir, benchmark, benchmark_records_interval,
+                  max_corrupted_records_to_skip, fifo_timeout)  # fmt: skip
         op = compiled_op()
         if op is not None:
             tune_malloc()
-            return compiled_dataset(
-                op,
-                channel,
-                record_format,
-                state_dir,
-                pipe_dir,
-                benchmark,
-                benchmark_records_interval,
-                max_corrupted_records_to_skip,
-                fifo_timeout,
-                batch_size,
-                drop_remainder,
-            )
-        reader = EpochReader(
-            channel,
-            record_format,
-            state_dir,
-            pipe_dir,
-            benchmark,
-            benchmark_records_interval,
-            max_corrupted_records_to_skip,
-            fifo_timeout,
-            chunk_size,
-        )
+            return compiled_dataset(op, *source, batch_size, drop_remainder)
+        reader = EpochReader(*source, chunk_size)
         return records_dataset(reader, batch_size, drop_remainder)
 
 
