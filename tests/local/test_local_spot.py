@@ -6,14 +6,13 @@ batches across the attempts: no epoch restarted, no batch skipped, at most the s
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers.stop_jobs import shard_bytes
+from helpers.stop_jobs import check_resumed_inside_the_epoch, shard_bytes, trained_segments
 
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.demo import demo_estimator
@@ -59,18 +58,6 @@ def _request(bucket, out: Path, hosts=2, per_host=1, epochs=EPOCHS, mwms=False, 
     return estimator.prepare({"train": f"s3://{bucket}/ids/train/"}, printer=None).request
 
 
-def _segments(path: Path) -> list[dict]:
-    """The rank's attempts in order: each {"start": ..., "epochs": {epoch: [ids of each batch]}}."""
-    attempts = []
-    for line in path.read_text().splitlines():
-        entry = json.loads(line)
-        if "start" in entry:
-            attempts.append({"start": entry, "epochs": {}})
-        else:
-            attempts[-1]["epochs"].setdefault(entry["epoch"], []).append(entry["ids"])
-    return attempts
-
-
 @pytest.mark.parametrize("launcher", ["horovodrun", "mpirun", "toolkit", "tf-mwms"])
 def test_interrupted_job_restarts_and_trains_each_remaining_batch_once(s3, bucket, tmp_path, launcher):
     if launcher in ("mpirun", "toolkit"):
@@ -100,28 +87,14 @@ def test_interrupted_job_restarts_and_trains_each_remaining_batch_once(s3, bucke
     if launcher == "tf-mwms":  # stops on every worker after the same step; the resume restarts that epoch
         assert second.resumed_from == (epoch - 1, 0)
         for rank in range(2):
-            one, two = _segments(out / f"trained-rank{rank}.jsonl")
+            one, two = trained_segments(out / f"trained-rank{rank}.jsonl")
             assert len(one["epochs"][epoch - 1]) == step
             assert min(two["epochs"]) == epoch - 1 and len(two["epochs"][epoch - 1]) == 2 * PER_FILE // BATCH
         return
     assert second.resumed_from == (epoch - 1, step)  # the stop's own checkpoint: nothing lost
-    steps_per_epoch = 2 * PER_FILE // BATCH
     for rank in range(2):
-        one, two = _segments(out / f"trained-rank{rank}.jsonl")
-        assert (two["start"]["epoch"], two["start"]["step"]) == (epoch - 1, step)
-        shard = sorted(sum(one["epochs"][0], [])) if epoch > 1 else None
-        for e in range(epoch - 1):  # epochs done before the stop: whole, once
-            assert len(one["epochs"][e]) == steps_per_epoch
-        stopped = one["epochs"][epoch - 1]
-        assert len(stopped) == step  # trained up to the agreed step, then stopped
-        assert min(two["epochs"]) == epoch - 1  # no epoch restarted
-        resumed = stopped + two["epochs"][epoch - 1]
-        assert len(resumed) == steps_per_epoch, "the stopped epoch: every batch once across both attempts"
-        assert len({tuple(b) for b in resumed}) == steps_per_epoch
-        if shard is not None:
-            assert sorted(sum(resumed, [])) == shard
-        for e in range(epoch, EPOCHS_OF[launcher]):
-            assert sorted(sum(two["epochs"][e], [])) == sorted(sum(resumed, []))
+        one, two = trained_segments(out / f"trained-rank{rank}.jsonl")
+        check_resumed_inside_the_epoch(one, two, (epoch, step), 2 * PER_FILE // BATCH, EPOCHS_OF[launcher])
 
 
 def test_interrupt_at_needs_a_checkpoint_uri_and_positive_seconds():
