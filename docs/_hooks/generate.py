@@ -147,36 +147,16 @@ def figures() -> dict[str, bytes]:
 
     sharding = data["shard_balance"]
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    names = list(sharding["datasets"])
-    ours = [sharding["datasets"][n]["plan_shards"] for n in names]
-    naive = [sharding["datasets"][n]["round_robin"] for n in names]
-    xs = range(len(names))
-    bars = ax.bar([x - 0.2 for x in xs], ours, 0.4, label="plan_shards (ours)")
-    ax.bar_label(bars, labels=[f"{v:.3f}" for v in ours], fontsize=7)
-    bars = ax.bar([x + 0.2 for x in xs], naive, 0.4, label="round-robin by key (naive)")
-    ax.bar_label(bars, labels=[f"{v:.3f}" for v in naive], fontsize=7)
+    series = [("plan_shards", "plan_shards (ours)"), ("round_robin", "round-robin by key (naive)")]
+    _paired_bars(ax, sharding, series, "{:.3f}", "largest shard / lower bound", ticks_fontsize=8)
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(list(xs), names, fontsize=8)
-    ax.set_ylabel("largest shard / lower bound")
-    ax.set_title(sharding["title"], fontsize=10)
-    ax.legend(fontsize=7)
     save("shard_balance.png", fig)
 
     first = data["time_to_first_record"]
     fig, ax = plt.subplots(figsize=(7, 3.0))
-    labels = list(first["datasets"])
-    pipe = [first["datasets"][n]["pipe_s"] for n in labels]
-    file = [first["datasets"][n]["file_s"] for n in labels]
-    xs = range(len(labels))
-    bars = ax.bar([x - 0.2 for x in xs], pipe, 0.4, label="Pipe mode")
-    ax.bar_label(bars, labels=[f"{v:g} s" for v in pipe], fontsize=7)
-    bars = ax.bar([x + 0.2 for x in xs], file, 0.4, label="File mode")
-    ax.bar_label(bars, labels=[f"{v:g} s" for v in file], fontsize=7)
+    _paired_bars(ax, first, [("pipe_s", "Pipe mode"), ("file_s", "File mode")], "{:g} s",
+                 "seconds to the first record (log)")  # fmt: skip
     ax.set_yscale("log")
-    ax.set_xticks(list(xs), labels)
-    ax.set_ylabel("seconds to the first record (log)")
-    ax.set_title(first["title"], fontsize=10)
-    ax.legend(fontsize=7)
     save("time_to_first_record.png", fig)
 
     spot = data["spot"]
@@ -220,3 +200,17 @@ def on_page_markdown(markdown, page, config, files):
     if marker not in markdown:
         raise ValueError(f"docs/{page.file.src_uri} has lost its marker {marker}")
     return markdown.replace(marker, generate())
+
+
+def _paired_bars(ax, figure: dict, series, fmt: str, ylabel: str, ticks_fontsize=None) -> None:
+    """Two labelled bars per dataset of ``figure["datasets"]``; ``series``: [(key, legend)] twice."""
+    names = list(figure["datasets"])
+    xs = range(len(names))
+    for offset, (key, legend) in zip((-0.2, 0.2), series):
+        values = [figure["datasets"][n][key] for n in names]
+        bars = ax.bar([x + offset for x in xs], values, 0.4, label=legend)
+        ax.bar_label(bars, labels=[fmt.format(v) for v in values], fontsize=7)
+    ax.set_xticks(list(xs), names, fontsize=ticks_fontsize)
+    ax.set_ylabel(ylabel)
+    ax.set_title(figure["title"], fontsize=10)
+    ax.legend(fontsize=7)
