@@ -27,6 +27,7 @@ from helpers.k8s_schemas import strict_schema
 
 from sagemaker_dist.contract.metric_line import metric_line
 from sagemaker_dist.launch.tuning import TuningSpec
+from sagemaker_dist.platforms.k8s_mpijob import FORWARD_STOPS
 from sagemaker_dist.platforms.katib import (
     DEFAULT_KATIB_CONFIG,
     MPIJOB_V2_RESOURCE,
@@ -61,8 +62,6 @@ K8S_STAND_INS = {
     "v1.Time": {"type": "string"},
     "v1.ListMeta": {"type": "object"},
 }
-
-
 
 
 EXPERIMENT_SCHEMA = strict_schema(
@@ -155,7 +154,9 @@ def test_the_trial_is_our_mpijob_with_the_tuned_values_substituted(generated):
     launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     assert launcher["name"] == "launcher" and launcher["command"][:2] == ["sh", "-c"]
     argv = shlex.split(launcher["command"][2])
-    assert argv[0] == "mpirun" and "-np" in argv and argv[argv.index("-np") + 1] == "16"
+    # mpirun under the stop forwarder (a pod deletion's SIGTERM reaches every rank), then the job's args
+    assert argv[: len(FORWARD_STOPS) + 1] == [*FORWARD_STOPS, "mpirun"], argv
+    assert argv[argv.index("-np") + 1] == "16"
     script = argv[argv.index("mpi4py") + 1 :]
     pairs = dict(zip(script[1::2], script[2::2]))
     assert (
