@@ -30,9 +30,8 @@ DOCS = [
     "nbconvert==7.17.2",
     "matplotlib==3.11.2",
 ]
-DEV = [
-    "pytest>=8,<10",
-    "pytest-timeout>=2.3,<3",
+TEST = ["pytest>=8,<10", "pytest-timeout>=2.3,<3"]  # also the TF 2.21 venv's, for the reader tests
+DEV = TEST + [
     "moto[server,s3,sagemaker]>=5.1,<6",
     "hypothesis>=6.100,<7",
     "ruff>=0.6,<1",
@@ -67,6 +66,7 @@ setup(
         "local": SDK + LOCAL + OPTUNA,
         "dev": DEV + RUNTIME + OPTUNA,
         "docs": DOCS,
+        "test": TEST,
     },
     entry_points={"console_scripts": ["sagemaker-dist=sagemaker_dist.cli:main"]},
     # The TFRecord framer's scan in C (length fields and both CRCs, the GIL released). Optional: where

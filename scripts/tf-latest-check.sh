@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Run the demo with distribution tf-mwms on the current SageMaker TF DLC's TensorFlow (2.21, Keras 3,
-# Python 3.12), its ranks in a virtual environment of their own (.venv-tf-latest; the SDK side stays
-# in .venv, made by scripts/setup.sh). Idempotent: a second run only checks what is there.
+# On the current SageMaker TF DLC's TensorFlow (2.21, Keras 3, Python 3.12), in a virtual environment
+# of its own (.venv-tf-latest; the SDK side stays in .venv, made by scripts/setup.sh): PipeModeDataset's
+# tests through both readers, then the demo with distribution tf-mwms, its ranks in that environment.
+# Idempotent: a second run only checks what is there.
 # Usage: scripts/tf-latest-check.sh        (CI runs it after the tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,14 +25,19 @@ if [ ! -x .venv/bin/sagemaker-dist ]; then
   echo "tf-latest-check: run scripts/setup.sh first (the SDK side runs in .venv)" >&2
   exit 2
 fi
-if ! "$VENV/bin/python" -c 'import tensorflow, tensorboard, sagemaker_dist.runtime.framing._tfrecord_scan' 2>/dev/null; then
+if ! "$VENV/bin/python" -c 'import tensorflow, tensorboard, pytest, sagemaker_dist.runtime.framing._tfrecord_scan' \
+  2>/dev/null; then
   "$TF_LATEST_PYTHON" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade "pip>=24"
-  "$VENV/bin/python" -m pip install -q -e ".[tf-latest]"
+  "$VENV/bin/python" -m pip install -q -e ".[tf-latest,test]"
 fi
 "$VENV/bin/python" -c 'import tensorflow as tf, keras; print("TensorFlow", tf.__version__, "Keras", keras.__version__)'
 # The compiled Pipe-mode reader built against this TensorFlow and read back (an error if it cannot be)
 "$VENV/bin/python" -m sagemaker_dist.runtime.pipe.native_build
+# PipeModeDataset's tests, each through both readers, on this TensorFlow (CI=true: a skip fails)
+started=$(date +%s)
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/runtime/test_pipe_readers.py tests/runtime/test_pipe_dataset.py
+echo "tf-latest-check: the reader tests passed on TF 2.21 in $(( $(date +%s) - started )) s"
 started=$(date +%s)
 .venv/bin/sagemaker-dist local --demo --distribution tf-mwms --container-python "$VENV/bin/python" --timeout 600
 echo "tf-latest-check: the tf-mwms demo ended 0 on TF $("$VENV/bin/python" -c 'import tensorflow as tf; print(tf.__version__)') in $(( $(date +%s) - started )) s"
