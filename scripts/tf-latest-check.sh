@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the current SageMaker TF DLC's TensorFlow (2.21, Keras 3, Python 3.12), in a virtual environment
 # of its own (.venv-tf-latest; the SDK side stays in .venv, made by scripts/setup.sh): PipeModeDataset's
-# tests through both readers, then the demo with distribution tf-mwms, its ranks in that environment.
+# tests through both readers, then the demo with distribution tf-mwms, its ranks in that environment,
+# and a spot interruption of a tf-mwms job on it.
 # Idempotent: a second run only checks what is there.
 # Usage: scripts/tf-latest-check.sh        (CI runs it after the tests)
 set -euo pipefail
@@ -41,3 +42,10 @@ echo "tf-latest-check: the reader tests passed on TF 2.21 in $(( $(date +%s) - s
 started=$(date +%s)
 .venv/bin/sagemaker-dist local --demo --distribution tf-mwms --container-python "$VENV/bin/python" --timeout 600
 echo "tf-latest-check: the tf-mwms demo ended 0 on TF $("$VENV/bin/python" -c 'import tensorflow as tf; print(tf.__version__)') in $(( $(date +%s) - started )) s"
+# A spot interruption of a 2-worker tf-mwms job whose ranks run on this TensorFlow (Keras 3): the
+# resumed job trains the stopped epoch's remaining batches once, and one stopped on an epoch's last step
+# starts the next (the SDK side and pytest stay in .venv)
+started=$(date +%s)
+SAGEMAKER_DIST_TEST_RANK_PYTHON="$(cd "$VENV" && pwd)/bin/python" .venv/bin/python -m pytest -q -p no:cacheprovider \
+  tests/local/test_local_spot.py -k "tf-mwms or tf_mwms"
+echo "tf-latest-check: the tf-mwms stop tests passed on TF 2.21 in $(( $(date +%s) - started )) s"

@@ -85,13 +85,15 @@ def keras2_epochs_of_any_length(original):
     """Keras 2 takes the first epoch's step count as every epoch's and stops training ("Your input ran
     out of data") when a later epoch is shorter. An agreed epoch may be shorter or longer: for datasets
     marked ``AGREED``, ``DataHandler.enumerate_epochs`` forgets the count at each epoch's start, so
-    every epoch runs until the workers agree it has ended (``patches.py`` installs it during a fit)."""
+    every epoch runs until the workers agree it has ended (``patches.py`` installs it during a fit).
+    Under a strategy ``_dataset`` is the distributed dataset; the mark is on the adapter's."""
 
     def enumerate_epochs(self):
-        agreed = getattr(self._dataset, AGREED, False)
+        agreed = any(getattr(d, AGREED, False) for d in (self._dataset, self._adapter.get_dataset()))
         for epoch, iterator in original(self):
             if agreed:
                 self._inferred_steps = None
+                EPOCH_ITERATOR.current = iterator
             yield epoch, iterator
 
     return enumerate_epochs
@@ -107,11 +109,34 @@ def keras3_epochs_of_any_length(original):
     count at each epoch's start for datasets marked ``AGREED`` (``patches.py`` installs it)."""
 
     def _enumerate_iterator(self):
-        if agreed(self):
-            self._num_batches = None
-        return original(self)
+        if not agreed(self):
+            yield from original(self)
+            return
+        self._num_batches = None
+        for begin, end, iterator in original(self):
+            EPOCH_ITERATOR.current = iterator
+            yield begin, end, iterator
 
     return _enumerate_iterator
+
+
+class AgreedEpochIterator:
+    """The iterator of the agreed epoch a fit is in (the Keras patches note it), so a stop agreed after
+    a step can tell whether that step was the epoch's last without a collective of its own."""
+
+    def __init__(self):
+        self.current = None
+
+    def has_more(self) -> bool | None:
+        """Whether the epoch has another step, by reading it (the fit is stopping: nothing is lost);
+        None when no agreed epoch runs. Under a strategy ``get_next_as_optional`` is itself the
+        workers' agreement, so every worker must call it at the same step."""
+        if self.current is None:
+            return None
+        return bool(self.current.get_next_as_optional().has_value())
+
+
+EPOCH_ITERATOR = AgreedEpochIterator()
 
 
 def skip_first_batches(batches, skip):

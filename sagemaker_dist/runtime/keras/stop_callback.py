@@ -133,8 +133,17 @@ class StopOnEveryWorker(StopAtAgreedStep):
         if due:
             self._save_step(step)
 
+    def on_train_begin(self, logs=None):
+        from sagemaker_dist.runtime.keras.agreement import EPOCH_ITERATOR
+
+        EPOCH_ITERATOR.current = None  # this fit's first agreed epoch notes its own
+
     def _epoch_over(self) -> bool:
-        return False  # no look past the step here; the resume restarts the epoch anyway (strategy.py)
+        """Whether the stopped step was the epoch's last: the strategy's iterator says, every worker
+        asking at the same step (a resume would otherwise skip a whole epoch and train no step)."""
+        from sagemaker_dist.runtime.keras.agreement import EPOCH_ITERATOR
+
+        return EPOCH_ITERATOR.has_more() is False
 
     def _write(self, step: int, extra: dict | None = None):
         if self.directory is None:

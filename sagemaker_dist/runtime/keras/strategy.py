@@ -82,13 +82,14 @@ class StrategyKeras(FitSurface):
         import tensorflow as tf
 
         per_replica = _batch_size(batches, self.batch_size)
-        # tf.distribute splits each batch of a worker's dataset over all the replicas in sync, so a
-        # worker offers replicas x per-replica records a step. Its size is dynamic and its length
-        # unknown: tf.distribute then agrees every step across workers whether any still has data (its
-        # get_next_as_optional), which is what keeps uneven shards in step.
+        # tf.distribute splits each batch of a worker's dataset over all the replicas in sync and hands
+        # the slices to the worker's own replicas in turn, so a merged batch of replicas x per-replica
+        # records lasts (workers) steps. Its size is dynamic and its length unknown: tf.distribute then
+        # agrees every step across workers whether any still has data (its get_next_as_optional), which
+        # is what keeps uneven shards in step.
+        if skip is not None:  # per-replica batches: a step takes one for each of the worker's replicas
+            batches = skip_first_batches(batches, skip)
         merged = batches.rebatch(per_replica * self.replicas)
-        if skip is not None:
-            merged = skip_first_batches(merged, skip)  # one merged batch per step of this worker
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         epoch = merged.with_options(options)
@@ -192,14 +193,6 @@ def _start(args: SetupArguments) -> StrategyKeras:
     (initial_epoch, resume_step), resume_from = (
         _agreed_resume_point(strategy, ckpt_dir) if ckpt_dir else ((0, 0), None)
     )
-    if resume_step:
-        # skipping the trained steps inside a distributed dataset left the resumed epoch empty in our
-        # test: until that is understood the epoch restarts (its first resume_step steps are repeated)
-        log.warning(
-            "tf-mwms: resuming epoch %d from its first step (the checkpoint is of its step %d)",
-            initial_epoch + 1, resume_step,
-        )  # fmt: skip
-        resume_step = 0
     stop = StopRequest(rank, args.stop_grace).install() if args.stop_on_sigterm else None
     from sagemaker_dist.runtime.keras import callbacks as keras_callbacks  # loads TensorFlow's Keras
 
@@ -234,7 +227,8 @@ def _start(args: SetupArguments) -> StrategyKeras:
         fit_window=window,
         stop=stop,
         resume_step=resume_step,
-        resume_skip=ResumeSkip(resume_step) if resume_step else None,  # 0 for now: see the warning above
+        # a step trains one per-replica batch on each of this worker's replicas
+        resume_skip=ResumeSkip(resume_step * (replicas // size)) if resume_step else None,
     )
     if hv.is_chief and resume_from is not None:  # the job's log says where it resumed
         print(

@@ -1,6 +1,7 @@
 """Test entry script for local spot interruptions: horovod_keras without record counts on records
 with an ``id``; each rank appends to ``--out``/trained-rank<R>.jsonl a start line (pid, the epoch and
-step it resumes at) and one line per batch its train step trains (epoch, ids). ``--pause`` slows a step.
+step it resumes at) and one line per batch its train step trains (epoch, ids). ``--pause`` slows a step;
+``--stop_after_steps N`` has rank 0 ask for a stop at the N-th step (mwms: each step asks once).
 """
 
 import argparse
@@ -19,6 +20,7 @@ p.add_argument("--epochs", type=int, default=3)
 p.add_argument("--batch_size", type=int, default=4)
 p.add_argument("--pause", type=float, default=0.1)
 p.add_argument("--helper", default="horovod", help="horovod or mwms")
+p.add_argument("--stop_after_steps", type=int, default=0, help="rank 0 of a fresh job asks to stop then")
 args, _ = p.parse_known_args()
 
 FEATURES = {
@@ -35,6 +37,16 @@ trained = open(Path(args.out) / f"trained-rank{hv.rank}.jsonl", "a")
 trained.write(json.dumps({"start": os.getpid(), "epoch": hv.initial_epoch, "step": hv.resume_step}) + "\n")
 trained.flush()
 state = {"epoch": None}
+if args.stop_after_steps and hv.rank == 0 and hv.resume_from is None:  # as if SIGTERM came at that step
+    asked, wanted = [0], hv.stop.wanted
+
+    def counting():
+        asked[0] += 1
+        if asked[0] == args.stop_after_steps:
+            hv.stop.request("--stop_after_steps")
+        return wanted()
+
+    hv.stop.wanted = counting
 
 
 def note(ids):
