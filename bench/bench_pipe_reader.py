@@ -6,7 +6,8 @@ tf.data.TFRecordDataset, (c) streamed through a FIFO and only counted (raw pipe,
 Consumers batch by 256 as a training input pipeline would. Each dataset is built once per record
 size and each run is one iteration of it (one epoch, as Keras ``fit`` does; for ours, the next
 FIFO); ``--build-per-run`` builds them for every run instead. Prints MB/s and the two ratios, and
-MB per CPU second (for ours and raw, the writer process's CPU included: raw's is mostly the writer).
+the reader's CPU seconds per GB (this process: TensorFlow's threads and the consumer's loop) and,
+for the pipe arms, the writer's.
 
 PipeModeDataset runs the reader ``SAGEMAKER_DIST_READER`` picks (default: the compiled one where it
 builds); ``--fresh`` measures both, the compiled reader as ``ours`` and the Python one as ``py``.
@@ -101,19 +102,22 @@ def start_writer(src: Path, fifo: Path) -> subprocess.Popen:
     return writer
 
 
-def cpu_seconds() -> float:
-    """CPU time of this process and its finished children (the writers), user + system."""
+def cpu_seconds() -> tuple[float, float]:
+    """CPU time (user + system) of this process (the reader, TensorFlow's threads included) and of its
+    finished children (the writers)."""
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
 
 
-def timed(fn, *args) -> tuple[float, float, int]:
-    """(wall seconds, CPU seconds, result) of fn(*args)."""
-    cpu = cpu_seconds()
+def timed(fn, *args) -> tuple[float, float, float, int]:
+    """(wall seconds, reader CPU seconds, writer CPU seconds, result) of fn(*args)."""
+    reader, writer = cpu_seconds()
     start = time.perf_counter()
     result = fn(*args)
-    return time.perf_counter() - start, cpu_seconds() - cpu, result
+    wall = time.perf_counter() - start
+    reader_after, writer_after = cpu_seconds()
+    return wall, reader_after - reader, writer_after - writer, result
 
 
 def count_batches(ds) -> int:
@@ -215,8 +219,8 @@ def main(argv=None) -> int:
     )
     print(
         f"{'record':>8} {'ours MB/s':>10} {'opt MB/s':>9} {'file MB/s':>10} {'raw MB/s':>9} {'ours/file':>10}"
-        f" {'opt/file':>9} {'ours/raw':>9} {'opt/raw':>8} {'ours MB/cpu-s':>14} {'file MB/cpu-s':>14}"
-        f" {'raw MB/cpu-s':>13}"
+        f" {'opt/file':>9} {'ours/raw':>9} {'opt/raw':>8}   reader cpu s/GB ours/opt/file/raw"
+        f"   writer cpu s/GB"
     )
     with tempfile.TemporaryDirectory(prefix="bench-pipe-") as tmp:
         root = Path(tmp)
@@ -238,29 +242,30 @@ def main(argv=None) -> int:
                     if args.build_per_run:
                         built[name] = pipe_dataset(root, name == "opt")
                     writer = start_writer(src, root / "input" / "data" / f"bench_{epoch}")
-                    wall, cpu, n = timed(run_pipe_dataset, built[name], writer)
+                    wall, cpu, wcpu, n = timed(run_pipe_dataset, built[name], writer)
                     epoch += 1
                     assert n == records, f"PipeModeDataset read {n} records, expected {records}"
-                    runs[name].append((wall, cpu))
+                    runs[name].append((wall, cpu, wcpu))
                 if args.build_per_run:
                     built["file"] = file_dataset(src)
-                wall, cpu, n = timed(count_batches, built["file"])
+                wall, cpu, wcpu, n = timed(count_batches, built["file"])
                 assert n == records, f"TFRecordDataset read {n} records, expected {records}"
-                runs["file"].append((wall, cpu))
+                runs["file"].append((wall, cpu, wcpu))
                 fifo = root / "input" / "data" / f"raw_{size}"
-                wall, cpu, n = timed(run_raw_pipe, start_writer(src, fifo), fifo)
+                wall, cpu, wcpu, n = timed(run_raw_pipe, start_writer(src, fifo), fifo)
                 assert n == nbytes, f"raw pipe read {n} bytes, expected {nbytes}"
-                runs["raw"].append((wall, cpu))
-            mbps = {k: statistics.median(nbytes / w / 1e6 for w, _ in v) for k, v in runs.items()}
-            cpu_mbps = {k: statistics.median(nbytes / c / 1e6 for _, c in v) for k, v in runs.items()}
+                runs["raw"].append((wall, cpu, wcpu))
+            mbps = {k: statistics.median(nbytes / r[0] / 1e6 for r in v) for k, v in runs.items()}
+            cpu = {k: statistics.median(r[1] / (nbytes / 1e9) for r in v) for k, v in runs.items()}
+            wcpu = statistics.median(r[2] / (nbytes / 1e9) for r in runs["raw"] + runs["ours"] + runs["opt"])
 
             r = {(a, b): ratio(runs, a, b) for a, b in (("ours", "file"), ("opt", "file"), ("ours", "raw"))}
             r["opt", "raw"] = ratio(runs, "opt", "raw")
             print(
                 f"{size:>8} {mbps['ours']:>10.0f} {mbps['opt']:>9.0f} {mbps['file']:>10.0f} "
                 f"{mbps['raw']:>9.0f} {r['ours', 'file']:>9.2f}x {r['opt', 'file']:>8.2f}x "
-                f"{r['ours', 'raw']:>8.0%} {r['opt', 'raw']:>7.0%} {cpu_mbps['ours']:>14.0f} "
-                f"{cpu_mbps['file']:>14.0f} {cpu_mbps['raw']:>13.0f}",
+                f"{r['ours', 'raw']:>8.0%} {r['opt', 'raw']:>7.0%}   "
+                f"{cpu['ours']:.2f} / {cpu['opt']:.2f} / {cpu['file']:.2f} / {cpu['raw']:.2f}   {wcpu:.2f}",
                 flush=True,
             )
             src.unlink()

@@ -3,10 +3,11 @@
 // Built at first use against the TensorFlow installed where it runs (pipe/native_build.py), so it
 // never outlives its TensorFlow as AWS's prebuilt op did. Each iterator is one iteration: it takes
 // the channel's next epoch (<state_dir>/<channel> under flock, shared with the Python reader),
-// waits for <pipe_dir>/<channel>_<epoch>, and frames TFRecord (both CRC32Cs, in hardware where the
-// CPU has SSE4.2), RecordIO or text lines with large non-blocking reads into a 1 MiB buffer. Large
-// TFRecords are read by the kernel straight into their output tensor. Errors name the channel,
-// epoch and byte offset, in the Python reader's words (tests run the same checks on both).
+// waits for <pipe_dir>/<channel>_<epoch>, and frames TFRecord (both CRC32Cs, with TensorFlow's own
+// CRC32C, as TFRecordDataset checks them), RecordIO or text lines with large non-blocking reads into
+// a 1 MiB buffer. Large TFRecords are read by the kernel straight into their output tensor, with the
+// CRC and the next header in the same read. Errors name the channel, epoch and byte offset, in the
+// Python reader's words (tests run the same checks on both).
 #include "pipe_support.h"
 
 #include "absl/strings/str_cat.h"
@@ -246,7 +247,7 @@ class PipeDataset : public DatasetBase {
         memcpy(data, in_.data(), buffered);
         in_.Consume(buffered);
         size_t got = 0;
-        TF_RETURN_IF_ERROR(in_.ReadExact(ctx, data + buffered, n - buffered, &got));
+        if (buffered < n) TF_RETURN_IF_ERROR(in_.ReadExact(ctx, data + buffered, n - buffered, 16, &got));
         if (buffered + got < n) return Truncated(12 + buffered + got, n + 16, at);
         TF_RETURN_IF_ERROR(in_.Fill(ctx, 4, false));
         if (in_.size() < 4) return Truncated(12 + n + (in_.size()), n + 16, at);
