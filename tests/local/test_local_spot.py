@@ -28,10 +28,11 @@ FILES, PER_FILE, BATCH, EPOCHS = 4, 80, 4, 3  # 2 files a rank: 160 records, 40 
 # then inside the training whatever the load: a step sleeps PAUSE_S, so the uninterrupted job trains for
 # about 40 s after its start-up (a quiet CI machine finished a 0.12 s-a-step job before 25 s). The
 # toolkit downloads the code and starts mpirun first, and its MPI master sleeps 30 s after mpirun ends.
-INTERRUPT_AT = {"horovodrun": 20.0, "mpirun": 20.0, "toolkit": 35.0, "tf-mwms": 20.0}
-PAUSE_S = {"horovodrun": 0.3, "mpirun": 0.3, "toolkit": 0.12, "tf-mwms": 0.3}
-EPOCHS_OF = {"horovodrun": EPOCHS, "mpirun": EPOCHS, "toolkit": EPOCHS + 2, "tf-mwms": EPOCHS}
-SIGTERM_TO_END_S = {"horovodrun": 30.0, "mpirun": 30.0, "toolkit": 60.0, "tf-mwms": 30.0}
+# "one-rank": horovodrun with a world of one (4 files: 80 steps an epoch)
+INTERRUPT_AT = {"horovodrun": 20.0, "mpirun": 20.0, "toolkit": 35.0, "tf-mwms": 20.0, "one-rank": 20.0}
+PAUSE_S = {"horovodrun": 0.3, "mpirun": 0.3, "toolkit": 0.12, "tf-mwms": 0.3, "one-rank": 0.15}
+EPOCHS_OF = {"toolkit": EPOCHS + 2}  # the others: EPOCHS
+SIGTERM_TO_END_S = {"horovodrun": 30.0, "mpirun": 30.0, "toolkit": 60.0, "tf-mwms": 30.0, "one-rank": 30.0}
 JOB_TIMEOUT_S = 240
 CLI = [sys.executable, "-m", "sagemaker_dist.cli"]
 
@@ -64,7 +65,7 @@ def _request(bucket, out: Path, hosts=2, per_host=1, epochs=EPOCHS, mwms=False, 
     return estimator.prepare({"train": f"s3://{bucket}/ids/train/"}, printer=None).request
 
 
-@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun", "toolkit", "tf-mwms"])
+@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun", "toolkit", "tf-mwms", "one-rank"])
 def test_interrupted_job_restarts_and_trains_each_remaining_batch_once(s3, bucket, tmp_path, launcher):
     if launcher in ("mpirun", "toolkit"):
         assert horovod_mpi_built(), (
@@ -72,7 +73,7 @@ def test_interrupted_job_restarts_and_trains_each_remaining_batch_once(s3, bucke
         )
     if launcher == "toolkit" and (os.geteuid() != 0 or not TOOLKIT_PYTHON.exists()):
         pytest.skip("--launcher toolkit needs root and .venv-toolkit (scripts/setup.sh)")
-    shape = (1, 2) if launcher == "toolkit" else (2, 1)  # the toolkit runs one simulated host
+    shape = {"toolkit": (1, 2), "one-rank": (1, 1)}.get(launcher, (2, 1))  # the toolkit runs one host
     where = {"container_python": TOOLKIT_PYTHON} if launcher == "toolkit" else {}
     if launcher == "tf-mwms":
         where = _mwms_rank_python()
@@ -80,10 +81,11 @@ def test_interrupted_job_restarts_and_trains_each_remaining_batch_once(s3, bucke
     out = tmp_path / "out"
     out.mkdir()
     lines: list[str] = []
+    epochs = EPOCHS_OF.get(launcher, EPOCHS)
     attempts, result = run_interrupted(
-        _request(bucket, out, *shape, EPOCHS_OF[launcher], launcher == "tf-mwms", PAUSE_S[launcher]), SCRIPTS,
+        _request(bucket, out, *shape, epochs, launcher == "tf-mwms", PAUSE_S[launcher]), SCRIPTS,
         [INTERRUPT_AT[launcher]], run=run_local, echo=lines.append,
-        launcher="horovodrun" if launcher == "tf-mwms" else launcher, work_dir=tmp_path / "work",
+        launcher=launcher if launcher in ("mpirun", "toolkit") else "horovodrun", work_dir=tmp_path / "work",
         timeout=JOB_TIMEOUT_S, **where,
     )  # fmt: skip
     log = "\n".join(lines)
@@ -93,10 +95,11 @@ def test_interrupted_job_restarts_and_trains_each_remaining_batch_once(s3, bucke
     assert first.stopped_at is not None and first.ended_after_signal < SIGTERM_TO_END_S[launcher], log[-4000:]
     epoch, step = first.stopped_at  # epoch counted from 1, as Keras prints it
     assert second.resumed_from == (epoch - 1, step)  # the stop's own checkpoint: nothing lost
-    for rank in range(2):
+    world = shape[0] * shape[1]
+    for rank in range(world):
         one, two = trained_segments(out / f"trained-rank{rank}.jsonl")
         check_resumed_inside_the_epoch(
-            one, two, (epoch, step), 2 * PER_FILE // BATCH, EPOCHS_OF[launcher],
+            one, two, (epoch, step), FILES * PER_FILE // BATCH // world, epochs,
             split_tail=launcher == "tf-mwms",
         )  # fmt: skip
 

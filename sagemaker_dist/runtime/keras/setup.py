@@ -80,7 +80,7 @@ class HorovodKeras(FitSurface):
         shorter than promised fails naming the rank. (A ``.repeat()``-ed Pipe dataset would read
         ahead into the next epoch's FIFO.)
         """
-        if self.resume_skip is not None and self.steps_per_epoch is None and self.size > 1:
+        if self.resume_skip is not None and self.steps_per_epoch is None:
             batches = skip_first_batches(batches, self.resume_skip)  # trained before the stop
         return self._epoch(batches, self.steps_per_epoch, self.train_counts, "train")
 
@@ -89,7 +89,7 @@ class HorovodKeras(FitSurface):
         return self._epoch(batches, self.validation_steps, self.validation_counts, "validation")
 
     def _epoch(self, batches, steps: int | None, counts: list[int] | None, what: str):
-        if steps is None and self.size > 1:
+        if steps is None:  # one rank too: its steps carry a stop
             self.fit_window.handed_out()  # Keras would hold every epoch to the first one's length
             stop = self.stop if what == "train" else None
             return agreed_epoch(batches, what, self.hvd, getattr(self, f"{what}_reports"), stop)
@@ -139,7 +139,7 @@ def setup(
     rank's channels before the first collective when the job carries a sagemaker-dist layout.
     Every argument is checked before Horovod starts; a bad one raises ``TrainingSetupError`` naming it.
 
-    Stops (``stop.py``; epochs without record counts on several ranks): SIGTERM on any rank stops every
+    Stops (``stop.py``; epochs without record counts, one rank too): SIGTERM on any rank stops every
     rank after the same step, rank 0 checkpoints that step and ``fit`` raises ``TrainingStopped``;
     ``stop_grace`` seconds after the signal a rank that could not stop exits anyway. Rank 0 also writes
     a step checkpoint every ``checkpoint_every_steps`` steps and/or ``checkpoint_every_seconds``; a
@@ -182,10 +182,10 @@ def _start(args: SetupArguments) -> HorovodKeras:
     (initial_epoch, resume_step), resume_from = (
         ckpt.resume_position(ckpt_dir, rank=rank) if ckpt_dir is not None else ((0, 0), None)
     )
-    stoppable = steps is None and size > 1  # the per-step agreement carries the stop
+    stoppable = steps is None  # the per-step agreement carries the stop
     if resume_step and not stoppable:
         log.warning(
-            "checkpoint of epoch %d step %d: with record counts (or one rank) the epoch restarts from its "
+            "checkpoint of epoch %d step %d: with record counts the epoch restarts from its "
             "first step", initial_epoch + 1, resume_step,
         )  # fmt: skip
         resume_step = 0
