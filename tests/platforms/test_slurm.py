@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -185,6 +186,58 @@ def test_an_agent_that_cannot_read_its_data_fails_the_job_before_the_ranks(
     assert "a pipe agent stopped before the ranks started" in log and "train epoch" not in log
     job_id = output.stem.rsplit("-", 1)[1]
     assert not Path(f"/tmp/sagemaker-dist-{job_id}").exists()  # node 0's tree is removed too
+
+
+def _job_state(job_id: str) -> str:
+    shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30)
+    return next((f.split("=", 1)[1] for f in shown.stdout.split() if f.startswith("JobState=")), "GONE")
+
+
+@pytest.mark.slow
+@pytest.mark.horovod
+@pytest.mark.tensorflow
+def test_scancel_with_sigterm_stops_every_rank_after_the_same_step_and_checkpoints_it(
+    slurm_cluster, aws_env, s3, bucket, tmp_path, monkeypatch
+):
+    """``scancel --signal=TERM`` (what ``--signal=TERM@120`` does before the time limit, and a
+    preemption's first act) in the middle of training: every rank stops after the same step, rank 0's
+    checkpoint of it reaches S3 through the draining agents, and the job ends COMPLETED."""
+    monkeypatch.setenv("SLURM_CONF", slurm_cluster)
+    written = _slurm(
+        "--demo", "--nodes", 2, "--tasks-per-node", 1, "--epochs", 40, "--bucket", bucket,
+        "--endpoint-url", aws_env["AWS_ENDPOINT_URL"], "-o", tmp_path / "job.sbatch", cwd=tmp_path,
+    )  # fmt: skip
+    assert written.returncode == 0, written.stderr
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", str(tmp_path / "job.sbatch")], capture_output=True, text=True, timeout=30,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 300
+    output = None
+    while time.monotonic() < deadline:  # until the first epoch has ended: training is under way
+        output = next(tmp_path.glob("*.out"), None)
+        if output and "train epoch ended for every rank" in output.read_text():
+            break
+        assert _job_state(job_id) in ("PENDING", "RUNNING", "CONFIGURING"), _job_state(job_id)
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"no epoch ended in 300 s:\n{output.read_text()[-3000:] if output else ''}")
+    subprocess.run(["scancel", "--signal=TERM", job_id], check=True, timeout=30)
+    signalled = time.monotonic()
+    while _job_state(job_id) in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+        assert time.monotonic() - signalled < 120, "the job did not end within 120 s of SIGTERM"
+        time.sleep(0.5)
+    log = output.read_text()
+    assert _job_state(job_id) in ("COMPLETED", "GONE"), log[-4000:]
+    assert "stopped in epoch" in log and "on every rank" in log, log[-4000:]
+    stopped = [line for line in log.splitlines() if "sagemaker-dist: stopped in epoch" in line]
+    assert len(stopped) == 1, log[-4000:]  # rank 0's line, once
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="jobs/").get("Contents", [])]
+    metas = [k for k in keys if "/checkpoints/" in k and k.endswith("meta.json")]
+    meta = [json.loads(s3.get_object(Bucket=bucket, Key=k)["Body"].read()) for k in metas]
+    assert any(m.get("stopped") for m in meta), (metas, log[-3000:])
 
 
 FAILING = """import os, sys, time
