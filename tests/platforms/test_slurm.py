@@ -196,12 +196,14 @@ def _job_state(job_id: str) -> str:
 @pytest.mark.slow
 @pytest.mark.horovod
 @pytest.mark.tensorflow
-def test_scancel_with_sigterm_stops_every_rank_after_the_same_step_and_checkpoints_it(
-    slurm_cluster, aws_env, s3, bucket, tmp_path, monkeypatch
+@pytest.mark.parametrize("how", [["--signal=TERM"], []], ids=["signal-TERM", "plain"])
+def test_scancel_stops_every_rank_after_the_same_step_and_checkpoints_it(
+    slurm_cluster, aws_env, s3, bucket, tmp_path, monkeypatch, how
 ):
-    """``scancel --signal=TERM`` (what ``--signal=TERM@120`` does before the time limit, and a
-    preemption's first act) in the middle of training: every rank stops after the same step, rank 0's
-    checkpoint of it reaches S3 through the draining agents, and the job ends COMPLETED."""
+    """``scancel --signal=TERM`` (what ``--signal=TERM@120`` does before the time limit) and a plain
+    ``scancel`` (SIGTERM to the steps and the script, SIGKILL after the cluster's KillWait; a
+    preemption's way too) in the middle of training: every rank stops after the same step and rank 0's
+    checkpoint of it reaches S3 through the agents; the job ends COMPLETED, or CANCELLED."""
     monkeypatch.setenv("SLURM_CONF", slurm_cluster)
     written = _slurm(
         "--demo", "--nodes", 2, "--tasks-per-node", 1, "--epochs", 40, "--bucket", bucket,
@@ -224,13 +226,13 @@ def test_scancel_with_sigterm_stops_every_rank_after_the_same_step_and_checkpoin
         time.sleep(0.5)
     else:
         raise AssertionError(f"no epoch ended in 300 s:\n{output.read_text()[-3000:] if output else ''}")
-    subprocess.run(["scancel", "--signal=TERM", job_id], check=True, timeout=30)
+    subprocess.run(["scancel", *how, job_id], check=True, timeout=30)
     signalled = time.monotonic()
     while _job_state(job_id) in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
         assert time.monotonic() - signalled < 120, "the job did not end within 120 s of SIGTERM"
         time.sleep(0.5)
     log = output.read_text()
-    assert _job_state(job_id) in ("COMPLETED", "GONE"), log[-4000:]
+    assert _job_state(job_id) in (("COMPLETED",) if how else ("CANCELLED",)) + ("GONE",), log[-4000:]
     assert "stopped in epoch" in log and "on every rank" in log, log[-4000:]
     stopped = [line for line in log.splitlines() if "sagemaker-dist: stopped in epoch" in line]
     assert len(stopped) == 1, log[-4000:]  # rank 0's line, once
