@@ -7,7 +7,7 @@ exit (the job's end), where the ranks stopped and where the second attempt resum
 steps trained before the stop that the resumed attempt trains again; "epoch checkpoints only" is what
 the same interruption would have cost before step checkpoints (the steps of the stopped epoch).
 
-    .venv/bin/python bench/bench_spot.py --rounds 3 --interrupt-at 30 --epochs 4
+    .venv/bin/python bench/bench_spot.py --rounds 3 --interrupt-at 30 --epochs 4 [--distribution tf-mwms]
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ RESUMED = re.compile(r"attempt 2: Completed .*?resumed after epoch (\d+) step (\
 ROUND_TIMEOUT_S = 900
 
 
-def one_round(epochs: int, at: float) -> dict:
+def one_round(epochs: int, at: float, distribution: str | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-spot-") as state:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         command = [sys.executable, "-m", "sagemaker_dist.cli", "local", "--demo", "-p", f"epochs={epochs}",
-                   "--interrupt-at", str(at), "--s3-state-dir", state]  # fmt: skip
+                   "--interrupt-at", str(at), "--s3-state-dir", state,
+                   *(["--distribution", distribution] if distribution else [])]  # fmt: skip
         started = time.monotonic()
         proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=ROUND_TIMEOUT_S)
         output = proc.stdout + proc.stderr
@@ -59,10 +60,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--interrupt-at", type=float, default=30.0)
     p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--distribution", help="the demo's distribution (default Horovod), e.g. tf-mwms")
     args = p.parse_args()
     rounds = []
     for i in range(args.rounds):
-        r = one_round(args.epochs, args.interrupt_at)
+        r = one_round(args.epochs, args.interrupt_at, args.distribution)
         rounds.append(r)
         epoch, step = r["stopped_at"]
         print(
