@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -187,7 +186,7 @@ def _local(args, job, spec) -> int:
     from sagemaker_dist.launch.tuning_validation import validate_tuning_request
     from sagemaker_dist.local.demo import DEMO_BUCKET, DEMO_JOB_DIR, prepare_demo_job
     from sagemaker_dist.local.launchers import TOOLKIT_HOST_LAUNCHERS
-    from sagemaker_dist.local.tuning import TrialRunner, _optuna, run_local_tuning
+    from sagemaker_dist.local.tuning import _optuna
 
     _optuna()  # before anything starts: Optuna is there
     if job.demo and _given(job, _ENTRY_POINT_ONLY):
@@ -229,24 +228,11 @@ def _local(args, job, spec) -> int:
         validate_tuning_request(request, spec)
         for line in [*spec.describe(), *(f"note: {n}" for n in notes)]:
             _err(line)
-        options = ["--launcher", job.launcher, "--toolkit-version", job.toolkit_version]
-        if url:
-            options += ["--endpoint-url", url]
-        else:
-            options += ["--bucket", bucket]
-        for flag, value in (("--container-python", job.container_python), ("--image", job.image),
-                            ("--work-dir", job.work_dir)):  # fmt: skip
-            if value:
-                options += [flag, str(value)]
-        if job.keep:
-            options.append("--keep")
-        runner = TrialRunner(str(source_dir) if source_dir else None, tuple(options))
-        work = (
-            Path(job.work_dir)
-            if job.work_dir
-            else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sagemaker-dist-tune-")))
-        )
-        result = run_local_tuning(request, spec, runner, work / name, echo=_err, trial_timeout=job.timeout)
+        backend = LocalBackend(
+            launcher=job.launcher, work_dir=job.work_dir, keep_work_dir=job.keep,
+            toolkit_version=job.toolkit_version, container_python=job.container_python, image=job.image,
+        )  # fmt: skip
+        result = backend.run_trials(request, spec, source_dir=source_dir, timeout=job.timeout, printer=_err)
     for line in result.table_lines():
         print(line)
     if args.json:

@@ -26,6 +26,7 @@ class LocalBackend:
     extra_env: dict[str, str] | None = None
     toolkit_version: str = DEFAULT_TOOLKIT_VERSION  # the image's sagemaker-training (argument passing)
     container_python: str | None = None  # launcher "toolkit": the image's environment (default .venv-toolkit)
+    image: str | None = None  # launcher "container": the training image each host runs
     checks_job_name = False
 
     def complete_request(self, request: dict, printer=print) -> dict:
@@ -46,14 +47,23 @@ class LocalBackend:
             extra_env=self.extra_env,
             toolkit_version=self.toolkit_version,
             container_python=self.container_python,
+            image=self.image,
         )
 
     def run_tuning(
         self, request, spec, *, source_dir=None, wait=True, poll=60.0, timeout=None, printer=print
     ):
         """Every trial here, a full local job each (Optuna picks the values); returns a
-        ``LocalTuningResult``. ``timeout`` bounds each trial (default: the request's
-        MaxRuntimeInSeconds). Trials reach S3 as this process does: ``$AWS_ENDPOINT_URL`` if set."""
+        ``LocalTuningResult`` after printing its table. ``timeout`` bounds each trial (default: the
+        request's MaxRuntimeInSeconds). Trials reach S3 as this process does: ``$AWS_ENDPOINT_URL`` if
+        set."""
+        result = self.run_trials(request, spec, source_dir=source_dir, timeout=timeout, printer=printer)
+        for line in result.table_lines():
+            (printer or (lambda _line: None))(line)
+        return result
+
+    def run_trials(self, request, spec, *, source_dir=None, timeout=None, printer=print):
+        """``run_tuning`` without the table (the CLI prints it to stdout, its progress to stderr)."""
         from sagemaker_dist.local.tuning import TrialRunner, run_local_tuning
 
         say = printer or (lambda _line: None)
@@ -64,8 +74,10 @@ class LocalBackend:
         else:
             output = request["TrainingJobDefinition"]["OutputDataConfig"]["S3OutputPath"]
             options += ["--bucket", parse_s3_uri(output)[0]]
-        if self.container_python:
-            options += ["--container-python", str(self.container_python)]
+        for flag, value in (("--container-python", self.container_python), ("--image", self.image),
+                            ("--work-dir", self.work_dir)):  # fmt: skip
+            if value:
+                options += [flag, str(value)]
         if self.keep_work_dir:
             options.append("--keep")
         runner = TrialRunner(str(source_dir) if source_dir else None, tuple(options))
@@ -74,9 +86,4 @@ class LocalBackend:
                 tempfile.TemporaryDirectory(prefix="sagemaker-dist-tune-")
             )
             name = request["HyperParameterTuningJobName"]
-            result = run_local_tuning(
-                request, spec, runner, Path(work) / name, echo=say, trial_timeout=timeout
-            )
-        for line in result.table_lines():
-            say(line)
-        return result
+            return run_local_tuning(request, spec, runner, Path(work) / name, echo=say, trial_timeout=timeout)
