@@ -18,7 +18,7 @@ from typing import Any
 
 from sagemaker_dist.contract.layout import HOROVOD
 from sagemaker_dist.runtime import checkpoints as ckpt
-from sagemaker_dist.runtime.keras.agreement import EpochReports, agreed_epoch, skip_first_batches
+from sagemaker_dist.runtime.keras.agreement import AGREED, EpochReports, agreed_epoch, skip_first_batches
 from sagemaker_dist.runtime.keras.arguments import SetupArguments, check_arguments, check_world
 from sagemaker_dist.runtime.keras.gpu import pin_gpu
 from sagemaker_dist.runtime.keras.optimizer import build_scaled_optimizer
@@ -82,18 +82,18 @@ class HorovodKeras(FitSurface):
         """
         if self.resume_skip is not None and self.steps_per_epoch is None:
             batches = skip_first_batches(batches, self.resume_skip)  # trained before the stop
-        return self._epoch(batches, self.steps_per_epoch, self.train_counts, "train")
+        return self._epoch(batches, self.steps_per_epoch, self.train_counts, "train", self.resume_skip)
 
     def validation_epoch(self, batches):
         """One validation pass over this rank's own shard, ending at the same step on every rank."""
         return self._epoch(batches, self.validation_steps, self.validation_counts, "validation")
 
-    def _epoch(self, batches, steps: int | None, counts: list[int] | None, what: str):
+    def _epoch(self, batches, steps: int | None, counts: list[int] | None, what: str, skip=None):
         if steps is None:  # one rank too: its steps carry a stop
             self.fit_window.handed_out()  # Keras would hold every epoch to the first one's length
             stop = self.stop if what == "train" else None
             return agreed_epoch(batches, what, self.hvd, getattr(self, f"{what}_reports"), stop)
-        return exact_epoch(
+        epoch = exact_epoch(
             batches,
             steps=steps,
             counts=counts,
@@ -101,7 +101,12 @@ class HorovodKeras(FitSurface):
             rank=self.rank,
             size=self.size,
             batch_size=self.batch_size,
+            skip=skip,
         )
+        if skip is not None:  # the resumed epoch is shorter than the others
+            self.fit_window.handed_out()
+            setattr(epoch, AGREED, True)
+        return epoch
 
 
 def setup(
@@ -139,11 +144,13 @@ def setup(
     rank's channels before the first collective when the job carries a sagemaker-dist layout.
     Every argument is checked before Horovod starts; a bad one raises ``TrainingSetupError`` naming it.
 
-    Stops (``stop.py``; epochs without record counts, one rank too): SIGTERM on any rank stops every
-    rank after the same step, rank 0 checkpoints that step and ``fit`` raises ``TrainingStopped``;
-    ``stop_grace`` seconds after the signal a rank that could not stop exits anyway. Rank 0 also writes
-    a step checkpoint every ``checkpoint_every_steps`` steps and/or ``checkpoint_every_seconds``; a
-    resume from a step checkpoint skips the batches of that epoch every rank already trained.
+    Stops (``stop.py``): SIGTERM on any rank stops every rank after the same step (epochs without record
+    counts carry it in their per-step agreement; with counts the ranks add a small allreduce after each
+    step, which ``stop_on_sigterm=False`` and no step checkpoints leave out), rank 0 checkpoints that
+    step and ``fit`` raises ``TrainingStopped``; ``stop_grace`` seconds after the signal a rank that
+    could not stop exits anyway. Rank 0 also writes a step checkpoint every ``checkpoint_every_steps``
+    steps and/or ``checkpoint_every_seconds``; a resume from a step checkpoint skips the batches of that
+    epoch every rank already trained.
     """
     args = SetupArguments(**locals())  # every parameter above, by name
     check_arguments(args)
@@ -182,14 +189,7 @@ def _start(args: SetupArguments) -> HorovodKeras:
     (initial_epoch, resume_step), resume_from = (
         ckpt.resume_position(ckpt_dir, rank=rank) if ckpt_dir is not None else ((0, 0), None)
     )
-    stoppable = steps is None  # the per-step agreement carries the stop
-    if resume_step and not stoppable:
-        log.warning(
-            "checkpoint of epoch %d step %d: with record counts the epoch restarts from its "
-            "first step", initial_epoch + 1, resume_step,
-        )  # fmt: skip
-        resume_step = 0
-    stop = StopRequest(rank, args.stop_grace).install() if args.stop_on_sigterm and stoppable else None
+    stop = StopRequest(rank, args.stop_grace).install() if args.stop_on_sigterm else None
     window = FitWindow()
     callbacks = [keras_callbacks.KerasPatchesWhileFitting(window)] + keras_callbacks.horovod_callbacks(
         rank=rank,
@@ -204,8 +204,11 @@ def _start(args: SetupArguments) -> HorovodKeras:
     tensorboard, syncer = keras_callbacks.tensorboard_callbacks(
         args.tensorboard_dir, args.tensorboard_s3_uri, args.tensorboard_interval, rank=rank
     )
-    if stoppable:
-        callbacks.append(_stop_callback(args, stop, rank, ckpt_dir, resume_step, resume_from, tensorboard))
+    schedule = StepSchedule(args.checkpoint_every_steps, args.checkpoint_every_seconds)
+    if steps is None or stop is not None or schedule.active:  # counted epochs: else no per-step work
+        callbacks.append(
+            _stop_callback(args, stop, rank, ckpt_dir, resume_step, resume_from, tensorboard, steps, size)
+        )
     hv = HorovodKeras(
         rank=rank,
         local_rank=local_rank,
@@ -243,11 +246,13 @@ def _start(args: SetupArguments) -> HorovodKeras:
     return hv
 
 
-def _stop_callback(args, stop, rank, ckpt_dir, resume_step, resume_from, tensorboard):
+def _stop_callback(args, stop, rank, ckpt_dir, resume_step, resume_from, tensorboard, steps, size):
     """The stop's and step checkpoints' callback; without a stop request it only writes step checkpoints
-    (``stop_on_sigterm=False``). TensorBoard's final flush is its last act on a stop."""
+    (``stop_on_sigterm=False``). TensorBoard's final flush is its last act on a stop. Epochs without
+    record counts carry the stop in their per-step agreement; counted epochs (``steps``) have none,
+    so the ranks agree after each step in an allreduce of the callback's own."""
     from sagemaker_dist.runtime.keras.callbacks import TensorBoardSyncCallback
-    from sagemaker_dist.runtime.keras.stop_callback import StopAtAgreedStep
+    from sagemaker_dist.runtime.keras.stop_callback import StopAtAgreedStep, StopAtCountedStep
 
     sync = [c for c in tensorboard if isinstance(c, TensorBoardSyncCallback)]
     flush = (
@@ -256,8 +261,10 @@ def _stop_callback(args, stop, rank, ckpt_dir, resume_step, resume_from, tensorb
         else [TensorBoardSyncCallback(None, t)._flush_writers for t in tensorboard]
     )
     records = (resume_from.meta.get("records_consumed") if resume_from and resume_step else None) or None
-    return StopAtAgreedStep(
+    counted = {"steps": steps, "agree": _any_rank if size > 1 else _own_flags} if steps is not None else {}
+    return (StopAtCountedStep if steps is not None else StopAtAgreedStep)(
         stop if stop is not None else StopRequest(rank),
+        **counted,
         rank=rank,
         directory=ckpt_dir,
         keep=args.keep_checkpoints,
@@ -266,6 +273,19 @@ def _stop_callback(args, stop, rank, ckpt_dir, resume_step, resume_from, tensorb
         resume_records=tuple(records) if records else None,
         on_stop=flush,
     )
+
+
+def _any_rank(flags: list[int]) -> list[bool]:
+    """For each flag, whether any rank's is set: one allreduce (a sum), eager, after a step."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    total = hvd.allreduce(tf.constant(flags, tf.int64), op=hvd.Sum, name="sagemaker_dist_stop_flags")
+    return [int(v) > 0 for v in total.numpy()]
+
+
+def _own_flags(flags: list[int]) -> list[bool]:
+    return [bool(f) for f in flags]
 
 
 def _log_start(hv: HorovodKeras, base_lr: float, warmup_epochs: float) -> None:

@@ -42,10 +42,12 @@ def agree_on_steps(records, batch_size, what, hvd) -> tuple[int | None, list[int
     return steps, counts
 
 
-def exact_epoch(batches, *, steps, counts, what, rank, size, batch_size):
+def exact_epoch(batches, *, steps, counts, what, rank, size, batch_size, skip=None):
     """One epoch of ``batches``: exactly ``steps`` of them, or ``batches`` as is on one rank without steps.
 
-    Several ranks without steps would stop at different batches and stall, so that raises.
+    Several ranks without steps would stop at different batches and stall, so that raises. With
+    ``skip`` (a ``stop.ResumeSkip``) the first iteration drops the steps trained before a stop and is
+    that much shorter; the epochs' length is then no longer static (mark the dataset ``AGREED``).
     """
     if steps is None:
         if size > 1:
@@ -60,6 +62,10 @@ def exact_epoch(batches, *, steps, counts, what, rank, size, batch_size):
         f"{batch_size} agreed per epoch (records per rank given to setup(): {counts}); "
         f"{what}_records must be the records in this rank's shard. Batches delivered:"
     )
+    if skip is not None:
+        from sagemaker_dist.runtime.keras.agreement import skip_first_batches
+
+        return skip_first_batches(batches, skip, then=lambda rest, n: cut_to_steps(rest, steps - n, message))
     return cut_to_steps(batches, steps, message)
 
 

@@ -112,18 +112,19 @@ class StopAtAgreedStep(tf.keras.callbacks.Callback):
         raise TrainingStopped(self._epoch, step, written)
 
 
-class StopOnEveryWorker(StopAtAgreedStep):
-    """MultiWorkerMirroredStrategy's stops: no per-step allreduce of ours to ride on, so after every step
-    the workers agree, in one collective (``agree``: any worker's flags), on a stop and on a step
-    checkpoint being due; every worker then saves (the strategy needs all of them), the chief's copy kept."""
+class StopAgreedEachStep(StopAtAgreedStep):
+    """For epochs with no per-step agreement of ours in the dataset to ride on: after every step the
+    ranks agree, in one collective of their own (``agree``: any rank's flags), on a stop and on a step
+    checkpoint being due."""
 
-    def __init__(self, stop: StopRequest, *, agree, chief: bool, **kwargs):
-        super().__init__(stop, rank=0 if chief else 1, **kwargs)
-        self.agree, self.chief = agree, chief
+    def __init__(self, stop: StopRequest, *, agree, **kwargs):
+        super().__init__(stop, **kwargs)
+        self.agree = agree
+        self._step_now = 0
 
     def on_train_batch_end(self, batch, logs=None):
         self._steps += 1
-        step = self._offset + batch + 1
+        step = self._step_now = self._offset + batch + 1
         steps_since, since = self._steps - self._last_save[0], time.monotonic() - self._last_save[1]
         due = self.directory is not None and self.schedule.due(steps_since, since)
         stop, due = self.agree([self.stop.wanted(), int(due)])
@@ -132,6 +133,27 @@ class StopOnEveryWorker(StopAtAgreedStep):
             self._stop_here(step)
         if due:
             self._save_step(step)
+
+
+class StopAtCountedStep(StopAgreedEachStep):
+    """Horovod epochs of ``steps`` steps (``train_records=``): the stopped step is the epoch's last when
+    it is its ``steps``-th; rank 0 writes the checkpoints."""
+
+    def __init__(self, stop: StopRequest, *, steps: int, **kwargs):
+        super().__init__(stop, **kwargs)
+        self.steps = int(steps)
+
+    def _epoch_over(self) -> bool:
+        return self._step_now >= self.steps
+
+
+class StopOnEveryWorker(StopAgreedEachStep):
+    """MultiWorkerMirroredStrategy's stops: every worker saves (the strategy needs all of them), the
+    chief's copy kept."""
+
+    def __init__(self, stop: StopRequest, *, agree, chief: bool, **kwargs):
+        super().__init__(stop, agree=agree, rank=0 if chief else 1, **kwargs)
+        self.chief = chief
 
     def on_train_begin(self, logs=None):
         from sagemaker_dist.runtime.keras.agreement import EPOCH_ITERATOR

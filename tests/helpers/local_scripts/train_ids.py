@@ -21,6 +21,7 @@ p.add_argument("--batch_size", type=int, default=4)
 p.add_argument("--pause", type=float, default=0.1)
 p.add_argument("--helper", default="horovod", help="horovod or mwms")
 p.add_argument("--stop_after_steps", type=int, default=0, help="rank 0 of a fresh job asks to stop then")
+p.add_argument("--train_records", type=int, default=0, help="records in each rank's shard (counted epochs)")
 args, _ = p.parse_known_args()
 
 FEATURES = {
@@ -32,7 +33,8 @@ mwms = args.helper == "mwms"
 helper, optimizer = (
     (mwms_keras, tf.keras.optimizers.SGD) if mwms else (horovod_keras, tf.keras.optimizers.legacy.SGD)
 )
-hv = helper.setup(optimizer, learning_rate=0.01, batch_size=args.batch_size)
+counted = {"train_records": args.train_records} if args.train_records else {}
+hv = helper.setup(optimizer, learning_rate=0.01, batch_size=args.batch_size, **counted)
 trained = open(Path(args.out) / f"trained-rank{hv.rank}.jsonl", "a")
 trained.write(json.dumps({"start": os.getpid(), "epoch": hv.initial_epoch, "step": hv.resume_step}) + "\n")
 trained.flush()
