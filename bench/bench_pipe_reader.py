@@ -220,7 +220,7 @@ def main(argv=None) -> int:
     print(
         f"{'record':>8} {'ours MB/s':>10} {'opt MB/s':>9} {'file MB/s':>10} {'raw MB/s':>9} {'ours/file':>10}"
         f" {'opt/file':>9} {'ours/raw':>9} {'opt/raw':>8}   reader cpu s/GB ours/opt/file/raw"
-        f"   writer cpu s/GB"
+        f"   writer cpu s/GB ours/opt/raw"
     )
     with tempfile.TemporaryDirectory(prefix="bench-pipe-") as tmp:
         root = Path(tmp)
@@ -257,7 +257,8 @@ def main(argv=None) -> int:
                 runs["raw"].append((wall, cpu, wcpu))
             mbps = {k: statistics.median(nbytes / r[0] / 1e6 for r in v) for k, v in runs.items()}
             cpu = {k: statistics.median(r[1] / (nbytes / 1e9) for r in v) for k, v in runs.items()}
-            wcpu = statistics.median(r[2] / (nbytes / 1e9) for r in runs["raw"] + runs["ours"] + runs["opt"])
+            pipes = ("ours", "opt", "raw")
+            wcpu = {k: statistics.median(r[2] / (nbytes / 1e9) for r in runs[k]) for k in pipes}
 
             r = {(a, b): ratio(runs, a, b) for a, b in (("ours", "file"), ("opt", "file"), ("ours", "raw"))}
             r["opt", "raw"] = ratio(runs, "opt", "raw")
@@ -265,7 +266,8 @@ def main(argv=None) -> int:
                 f"{size:>8} {mbps['ours']:>10.0f} {mbps['opt']:>9.0f} {mbps['file']:>10.0f} "
                 f"{mbps['raw']:>9.0f} {r['ours', 'file']:>9.2f}x {r['opt', 'file']:>8.2f}x "
                 f"{r['ours', 'raw']:>8.0%} {r['opt', 'raw']:>7.0%}   "
-                f"{cpu['ours']:.2f} / {cpu['opt']:.2f} / {cpu['file']:.2f} / {cpu['raw']:.2f}   {wcpu:.2f}",
+                f"{cpu['ours']:.2f} / {cpu['opt']:.2f} / {cpu['file']:.2f} / {cpu['raw']:.2f}   "
+                f"{wcpu['ours']:.2f} / {wcpu['opt']:.2f} / {wcpu['raw']:.2f}",
                 flush=True,
             )
             src.unlink()
