@@ -9,6 +9,8 @@ epochs after the first of each fit; rank 0 prints the medians, the difference in
 that difference as a share of the fixed arm's step time (target: at most 2 %). Training steps on a
 shared 2-core machine vary by several percent, so the agreement is also timed alone: iterating the
 same epochs without a model (``--iterate-steps`` batches each), which isolates its per-step cost.
+A third arm, "fixed+stop", is the fixed one with what a job with ``train_records`` runs to stop:
+the ranks' allreduce of their stop flags after each step (``StopAtCountedStep``).
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ def run_rank(args) -> None:
     data = tf.data.Dataset.from_tensor_slices((images, labels)).batch(args.batch).cache()
     model = demo_model()
     model.compile(hv.optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    times = {"fixed": [], "agreed": []}
+    times = {"fixed": [], "agreed": [], "fixed+stop": []}
+    counted_stop = counted_stop_callback(hv, args.steps)
 
     class EpochTimer(tf.keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
@@ -79,14 +82,16 @@ def run_rank(args) -> None:
             if epoch > 0:
                 self.arm_times.append((time.perf_counter() - self.start) / args.steps)
 
+    arms = ["fixed", "agreed", "fixed+stop"]
     for repeat in range(args.repeats):
-        for arm in ("fixed", "agreed") if repeat % 2 == 0 else ("agreed", "fixed"):
-            counted = arm == "fixed"
+        for arm in arms[repeat % 3 :] + arms[: repeat % 3]:
+            counted = arm != "agreed"
             hv.steps_per_epoch = args.steps if counted else None
             hv.train_counts = [args.batch * args.steps] * hv.size if counted else None
             timer = EpochTimer()
             timer.arm_times = times[arm]
-            model.fit(hv.train_epoch(data), epochs=args.epochs, verbose=0, callbacks=[*hv.callbacks, timer])
+            callbacks = [*hv.callbacks, *([counted_stop] if arm == "fixed+stop" else []), timer]
+            model.fit(hv.train_epoch(data), epochs=args.epochs, verbose=0, callbacks=callbacks)
     alone = iterate_alone(tf, hv, args)
     if hv.rank == 0:
         fixed, agreed = statistics.median(times["fixed"]), statistics.median(times["agreed"])
@@ -106,6 +111,22 @@ def run_rank(args) -> None:
             f"{(agreed - fixed) / fixed:+.2%} of the step (ratio agreed/fixed {agreed / fixed:.3f})",
             flush=True,
         )
+        stopping = statistics.median(times["fixed+stop"])
+        print(
+            f"fixed+stop {stopping * 1e3:.2f} ms: the stop's allreduce after each step "
+            f"{(stopping - fixed) * 1e6:+.0f} us = {(stopping - fixed) / fixed:+.2%} of the fixed step",
+            flush=True,
+        )
+
+
+def counted_stop_callback(hv, steps: int):
+    """What ``setup(train_records=...)`` adds to stop: the ranks' allreduce of their flags after each step
+    (never asked to stop here)."""
+    from sagemaker_dist.runtime.keras.setup import _any_rank
+    from sagemaker_dist.runtime.keras.stop import StopRequest
+    from sagemaker_dist.runtime.keras.stop_callback import StopAtCountedStep
+
+    return StopAtCountedStep(StopRequest(hv.rank), agree=_any_rank, steps=steps, rank=hv.rank)
 
 
 def iterate_alone(tf, hv, args) -> dict[str, list[float]]:
