@@ -106,6 +106,10 @@ def sbatch_script(request: dict, options: SlurmOptions) -> str:
         ]
     )
     ranks = _q([options.python, job.entry_point, *argv])
+    agent_start = (
+        'NODE="$SD_ROOT/node-$SLURM_NODEID"; rm -rf "$NODE"; '
+        'exec "$0" "$@" --node-index "$SLURM_NODEID" --root "$NODE"'
+    )
     wait_ready = (
         f"for i in $(seq {options.agent_ready_seconds * 2}); do "
         f'[ -f "$SD_ROOT/node-$SLURM_NODEID/{READY_FILE}" ] && exit 0; sleep 0.5; done; '
@@ -127,8 +131,9 @@ set -uo pipefail
 export SD_ROOT="${{SAGEMAKER_DIST_ROOT_BASE:-{options.root_base}}}"  # each node's tree: $SD_ROOT/node-<id>
 {exports}
 # One pipe agent per node, in the background: it writes the node's /opt/ml tree and feeds its FIFOs.
+# A tree already there is stale (a cancelled job of the same id could not remove its own): it goes.
 srun --overlap {per_node} --kill-on-bad-exit=1 --label --job-name={AGENT_STEP} \\
-  sh -c 'exec "$0" "$@" --node-index "$SLURM_NODEID" --root "$SD_ROOT/node-$SLURM_NODEID"' \\
+  sh -c {shlex.quote(agent_start)} \\
   {agent} &
 AGENTS=$!
 stop_agents() {{  # SIGINT to each agent: now (a SIGTERM drains; one to srun itself would SIGKILL them)

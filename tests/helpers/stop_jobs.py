@@ -109,17 +109,24 @@ def check_resumed_inside_the_epoch(
     1, step) of ``steps`` an epoch: the epochs before the stop trained whole and once, the second attempt
     starts at the stop's step (no epoch restarted), the stopped epoch's batches are each trained once
     across both attempts (no batch skipped, none repeated), and the later epochs train the same shard.
+    A stop on the epoch's last step is a checkpoint of the whole epoch: the second attempt starts the next.
 
     ``split_tail`` (tf-mwms): tf.distribute splits a worker's merged batch over every replica in sync,
     so a resume after an odd step leaves one batch alone at the epoch's end, trained as two half
     batches; then every record of the stopped epoch is trained once, and every batch but those two
     is one of the epoch's batches."""
     epoch, step = stopped_at
-    assert (two["start"]["epoch"], two["start"]["step"]) == (epoch - 1, step)
     for e in range(epoch - 1):
         assert len(one["epochs"][e]) == steps
     stopped = one["epochs"][epoch - 1]
     assert len(stopped) == step  # trained up to the agreed step, then stopped
+    if step == steps:  # the stop was its epoch's last step: checkpointed whole, resumed at the next
+        assert (two["start"]["epoch"], two["start"]["step"]) == (epoch, 0)
+        assert not two["epochs"] or min(two["epochs"]) == epoch
+        for e in range(epoch, epochs):
+            assert sorted(sum(two["epochs"][e], [])) == sorted(sum(stopped, []))
+        return
+    assert (two["start"]["epoch"], two["start"]["step"]) == (epoch - 1, step)
     assert min(two["epochs"]) == epoch - 1  # no epoch restarted
     resumed = stopped + two["epochs"][epoch - 1]
     other = one["epochs"][0] if epoch > 1 else two["epochs"].get(epoch)  # a whole epoch of the shard
