@@ -80,15 +80,17 @@ class HorovodKeras(FitSurface):
         shorter than promised fails naming the rank. (A ``.repeat()``-ed Pipe dataset would read
         ahead into the next epoch's FIFO.)
         """
-        if self.resume_skip is not None and self.steps_per_epoch is None:
-            batches = skip_first_batches(batches, self.resume_skip)  # trained before the stop
-        return self._epoch(batches, self.steps_per_epoch, self.train_counts, "train", self.resume_skip)
+        skip = self.resume_skip  # the steps trained before the stop
+        if skip is not None and self.steps_per_epoch is None:
+            batches, skip = skip_first_batches(batches, skip), None
+        return self._epoch(batches, self.steps_per_epoch, self.train_counts, "train", skip)
 
     def validation_epoch(self, batches):
         """One validation pass over this rank's own shard, ending at the same step on every rank."""
         return self._epoch(batches, self.validation_steps, self.validation_counts, "validation")
 
     def _epoch(self, batches, steps: int | None, counts: list[int] | None, what: str, skip=None):
+        """``skip``: counted epochs only (the agreed ones skip before their agreement)."""
         if steps is None:  # one rank too: its steps carry a stop
             self.fit_window.handed_out()  # Keras would hold every epoch to the first one's length
             stop = self.stop if what == "train" else None
@@ -261,7 +263,7 @@ def _stop_callback(args, stop, rank, ckpt_dir, resume_step, resume_from, tensorb
         else [TensorBoardSyncCallback(None, t)._flush_writers for t in tensorboard]
     )
     records = (resume_from.meta.get("records_consumed") if resume_from and resume_step else None) or None
-    counted = {"steps": steps, "agree": _any_rank if size > 1 else _own_flags} if steps is not None else {}
+    counted = {"steps": steps, "agree": _any_rank if size > 1 else None} if steps is not None else {}
     return (StopAtCountedStep if steps is not None else StopAtAgreedStep)(
         stop if stop is not None else StopRequest(rank),
         **counted,
@@ -282,10 +284,6 @@ def _any_rank(flags: list[int]) -> list[bool]:
 
     total = hvd.allreduce(tf.constant(flags, tf.int64), op=hvd.Sum, name="sagemaker_dist_stop_flags")
     return [int(v) > 0 for v in total.numpy()]
-
-
-def _own_flags(flags: list[int]) -> list[bool]:
-    return [bool(f) for f in flags]
 
 
 def _log_start(hv: HorovodKeras, base_lr: float, warmup_epochs: float) -> None:

@@ -115,11 +115,11 @@ class StopAtAgreedStep(tf.keras.callbacks.Callback):
 class StopAgreedEachStep(StopAtAgreedStep):
     """For epochs with no per-step agreement of ours in the dataset to ride on: after every step the
     ranks agree, in one collective of their own (``agree``: any rank's flags), on a stop and on a step
-    checkpoint being due."""
+    checkpoint being due. ``agree`` None: a world of one, whose own flags are the answer."""
 
-    def __init__(self, stop: StopRequest, *, agree, **kwargs):
+    def __init__(self, stop: StopRequest, *, agree=None, **kwargs):
         super().__init__(stop, **kwargs)
-        self.agree = agree
+        self.agree = agree or (lambda flags: [bool(f) for f in flags])
         self._step_now = 0
 
     def on_train_batch_end(self, batch, logs=None):
@@ -151,8 +151,8 @@ class StopOnEveryWorker(StopAgreedEachStep):
     """MultiWorkerMirroredStrategy's stops: every worker saves (the strategy needs all of them), the
     chief's copy kept."""
 
-    def __init__(self, stop: StopRequest, *, agree, chief: bool, **kwargs):
-        super().__init__(stop, agree=agree, rank=0 if chief else 1, **kwargs)
+    def __init__(self, stop: StopRequest, *, chief: bool, **kwargs):
+        super().__init__(stop, rank=0 if chief else 1, **kwargs)
         self.chief = chief
 
     def on_train_begin(self, logs=None):

@@ -254,7 +254,7 @@ def _stop_callback(args, stop, strategy, size, rank, ckpt_dir, resume_step, tens
     sync = [c for c in tensorboard if isinstance(c, TensorBoardSyncCallback)]
     return StopOnEveryWorker(
         stop if stop is not None else StopRequest(rank),
-        agree=_any_worker(strategy) if size > 1 else (lambda flags: [bool(f) for f in flags]),
+        agree=_any_worker(strategy) if size > 1 else None,
         chief=rank == 0,
         directory=ckpt_dir,
         keep=args.keep_checkpoints,
