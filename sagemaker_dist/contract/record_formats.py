@@ -2,14 +2,16 @@
 
 Readers (``runtime.framing``) frame these bytes; writers (local mode's feeder, demo data, tests and
 benchmarks) encode them with the functions here. The one dependency beyond the stdlib is the
-C-backed ``crc32c`` that TFRecord's checksums need (the SDK side never imports this module).
+C-backed ``crc32c`` that TFRecord's checksums need, imported by the encoder that uses it: a job
+that only checks a format name (``PipeModeDataset`` on the compiled reader) does not load it (the SDK
+side never imports this module).
 """
 
 from __future__ import annotations
 
 import struct
 
-import crc32c
+from sagemaker_dist.errors import ConfigurationError
 
 RECORD_FORMATS = ("RecordIO", "TFRecord", "TextLine")
 
@@ -23,8 +25,17 @@ RECORDIO_MAX_PART = RECORDIO_LENGTH_MASK  # the largest part one RecordIO frame 
 RECORDIO_WHOLE, RECORDIO_START, RECORDIO_MIDDLE, RECORDIO_END = 0, 1, 2, 3
 
 
+def check_record_format(record_format: str) -> str:
+    """``record_format`` if it is one of ``RECORD_FORMATS``, else a ConfigurationError naming them."""
+    if record_format not in RECORD_FORMATS:
+        raise ConfigurationError(f"record_format {record_format!r} is not one of {', '.join(RECORD_FORMATS)}")
+    return record_format
+
+
 def masked_crc32c(data) -> int:
     """The masked CRC32C TFRecord stores: rotate right by 15 bits, add a constant, mod 2^32."""
+    import crc32c
+
     crc = crc32c.crc32c(data)
     return (((crc >> 15) | (crc << 17)) + CRC_MASK_DELTA) & U32
 

@@ -17,16 +17,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sagemaker_dist.contract.record_formats import (
+    RECORD_FORMATS,
     RECORDIO_MAGIC,
     encode_recordio,
     encode_tfrecord,
     masked_crc32c,
 )
+from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime import RecordFormatError
 from sagemaker_dist.runtime.fifo import FifoReader
-from sagemaker_dist.runtime.framing import iter_records, make_framer
+from sagemaker_dist.runtime.framing import FRAMERS, iter_records, make_framer
 
 pytestmark = pytest.mark.usefixtures("tfrecord_scan")  # both scans: compiled and numpy
+
+
+def test_every_record_format_has_a_framer_and_no_other_name_is_taken():
+    assert sorted(FRAMERS) == sorted(RECORD_FORMATS)
+    with pytest.raises(ConfigurationError, match="'Parquet' is not one of RecordIO, TFRecord, TextLine"):
+        make_framer("Parquet")
 
 
 def read_all(data: bytes, record_format: str, chunk_size: int = 64, **kw) -> list[bytes]:

@@ -11,8 +11,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from sagemaker_dist.contract.record_formats import RECORD_FORMATS
-from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.contract.record_formats import check_record_format
 from sagemaker_dist.runtime.framing.base import DEFAULT_CHUNK, FIRST_CHUNK, STALL_SECONDS, Framer
 from sagemaker_dist.runtime.framing.recordio import RecordIOFramer
 from sagemaker_dist.runtime.framing.textline import TextLineFramer
@@ -23,13 +22,6 @@ FRAMERS: dict[str, type[Framer]] = {
     "RecordIO": RecordIOFramer,
     "TextLine": TextLineFramer,
 }
-
-
-def check_record_format(record_format: str) -> str:
-    """``record_format`` if a framer reads it, else a ConfigurationError naming the formats there are."""
-    if record_format not in FRAMERS:
-        raise ConfigurationError(f"record_format {record_format!r} is not one of {', '.join(RECORD_FORMATS)}")
-    return record_format
 
 
 def make_framer(record_format: str, channel: str = "?", epoch: int = 0, max_corrupted_records_to_skip=0):

@@ -13,14 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sagemaker_dist.contract.paths import opt_ml_root
+from sagemaker_dist.contract.record_formats import check_record_format
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT
-from sagemaker_dist.runtime.framing import DEFAULT_CHUNK, check_record_format
 from sagemaker_dist.runtime.malloc_tuning import tune_malloc
 from sagemaker_dist.runtime.pipe.compiled import compiled_dataset
 from sagemaker_dist.runtime.pipe.native_build import compiled_op
-from sagemaker_dist.runtime.pipe.reader import EpochReader
-from sagemaker_dist.runtime.pipe.tf_bridge import records_dataset
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -76,7 +74,7 @@ class PipeModeDataset:
         max_corrupted_records_to_skip: int = 0,
         *,
         fifo_timeout: float = DEFAULT_FIFO_TIMEOUT,
-        chunk_size: int = DEFAULT_CHUNK,
+        chunk_size: int | None = None,
         batch_size: int | None = None,
         drop_remainder: bool = False,
     ) -> tf.data.Dataset:
@@ -99,7 +97,13 @@ class PipeModeDataset:
         if op is not None:
             tune_malloc()
             return compiled_dataset(op, *source, batch_size, drop_remainder)
-        reader = EpochReader(*source, chunk_size)
+        # The Python reader's modules (its framers, crc32c) are imported only where it runs: about
+        # 6 ms of every fresh process's start-up on the compiled reader (docs/benchmarks.md).
+        from sagemaker_dist.runtime.framing import DEFAULT_CHUNK
+        from sagemaker_dist.runtime.pipe.reader import EpochReader
+        from sagemaker_dist.runtime.pipe.tf_bridge import records_dataset
+
+        reader = EpochReader(*source, DEFAULT_CHUNK if chunk_size is None else chunk_size)
         return records_dataset(reader, batch_size, drop_remainder)
 
 
