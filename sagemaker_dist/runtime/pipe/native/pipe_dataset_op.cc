@@ -3,10 +3,10 @@
 // Built at first use against the TensorFlow installed where it runs (pipe/native_build.py), so it
 // never outlives its TensorFlow as AWS's prebuilt op did. Each iterator is one iteration: it takes
 // the channel's next epoch (<state_dir>/<channel> under flock, shared with the Python reader),
-// waits for <pipe_dir>/<channel>_<epoch>, and frames TFRecord (both CRC32Cs, as TFRecordDataset checks
-// them, with the CPU's CRC32C instruction in three lanes: pipe_support.h), RecordIO or text lines
-// with large non-blocking reads into a 1 MiB buffer. Large TFRecords are read by the kernel straight into their output tensor, with the
-// CRC and the next header in the same read. Errors name the channel, epoch and byte offset, in the
+// waits for <pipe_dir>/<channel>_<epoch>, and frames TFRecord (both CRC32Cs, as TFRecordDataset
+// checks them, with the CPU's CRC32C instruction in three lanes: pipe_support.h), RecordIO or text
+// lines with large non-blocking reads into a 1 MiB buffer. Large TFRecords are read by the kernel
+// straight into their output tensor, with the CRC and the next header in the same read. Errors name the channel, epoch and byte offset, in the
 // Python reader's words (tests run the same checks on both).
 #include "pipe_support.h"
 
