@@ -6,8 +6,9 @@
 // waits for <pipe_dir>/<channel>_<epoch>, and frames TFRecord (both CRC32Cs, as TFRecordDataset
 // checks them, with the CPU's CRC32C instruction in three lanes: pipe_support.h), RecordIO or text
 // lines with large non-blocking reads into a 1 MiB buffer. Large TFRecords are read by the kernel
-// straight into their output tensor, with the CRC and the next header in the same read. Errors name the channel, epoch and byte offset, in the
-// Python reader's words (tests run the same checks on both).
+// straight into their output tensor, with the CRC and the next header in the same read. Errors name
+// the channel, epoch and byte offset, in the Python reader's words (tests run the same checks on
+// both).
 #include "pipe_support.h"
 
 #include "absl/strings/str_cat.h"
