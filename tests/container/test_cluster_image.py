@@ -234,9 +234,13 @@ def test_ctrl_c_removes_every_container_and_the_network(s3, bucket, aws_env, tmp
             except queue.Empty:
                 pass
         proc.send_signal(signal.SIGINT)
-        # the clean-up's own bounds: `podman rm --time 3` (60 s more for podman itself), then the
-        # network's removal (60 s): one CI run's clean-up took more than 60 s, the rerun far less
-        code = proc.wait(timeout=150)
+        # the clean-up's own bounds (ClusterGroup.kill, then cluster_network): `podman rm --time 3`
+        # (60 s more for podman itself), each host's podman client 3 s, then the network's forced
+        # removal (podman's 60 s plus 60 s). Two CI runs' clean-ups took over 60 s and over 150 s.
+        grace = 3.0
+        stop = cluster._STOP_TIMEOUT_S
+        bound = grace + stop + 2 * grace + cluster.PODMAN_TIMEOUT_S + stop
+        code = proc.wait(timeout=bound + 15)
     finally:
         if proc.poll() is None:
             proc.kill()
