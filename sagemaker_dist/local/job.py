@@ -45,12 +45,14 @@ from sagemaker_dist.local.launchers.container import (
     ContainerGroup,
     check_container_image,
     container_environment,
+    sshd_stub,
 )
 from sagemaker_dist.local.launchers.mpi import (
     RankGroup,
     check_hostname_resolves,
     rank_command,
 )
+from sagemaker_dist.local.launchers.private_net import PrivateNet, loopback_endpoint
 from sagemaker_dist.local.launchers.toolkit import (
     blame_the_rank_that_raised,
     check_toolkit_host,
@@ -143,6 +145,8 @@ def run_local(
             command = group.command
         else:
             group = _rank_group(job, trees, code_dir, work, command, extra_env, echo)
+        if not cluster:  # the launcher in a network namespace of the job's own (a cluster has its network)
+            group.network = PrivateNet(group.env, echo)
         stack.callback(group.kill)
         stack.callback(guard.hold)  # runs first on the way out: a second Ctrl-C cannot cut it short
         echo(
@@ -271,8 +275,12 @@ def _toolkit_group(
         pid_dir.mkdir()
         env = container_environment(os.environ, job.name, job.request.get("Environment"), extra_env)
         show = _rank_echo(trees, job.processes_per_host, echo)
+        # S3 off this machine's loopback: the container shares this machine's network (private_net),
+        # so its sshd, which would listen there as root, is a stub
+        _, off_loopback = loopback_endpoint({**os.environ, **env})
+        stub = sshd_stub(work) if off_loopback else None
         return ContainerGroup(
-            image, tree.root, [t.name for t in trees], job.name, env, pid_dir, job.world, show
+            image, tree.root, [t.name for t in trees], job.name, env, pid_dir, job.world, show, stub
         )
     state = work / "namespace"
     command = toolkit_host_command(python, tree.root, state, [t.name for t in trees])

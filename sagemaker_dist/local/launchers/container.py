@@ -4,10 +4,18 @@ own entry point (sagemaker-training's ``train`` with the image's ``SAGEMAKER_TRA
 reads the tree, starts sshd and mpirun, and writes ``/opt/ml/output/success`` or ``failure``; the
 Pipe FIFOs in the tree are fed from this machine, through the bind mount.
 
-Host networking: the toolkit downloads the source package from the S3 endpoint (a moto server on
-this machine included) and the ranks reach S3, as a SageMaker container reaches S3. The container
-gets what SageMaker gives it: the request's ``Environment``, ``TRAINING_JOB_NAME``, S3 credentials,
-region and endpoint; nothing else of this machine's environment.
+The network: podman runs with ``--network host`` inside the job's own network namespace
+(``private_net``: the podman client is started there, and a container on the "host" network shares
+the namespace podman runs in), whose only interface is loopback. So the image's sshd (the toolkit
+always starts ``/usr/sbin/sshd -D``, and the image trusts one baked root key pair, as the DLC does)
+and the ranks' listeners are reachable from nowhere but the job itself, and the S3 endpoint on this
+machine's loopback (the embedded one) is relayed onto the namespace's at the same port: the toolkit
+downloads the source package and the ranks reach S3 at the same URL, as a SageMaker container reaches
+S3. Where the job's S3 is off this machine's loopback (real S3), the container shares this machine's
+network instead, and its sshd is a stub that only sleeps (``sshd_stub``): one host never needs SSH.
+
+The container gets what SageMaker gives it: the request's ``Environment``, ``TRAINING_JOB_NAME``, S3
+credentials, region and endpoint; nothing else of this machine's environment.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from pathlib import Path
 
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.launchers.mpi import RankGroup
+from sagemaker_dist.local.launchers.toolkit_host import SSHD_STUB
 
 ENGINE = "podman"
 # What the container needs of this machine's AWS settings: credentials, region, endpoint. Not the
@@ -86,14 +95,16 @@ def container_name(job_name: str) -> str:
 
 
 def container_host_command(
-    image: str, tree: Path, hosts: list[str], name: str, env_names: list[str]
+    image: str, tree: Path, hosts: list[str], name: str, env_names: list[str], sshd_stub: Path | None = None
 ) -> list[str]:
     """``podman run`` of one simulated host: its tree at /opt/ml, the algo-N names on loopback, the
     named variables passed by name (their values stay out of the command line), the image's
-    ``train``."""
+    ``train``; given ``sshd_stub``, that file in place of the image's /usr/sbin/sshd."""
     command = [ENGINE, "run", "--rm", "--name", name, "--network", "host"]
     command += [f"--add-host={host}:127.0.0.1" for host in hosts]
     command += ["--volume", f"{tree}:/opt/ml"]
+    if sshd_stub is not None:
+        command += ["--volume", f"{sshd_stub}:/usr/sbin/sshd:ro"]
     for key in env_names:
         command += ["--env", key]
     return [*command, image, "train"]
@@ -110,6 +121,15 @@ def stop_containers(names: list[str], grace: float) -> subprocess.Popen:
     )
 
 
+def sshd_stub(directory: Path) -> Path:
+    """An executable in ``directory`` that stands in for the image's sshd: the toolkit's MPI master
+    starts ``/usr/sbin/sshd -D`` and never connects to it on one host."""
+    path = Path(directory) / "sshd"
+    path.write_text(SSHD_STUB)
+    path.chmod(0o755)
+    return path
+
+
 class ContainerGroup(RankGroup):
     """The one simulated host as a running container (the toolkit's mpirun starts its ranks)."""
 
@@ -123,9 +143,10 @@ class ContainerGroup(RankGroup):
         pid_dir: Path,
         world_size: int,
         on_line,
+        sshd_stub: Path | None = None,
     ):
         self.name = container_name(job_name)
-        command = container_host_command(image, tree, hosts, self.name, sorted(container_env))
+        command = container_host_command(image, tree, hosts, self.name, sorted(container_env), sshd_stub)
         # podman reads each --env NAME from its own environment; its own settings come from ours
         super().__init__(command, {**os.environ, **container_env}, pid_dir, world_size, on_line)
 

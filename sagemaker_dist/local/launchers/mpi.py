@@ -1,5 +1,9 @@
 """Start the ranks (``horovodrun --gloo`` or ``mpirun``) in their own process group, relay their
 output line by line with the rank in front, notice a dead rank at once, and kill everything.
+
+Local mode starts every launcher in a network namespace of the job's own (``RankGroup.network``,
+``private_net``): horovodrun's Gloo rendezvous server binds every address, and there every address is
+loopback.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.host.processes import descendants
 from sagemaker_dist.local.exit_files import TERMINATED
 from sagemaker_dist.local.launchers import HOROVODRUN, MPIRUN, TF_CONFIG
+from sagemaker_dist.local.launchers.private_net import PrivateNet
 from sagemaker_dist.local.rank_entry import JOB_ENV
 
 _PREFIX = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
@@ -214,18 +219,24 @@ class RankGroup:
         # where untagged output counts as a rank's (for its metrics and last lines): the one worker
         # the toolkit starts without mpirun (tf-mwms on one host) prints untagged
         self.untagged_rank: int | None = None
+        # where the launcher runs: a network namespace of the job's own (``private_net``), or None
+        # for this machine's network
+        self.network: PrivateNet | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            self.command,
-            env=self.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            start_new_session=True,
-            errors="replace",
-        )
+        def popen() -> subprocess.Popen:
+            return subprocess.Popen(
+                self.command,
+                env=self.env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                bufsize=1,
+                start_new_session=True,
+                errors="replace",
+            )
+
+        self.proc = self.network.start(popen) if self.network else popen()
         self._reader = threading.Thread(target=self._relay, name="rank-output", daemon=True)
         self._reader.start()
 
@@ -355,6 +366,8 @@ class RankGroup:
                 self.proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 pass
+        if self.network:
+            self.network.close()
 
 
 def _alive(pid: int) -> bool:

@@ -3,8 +3,10 @@ container environment (TF, Horovod, mpi4py, the toolkit, no SageMaker SDK), insi
 and PID namespace where its tree is ``/opt/ml``. The toolkit then builds and runs mpirun, and the
 entry script sees what it would see in the TF DLC: its arguments, ``SM_*``, ``LD_PRELOAD``.
 
-The host network is kept: the toolkit downloads the source package from the S3 endpoint and the
-ranks sync TensorBoard to it, as they reach S3 on SageMaker.
+The host runs in the job's own network namespace (``private_net``; only loopback), so what its
+processes open (mpirun's daemons, tf-mwms's gRPC server) is reachable from nowhere else; the S3
+endpoint on this machine's loopback is relayed in at the same port: the toolkit downloads the source
+package from it and the ranks sync TensorBoard to it, as they reach S3 on SageMaker.
 """
 
 from __future__ import annotations
