@@ -41,6 +41,12 @@ def register(subparsers) -> None:
         help="the node's /opt/ml root (default $SAGEMAKER_DIST_OPT_ML, else /opt/ml); the ranks must see the "
         "same (set SAGEMAKER_DIST_OPT_ML for them)",
     )
+    a.add_argument(
+        "--private-root",
+        action="store_true",
+        help="make the root and its parent this user's alone (0700; refused if another user owns either), "
+        "replacing a stale root of the same path (the sbatch script's node trees)",
+    )
     a.add_argument("--epochs", type=int, help="stop after feeding this many epochs (default: until stopped)")
     a.add_argument(
         "--shuffle-seed", type=int, help="shuffle every channel's objects per epoch with this seed"
@@ -142,16 +148,19 @@ def register(subparsers) -> None:
 
 
 def pipe_agent_command(args) -> int:
+    from sagemaker_dist.host.opt_ml import fresh_private_root
     from sagemaker_dist.launch.s3_objects import s3_client
     from sagemaker_dist.platforms.node_plan import parse_ranks, plan_node
     from sagemaker_dist.platforms.pipe_agent import load_job_spec, run_agent, stop_on_signals
 
+    root = args.root or opt_ml_root()
+    if args.private_root:
+        fresh_private_root(root)
     client = s3_client()
     request = load_job_spec(args.spec, client)
     ranks = parse_ranks(args.ranks) if args.ranks else None
     plan = plan_node(request, args.node_index, ranks, args.epochs, args.shuffle_seed)
     stop = threading.Event()
-    root = args.root or opt_ml_root()
     stop_on_signals(stop, root, args.drain, _echo)
     run_agent(plan, root, client, stop, args.until_pid, echo=_echo)
     return 0
@@ -282,7 +291,7 @@ def slurm_command(args) -> int:
     from contextlib import ExitStack
 
     from sagemaker_dist.platforms.node_plan import efa_interfaces, ranks_per_node
-    from sagemaker_dist.platforms.slurm import SlurmOptions, check_tasks, sbatch_script
+    from sagemaker_dist.platforms.slurm import SlurmOptions, check_tasks, directive_value, sbatch_script
     from sagemaker_dist.platforms.slurm_submit import check_slurm_client, submit, wait_for_job
 
     # every check before anything is written or submitted
@@ -295,6 +304,10 @@ def slurm_command(args) -> int:
                 "--submit without --wait needs S3 that outlives this command (the embedded endpoint stops "
                 "with it): give --bucket (real S3) or --endpoint-url, or add --wait"
             )
+    if args.partition is not None:
+        directive_value("--partition", args.partition)
+    if args.out_dir or args.output:  # the job's output goes beside the script: an #SBATCH line too
+        directive_value("--output", str(_out_dir(args, "job")))
     request = None
     if args.request:
         flags = {"--nodes": args.nodes, "--epochs": args.epochs, "--tasks-per-node": args.tasks_per_node}

@@ -15,14 +15,18 @@ import os
 import re
 from collections.abc import Mapping
 
+from sagemaker_dist.errors import ConfigurationError
+
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _OPERATORS = set(";&|<>()")
 _GLOB = set("*?[")
 _TILDE = re.compile(r"~([A-Za-z0-9._-]*)(?=/|[ \t\n]|$)")  # a tilde prefix sh expands
 
 
-class ShellSyntaxError(ValueError):
-    """A command line whose effect is not a plain list of arguments (or that the shell refuses)."""
+class ShellSyntaxError(ConfigurationError):
+    """A command line whose effect is not a plain list of arguments (or that the shell refuses).
+
+    A configuration error, so every command prints it as one ``error:`` line, not a traceback."""
 
 
 class _Word:

@@ -19,6 +19,7 @@ from sagemaker_dist.contract.shell_words import ShellSyntaxError, shell_words
 from sagemaker_dist.errors import ConfigurationError
 
 DEFAULT_TOOLKIT_VERSION = "4.8.3"
+_BROKEN = "a broken command line"  # how changed_hyperparameters names a line the shell would not run
 
 
 class ToolkitArgumentWarning(UserWarning):
@@ -75,6 +76,17 @@ def script_argv(
     Raises ``ShellSyntaxError`` where the toolkit's shell would not pass a plain argument list
     (an unterminated quote, ``;``, ``$(...)``): the job would fail or run something else.
     """
+    try:
+        return _received_argv(hyperparameters, toolkit_version, environ, cwd)
+    except ShellSyntaxError as exc:
+        env = {"HOME": "/root"} if environ is None else environ
+        broken = [p for p in changed_hyperparameters(hyperparameters, toolkit_version, env) if _BROKEN in p]
+        raise ShellSyntaxError(
+            "; ".join(broken) or f"the script's command line under /bin/sh: {exc}"
+        ) from None
+
+
+def _received_argv(hyperparameters, toolkit_version, environ, cwd) -> list[str]:
     args = toolkit_args(hyperparameters)
     if runs_through_shell(toolkit_version):
         return shell_words(" ".join(args), environ, cwd)
@@ -103,9 +115,9 @@ def changed_hyperparameters(
     out = []
     for key, stored in user_hyperparameters(hyperparameters).items():
         try:
-            received = script_argv({key: stored}, toolkit_version, env)
+            received = _received_argv({key: stored}, toolkit_version, env, None)
         except ShellSyntaxError as exc:  # the command would fail or do something else
-            received_text = f"a broken command line ({exc})"
+            received_text = f"{_BROKEN} ({exc})"
         else:
             if received == [f"--{key}", stored]:
                 continue

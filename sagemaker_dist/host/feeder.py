@@ -249,7 +249,7 @@ class ChannelFeeder(threading.Thread):
 
     def _feed_epoch(self, epoch: int) -> None:
         path = self.fifo(epoch)
-        os.mkfifo(path)
+        os.mkfifo(path, 0o600)  # the job's user's alone: a second reader would take its bytes
         self.fifos.append(path)
         fd = _open_writer(path, self.stop_event)
         if fd is None:

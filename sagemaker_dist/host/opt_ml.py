@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract import toolkit
 from sagemaker_dist.contract.paths import CHECKPOINT_LOCAL_PATH, ROOT_ENV, OptMl
+from sagemaker_dist.errors import ConfigurationError
 
 DEFAULT_INSTANCE_TYPE = "local"  # resourceconfig.json's instance type where the request names none
 
@@ -160,3 +163,38 @@ def sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name) 
         }
     )
     return env
+
+
+def private_directory(path: Path) -> Path:
+    """``path`` as a directory only this user can enter: made 0700 if absent, else checked.
+
+    On a shared node another user could create a predictable path first (job ids are sequential)
+    and then read the data, take bytes from a FIFO or swap the code the ranks run: refuse it.
+    """
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise ConfigurationError(
+            f"{path} exists and is not a directory (a symlink?): remove it or use another root"
+        )
+    if info.st_uid != os.geteuid():
+        raise ConfigurationError(
+            f"{path} exists and belongs to uid {info.st_uid}, not to this user ({os.geteuid()}): another "
+            "user may have created it to read or replace the job's files. Remove it, or set another root"
+        )
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(path, 0o700)  # ours, but others could enter it: close it before anything goes in
+    return path
+
+
+def fresh_private_root(root: Path) -> Path:
+    """A new, empty node root in a private parent (a stale tree of the same job id is removed)."""
+    private_directory(root.parent)
+    if root.is_symlink() or root.is_file():
+        root.unlink()
+    elif root.exists():
+        shutil.rmtree(root)
+    return private_directory(root)

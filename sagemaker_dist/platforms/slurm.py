@@ -1,8 +1,9 @@
 """The job as an sbatch script, as text: one pipe agent per node in the background, then the ranks with
 ``srun --mpi=pmix`` (an MPI-built Horovod), each in its node's /opt/ml tree. Pure: no I/O.
 
-Every node's tree is ``$SD_ROOT/node-<SLURM_NODEID>`` (node-local ``/tmp`` by default; the node id
-keeps trees apart where several slurmds share one file system). Ranks get it as
+Every node's tree is ``$SD_ROOT/node-<SLURM_NODEID>`` (under ``$TMPDIR``, else ``/tmp``, by default;
+0700, the job user's alone; the node id keeps trees apart where several slurmds share one file system).
+Ranks get it as
 ``$SAGEMAKER_DIST_OPT_ML`` and start in its ``code/``, with the arguments the sagemaker-training
 toolkit would pass. ``srun --kill-on-bad-exit=1 --label`` stops every rank when one fails and says
 which (``srun: error: n2: task 1: Exited with exit code 3``); the script exits with the step's code.
@@ -29,7 +30,9 @@ from sagemaker_dist.platforms.node_plan import check_mpi_job
 from sagemaker_dist.platforms.pipe_agent import READY_FILE
 
 AGENT_STEP = "sagemaker-dist-pipe-agents"  # the agents' step name, to signal that step alone
-DEFAULT_ROOT_BASE = "/tmp/sagemaker-dist-$SLURM_JOB_ID"  # expanded by the batch shell
+# Expanded by the batch shell: the job's own temporary directory where Slurm gives one ($TMPDIR), made
+# private (0700) by the first agent; one another user already owns is refused.
+DEFAULT_ROOT_BASE = "${TMPDIR:-/tmp}/sagemaker-dist-$SLURM_JOB_ID"
 STOP_WINDOW_S = 120  # SIGTERM to the end: SageMaker's window, before the time limit's SIGKILL
 AGENT_DRAIN_S = 110  # an agent's life after its SIGTERM, at most (the script ends it sooner)
 
@@ -65,6 +68,17 @@ def check_tasks(tasks_per_node: int, gpus_per_node: int) -> None:
         )
 
 
+def directive_value(option: str, value: str) -> str:
+    """A value for an ``#SBATCH`` line: sbatch splits those at blanks and ends them at a newline, so a
+    blank or a control character would add an option or a line of its own."""
+    if not value or any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise SlurmJobError(
+            f"{option} {value!r}: an #SBATCH value cannot be empty or hold blanks, newlines or control "
+            "characters; use a partition name or path without them"
+        )
+    return value
+
+
 def _q(words) -> str:
     return " ".join(shlex.quote(str(w)) for w in words)
 
@@ -81,7 +95,7 @@ def sbatch_script(request: dict, options: SlurmOptions) -> str:
         f"--job-name={job.name}",
         f"--nodes={nodes}",
         f"--ntasks-per-node={tasks}",
-        f"--output={options.output}",
+        f"--output={directive_value('--output', options.output)}",
         f"--signal=TERM@{STOP_WINDOW_S}",  # to the steps' tasks: the ranks stop and checkpoint in time
     ]
     if options.gpus_per_node:
@@ -89,7 +103,7 @@ def sbatch_script(request: dict, options: SlurmOptions) -> str:
     if max_run:
         directives.append(f"--time={math.ceil(int(max_run) / 60)}")  # minutes: SageMaker's MaxRuntime
     if options.partition:
-        directives.append(f"--partition={options.partition}")
+        directives.append(f"--partition={directive_value('--partition', options.partition)}")
     per_node = f"--nodes={nodes} --ntasks={nodes} --ntasks-per-node=1"
     exports = f"export AWS_ENDPOINT_URL={shlex.quote(options.endpoint_url)}\n" if options.endpoint_url else ""
     exports += "export FI_PROVIDER=efa  # EFA for NCCL and Open MPI\n" if options.efa else ""
@@ -107,8 +121,7 @@ def sbatch_script(request: dict, options: SlurmOptions) -> str:
     )
     ranks = _q([options.python, job.entry_point, *argv])
     agent_start = (
-        'NODE="$SD_ROOT/node-$SLURM_NODEID"; rm -rf "$NODE"; '
-        'exec "$0" "$@" --node-index "$SLURM_NODEID" --root "$NODE"'
+        'exec "$0" "$@" --node-index "$SLURM_NODEID" --root "$SD_ROOT/node-$SLURM_NODEID" --private-root'
     )
     wait_ready = (
         f"for i in $(seq {options.agent_ready_seconds * 2}); do "
@@ -128,10 +141,12 @@ def sbatch_script(request: dict, options: SlurmOptions) -> str:
 # fed by one pipe agent per node.
 {chr(10).join("#SBATCH " + d for d in directives)}
 set -uo pipefail
+umask 077  # the job's files are its user's alone (FIFOs, checkpoints, code)
 export SD_ROOT="${{SAGEMAKER_DIST_ROOT_BASE:-{options.root_base}}}"  # each node's tree: $SD_ROOT/node-<id>
 {exports}
 # One pipe agent per node, in the background: it writes the node's /opt/ml tree and feeds its FIFOs.
-# A tree already there is stale (a cancelled job of the same id could not remove its own): it goes.
+# A tree already there is stale (a cancelled job of the same id could not remove its own): it goes;
+# $SD_ROOT is made 0700 and refused if another user owns it.
 srun --overlap {per_node} --kill-on-bad-exit=1 --label --job-name={AGENT_STEP} \\
   sh -c {shlex.quote(agent_start)} \\
   {agent} &

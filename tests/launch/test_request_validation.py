@@ -297,3 +297,37 @@ def test_names_with_a_trailing_newline_are_refused_by_our_checks():
     request = copy.deepcopy(BASE)
     request["InputDataConfig"][0]["ChannelName"] = "train_0\n"
     assert any(p.startswith("channel name 'train_0\\n' is not valid") for p in limit_problems(request))
+
+
+@pytest.mark.parametrize(
+    "field, entry",
+    [
+        ("HyperParameters", {"lr": "0.1\ntouch /tmp/owned"}),
+        ("HyperParameters", {"lr\nx": "0.1"}),
+        ("HyperParameters", {"lr": "0.1\r"}),
+        ("HyperParameters", {"lr": "a\tb"}),
+        ("HyperParameters", {"lr": "a\x00b"}),
+        ("Environment", {"MY_FLAG": "1\nreboot"}),
+        ("Environment", {"MY\x1bFLAG": "1"}),
+    ],
+)
+def test_control_characters_in_hyperparameters_and_environment_are_refused(field, entry):
+    problems = problems_of(changed(**{field: entry}))
+    (key,) = entry
+    assert any(p.startswith(f"{field} ") and repr(key) in p and "control character" in p for p in problems)
+
+
+def test_a_newline_in_a_hyperparameter_would_run_a_second_command_under_the_toolkits_shell(tmp_path):
+    """The attack the check stops: AWS's toolkit runs the joined line through /bin/sh."""
+    import shlex
+    import subprocess
+
+    marker = tmp_path / "owned"
+    value = f"0.1\ntouch {shlex.quote(str(marker))}"
+    subprocess.run(["/bin/sh", "-c", f"true --lr {value}"], check=True, timeout=10)
+    assert marker.exists()  # the second line ran
+    assert "control character '\\n'" in "\n".join(problems_of(changed(HyperParameters={"lr": value})))
+
+
+def test_unicode_text_without_control_characters_passes():
+    validate_request(changed(HyperParameters={"run_name": "résumé – ünïcode ✓", "epochs": "3"}))

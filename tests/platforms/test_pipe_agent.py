@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -16,6 +17,8 @@ import pytest
 from helpers.fault_proxy import fault_proxy
 from helpers.local_s3_proxy import cutting_proxy
 
+from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.host.opt_ml import fresh_private_root
 from sagemaker_dist.local.demo import prepare_demo_job
 from sagemaker_dist.platforms.node_plan import NodePlanError, parse_ranks, plan_node
 from sagemaker_dist.platforms.pipe_agent import READY_FILE, stop_on_signals, wait_ready
@@ -47,11 +50,15 @@ def _agent(args, **kw) -> subprocess.Popen:
     )
 
 
-def _read_fifo(path: Path, timeout: float = 20) -> bytes:
+def _wait_for(path: Path, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         assert time.monotonic() < deadline, f"{path} never appeared"
         time.sleep(0.02)
+
+
+def _read_fifo(path: Path, timeout: float = 20) -> bytes:
+    _wait_for(path, timeout)
     with open(path, "rb") as f:
         return f.read()
 
@@ -76,6 +83,8 @@ def test_node_writes_its_tree_and_feeds_its_ranks_channels_epoch_by_epoch(s3, de
         data = root / "input" / "data"
         for channel in ("train_1", "validation_1"):
             expected = _shard_bytes(s3, request, channel)
+            _wait_for(data / f"{channel}_0")
+            assert stat.S_IMODE((data / f"{channel}_0").stat().st_mode) == 0o600  # no other user's reader
             assert _read_fifo(data / f"{channel}_0") == expected
             # the next epoch's FIFO appears only once the first is closed
             assert _read_fifo(data / f"{channel}_1") == expected
@@ -209,6 +218,38 @@ def test_bad_specs_and_nodes_are_refused_with_what_to_do(aws_env, demo_request, 
     with pytest.raises(NodePlanError, match="'x' is not a rank"):
         parse_ranks("0,x")
     assert parse_ranks("0-2,5") == [0, 1, 2, 5]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
+def test_a_node_root_another_user_prepared_is_refused_before_anything_starts(aws_env, demo_request, tmp_path):
+    """Slurm's node trees sit at a predictable path: one another user made first is never used."""
+    _, spec = demo_request
+    planted = tmp_path / "sagemaker-dist-7"
+    planted.mkdir(mode=0o777)
+    os.chown(planted, 65534, 65534)
+    (planted / "node-0").mkdir()
+    proc = subprocess.run(
+        [*CLI, "--spec", str(spec), "--node-index", "0", "--root", str(planted / "node-0"), "--private-root"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "belongs to uid 65534" in proc.stderr, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and list(planted.iterdir()) == [planted / "node-0"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "linked").symlink_to(elsewhere)
+    with pytest.raises(ConfigurationError, match="is not a directory"):
+        fresh_private_root(tmp_path / "linked" / "node-0")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_private_root_is_fresh_and_only_its_user_can_enter(tmp_path):
+    parent = tmp_path / "sagemaker-dist-8"
+    (parent / "node-1" / "input").mkdir(parents=True)  # a cancelled job's stale tree
+    parent.chmod(0o755)
+    root = fresh_private_root(parent / "node-1")
+    assert list(root.iterdir()) == []
+    assert stat.S_IMODE(parent.stat().st_mode) == stat.S_IMODE(root.stat().st_mode) == 0o700
+    assert fresh_private_root(tmp_path / "new" / "node-0").parent.stat().st_mode & 0o777 == 0o700
 
 
 def test_per_local_rank_nodes_feed_their_local_channels(demo_request):
