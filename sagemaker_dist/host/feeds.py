@@ -12,6 +12,7 @@ from sagemaker_dist.host.channel_objects import (
     ChannelSpec,
     FeedError,
     S3Item,
+    download_target,
     epoch_objects,
     resolve_objects,
 )
@@ -41,10 +42,10 @@ class FileFeed:
 
 
 def open_feeds(specs, trees, client, stop, on_error, echo) -> list:
-    """One feed per (channel, host); File-mode channels are downloaded here, Pipe ones start later."""
+    """One feed per (channel, host); File-mode channels are downloaded here, Pipe ones start later.
+    Every channel is listed (and its keys checked) before any is downloaded."""
     feeds: list = []
-    for spec in specs:
-        items = resolve_objects(spec, client)
+    for spec, items in [(spec, resolve_objects(spec, client)) for spec in specs]:
         for index, tree in enumerate(trees):
             if spec.input_mode == "File":
                 feeds.append(FileFeed(spec, items, tree, client, index, len(trees), echo))
@@ -71,14 +72,15 @@ def close_feeds(feeds: list) -> None:
 
 
 def download_channel(spec: ChannelSpec, items: list[S3Item], dest: Path, client, host_index: int, hosts: int):
-    """File mode: download this host's objects into ``dest`` (relative key paths kept). Returns bytes."""
+    """File mode: download this host's objects into ``dest`` (relative key paths kept, each one inside
+    ``dest``: checked when listed, and again here with links resolved). Returns bytes."""
     from boto3.s3.transfer import TransferConfig
 
     dest.mkdir(parents=True, exist_ok=True)
     total = 0
     config = TransferConfig(max_concurrency=4)
     for item in epoch_objects(items, spec, 0, host_index, hosts):
-        target = dest / item.rel
+        target = download_target(spec, item, dest)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(target.name + ".part")
         try:

@@ -1,14 +1,21 @@
 """The job's outputs as SageMaker handles them: checkpoints synced both ways with
 CheckpointConfig.S3Uri, and ``model.tar.gz`` / ``output.tar.gz`` packed into the output path.
+
+A key under the checkpoint prefix becomes a file under each host's checkpoint dir only if it stays
+inside it (``contract.paths.contained_path``); uploads walk the dir without following linked
+folders (``S3Mirror``), and the tarballs store links as links, so neither carries a file from
+outside the job's tree to S3 that the job's own script did not put there.
 """
 
 from __future__ import annotations
 
+import os
 import tarfile
 import tempfile
 import threading
 from pathlib import Path
 
+from sagemaker_dist.contract.paths import contained_name, contained_path
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.runtime.s3_mirror import S3Mirror
 
@@ -37,22 +44,36 @@ class CheckpointSync:
         return sum(m.uploads for m in self.mirrors)
 
     def restore(self) -> int:
+        """Download every object under the prefix into each host's checkpoint dir (each file written
+        under a temporary dot name, which the mirror skips, then renamed). Every key is checked
+        before the first download: one that would land outside the dir refuses the job."""
         if not self.s3_uri:
             return 0
-        count = 0
+        fix = "remove that object from the checkpoint prefix (or give the job another checkpoint_s3_uri)"
+        objects = []
         paginator = self.client.get_paginator("list_objects_v2")
         for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + "/" if self.prefix else ""):
             for obj in page.get("Contents", []):
                 rel = obj["Key"][len(self.prefix) :].lstrip("/")
                 if not rel or rel.endswith("/"):
                     continue
-                for mirror in self.mirrors:
-                    target = mirror.local_dir / rel
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    self.client.download_file(self.bucket, obj["Key"], str(target))
-                    mirror.mark_current(target)
-                count += 1
-        return count
+                uri = f"s3://{self.bucket}/{obj['Key']}"
+                what = f"checkpoint prefix {self.s3_uri}: object {uri} would be restored as"
+                contained_name(rel, what, fix=fix)
+                objects.append((obj["Key"], rel, what))
+        for key, rel, what in objects:
+            for mirror in self.mirrors:
+                target = contained_path(mirror.local_dir, rel, what, fix=fix)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                partial = target.with_name(f".{target.name}.restoring")
+                try:
+                    self.client.download_file(self.bucket, key, str(partial))
+                except BaseException:
+                    partial.unlink(missing_ok=True)
+                    raise
+                os.replace(partial, target)
+                mirror.mark_current(target)
+        return len(objects)
 
     def start(self) -> None:
         if self.s3_uri:

@@ -3,10 +3,12 @@ uploaded (``sagemaker_submit_directory``), downloaded and unpacked as the toolki
 
 from __future__ import annotations
 
+import os
 import tarfile
 from pathlib import Path
 
 from sagemaker_dist.contract import hyperparameters as hp
+from sagemaker_dist.contract.paths import contained_path
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.errors import ConfigurationError
 
@@ -44,18 +46,33 @@ def fetch_source_dir(source_dir, hps: dict, work: Path, client) -> Path:
 
 
 def _extract_safely(tar: tarfile.TarFile, target: Path, uri: str) -> None:
-    """Unpack with tarfile's ``data`` filter where this Python has it (3.10.12+, 3.11.4+, 3.12); on
-    older patch releases (Debian 12's 3.11.2) refuse what that filter refuses: members outside
-    ``target``, links, devices."""
+    """Unpack only plain files and folders inside ``target``, with what tarfile's ``data`` filter
+    does to them (no setuid, setgid or sticky bit, no group or other write, owner read-write, our
+    own owner), checked by hand first so that a Python without that filter (3.10.12+, 3.11.4+ and
+    3.12 have it; Debian 12's 3.11.2 has not) refuses and strips the same; the filter runs as well
+    where there is one."""
+    members = [_safe_member(member, target, uri) for member in tar.getmembers()]
     if hasattr(tarfile, "data_filter"):
-        tar.extractall(target, filter="data")
-        return
-    root = target.resolve()
-    for member in tar.getmembers():
-        inside = (root / member.name).resolve()
-        if not (member.isfile() or member.isdir()) or (inside != root and root not in inside.parents):
-            raise SourceDirError(
-                f"the source package {uri} holds {member.name!r}, which is not a plain file or folder "
-                "inside the package; pack the source dir with sagemaker-dist (or tar without links)"
-            )
-    tar.extractall(target)
+        tar.extractall(target, members=members, filter="data")
+    else:
+        tar.extractall(target, members=members)
+
+
+def _safe_member(member: tarfile.TarInfo, target: Path, uri: str) -> tarfile.TarInfo:
+    """``member`` as the ``data`` filter would extract it, or SourceDirError naming it."""
+    fix = "pack the source dir with sagemaker-dist (or tar without links, devices or paths outside it)"
+    if not (member.isfile() or member.isdir()):
+        raise SourceDirError(
+            f"the source package {uri} holds {member.name!r}, which is not a plain file or folder; {fix}"
+        )
+    if not (member.isdir() and member.name in (".", "./")):  # the package's own top folder
+        contained_path(target, member.name, f"the source package {uri} holds", fix=fix, error=SourceDirError)
+    mode = member.mode & 0o755  # no setuid, setgid, sticky; no group or other write
+    if member.isfile():
+        mode = (mode if mode & 0o100 else mode & ~0o111) | 0o600
+    else:
+        mode |= 0o700
+    member.mode = mode
+    member.uid, member.gid = os.getuid(), os.getgid()
+    member.uname = member.gname = ""
+    return member

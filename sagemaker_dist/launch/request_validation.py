@@ -22,6 +22,7 @@ from sagemaker_dist.contract.layout import (
     LayoutError,
     fifo_would_be_shared,
 )
+from sagemaker_dist.contract.paths import local_path_problem
 from sagemaker_dist.errors import ConfigurationError
 
 OPERATION = "CreateTrainingJob"
@@ -317,6 +318,18 @@ def _vpc_problems(request: Mapping) -> list[str]:
     return []
 
 
+def _local_path_problems(request: Mapping) -> list[str]:
+    """CheckpointConfig and TensorBoardOutputConfig LocalPath, which local mode and the pipe agent map
+    into each host's tree: SageMaker takes any string, but a ``..`` would map outside it."""
+    problems = []
+    for field in ("CheckpointConfig", "TensorBoardOutputConfig"):
+        path = (request.get(field) or {}).get("LocalPath")
+        problem = local_path_problem(path) if path is not None else None
+        if problem:
+            problems.append(f"{field}.LocalPath {path!r} {problem}")
+    return problems
+
+
 def limit_problems(request: Mapping) -> list[str]:
     """Our checks on top of the model: the limits botocore and moto do not enforce."""
     return (
@@ -328,6 +341,7 @@ def limit_problems(request: Mapping) -> list[str]:
         + _spot_problems(request)
         + _vpc_problems(request)
         + _volume_key_problems(request)
+        + _local_path_problems(request)
     )
 
 

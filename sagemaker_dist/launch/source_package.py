@@ -3,6 +3,9 @@
 The sagemaker-training toolkit in the container downloads that tarball, unpacks it and runs
 ``sagemaker_program`` from it. Packing is deterministic (sorted names, zeroed times and owners), so
 the same sources give the same bytes and the same digest; every check runs before anything is uploaded.
+Nothing from outside ``source_dir`` goes in: a linked file is packed as its content only if it points
+inside, linked folders are not followed, and ``.env`` / ``.env.*`` files (secrets, by convention) are
+left out.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from sagemaker_dist.contract.paths import contained_path
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.launch.s3_objects import s3_client
@@ -45,18 +49,31 @@ def _included(rel: PurePosixPath) -> bool:
         set(rel.parts[:-1]) & EXCLUDED_DIRS
         or rel.name in EXCLUDED_DIRS
         or rel.name.endswith(EXCLUDED_SUFFIXES)
+        or _secret(rel.name)
     )
 
 
+def _secret(name: str) -> bool:
+    """``.env`` and ``.env.*`` hold secrets by convention (python-dotenv, Docker Compose): never packed."""
+    return name == ".env" or name.startswith(".env.")
+
+
 def collect_source_files(source_dir: Path) -> list[tuple[str, Path]]:
-    """(archive name, path) of every file to pack, sorted by name; symlinked files are followed."""
+    """(archive name, path) of every file to pack, sorted by name. A linked file is packed as its
+    content when it points inside ``source_dir``; one that points outside is refused (it would carry a
+    file from elsewhere, credentials say, into the job's S3 and container). Linked folders are not
+    followed; ``.env`` and ``.env.*`` files are left out as secrets."""
     found = []
+    fix = "copy that file into source_dir, or make source_dir a folder that holds it"
     for root, dirs, files in os.walk(source_dir, followlinks=False):
         dirs[:] = sorted(d for d in dirs if d not in EXCLUDED_DIRS)
         for name in files:
             path = Path(root, name)
             rel = PurePosixPath(path.relative_to(source_dir).as_posix())
             if _included(rel) and path.is_file():
+                if path.is_symlink():
+                    what = f"source_dir {str(source_dir)!r} holds the link"
+                    contained_path(source_dir, str(rel), what, fix=fix, error=SourcePackageError)
                 found.append((str(rel), path))
     return sorted(found)
 

@@ -2,7 +2,9 @@
 
 The embedded server keeps its buckets in a state directory between commands (moto itself is
 in-memory), so ``sagemaker-dist demo-data`` and a later ``sagemaker-dist local`` see the same
-objects and a rerun finds the checkpoints the previous run synced.
+objects and a rerun finds the checkpoints the previous run synced. Each object is a file under
+``<state dir>/<bucket>/<key>``; a key that would land outside its bucket's folder (``/abs/path``,
+``../..``) is left out with a warning, never written.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from sagemaker_dist.contract.paths import UnsafePathError, contained_path
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.launch.s3_objects import s3_client
 
@@ -45,39 +48,72 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _old_state(state_dir: Path) -> Path:
+    """Where the previous state waits while a new one is swapped in."""
+    return state_dir.with_name(state_dir.name + ".old")
+
+
+def _recover_state(state_dir: Path) -> None:
+    """Undo what a crash during ``_save_state`` left (under the state lock, so no save is running):
+    the previous state put back if the swap stopped half-way, leftover temporary dirs removed."""
+    old = _old_state(state_dir)
+    if not state_dir.exists() and old.is_dir():
+        old.rename(state_dir)
+    if state_dir.parent.is_dir():
+        for leftover in state_dir.parent.glob(f".{state_dir.name}.saving-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
 def _load_state(client, state_dir: Path) -> None:
+    """Put every file of ``state_dir`` into the server (links are skipped: only what we saved)."""
+    _recover_state(state_dir)
     if not state_dir.is_dir():
         return
-    for bucket_dir in sorted(p for p in state_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    for bucket_dir in sorted(
+        p for p in state_dir.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")
+    ):
         client.create_bucket(Bucket=bucket_dir.name)
         for path in sorted(bucket_dir.rglob("*")):
-            if path.is_file():
+            if path.is_file() and not path.is_symlink():
                 client.upload_file(str(path), bucket_dir.name, path.relative_to(bucket_dir).as_posix())
 
 
 def _save_state(client, state_dir: Path) -> None:
-    """Mirror every bucket into ``state_dir`` (written to a temp dir, then swapped in)."""
+    """Mirror every bucket into ``state_dir``: written to a temporary dir, then swapped in by two
+    renames (the previous state to ``<state dir>.old``, the new one into place), so that a crash leaves
+    either state whole (``_recover_state`` puts the previous one back), never none or half of one."""
     state_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".saving-", dir=state_dir.parent))
+    _recover_state(state_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{state_dir.name}.saving-", dir=state_dir.parent))
+    left_out = []
+    fix = "it is not kept between commands (a key that is not a relative path cannot be a file there)"
     try:
         for bucket in client.list_buckets().get("Buckets", []):
             name = bucket["Name"]
-            (tmp / name).mkdir()
+            bucket_dir = contained_path(tmp, name, "the embedded S3 state: bucket", fix=fix)
+            bucket_dir.mkdir()
             for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
                 for obj in page.get("Contents", []):
-                    target = tmp / name / obj["Key"]
                     if obj["Key"].endswith("/"):
+                        continue
+                    try:
+                        what = f"the embedded S3 state: bucket {name!r} has the key"
+                        target = contained_path(bucket_dir, obj["Key"], what, fix=fix)
+                    except UnsafePathError as exc:
+                        left_out.append(str(exc))
                         continue
                     target.parent.mkdir(parents=True, exist_ok=True)
                     client.download_file(name, obj["Key"], str(target))
-        old = state_dir.with_name(state_dir.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
+        old = _old_state(state_dir)
+        shutil.rmtree(old, ignore_errors=True)  # a previous swap's leftover; state_dir is whole
         if state_dir.exists():
             state_dir.rename(old)
         tmp.rename(state_dir)
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    for line in left_out:
+        print(f"warning: {line}")
 
 
 @contextmanager

@@ -53,13 +53,38 @@ def test_packs_code_without_caches_and_with_normalized_metadata(src, tmp_path):
     assert list((tmp_path / "out").iterdir()) == [package.path]  # no temporary file left behind
 
 
-def test_symlinked_files_are_packed_as_their_content(src, tmp_path):
-    shared = tmp_path / "shared.py"
-    shared.write_text("SHARED = 1\n")
-    (src / "pkg" / "shared.py").symlink_to(shared)
+def test_a_linked_file_inside_source_dir_is_packed_as_its_content(src, tmp_path):
+    (src / "lib").mkdir()
+    (src / "lib" / "shared.py").write_text("SHARED = 1\n")
+    (src / "pkg" / "shared.py").symlink_to(src / "lib" / "shared.py")
     with tarfile.open(pack_source("train.py", src, dest_dir=tmp_path / "out").path) as tar:
         member = tar.getmember("pkg/shared.py")
         assert member.isfile() and tar.extractfile(member).read() == b"SHARED = 1\n"
+
+
+def test_a_link_out_of_source_dir_is_refused_before_anything_is_written(src, tmp_path):
+    """It packed the file it points to (a credentials file, say) into the job's S3 and container."""
+    secret = tmp_path / "credentials"
+    secret.write_text("[default]\naws_secret_access_key = x\n")
+    (src / "pkg" / "creds.py").symlink_to(secret)
+    with pytest.raises(SourcePackageError) as caught:
+        pack_source("train.py", src, dest_dir=tmp_path / "out")
+    message = str(caught.value)
+    assert f"source_dir {str(src)!r} holds the link 'pkg/creds.py', which leads out of" in message
+    assert "copy that file into source_dir" in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_linked_folders_are_not_followed_and_env_files_are_left_out(src, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "data.bin").write_bytes(b"\0" * 10)
+    (src / "data").symlink_to(elsewhere)
+    for name in (".env", ".env.local", "pkg/.env.production"):
+        (src / name).write_text("API_KEY=secret\n")
+    (src / "environment.py").write_text("")  # only .env and .env.* are secrets
+    package = pack_source("train.py", src, dest_dir=tmp_path / "out")
+    assert list(package.files) == ["environment.py", "pkg/__init__.py", "pkg/net.py", "run.sh", "train.py"]
 
 
 def test_same_sources_give_the_same_bytes(src, tmp_path):

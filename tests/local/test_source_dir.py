@@ -1,5 +1,5 @@
-"""The source package unpacked on a host: tarfile's ``data`` filter where Python has it, the same
-refusals by hand on patch releases without it (Debian 12's Python 3.11.2)."""
+"""The source package unpacked on a host: our own checks and tarfile's ``data`` filter where Python has
+it, the same refusals and stripped mode bits by hand on patch releases without it (Debian 12's 3.11.2)."""
 
 from __future__ import annotations
 
@@ -66,13 +66,39 @@ def test_a_member_outside_the_package_or_a_link_is_refused(python_tarfile, membe
     assert not (tmp_path / "outside.py").exists()
 
 
-def test_an_absolute_member_never_lands_outside_the_package(python_tarfile, s3, bucket, tmp_path):
-    """The data filter makes it relative; without it, it is refused. Either way nothing at /abs."""
+def test_an_absolute_member_is_refused_naming_it(python_tarfile, s3, bucket, tmp_path):
+    """The data filter would make it relative; we refuse it, with or without the filter, so nothing
+    lands at /abs."""
     name = f"/{tmp_path.name}-abs/train.py"
-    try:
-        code = _fetch(s3, bucket, tmp_path, _package(_file(name)))
-    except SourceDirError as exc:
-        assert name in str(exc)
-    else:
-        assert (code / name.lstrip("/")).is_file()
+    with pytest.raises(SourceDirError, match=f"holds '{name}', which is an absolute path"):
+        _fetch(s3, bucket, tmp_path, _package(_file(name)))
     assert not os.path.exists(name)
+
+
+def _with_mode(info: tarfile.TarInfo, mode: int, kind: bytes = tarfile.REGTYPE) -> tarfile.TarInfo:
+    info.mode, info.type = mode, kind
+    return info
+
+
+def test_setuid_setgid_sticky_and_group_write_bits_are_dropped(python_tarfile, s3, bucket, tmp_path):
+    """Without the data filter, tarfile kept a member's setuid bit (and, as root, its owner)."""
+    body = _package(
+        _with_mode(tarfile.TarInfo("."), 0o1777, tarfile.DIRTYPE),  # the package's own top folder
+        _with_mode(tarfile.TarInfo("bin"), 0o3777, tarfile.DIRTYPE),
+        _with_mode(_file("bin/tool"), 0o6777),
+        _with_mode(_file("train.py"), 0o4666),
+    )
+    (tmp_path / "work").mkdir()
+    code = _fetch(s3, bucket, tmp_path / "work", body)
+    modes = {name: (code / name).stat().st_mode & 0o7777 for name in ("bin", "bin/tool", "train.py")}
+    assert modes == {"bin": 0o755, "bin/tool": 0o755, "train.py": 0o644}
+    assert (code / "bin" / "tool").stat().st_uid == os.getuid()
+    assert code.stat().st_mode & 0o7022 == 0
+
+
+@pytest.mark.parametrize("kind", [tarfile.LNKTYPE, tarfile.CHRTYPE, tarfile.FIFOTYPE])
+def test_hard_links_and_devices_are_refused(python_tarfile, kind, s3, bucket, tmp_path):
+    info = _with_mode(tarfile.TarInfo("train.py"), 0o644, kind)
+    info.linkname = "/etc/passwd" if kind == tarfile.LNKTYPE else ""
+    with pytest.raises(SourceDirError, match="holds 'train.py', which is not a plain file or folder"):
+        _fetch(s3, bucket, tmp_path, _package(info))
