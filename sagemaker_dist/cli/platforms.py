@@ -184,6 +184,7 @@ def k8s_command(args) -> int:
         request = read_request(args.request)
     instance_type = args.instance_type or "ml.p4d.24xlarge"
     count = 2 if args.instance_count is None else args.instance_count
+    per_host = None  # --request: the request's own
     if args.demo:
         if count < 1:
             raise ConfigurationError(f"--instance-count {count}: give at least 1 worker")
@@ -240,10 +241,18 @@ def _demo_request(args, bucket: str, nodes: int, tasks: int, instance_type: str 
 def _upload_spec(request: dict, spec_uri: str) -> None:
     import json
 
-    from sagemaker_dist.launch.s3_objects import s3_client
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from sagemaker_dist.launch.s3_objects import describe_client_error, s3_client, unreachable
 
     bucket, _, key = spec_uri.removeprefix("s3://").partition("/")
-    s3_client().put_object(Bucket=bucket, Key=key, Body=json.dumps(request).encode())
+    action = f"upload the job spec to {spec_uri}"
+    try:
+        s3_client().put_object(Bucket=bucket, Key=key, Body=json.dumps(request).encode())
+    except ClientError as exc:
+        raise describe_client_error(exc, bucket, action) from None
+    except BotoCoreError as exc:
+        raise unreachable(exc, action) from None
 
 
 def _write_atomically(path: Path, text: str, mode: int = 0o644) -> None:

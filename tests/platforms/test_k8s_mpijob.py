@@ -83,6 +83,25 @@ def controller_problems(job: dict) -> list[str]:
     return problems
 
 
+def _small_request(hyperparameters: dict) -> dict:
+    """A Horovod request of 2 CPU hosts with one File channel, without sagemaker-dist's layout."""
+    return {
+        "TrainingJobName": "small",
+        "RoleArn": "arn:aws:iam::123456789012:role/SageMakerRole",
+        "AlgorithmSpecification": {"TrainingImage": "img:1", "TrainingInputMode": "File"},
+        "HyperParameters": {"sagemaker_mpi_enabled": "true", **hyperparameters},
+        "InputDataConfig": [
+            {
+                "ChannelName": "train",
+                "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": "s3://b/t/"}},
+            }
+        ],
+        "OutputDataConfig": {"S3OutputPath": "s3://b/out"},
+        "ResourceConfig": {"InstanceType": "ml.c5.xlarge", "InstanceCount": 2, "VolumeSizeInGB": 30},
+        "StoppingCondition": {"MaxRuntimeInSeconds": 3600},
+    }
+
+
 def _k8s(*args, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=120, **kw)
 
@@ -181,6 +200,23 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path):
     assert "--processes-per-host" in cpu.stderr
     many = _k8s("--demo", "--processes-per-host", 9, "--endpoint-url", "http://127.0.0.1:9", env=nowhere)
     assert many.returncode == 2 and "9 ranks per node but ml.p4d.24xlarge has 8 GPU(s)" in many.stderr
+    hps = {
+        "sagemaker_program": '"train.py"',
+        "sagemaker_mpi_num_of_processes_per_host": "1",
+        "note": '"it\'s"',
+    }
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps(_small_request(hps)))
+    quote = _k8s("--request", request, "--processes-per-host", 1, env=nowhere)  # the toolkit's /bin/sh breaks
+    assert quote.returncode == 2 and quote.stderr.startswith("error: hyperparameter 'note' = "), quote.stderr
+    del hps["note"]
+    request.write_text(json.dumps(_small_request(hps)))
+    offline = _k8s(
+        "--request", request, "--processes-per-host", 1, env=nowhere
+    )  # the embedded S3: no bucket b
+    assert offline.returncode == 2 and "upload the job spec to s3://b/out/small/" in offline.stderr, (
+        offline.stderr
+    )
     with pytest.raises(MPIJobError, match="DNS-1035"):
         check_name("x" * 60, 2)
     assert ranks_per_node("ml.g5.12xlarge", None) == (4, 4)
