@@ -66,6 +66,8 @@ class ChannelSpec:
 
 def resolve_objects(spec: ChannelSpec, client) -> list[S3Item]:
     """The channel's objects in SageMaker's order: key order for a prefix, listed order for a manifest."""
+    if spec.input_mode == "File":
+        contained_name(spec.name, _CHANNEL_WHAT, fix=_CHANNEL_FIX, error=FeedError)
     if spec.data_type == "ManifestFile":
         bucket, key = parse_s3_uri(spec.s3_uri)
         try:
@@ -107,6 +109,14 @@ def resolve_objects(spec: ChannelSpec, client) -> list[S3Item]:
 
 
 _OBJECT_FIX = "rename the object, or move it out from under the channel's prefix"
+# SageMaker's channel-name pattern allows '.' and '..', which File mode cannot make a directory of.
+_CHANNEL_WHAT = "a File-mode channel is downloaded into /opt/ml/input/data/<its name>, and the name"
+_CHANNEL_FIX = "give the channel another name"
+
+
+def channel_download_dir(spec: ChannelSpec, data_dir: Path) -> Path:
+    """The directory File mode downloads the channel into: ``data_dir/<channel>``, inside it."""
+    return contained_path(data_dir, spec.name, _CHANNEL_WHAT, fix=_CHANNEL_FIX, error=FeedError)
 
 
 def _downloaded_as(spec: ChannelSpec, uri: str) -> str:

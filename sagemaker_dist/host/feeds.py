@@ -12,6 +12,7 @@ from sagemaker_dist.host.channel_objects import (
     ChannelSpec,
     FeedError,
     S3Item,
+    channel_download_dir,
     download_target,
     epoch_objects,
     resolve_objects,
@@ -24,7 +25,8 @@ class FileFeed:
 
     def __init__(self, spec, items, tree, client, host_index: int, hosts: int, echo):
         started = time.monotonic()
-        size = download_channel(spec, items, tree.data_dir / spec.name, client, host_index, hosts)
+        dest = channel_download_dir(spec, tree.data_dir)
+        size = download_channel(spec, items, dest, client, host_index, hosts)
         # downloaded before the ranks start: no streaming figures
         self.stats = FeedStats(
             tree.name, spec.name, epochs=1, bytes=size, records=None, first_byte=None, last_byte=None

@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from sagemaker_dist.contract.paths import UnsafePathError
-from sagemaker_dist.host.channel_objects import ChannelSpec, FeedError, S3Item, resolve_objects
+from sagemaker_dist.host.channel_objects import (
+    ChannelSpec,
+    FeedError,
+    S3Item,
+    channel_download_dir,
+    resolve_objects,
+)
 from sagemaker_dist.host.feeds import download_channel
 from sagemaker_dist.host.outputs import CheckpointSync
 from sagemaker_dist.launch.request_validation import RequestValidationError
@@ -83,6 +89,21 @@ def test_a_link_in_the_channel_dir_does_not_carry_a_download_out(s3, bucket, job
     with pytest.raises(FeedError, match="'sub/x', which leads out of .* through a symbolic link"):
         download_channel(spec, items, dest, s3_client(), 0, 1)
     assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["..", "."])
+def test_a_file_channel_named_dot_or_dot_dot_is_refused(s3, bucket, name, tmp_path):
+    """SageMaker's channel-name pattern allows them; as a File-mode directory '..' is /opt/ml/input,
+    where a key 'config/hyperparameters.json' would replace the job's own config."""
+    s3.put_object(Bucket=bucket, Key="data/config/hyperparameters.json", Body=b"{}")
+    spec = ChannelSpec(name, f"s3://{bucket}/data/", input_mode="File")
+    with pytest.raises(
+        FeedError, match=rf"downloaded into /opt/ml/input/data/<its name>, and the name '{name}'"
+    ):
+        resolve_objects(spec, s3_client())
+    with pytest.raises(FeedError, match="give the channel another name"):
+        channel_download_dir(spec, tmp_path / "input" / "data")
+    assert resolve_objects(ChannelSpec(name, f"s3://{bucket}/data/", input_mode="Pipe"), s3_client())
 
 
 def _manifest(s3, bucket, entries) -> str:
