@@ -16,6 +16,12 @@ from sagemaker_dist.errors import ConfigurationError
 MAX_CHANNELS = 20
 MAX_CHANNEL_NAME = 64
 CHANNEL_NAME_RE = re.compile(r"^[A-Za-z0-9.\-_]+$")
+# SageMaker's pattern allows them, but a channel's File-mode folder is /opt/ml/input/data/<name>:
+# '..' would be /opt/ml/input, over the job's config, and '.' the data folder itself.
+DOT_CHANNEL_NAMES = (".", "..")
+DOT_CHANNEL_NAME_PROBLEM = (
+    "names the data folder or its parent, not a folder of its own; give it a letter or digit"
+)
 LAYOUT_HYPERPARAMETER = hyperparameters.LAYOUT
 LAYOUT_VERSION = 1
 
@@ -64,6 +70,8 @@ def check_channel_name(name: str) -> str:
             f"channel name {name!r} has characters SageMaker rejects ({''.join(bad)!r}); "
             "use only letters, digits, '.', '-' and '_'"
         )
+    if name in DOT_CHANNEL_NAMES:
+        raise LayoutError(f"channel name {name!r} {DOT_CHANNEL_NAME_PROBLEM}")
     return name
 
 

@@ -15,6 +15,8 @@ from collections.abc import Iterator, Mapping
 from sagemaker_dist.contract import hyperparameters
 from sagemaker_dist.contract.layout import (
     CHANNEL_NAME_RE,
+    DOT_CHANNEL_NAME_PROBLEM,
+    DOT_CHANNEL_NAMES,
     LAYOUT_HYPERPARAMETER,
     MAX_CHANNEL_NAME,
     MAX_CHANNELS,
@@ -39,6 +41,7 @@ SECRET_KEY_NAME_RE = re.compile(
     r"(secret|password|passwd|session[_-]?token|security[_-]?token|access[_-]?key|private[_-]?key|api[_-]?key)",
     re.IGNORECASE,
 )
+CONTROL_CHARACTER_RE = re.compile(r"[\x00-\x1f\x7f]")  # C0 controls and DEL, tab and newline included
 # 40 base64 characters standing alone: the shape of an AWS secret access key.
 SECRET_VALUE_RE = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
 
@@ -158,6 +161,8 @@ def _channel_problems(request: Mapping) -> list[str]:
             problems.append(
                 f"channel name {name!r} is not valid: 1-{MAX_CHANNEL_NAME} letters, digits, '.', '-' or '_'"
             )
+        elif name in DOT_CHANNEL_NAMES:
+            problems.append(f"channel name {name!r} {DOT_CHANNEL_NAME_PROBLEM}")
     dupes = sorted({n for n in names if isinstance(n, str) and names.count(n) > 1})
     if dupes:
         problems.append(f"channel names repeat: {', '.join(dupes)}")
@@ -202,6 +207,27 @@ def _hyperparameter_problems(request: Mapping) -> list[str]:
                 f"hyperparameter {key!r} is {len(value)} characters; at most {MAX_HYPERPARAMETER_VALUE}. "
                 "Pass large values as a file in source_dir or an input channel"
             )
+    return problems
+
+
+def _control_character_problems(request: Mapping) -> list[str]:
+    """Control characters (a newline above all) in hyperparameters and environment, keys and values.
+
+    SageMaker's own patterns allow them, but AWS's toolkit joins the script's arguments into one
+    ``/bin/sh`` line, where a newline starts a second command; no training script needs one.
+    """
+    problems = []
+    for field in ("HyperParameters", "Environment"):
+        for key, value in (request.get(field) or {}).items():
+            for what, text in (("key", key), ("value", value)):
+                found = CONTROL_CHARACTER_RE.search(text) if isinstance(text, str) else None
+                if found:
+                    subject = f"{field} key {key!r}" if what == "key" else f"{field} value of {key!r}"
+                    problems.append(
+                        f"{subject} holds the control character {found.group()!r}; AWS's toolkit passes it "
+                        "through /bin/sh, where a newline starts another command. Remove it (pass text with "
+                        "line breaks as a file in source_dir)"
+                    )
     return problems
 
 
@@ -337,6 +363,7 @@ def limit_problems(request: Mapping) -> list[str]:
         + _channel_problems(request)
         + _shared_pipe_problems(request)
         + _hyperparameter_problems(request)
+        + _control_character_problems(request)
         + _credential_problems(request)
         + _spot_problems(request)
         + _vpc_problems(request)

@@ -197,7 +197,9 @@ def test_valid_channel_names(name):
     assert check_channel_name(name) == name
 
 
-@pytest.mark.parametrize("name", ["", "x" * 65, "with space", "slash/", "ü", "tab\t", "train\n", None])
+@pytest.mark.parametrize(
+    "name", ["", "x" * 65, "with space", "slash/", "ü", "tab\t", "train\n", None, ".", ".."]
+)
 def test_invalid_channel_names(name):
     with pytest.raises(LayoutError):
         check_channel_name(name)
@@ -208,7 +210,7 @@ def test_invalid_channel_names(name):
 def test_channel_name_check_matches_the_api_pattern(name):
     import re
 
-    ok = bool(re.fullmatch(r"[A-Za-z0-9.\-_]{1,64}", name))
+    ok = bool(re.fullmatch(r"[A-Za-z0-9.\-_]{1,64}", name)) and name not in (".", "..")  # ours: no dots alone
     if ok:
         assert check_channel_name(name) == name
     else:

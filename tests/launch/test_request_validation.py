@@ -331,3 +331,11 @@ def test_a_newline_in_a_hyperparameter_would_run_a_second_command_under_the_tool
 
 def test_unicode_text_without_control_characters_passes():
     validate_request(changed(HyperParameters={"run_name": "résumé – ünïcode ✓", "epochs": "3"}))
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_channel_names_of_dots_alone_are_refused(name):
+    """SageMaker's pattern takes them, but a File channel's folder would be the data folder or its parent."""
+    request = copy.deepcopy(BASE)
+    request["InputDataConfig"][0]["ChannelName"] = name
+    assert any(p.startswith(f"channel name {name!r} names the data folder") for p in problems_of(request))
