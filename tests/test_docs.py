@@ -1,6 +1,7 @@
 """The documentation's cheap checks (scripts/docs.sh builds the site itself, with --strict): the API page
-covers every public name and each resolves, the README stays a front page, and relative links in the
-README and the pages point at files that exist."""
+covers every public name and each resolves, the README stays a front page, relative links in the
+README and the pages point at files that exist, and no page, docstring or comment tells the history of
+its making (that is in git)."""
 
 from __future__ import annotations
 
@@ -64,3 +65,33 @@ def test_relative_links_point_at_files():
             resolved = (page.parent / target).resolve()
             built = resolved.relative_to(DOCS).as_posix() in BUILT if resolved.is_relative_to(DOCS) else False
             assert resolved.exists() or built or target.startswith("img/"), f"{page.name}: {target}"
+
+
+# Wording that tells how the code or a figure came about instead of what the product does: numbered work
+# periods, the tracker's issue and task numbers, what was so before a change. A pytest or boto3
+# session, srun's "task 1: Exited ..." and "the previous epoch's FIFO" are not history, and none of
+# these match them.
+_ORDINAL = r"(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth)"
+HISTORY = [
+    re.compile(rf"\b{_ORDINAL}\s+(?:work\s+)?(?:sessions?|work\s+periods?)\b", re.I),
+    re.compile(r"\b(?:this|that|last|previous|earlier|other)\s+(?:work\s+)?sessions?\b(?!-scoped)", re.I),
+    re.compile(r"\bissues?\s+#?\d+", re.I),
+    re.compile(r"\btasks?\s+#?\d+\b(?!:)", re.I),
+    re.compile(r"\b(?:before|after|since)\s+this\s+(?:change|session|issue|task)\b", re.I),
+]
+
+
+def _history_sources():
+    yield ROOT / "README.md"
+    yield from sorted(p for p in DOCS.rglob("*.md") if "notebooks" not in p.relative_to(DOCS).parts)
+    for folder in ("sagemaker_dist", "tests", "bench"):
+        yield from sorted((ROOT / folder).rglob("*.py"))
+
+
+def test_no_page_docstring_or_comment_tells_the_history_of_its_making():
+    found = []
+    for path in _history_sources():
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if any(pattern.search(line) for pattern in HISTORY):
+                found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not found, "history of the making (it belongs in git):\n" + "\n".join(found)

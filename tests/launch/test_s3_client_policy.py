@@ -89,7 +89,7 @@ def test_the_factory_honours_a_session_and_an_endpoint(aws_env, moto_server, buc
 
 
 def test_the_source_upload_defaults_to_the_policy_client(aws_env, bucket, tmp_path):
-    """``upload_source`` without a client builds one from the factory (it used to be a plain one)."""
+    """``upload_source`` without a client builds one from the factory, not a plain boto3 client."""
     from sagemaker_dist.launch.source_package import TARBALL_NAME, pack_source, upload_source
 
     (tmp_path / "src").mkdir()

@@ -62,7 +62,7 @@ def test_the_probe_says_why_it_cannot_tell(tmp_path):
 
 
 def test_a_probe_that_cannot_tell_is_a_refusal(tmp_path):
-    """It used to answer None, and the mpirun launcher went on."""
+    """A probe that cannot tell refuses, naming why and what to run; the launcher does not go on."""
     python = _python_with(tmp_path, BROKEN)
     with pytest.raises(LaunchError) as error:
         check_horovod_mpi(python, "mpirun")

@@ -30,7 +30,7 @@ def test_one_reading_of_a_request_into_host_trees(s3, bucket, tmp_path):
 
 
 def test_both_users_build_trees_through_it():
-    """Local mode and the pipe agent used to repeat the reading, each with its own fallback type."""
+    """Local mode and the pipe agent both build their host trees through it, not each its own reading."""
     for user in ("local/job.py", "platforms/pipe_agent.py"):
         source = (PACKAGE / user).read_text()
         assert "host_trees_for(" in source and "build_host_trees(" not in source, user

@@ -198,7 +198,7 @@ def test_rank_raising_an_exception_is_named_with_its_traceback(s3, bucket, tmp_p
 
 
 def test_setup_without_any_record_count_works_on_several_ranks(s3, bucket, tmp_path):
-    """No train_records on 2 ranks: setup() no longer refuses; the ranks agree on epoch ends instead."""
+    """No train_records on 2 ranks: setup() accepts it, and the ranks agree on epoch ends instead."""
     _small_data(s3, bucket, files=2, records=2)
     request = _request(bucket, "setup_without_counts.py", {}, hosts=1, per_host=2)
     lines = []
