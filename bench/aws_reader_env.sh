@@ -32,8 +32,8 @@ AWS_PKG_VERSION=2.14.0.1.20.0
 TF_VERSION=2.14.1
 VENV=${AWS_READER_VENV:-$HOME/.cache/sagemaker-dist/aws-reader-tf${TF_VERSION}-py3.10}
 BASE_PY=${AWS_READER_PYTHON:-$HOME/.pyenv/versions/3.10.13/bin/python}
-# default: where the session tools' `fetch github:aws/sagemaker-tensorflow-extensions` puts its mirror,
-# beside this checkout
+# default: a bare mirror of github.com/aws/sagemaker-tensorflow-extensions at ../.mirror/, beside this
+# checkout (AWS_READER_MIRROR names another)
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MIRROR=${AWS_READER_MIRROR:-$REPO_ROOT/../.mirror/aws+sagemaker-tensorflow-extensions/repo}
 start=$SECONDS

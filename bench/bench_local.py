@@ -1,4 +1,4 @@
-"""Local-mode benchmarks (figures in docs/benchmarks.md, section ``local``).
+"""Local-mode benchmarks (figures in docs/benchmarks.md, section "Local mode").
 
 1. Time to first record, Pipe vs File mode, per dataset size: from the start of the channel's input
    (listing its objects) to the first TFRecord read by a consumer. Pipe streams the objects into the

@@ -5,7 +5,7 @@ S3 state, so every round writes its data and starts from scratch) and reads the 
 per round, SIGTERM -> the ranks' agreed stop and checkpoint (rank 0's line), SIGTERM -> the launcher's
 exit (the job's end), where the ranks stopped and where the second attempt resumed. Steps lost = the
 steps trained before the stop that the resumed attempt trains again; "epoch checkpoints only" is what
-the same interruption would have cost before step checkpoints (the steps of the stopped epoch).
+the same interruption costs a job that checkpoints at epoch ends only (the steps of the stopped epoch).
 
     .venv/bin/python bench/bench_spot.py --rounds 3 --interrupt-at 30 --epochs 4 [--distribution tf-mwms]
 """
