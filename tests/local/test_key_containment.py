@@ -1,7 +1,6 @@
 """Nothing from S3 lands outside the job's tree: hostile keys under a File-mode channel, in a manifest,
 under a checkpoint prefix and in the embedded S3's state, against a real moto server over HTTP. Each
-case wrote outside the tree (or crashed) before the containment rule; each is now refused, naming the
-key, before any rank starts."""
+case is refused, naming the key, before any rank starts."""
 
 from __future__ import annotations
 
@@ -37,7 +36,7 @@ def _files_under(path: Path) -> list[str]:
 
 @pytest.fixture
 def job_dir(tmp_path):
-    """A deep tree (so a climbing key stays inside tmp_path) and the place the old code wrote to."""
+    """A deep tree (so a climbing key stays inside tmp_path) and where a key climbing out would land."""
     dest = tmp_path / "a" / "b" / "c" / "input" / "data" / "train"
     return dest, tmp_path / "a" / "b" / "x"  # dest/../../../../x
 
@@ -65,7 +64,7 @@ def test_a_climbing_key_under_a_file_channel_is_refused_when_listed(s3, bucket, 
 
 
 def test_the_download_itself_refuses_an_item_the_listing_did_not_check(s3, bucket, job_dir):
-    """The old code joined the key's path to the channel dir and wrote there: dest/../../../../x."""
+    """A key climbing out of the channel dir (dest/../../../../x) is refused by the download itself."""
     dest, escaped = job_dir
     s3.put_object(Bucket=bucket, Key=CLIMBING_KEY, Body=b"evil")
     spec = ChannelSpec("train", f"s3://{bucket}/data/train/", input_mode="File")
@@ -130,7 +129,7 @@ def test_a_manifest_entry_that_escapes_is_refused_in_file_mode(s3, bucket, entry
 @pytest.mark.parametrize("mode", ["File", "Pipe"])
 @pytest.mark.parametrize("entry", [5, {"key": "a"}, None])
 def test_a_manifest_entry_that_is_not_a_string_is_a_clear_error(s3, bucket, mode, entry):
-    """It raised TypeError (str + int) before; now it names the manifest and the entry, in any mode."""
+    """A non-string entry is an error naming the manifest and the entry, in any mode (not a TypeError)."""
     uri = _manifest(s3, bucket, ["ok", entry])
     spec = ChannelSpec("train", uri, data_type="ManifestFile", input_mode=mode)
     with pytest.raises(FeedError, match=rf"manifest {uri} has the entry .*, which is not a string"):
@@ -196,7 +195,7 @@ def _keys(client, bucket: str) -> list[str]:
 
 def test_hostile_keys_in_the_embedded_s3_are_left_out_of_its_state(s3, bucket, tmp_path, capsys):
     state = tmp_path / "cache" / "local-s3"
-    absolute = f"/{tmp_path.name}-abs/path"  # the old code wrote it at that absolute path
+    absolute = f"/{tmp_path.name}-abs/path"  # a naive join would write it at that absolute path
     hostile = [absolute, "../..", "../../x"]  # and these to cache/ and next to it
     with embedded_s3(state) as url:
         client = s3_client(endpoint_url=url)

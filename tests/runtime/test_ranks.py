@@ -227,7 +227,7 @@ SETUP_SCRIPT = textwrap.dedent(
     from sagemaker_dist.runtime import horovod_keras, rank_dataset
     try:
         horovod_keras.setup(tf.keras.optimizers.legacy.SGD, learning_rate=0.1, batch_size=4)
-        rank_dataset("train", "TFRecord")  # where the layout used to be blamed
+        rank_dataset("train", "TFRecord")  # the error names the missing channel, not the layout
     except ValueError as exc:
         print(f"FAILED {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         sys.exit(1)
