@@ -9,6 +9,7 @@ they are deselected. Each successful job pays the toolkit's own 30 s sleep after
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -65,6 +66,31 @@ def _run(request, tmp_path, lines, **kwargs):
     )
 
 
+def _listener_checks():
+    """tests/local/test_listeners.py (ListenerWatch, check_nothing_exposed), loaded by its path."""
+    path = REPO / "tests" / "local" / "test_listeners.py"
+    spec = importlib.util.spec_from_file_location("listener_checks", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _container_processes(group):
+    """The roots of a container job's processes: the podman client and the container's PID 1 (a child
+    of conmon, not of the client), once podman has it."""
+    found: list[int] = []
+
+    def roots() -> list[int]:
+        if not found:
+            done = _podman("inspect", "--format", "{{.State.Pid}}", group.name)
+            if done.returncode == 0 and done.stdout.strip() not in ("", "0"):
+                found.append(int(done.stdout.strip()))
+        return [group.proc.pid, *found]
+
+    return roots
+
+
 def test_the_container_files_are_lint_clean():
     for tool, path in (
         ("hadolint", REPO / "container" / "standin-base" / "Dockerfile"),
@@ -79,8 +105,22 @@ def test_the_container_files_are_lint_clean():
 def test_the_demo_trains_in_the_image(s3, bucket, tmp_path):
     request = _request(s3, bucket, DEMO_JOB_DIR, "train_cifar10.py", {"epochs": 2, "batch_size": 16})
     lines = []
-    result = _run(request, tmp_path, lines, keep_work_dir=True, timeout=400)
+    listeners = _listener_checks()
+    watch = listeners.ListenerWatch(lambda: [])
+
+    def started(group):
+        watch.roots = _container_processes(group)
+        watch.start()
+
+    try:
+        result = _run(request, tmp_path, lines, keep_work_dir=True, timeout=400, on_started=started)
+    finally:
+        watch.stop()
     out = "\n".join(lines)
+    # the image's sshd (root, the baked key pair), mpirun's and the ranks' listeners: in the job's own
+    # network namespace (only lo), reachable from nowhere else (issue 30)
+    print(watch.report())
+    listeners.check_nothing_exposed(watch, lines, "sshd")
     command = next(line for line in lines if line.startswith("$ "))
     assert command.startswith("$ podman run --rm ") and command.endswith(f" {IMAGE} train"), command
     assert "/opt/ml " in command and "--network host" in command, command

@@ -139,8 +139,8 @@ class PrivateNet:
                     self.relay = NetnsRelay(listener, self.port, "s3").start()
                 return proc
         self.echo(
-            f"{FALLBACK} ({self.why_not}): what its processes open (Gloo's rendezvous, gRPC, sshd) "
-            "listens on every interface"
+            f"{FALLBACK} ({self.why_not}): what its processes open (Horovod's rendezvous server, "
+            "TensorFlow's gRPC servers, MPI's ports) listens on every interface"
         )
         return start()
 
