@@ -9,11 +9,22 @@ side never imports this module).
 
 from __future__ import annotations
 
+import operator
+import os
 import struct
 
 from sagemaker_dist.errors import ConfigurationError
 
 RECORD_FORMATS = ("RecordIO", "TFRecord", "TextLine")
+
+# The longest record a reader accepts (a TFRecord's data, a RecordIO record's parts joined, a text line
+# without its newline): a length field is the stream's word, not a fact, so every reader refuses a
+# longer one before it allocates anything for it. 2 GiB - 1 is what a protobuf message (a
+# tf.train.Example) can hold. Set per dataset (``max_record_bytes=``) or per process (the variable).
+MAX_RECORD_BYTES = 2**31 - 1
+MAX_RECORD_BYTES_ENV = "SAGEMAKER_DIST_MAX_RECORD_BYTES"
+# The highest limit that may be set: lengths up to it plus a frame's few bytes never wrap 64 bits.
+MAX_RECORD_BYTES_CEILING = 2**62
 
 CRC_MASK_DELTA = 0xA282EAD8
 U32 = 0xFFFFFFFF
@@ -30,6 +41,31 @@ def check_record_format(record_format: str) -> str:
     if record_format not in RECORD_FORMATS:
         raise ConfigurationError(f"record_format {record_format!r} is not one of {', '.join(RECORD_FORMATS)}")
     return record_format
+
+
+def max_record_bytes(value: int | None = None) -> int:
+    """The record length limit: ``value``, else ``$SAGEMAKER_DIST_MAX_RECORD_BYTES``, else the default.
+
+    A ConfigurationError names a value that is not a whole number from 1 to ``MAX_RECORD_BYTES_CEILING``.
+    """
+    where, given = "max_record_bytes", value
+    if value is None:
+        given = os.environ.get(MAX_RECORD_BYTES_ENV, "").strip()
+        if not given:
+            return MAX_RECORD_BYTES
+        where = f"${MAX_RECORD_BYTES_ENV}"
+        value = int(given) if given.isascii() and given.isdigit() else None
+    elif not isinstance(value, bool):
+        try:
+            value = operator.index(value)  # ints, numpy's too
+        except TypeError:
+            value = None
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_RECORD_BYTES_CEILING:
+        raise ConfigurationError(
+            f"{where} is {given!r}; use a whole number of bytes from 1 to 2**62 "
+            f"(default {MAX_RECORD_BYTES}, 2 GiB - 1)"
+        )
+    return value
 
 
 def masked_crc32c(data) -> int:

@@ -6,15 +6,17 @@
  * instruction (SSE 4.2 on x86-64, the CRC extension on ARMv8), or a table where neither is there.
  * The GIL is released while it runs, so the reader thread's scan overlaps TensorFlow's work.
  *
- * scan(buf, end, positions, lengths, ok) -> (count, need)
+ * scan(buf, end, positions, lengths, ok, max_length) -> (count, need)
  *   buf: the bytes (any buffer); end: how many of them to look at;
  *   positions, lengths: writable int64 buffers, ok: writable uint8 buffer, each with room for
  *   end // 16 + 1 entries (a TFRecord frame is at least 16 bytes);
+ *   max_length: the longest record accepted (1 to 2**62, so no frame size wraps 64 bits);
  *   count: complete frames found from offset 0; positions[i] is frame i's offset, lengths[i] its data
  *   length, ok[i] 1 when both its CRCs match, 0 when its data CRC does not, 2 when its length CRC
  *   does not;
  *   need: the size of the first frame that does not fit in buf[:end] (0 when none was started).
- * The scan stops at a frame whose length CRC is wrong: what follows it cannot be trusted.
+ * The scan stops at a frame whose length CRC is wrong (what follows it cannot be trusted) and before
+ * a length field over max_length (need 0: the caller looks at that field and names the error).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -22,6 +24,8 @@
 #include <string.h>
 
 #define MASK_DELTA 0xa282ead8u
+#define API 2 /* scan() takes max_length (tfrecord.py does not use a build from before) */
+#define MAX_LENGTH_CEILING (1ull << 62)
 
 static uint32_t table[8][256];
 static uint32_t (*crc_update)(uint32_t, const unsigned char *, size_t);
@@ -115,9 +119,13 @@ static int writable(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssiz
 }
 
 static PyObject *scan(PyObject *self, PyObject *args) {
-    PyObject *buf_obj, *pos_obj, *len_obj, *ok_obj;
+    PyObject *buf_obj, *pos_obj, *len_obj, *ok_obj, *max_obj;
     Py_ssize_t end;
-    if (!PyArg_ParseTuple(args, "OnOOO", &buf_obj, &end, &pos_obj, &len_obj, &ok_obj)) return NULL;
+    if (!PyArg_ParseTuple(args, "OnOOOO", &buf_obj, &end, &pos_obj, &len_obj, &ok_obj, &max_obj)) return NULL;
+    unsigned long long max_length = PyLong_AsUnsignedLongLong(max_obj); /* OverflowError when negative */
+    if (max_length == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    if (max_length < 1 || max_length > MAX_LENGTH_CEILING)
+        return PyErr_Format(PyExc_ValueError, "max_length %llu is not from 1 to 2**62", max_length);
     Py_buffer buf, pos, len, ok;
     if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_SIMPLE) < 0) return NULL;
     if (end < 0 || end > buf.len) {
@@ -148,14 +156,15 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS;
     uint64_t cached_n = UINT64_MAX;
     uint32_t cached_header_crc = 0;
-    while (at + 12 <= limit) {
+    while (limit - at >= 12) {
         uint64_t n = load_u64(p + at);
+        if (n > max_length) break; /* before any arithmetic on it: n + 16 wraps for n near 2**64 */
         if (n != cached_n) {
             cached_n = n;
             cached_header_crc = masked_crc(p + at, 8);
         }
         int header_ok = load_u32(p + at + 8) == cached_header_crc;
-        if (n > limit || at + n + 16 > limit) {
+        if (n + 16 > limit - at) { /* no wrap: n <= 2**62, at <= limit */
             if (header_ok) need = n + 16;
             break;
         }
@@ -183,7 +192,8 @@ static PyObject *masked_crc32c(PyObject *self, PyObject *arg) {
 }
 
 static PyMethodDef methods[] = {
-    {"scan", scan, METH_VARARGS, "scan(buf, end, positions, lengths, ok) -> (count, need): TFRecord frames."},
+    {"scan", scan, METH_VARARGS,
+     "scan(buf, end, positions, lengths, ok, max_length) -> (count, need): TFRecord frames."},
     {"masked_crc32c", masked_crc32c, METH_O, "The masked CRC32C TFRecord stores, of a buffer."},
     {NULL, NULL, 0, NULL},
 };
@@ -194,7 +204,7 @@ PyMODINIT_FUNC PyInit__tfrecord_scan(void) {
     make_table();
     crc_update = have_hw() ? crc_hw : crc_table;
     PyObject *m = PyModule_Create(&module);
-    if (m && PyModule_AddIntConstant(m, "HARDWARE_CRC", have_hw()) < 0) {
+    if (m && (PyModule_AddIntConstant(m, "HARDWARE_CRC", have_hw()) < 0 || PyModule_AddIntConstant(m, "API", API) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 
+from sagemaker_dist.contract.record_formats import MAX_RECORD_BYTES_ENV
+from sagemaker_dist.contract.record_formats import max_record_bytes as _max_record_bytes
 from sagemaker_dist.errors import ConfigurationError, DataError
 
 log = logging.getLogger(__name__)
@@ -23,6 +25,9 @@ DEFAULT_CHUNK = 4 << 20  # bytes handed to TensorFlow per step: amortises its pe
 FIRST_CHUNK = 64 << 10
 STALL_SECONDS = 0.05  # a stream quiet this long hands over the records it has, not a full chunk
 MAX_GROUP_BYTES = 64 << 20  # at most this much in one list of large records (memory in flight)
+# A record's claimed length is trusted this far: buffers for a longer one grow only as its bytes come
+# (never past twice what came), so a short stream that claims 1 GiB costs no more than this.
+READ_STEP = 64 << 20
 
 
 class RecordFormatError(DataError):
@@ -44,11 +49,21 @@ class Framer:
     appended after ``buf[:consumed]`` (records that are not contiguous in the stream, e.g. RecordIO
     multipart records). The caller then drops the first ``consumed`` bytes and calls
     :meth:`advance`. ``need`` is the buffer size the next incomplete record requires.
+
+    A record longer than ``max_record_bytes`` (default ``$SAGEMAKER_DIST_MAX_RECORD_BYTES``, else
+    ``contract.record_formats.MAX_RECORD_BYTES``) is an error as soon as its length is known, before
+    anything is allocated for it.
     """
 
     format_name = ""
 
-    def __init__(self, channel: str = "?", epoch: int = 0, max_corrupted_records_to_skip: int = 0):
+    def __init__(
+        self,
+        channel: str = "?",
+        epoch: int = 0,
+        max_corrupted_records_to_skip: int = 0,
+        max_record_bytes: int | None = None,
+    ):
         if max_corrupted_records_to_skip < 0:
             raise ConfigurationError(
                 f"max_corrupted_records_to_skip is {max_corrupted_records_to_skip}; use 0 or more"
@@ -56,6 +71,7 @@ class Framer:
         self.channel = channel
         self.epoch = epoch
         self.max_skip = max_corrupted_records_to_skip
+        self.max_record = _max_record_bytes(max_record_bytes)
         self.offset = 0
         self.records = 0
         self.skipped = 0
@@ -65,6 +81,16 @@ class Framer:
     def error(self, message: str, pos: int) -> RecordFormatError:
         return RecordFormatError(
             f"{self.format_name}: {message}", channel=self.channel, epoch=self.epoch, offset=self.offset + pos
+        )
+
+    def too_long(self, length: int, pos: int, at_least: bool = False) -> RecordFormatError:
+        """The error for a record of ``length`` bytes (``at_least``: or more) at ``pos``, over the limit."""
+        size = f"at least {length}" if at_least else str(length)
+        return self.error(
+            f"a record of {size} bytes is longer than max_record_bytes={self.max_record} (the stream is "
+            f"corrupt or not {self.format_name}; if the records are this long, raise max_record_bytes= or "
+            f"${MAX_RECORD_BYTES_ENV})",
+            pos,
         )
 
     def corrupted(self, message: str, pos: int) -> None:

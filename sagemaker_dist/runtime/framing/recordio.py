@@ -66,6 +66,7 @@ class RecordIOFramer(Framer):
         """
         unpack = _unpack_from
         parts = []
+        size = 0  # the parts' payloads so far
         scan = record_start
         while scan + 8 <= end:
             magic, word = unpack("<II", buf, scan)
@@ -94,6 +95,10 @@ class RecordIOFramer(Framer):
                         scan,
                     ),
                 )
+            size += n
+            if size > self.max_record:  # the parts so far: the record is at least this long
+                at_least = bool(parts) or flag != RECORDIO_WHOLE
+                return parts, scan, False, self.too_long(size, record_start, at_least)
             payload = scan + 8
             padded = payload + n + (-n % 4)
             if padded > end:

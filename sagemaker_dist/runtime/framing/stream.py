@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from sagemaker_dist.contract.record_formats import check_record_format
-from sagemaker_dist.runtime.framing.base import DEFAULT_CHUNK, FIRST_CHUNK, STALL_SECONDS, Framer
+from sagemaker_dist.runtime.framing.base import DEFAULT_CHUNK, FIRST_CHUNK, READ_STEP, STALL_SECONDS, Framer
 from sagemaker_dist.runtime.framing.recordio import RecordIOFramer
 from sagemaker_dist.runtime.framing.textline import TextLineFramer
 from sagemaker_dist.runtime.framing.tfrecord import TFRecordFramer
@@ -24,9 +24,20 @@ FRAMERS: dict[str, type[Framer]] = {
 }
 
 
-def make_framer(record_format: str, channel: str = "?", epoch: int = 0, max_corrupted_records_to_skip=0):
-    """A new framer for one epoch of one channel (framers keep the stream offset for error messages)."""
-    return FRAMERS[check_record_format(record_format)](channel, epoch, max_corrupted_records_to_skip)
+def make_framer(
+    record_format: str,
+    channel: str = "?",
+    epoch: int = 0,
+    max_corrupted_records_to_skip: int = 0,
+    max_record_bytes: int | None = None,
+):
+    """A new framer for one epoch of one channel (framers keep the stream offset for error messages).
+
+    ``max_record_bytes``: the longest record accepted (None: ``$SAGEMAKER_DIST_MAX_RECORD_BYTES``,
+    else 2 GiB - 1; ``contract.record_formats.max_record_bytes``).
+    """
+    framer = FRAMERS[check_record_format(record_format)]
+    return framer(channel, epoch, max_corrupted_records_to_skip, max_record_bytes)
 
 
 def frame_views(
@@ -59,7 +70,9 @@ def frame_views(
     buf = bytearray(max(2 * target, 1))  # grows with the target: no 4 MiB to clear before the first read
     filled = 0
     while True:
-        filled, eof = _fill(readinto, buf, filled, max(target, framer.need), framer.need, ready)
+        # A record whose size is not known (a text line without its newline yet): a chunk more, not a byte.
+        want = framer.need if framer.need > filled + 1 else filled + max(target, 1)
+        filled, eof = _fill(readinto, buf, filled, max(target, want), framer.need, ready)
         target = min(4 * target, chunk_size // 2)
         filled = yield from _frame_buffered(framer, buf, filled)
         if eof:
@@ -81,14 +94,18 @@ def _fill(readinto, buf: bytearray, filled: int, target: int, need: int, ready) 
 
     Returns ``(filled, end of stream)``. Stops early when the writer is quiet (``ready``) and the
     ``need`` bytes of the next record are already there, so a slow writer does not delay them.
+    ``buf`` grows to no more than twice the bytes in it, or READ_STEP: a target is a length the
+    stream claims, and a short stream that claims a long record ends before the memory is spent.
     """
-    if target > len(buf):
-        buf.extend(bytes(max(target, 2 * len(buf)) - len(buf)))
     while filled < target:
         if ready is not None and filled and filled >= need and not ready(STALL_SECONDS):
             break  # the writer is quiet: hand over what can be framed now
+        if target > len(buf):
+            size = min(max(target, 2 * len(buf)), max(2 * filled, READ_STEP))
+            if size > len(buf):
+                buf.extend(bytes(size - len(buf)))
         with memoryview(buf) as mv:  # no further than the target: the first chunks stay small
-            n = readinto(mv[filled:target])
+            n = readinto(mv[filled : min(target, len(buf))])
         if not n:
             return filled, True
         filled += n
@@ -149,9 +166,10 @@ def iter_records(
     epoch: int = 0,
     max_corrupted_records_to_skip: int = 0,
     chunk_size: int = DEFAULT_CHUNK,
+    max_record_bytes: int | None = None,
 ) -> Iterator[bytes]:
     """Plain-Python record iterator over a stream (no TensorFlow): one ``bytes`` per record."""
-    framer = make_framer(record_format, channel, epoch, max_corrupted_records_to_skip)
+    framer = make_framer(record_format, channel, epoch, max_corrupted_records_to_skip, max_record_bytes)
     for blob, starts, lengths in frame_stream(readinto, framer, chunk_size):
         for s, n in zip(starts.tolist(), lengths.tolist()):
             yield blob[s : s + n]

@@ -19,15 +19,19 @@ from sagemaker_dist.runtime.framing.base import (
     DEFAULT_CHUNK,
     LARGE_RECORD_BYTES,
     MAX_GROUP_BYTES,
+    READ_STEP,
     STALL_SECONDS,
     Framer,
     RecordFormatError,
 )
 
+_NATIVE_API = 2  # scan() takes the record length limit (a build from before it is not used)
 try:  # the compiled scan (setup.py builds it where it can); the numpy path below is the same contract
     from sagemaker_dist.runtime.framing import _tfrecord_scan as _native
 except ImportError:  # pragma: no cover - depends on the install
     _native = None
+if _native is not None and getattr(_native, "API", 1) != _NATIVE_API:  # pragma: no cover - a stale build
+    _native = None  # rebuilt by pip install -e . (scripts/setup.sh)
 
 _HEADER_CRC_CACHE_LIMIT = 4096
 _RUN_LOOKAHEAD = 4096  # records of one length checked per numpy call
@@ -89,6 +93,10 @@ class TFRecordFramer(Framer):
                 if records:  # the chunk path takes over (and reports a bad header)
                     yield records
                 return pending, False
+            if n > self.max_record:
+                if records:
+                    yield records
+                raise self.too_long(n, 0)
             if records and ready is not None and not ready(STALL_SECONDS):
                 yield records  # the writer is quiet: hand over what was read
                 records, size = [], 0
@@ -118,6 +126,14 @@ class TFRecordFramer(Framer):
                 yield records
                 records, size = [], 0
 
+    def _over_limit(self, buf, pos: int) -> RecordFormatError:
+        """The error for the length field at ``pos``, over the limit: too long where its CRC matches
+        (checked here: the limit is checked before it), else a bad header."""
+        n = _unpack_from("<Q", buf, pos)[0]
+        if _unpack_from("<I", buf, pos + 8)[0] == self._header_crc(n):
+            return self.too_long(n, pos)
+        return self._bad_header(n, pos)
+
     def _bad_header(self, n: int, pos: int) -> RecordFormatError:
         return self.error(
             f"length CRC mismatch (length field {n}); the stream is corrupt or not TFRecord "
@@ -130,9 +146,14 @@ class TFRecordFramer(Framer):
         blocks_pos, blocks_len = [], []
         single_pos, single_len = [], []
         unpack = _unpack_from
+        max_record = self.max_record
         pos = 0
         while pos + 12 <= end:
             n = unpack("<Q", buf, pos)[0]
+            if n > max_record:
+                if single_pos or blocks_pos:
+                    break  # deliver the records before it first
+                raise self._over_limit(buf, pos)
             stride = n + 16
             if pos + stride > end:
                 if unpack("<I", buf, pos + 8)[0] != self._header_crc(n):
@@ -201,10 +222,10 @@ class TFRecordFramer(Framer):
         positions = np.empty(room, dtype=np.int64)
         lengths = np.empty(room, dtype=np.int64)
         codes = np.empty(room, dtype=np.uint8)
-        count, self.need = _native.scan(buf, end, positions, lengths, codes)
+        count, self.need = _native.scan(buf, end, positions, lengths, codes, self.max_record)
         if not count:
-            if not self.need and end >= 12:  # a frame that does not fit, and its length CRC is wrong
-                raise self._bad_header(_unpack_from("<Q", buf, 0)[0], 0)
+            if not self.need and end >= 12:  # a frame that does not fit and whose length CRC is wrong,
+                raise self._over_limit(buf, 0)  # or a length over the limit
             return None
         codes = codes[:count]
         return positions[:count], lengths[:count], codes != 2, codes == 1
@@ -238,16 +259,20 @@ class TFRecordFramer(Framer):
 
 
 def _read_exact(read: Callable[[int], bytes], n: int) -> bytes:
-    """``n`` bytes from ``read`` (fewer only at the end of the stream); one call, so no copy, when it can."""
+    """``n`` bytes from ``read`` (fewer only at the end of the stream); one call, so no copy, when it can.
+
+    No call asks for more than READ_STEP bytes or the bytes already read: ``n`` is what the stream
+    claims, and ``read(n)`` (``os.read``) allocates all ``n`` at once, before any of them came.
+    """
     if n <= 0:
         return b""
-    first = read(n)
+    first = read(min(n, READ_STEP))
     if len(first) == n or not first:
         return first
     parts = [first]
     got = len(first)
     while got < n:
-        more = read(n - got)
+        more = read(min(n - got, max(got, READ_STEP)))
         if not more:
             break
         parts.append(more)

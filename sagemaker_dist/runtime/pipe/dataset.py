@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from sagemaker_dist.contract.paths import opt_ml_root
 from sagemaker_dist.contract.record_formats import check_record_format
+from sagemaker_dist.contract.record_formats import max_record_bytes as record_limit
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT
 from sagemaker_dist.runtime.malloc_tuning import tune_malloc
@@ -60,6 +61,10 @@ class PipeModeDataset:
     per-record work in tf.data (``Dataset.rebatch``): faster for small records. The records are read by
     the compiled op where it builds here, else in Python (``pipe.native_build``; one log line says
     which, ``$SAGEMAKER_DIST_READER`` forces one): the same records, errors and epochs either way.
+    ``max_record_bytes`` is the longest record either reader accepts (default
+    ``$SAGEMAKER_DIST_MAX_RECORD_BYTES``, else 2 GiB - 1): a longer one, or a length field that claims
+    one, is a ``RecordFormatError`` (``DataLossError`` from the compiled reader) naming the channel,
+    epoch and byte offset, raised before anything is allocated for it.
     """
 
     def __new__(
@@ -77,8 +82,10 @@ class PipeModeDataset:
         chunk_size: int | None = None,
         batch_size: int | None = None,
         drop_remainder: bool = False,
+        max_record_bytes: int | None = None,
     ) -> tf.data.Dataset:
         check_record_format(record_format)
+        max_record_bytes = record_limit(max_record_bytes)  # a bad value fails here, naming itself
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise PipeModeDatasetError(f"batch_size is {batch_size!r}; use a whole number >= 1 or None")
         if max_corrupted_records_to_skip < 0:
@@ -96,14 +103,14 @@ class PipeModeDataset:
         op = compiled_op()
         if op is not None:
             tune_malloc()
-            return compiled_dataset(op, *source, batch_size, drop_remainder)
+            return compiled_dataset(op, *source, batch_size, drop_remainder, max_record_bytes)
         # The Python reader's modules (its framers, crc32c) are imported only where it runs: about
         # 6 ms of every fresh process's start-up on the compiled reader (docs/benchmarks.md).
         from sagemaker_dist.runtime.framing import DEFAULT_CHUNK
         from sagemaker_dist.runtime.pipe.reader import EpochReader
         from sagemaker_dist.runtime.pipe.tf_bridge import records_dataset
 
-        reader = EpochReader(*source, DEFAULT_CHUNK if chunk_size is None else chunk_size)
+        reader = EpochReader(*source, DEFAULT_CHUNK if chunk_size is None else chunk_size, max_record_bytes)
         return records_dataset(reader, batch_size, drop_remainder)
 
 

@@ -91,7 +91,17 @@ class EpochReader:
     """
 
     def __init__(
-        self, channel, record_format, state_dir, pipe_dir, benchmark, interval, max_skip, timeout, chunk_size
+        self,
+        channel,
+        record_format,
+        state_dir,
+        pipe_dir,
+        benchmark,
+        interval,
+        max_skip,
+        timeout,
+        chunk_size,
+        max_record_bytes=None,
     ):
         self.channel = channel
         self.record_format = record_format
@@ -102,6 +112,7 @@ class EpochReader:
         self.max_skip = max_skip
         self.timeout = timeout
         self.chunk_size = chunk_size
+        self.max_record_bytes = max_record_bytes  # None: the variable's, else the default
 
     def __call__(self, group: int = 0, convert=None):
         """Chunks of the next epoch's FIFO; ``group`` and ``convert`` as in :meth:`_chunks`."""
@@ -123,7 +134,7 @@ class EpochReader:
         Large records come in lists of a multiple of ``group`` records where they can (the batch
         size: TensorFlow's rebatch then passes them through without a copy).
         """
-        framer = make_framer(self.record_format, self.channel, epoch, self.max_skip)
+        framer = make_framer(self.record_format, self.channel, epoch, self.max_skip, self.max_record_bytes)
         started = time.perf_counter()
         next_report = self.interval
         convert = convert or _as_is

@@ -51,7 +51,7 @@ class PipeDataset : public DatasetBase {
   Status AsGraphDefInternal(SerializationContext* ctx, DatasetGraphDefBuilder* b,
                             Node** output) const override {
     const Config& c = config_;
-    std::vector<Node*> n(12);
+    std::vector<Node*> n(12);  // the op's inputs, in their order
     TF_RETURN_IF_ERROR(b->AddScalar(tstring(c.channel), &n[0]));
     TF_RETURN_IF_ERROR(b->AddScalar(tstring(c.format), &n[1]));
     TF_RETURN_IF_ERROR(b->AddScalar(tstring(c.state_dir), &n[2]));
@@ -63,7 +63,7 @@ class PipeDataset : public DatasetBase {
     TF_RETURN_IF_ERROR(b->AddScalar(c.benchmark, &n[8]));
     TF_RETURN_IF_ERROR(b->AddScalar(c.interval, &n[9]));
     TF_RETURN_IF_ERROR(b->AddScalar(c.id, &n[10]));
-    n.pop_back();
+    TF_RETURN_IF_ERROR(b->AddScalar(static_cast<int64_t>(c.max_record), &n[11]));
     return b->AddDataset(this, n, output);
   }
 
@@ -188,6 +188,16 @@ class PipeDataset : public DatasetBase {
                    at);
     }
 
+    // A record of `length` bytes (or more, `at_least`) over max_record_bytes: framing/base.py's words.
+    Status TooLong(uint64_t length, uint64_t at, bool at_least = false) const {
+      return Error(absl::StrCat("a record of ", at_least ? "at least " : "", length,
+                                " bytes is longer than max_record_bytes=", c_.max_record,
+                                " (the stream is corrupt or not ", c_.format,
+                                "; if the records are this long, raise max_record_bytes= or "
+                                "$SAGEMAKER_DIST_MAX_RECORD_BYTES)"),
+                   at);
+    }
+
     // A corrupted record: skipped if max_corrupted_records_to_skip allows (as AWS's reader does).
     Status Corrupted(const std::string& message, uint64_t at) {
       ++bad_in_a_row_;
@@ -239,22 +249,36 @@ class PipeDataset : public DatasetBase {
                                   "RecordWrapperType)"),
                      in_.offset);
       uint64_t at = in_.offset;
+      // Before any arithmetic on n (n + 16 wraps near 2**64) and before anything is allocated for it.
+      if (n > c_.max_record) return TooLong(n, at);
       if (n >= kLargeRecord && have < n + 16) {  // the kernel's copy is the record
         after_large_ = true;
         in_.Consume(12);
         size_t buffered = std::min<size_t>(in_.size(), n);
-        out->resize_uninitialized(n);
-        char* data = &(*out)[0];
-        memcpy(data, in_.data(), buffered);
+        // The tensor grows as the bytes come (kReadStep, then doubling): n is only what the stream
+        // claims. resize_uninitialized keeps the bytes, and a block this large moves by mremap.
+        size_t size = std::min<uint64_t>(n, std::max(buffered, kReadStep));
+        out->resize_uninitialized(size);
+        memcpy(&(*out)[0], in_.data(), buffered);
         in_.Consume(buffered);
-        size_t got = 0;
-        if (buffered < n) TF_RETURN_IF_ERROR(in_.ReadExact(ctx, data + buffered, n - buffered, 16, &got));
-        if (buffered + got < n) return Truncated(12 + buffered + got, n + 16, at);
+        size_t filled = buffered;
+        while (filled < n) {
+          if (filled == size) {
+            size = std::min<uint64_t>(n, 2 * size);
+            out->resize_uninitialized(size);
+          }
+          size_t got = 0;
+          TF_RETURN_IF_ERROR(
+              in_.ReadExact(ctx, &(*out)[0] + filled, size - filled, size == n ? 16 : 0, &got));
+          bool short_read = got < size - filled;
+          filled += got;
+          if (short_read) return Truncated(12 + filled, n + 16, at);
+        }
         TF_RETURN_IF_ERROR(in_.Fill(ctx, 4, false));
         if (in_.size() < 4) return Truncated(12 + n + (in_.size()), n + 16, at);
         uint32_t stored = U32(in_.data());
         in_.Consume(4);
-        if (stored == MaskedCrc(data, n)) {
+        if (stored == MaskedCrc(out->data(), n)) {
           bad_in_a_row_ = 0;
           return absl::OkStatus();
         }
@@ -303,6 +327,8 @@ class PipeDataset : public DatasetBase {
           return Error(absl::StrCat("multipart flag ", flag, " out of sequence (",
                                     first ? "a record must start with flag 0 or 1" : "expected 2 or 3", ")"),
                        in_.offset);
+        uint64_t size = out->size() + uint64_t{n};  // the parts so far: the record is at least this long
+        if (size > c_.max_record) return TooLong(size, start, !first || flag != 0);
         size_t padded = 8 + n + ((4 - n % 4) % 4);
         TF_RETURN_IF_ERROR(in_.Fill(ctx, padded, true));
         have = in_.size();
@@ -325,11 +351,15 @@ class PipeDataset : public DatasetBase {
           size_t len = nl != nullptr ? nl - start : have;
           size_t line = len;
           if (line > 0 && start[line - 1] == '\r') --line;
+          if (line > c_.max_record) return TooLong(line, in_.offset);
           out->assign(start, line);
           in_.Consume(nl != nullptr ? len + 1 : len);
           return absl::OkStatus();
         }
         if (in_.eof) return *eof = true, absl::OkStatus();
+        // No newline yet: the line so far, less a '\r' that a newline may follow, is its least length.
+        size_t so_far = have - (have > 0 && start[have - 1] == '\r');
+        if (so_far > c_.max_record) return TooLong(so_far, in_.offset, true);
         scanned = have;
         TF_RETURN_IF_ERROR(in_.Fill(ctx, have + 1, true));
       }
@@ -382,6 +412,12 @@ class PipeDatasetOp : public DatasetOpKernel {
     OP_REQUIRES_OK(ctx, Scalar(ctx, "benchmark", &c.benchmark));
     OP_REQUIRES_OK(ctx, Scalar(ctx, "benchmark_records_interval", &c.interval));
     OP_REQUIRES_OK(ctx, Scalar(ctx, "dataset_id", &c.id));
+    int64_t max_record = 0;
+    OP_REQUIRES_OK(ctx, Scalar(ctx, "max_record_bytes", &max_record));
+    OP_REQUIRES(ctx, max_record >= 1 && static_cast<uint64_t>(max_record) <= kMaxRecordCeiling,
+                absl::InvalidArgumentError(absl::StrCat("max_record_bytes ", max_record,
+                                                        " is not from 1 to 2**62")));
+    c.max_record = static_cast<uint64_t>(max_record);
     c.channel = std::string(channel);
     c.format = std::string(format);
     c.state_dir = std::string(state_dir);
@@ -404,6 +440,7 @@ REGISTER_OP("SagemakerDistPipeDataset")
     .Input("benchmark: bool")
     .Input("benchmark_records_interval: int64")
     .Input("dataset_id: int64")
+    .Input("max_record_bytes: int64")
     .Output("handle: variant")
     .SetDoNotOptimize()  // a source dataset: no constant folding
     .SetShapeFn(shape_inference::ScalarShape);

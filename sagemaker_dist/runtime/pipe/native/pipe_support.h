@@ -48,6 +48,12 @@ constexpr size_t kBufferBytes = 1 << 20;     // read size, and the pipe buffer a
 // records needs tens of KiB, and copying (and page-faulting) a whole MiB before it delays it.
 constexpr size_t kFirstRead = 64 << 10;
 constexpr uint64_t kLargeRecord = 32 << 10;  // TFRecords this large are read into their tensor
+// A record's claimed length is trusted this far (framing/base.py's READ_STEP): memory for a longer one
+// grows only as its bytes come, to at most twice what came, so a short stream claiming 1 GiB costs this.
+constexpr size_t kReadStep = 64 << 20;
+// The highest max_record_bytes (contract/record_formats.py's ceiling): a length up to it plus a
+// frame's few bytes never wraps 64 bits.
+constexpr uint64_t kMaxRecordCeiling = uint64_t{1} << 62;
 constexpr uint32_t kRecordIOMagic = 0xCED7230A;
 constexpr int kPollMs = 50;  // how often a blocked read looks for cancellation or a newer iterator
 
@@ -273,6 +279,7 @@ struct Config {
   std::string channel, format, state_dir, pipe_dir;
   float timeout;
   int64_t max_skip, batch, interval, id;
+  uint64_t max_record;  // the longest record accepted, checked before anything is allocated for it
   bool drop_remainder, benchmark;
 };
 
@@ -326,10 +333,11 @@ class FifoBuffer {
 
   // At least `need` bytes buffered (fewer only at the end). Greedy reads fill the buffer; others
   // ask for `need` or 16 bytes (after a large record: its CRC and the next header, not its data).
+  // The buffer grows to at most twice the bytes in it, or kReadStep: `need` is what the stream claims.
   Status Fill(IteratorContext* ctx, size_t need, bool greedy) {
     while (end_ - begin_ < need && !eof) {
       size_t have = end_ - begin_;
-      size_t want = greedy ? need : std::max<size_t>(need, 16);
+      size_t want = std::min(greedy ? need : std::max<size_t>(need, 16), std::max(2 * have, kReadStep));
       if (cap_ - begin_ < want || (greedy && end_ == cap_)) {
         if (cap_ < want) {
           size_t cap = std::max(want, 2 * cap_);
