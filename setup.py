@@ -18,6 +18,8 @@ TENSORFLOW = ["tensorflow-cpu==2.15.1"]
 # its own (scripts/tf-latest-check.sh). This TF wheel leaves TensorBoard out.
 TF_LATEST = ["tensorflow-cpu==2.21.0", "tensorboard==2.21.0"]
 HOROVOD = ["horovod==0.28.1"]
+# distribution torchrun: DDP over Pipe channels (runtime.torch); tensorboard for torch.utils.tensorboard
+TORCH = ["torch==2.13.0", "tensorboard>=2.15,<3"]
 # scripts/docs.sh: the site (mkdocs-material, the API reference from the docstrings, the executed notebook)
 # and the benchmark plots
 DOCS = [
@@ -63,6 +65,7 @@ setup(
         "tensorflow": TENSORFLOW + RUNTIME,
         "tf-latest": TF_LATEST + RUNTIME,
         "horovod": HOROVOD,
+        "torch": TORCH + RUNTIME,
         "local": SDK + LOCAL + OPTUNA,
         "dev": DEV + RUNTIME + OPTUNA,
         "docs": DOCS,

@@ -20,6 +20,19 @@ _LAZY = {
     "RecordFormatError": "sagemaker_dist.runtime.framing.base",
     "file_channel_dataset": "sagemaker_dist.runtime.file_dataset",
     "TensorBoardSyncer": "sagemaker_dist.runtime.tensorboard_sync",
+    # PyTorch DDP under torchrun (PyTorch loads when these are used, not when they are imported)
+    "setup_ddp": "sagemaker_dist.runtime.torch.process_group",
+    "DdpJob": "sagemaker_dist.runtime.torch.process_group",
+    "ddp_main": "sagemaker_dist.runtime.torch.process_group",
+    "PipeBatches": "sagemaker_dist.runtime.torch.batches",
+    "agreed_batches": "sagemaker_dist.runtime.torch.epochs",
+    "PipeTraining": "sagemaker_dist.runtime.torch.training",
+    "save_torch_checkpoint": "sagemaker_dist.runtime.torch.checkpoints",
+    "restore_torch_checkpoint": "sagemaker_dist.runtime.torch.checkpoints",
+    "parse_example": "sagemaker_dist.runtime.torch.records",
+    "example_decoder": "sagemaker_dist.runtime.torch.records",
+    "raw_decoder": "sagemaker_dist.runtime.torch.records",
+    "ExampleParseError": "sagemaker_dist.runtime.torch.records",
 }
 # submodules reachable as attributes (``from sagemaker_dist.runtime import horovod_keras``)
 _SUBMODULES = ("horovod_keras", "checkpoints", "tensorboard_sync")

@@ -1,0 +1,175 @@
+"""This rank's Pipe channel as batches of tensors, read by a thread beside the training loop.
+
+A DataLoader with workers cannot read a FIFO (each worker would get a copy of the dataset and they
+would split one pipe's bytes), so one thread per epoch reads the FIFO, frames the records
+(``runtime.framing``: TFRecord, RecordIO or text lines), decodes each record (``decode``), collates
+``batch_size`` of them (``collate``, default ``torch.utils.data.default_collate``) and, where CUDA
+is, pins the batch, up to ``prefetch`` batches ahead. Each iteration opens the channel's next FIFO
+(``<channel>_<n>``, the epoch counter shared with every reader on the host), and closing an iteration
+early (the epoch ended on another rank) closes the FIFO unread, so SageMaker opens the next one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sagemaker_dist.contract.paths import fifo_name
+from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT, FifoReader, fifo_path, wait_for_fifo
+from sagemaker_dist.runtime.framing import DEFAULT_CHUNK, frame_views, make_framer
+from sagemaker_dist.runtime.pipe.epochs import update_epoch
+from sagemaker_dist.runtime.pipe.reader import read_ahead
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PREFETCH = 4  # batches the reader thread prepares ahead of the loop
+
+
+def _records(item) -> list[bytes]:
+    """The records of one item of ``frame_views`` as ``bytes`` each (copies that outlive the buffer)."""
+    if isinstance(item, list):  # large records, read one by one
+        return item
+    view, starts, lengths, extra = item
+    blob = view.tobytes()
+    view.release()
+    if extra:
+        blob += b"".join(extra)
+    return [blob[s : s + n] for s, n in zip(starts.tolist(), lengths.tolist())]
+
+
+def pin(batch):
+    """``batch`` with every tensor in pinned memory (nested tuples, lists and dicts kept)."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.pin_memory()
+    if isinstance(batch, tuple):
+        return (
+            type(batch)(*(pin(b) for b in batch))
+            if hasattr(batch, "_fields")
+            else tuple(pin(b) for b in batch)
+        )
+    if isinstance(batch, list):
+        return [pin(b) for b in batch]
+    if isinstance(batch, dict):
+        return {k: pin(v) for k, v in batch.items()}
+    return batch
+
+
+class PipeBatches:
+    """Iterable over batches of one Pipe-mode channel; every ``iter()`` reads the channel's next epoch.
+
+    ``job``: the ``DdpJob`` of ``setup_ddp`` (its channel for ``role``), or a channel name with
+    ``config`` (a ``ContainerConfig``). ``decode(record: bytes)`` makes a sample (tensors, arrays,
+    numbers, or a tuple/dict of them); the default keeps the bytes. ``record_format``: "TFRecord"
+    (default; "RecordIO" when the channel's RecordWrapperType is RecordIO), "RecordIO" or "TextLine".
+    ``drop_last`` drops a last, smaller batch. ``pin_memory``: None pins where CUDA is.
+    ``records`` counts the records this object has handed out in batches, over every epoch.
+    """
+
+    def __init__(
+        self,
+        job,
+        batch_size: int,
+        *,
+        role: str = "train",
+        decode: Callable[[bytes], Any] | None = None,
+        collate: Callable[[list], Any] | None = None,
+        record_format: str | None = None,
+        drop_last: bool = False,
+        prefetch: int = DEFAULT_PREFETCH,
+        pin_memory: bool | None = None,
+        timeout: float = DEFAULT_FIFO_TIMEOUT,
+        max_corrupted_records_to_skip: int = 0,
+        chunk_size: int = DEFAULT_CHUNK,
+        config=None,
+    ):
+        if isinstance(job, str):
+            if config is None:
+                from sagemaker_dist.runtime.config import ContainerConfig
+
+                config = ContainerConfig.load()
+            self.channel, self.config = job, config
+        else:
+            self.channel, self.config = job.channels[role], job.config
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size={batch_size!r}: give a whole number >= 1")
+        if int(prefetch) < 1:
+            raise ValueError(f"prefetch={prefetch!r}: give a whole number >= 1")
+        wrapper = self.config.record_wrapper(self.channel)
+        self.record_format = record_format or ("RecordIO" if wrapper == "RecordIO" else "TFRecord")
+        if wrapper == "RecordIO" and self.record_format != "RecordIO":
+            raise ValueError(
+                f"channel {self.channel!r} has RecordWrapperType RecordIO, so its stream is RecordIO frames; "
+                f"pass record_format='RecordIO' (got {self.record_format!r})"
+            )
+        make_framer(self.record_format, self.channel)  # an unknown format fails here, not in the thread
+        self.batch_size = int(batch_size)
+        self.decode = decode
+        self.collate = collate
+        self.drop_last = drop_last
+        self.prefetch = int(prefetch)
+        self.pin_memory = pin_memory
+        self.timeout = float(timeout)
+        self.max_skip = int(max_corrupted_records_to_skip)
+        self.chunk_size = int(chunk_size)
+        self.pipe_dir = Path(self.config.data_dir)
+        self.state_dir = Path(self.config.pipe_state_dir)
+        self.records = 0
+        self.epochs_opened = 0
+
+    def __iter__(self):
+        epoch = update_epoch(self.state_dir, self.channel)
+        try:
+            path = wait_for_fifo(fifo_path(self.pipe_dir, self.channel, epoch), self.timeout)
+        except Exception:
+            update_epoch(self.state_dir, self.channel, undo=epoch)  # a retry waits for the same FIFO
+            raise
+        self.epochs_opened += 1
+        ahead = read_ahead(self._batches(epoch, path), self.prefetch, fifo_name(self.channel, epoch))
+        with contextlib.closing(ahead):  # an iteration closed early stops the thread, which closes the FIFO
+            for batch, count in ahead:
+                self.records += count
+                yield batch
+
+    def _collate(self):
+        if self.collate is not None:
+            return self.collate
+        from torch.utils.data import default_collate
+
+        return default_collate
+
+    def _batches(self, epoch: int, path: Path):
+        """``(batch, records in it)`` of one FIFO, made in the reader thread."""
+        import torch
+
+        collate = self._collate()
+        decode = self.decode
+        pinned = torch.cuda.is_available() if self.pin_memory is None else self.pin_memory
+        framer = make_framer(self.record_format, self.channel, epoch, self.max_skip)
+        pending: list = []
+        with FifoReader(path) as reader:
+            items = frame_views(
+                reader.readinto, framer, self.chunk_size, ready=reader.ready, read=reader.read
+            )
+            for item in items:
+                for record in _records(item):
+                    pending.append(decode(record) if decode is not None else record)
+                    if len(pending) == self.batch_size:
+                        batch = collate(pending)
+                        yield (pin(batch) if pinned else batch), len(pending)
+                        pending = []
+            if framer.skipped:
+                log.warning(
+                    "channel %r, epoch %d: skipped %d corrupted record(s), read %d",
+                    self.channel,
+                    epoch,
+                    framer.skipped,
+                    framer.records,
+                )
+        if pending and not self.drop_last:
+            batch = collate(pending)
+            yield (pin(batch) if pinned else batch), len(pending)

@@ -1,0 +1,163 @@
+"""Epochs that end on the same step on every rank, without record counts.
+
+Uneven shards are the rule in Pipe mode (nobody counts the records of a channel), and under DDP a rank
+that runs out stops calling the allreduce while the others wait for it. So before every step each rank
+says whether it has a batch and whether it wants to stop (SIGTERM), and the ranks take the minimum of
+``[has, -wants]`` in one allreduce on the CPU (Gloo): the epoch ends on every rank at the first step
+where some rank has none ("shortest": the records the others still hold are not trained this epoch,
+and their FIFOs are closed unread), and a stop any rank asked for ends it on every rank before the same
+step. At the epoch's end one allgather says which ranks ran out (rank 0 logs it).
+
+With ``join=[model, ...]`` every record is trained instead: ``torch.distributed.algorithms.Join``
+shadows the collectives of the ranks that finished until the last one has (no custom collectives in
+the forward pass, e.g. SyncBatchNorm); a stop is then agreed at the epoch's end only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+
+log = logging.getLogger(__name__)
+
+_END = object()
+
+
+def _initialised() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+class AgreedEpoch:
+    """One epoch of ``batches`` that ends by agreement; iterate it once. After the iteration:
+    ``steps`` (batches yielded), ``skipped`` (batches dropped at the start, see ``skip``), ``stopped``
+    (the ranks agreed on a stop), ``ran_out`` (the ranks that had no batch at the last step)."""
+
+    def __init__(
+        self,
+        batches: Iterable,
+        *,
+        group=None,
+        stop=None,
+        skip: int = 0,
+        join: Sequence | None = None,
+        what: str = "train",
+    ):
+        self.batches = batches
+        self.group = group
+        self.stop = stop
+        self.skip = int(skip)
+        self.join = list(join) if join else None
+        self.what = what
+        self.steps = 0
+        self.skipped = 0
+        self.stopped = False
+        self.exhausted = False  # the epoch's data was used up (set with a stop in join mode too)
+        self.ran_out: tuple[int, ...] = ()
+        self.agreements = 0  # allreduces made: one per step and one at the end
+
+    def _wants(self) -> int:
+        return 1 if self.stop is not None and self.stop.wanted() else 0
+
+    def __iter__(self):
+        iterator = iter(self.batches)
+        try:
+            while self.skipped < self.skip and next(iterator, _END) is not _END:
+                self.skipped += 1  # read, not trained: the steps trained before a stop
+            if self.join is not None:
+                yield from self._joined(iterator)
+            else:
+                yield from self._agreed(iterator)
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()  # the rest of the FIFO unread: the reader thread stops and closes it
+
+    def _agreed(self, iterator):
+        import torch
+        import torch.distributed as dist
+
+        distributed = _initialised()
+        flag = torch.zeros(2, dtype=torch.int64)
+        while True:
+            batch = next(iterator, _END)
+            has = batch is not _END
+            flag[0], flag[1] = int(has), -self._wants()
+            if distributed:
+                dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+                self.agreements += 1
+            everyone, stopping = flag.tolist()
+            if stopping < 0:
+                self.stopped = True
+                self.exhausted = everyone <= 0  # the stop came with the epoch's end: the epoch is done
+                return
+            if everyone <= 0:
+                self._note_end(has, distributed)
+                return
+            self.steps += 1
+            yield batch
+
+    def _joined(self, iterator):
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.algorithms import Join
+
+        distributed = _initialised()
+        if distributed:
+            with Join(self.join):
+                for batch in iterator:
+                    self.steps += 1
+                    yield batch
+        else:
+            for batch in iterator:
+                self.steps += 1
+                yield batch
+        if distributed:
+            wants = torch.tensor([self._wants()], dtype=torch.int64)
+            dist.all_reduce(wants, op=dist.ReduceOp.MAX, group=self.group)
+            self.agreements += 1
+            self.stopped = bool(wants.item())
+        self.exhausted = True
+
+    def _note_end(self, has: bool, distributed: bool) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if not distributed:
+            self.ran_out = (0,)
+            return
+        mine = torch.tensor([0 if has else 1, self.steps], dtype=torch.int64)
+        everyone = [torch.zeros(2, dtype=torch.int64) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(everyone, mine, group=self.group)
+        self.agreements += 1
+        self.ran_out = tuple(r for r, t in enumerate(everyone) if t[0].item())
+        if dist.get_rank() == 0:
+            print(
+                f"sagemaker-dist: {self.what} epoch ended for every rank after {self.steps} step(s): "
+                f"rank(s) {', '.join(map(str, self.ran_out)) or '-'} ran out of data"
+                + (
+                    f" (after skipping {self.skipped} batch(es) trained before a stop)"
+                    if self.skipped
+                    else ""
+                ),
+                flush=True,
+            )
+
+
+def agreed_batches(
+    batches: Iterable,
+    *,
+    group=None,
+    stop=None,
+    skip: int = 0,
+    join: Sequence | None = None,
+    what: str = "train",
+) -> AgreedEpoch:
+    """``batches`` (one epoch: a ``PipeBatches`` iteration, or any iterable) ended at the same step on
+    every rank: the first step where some rank has no batch, or a stop (``stop``: a
+    ``keras.stop.StopRequest``-like object with ``wanted()``) that any rank asked for. Call it on
+    every rank, the same number of times; ``group``: the process group of the agreement (the job's
+    ``agreement_group``). ``skip``: batches to read and drop first (a resume inside the epoch).
+    ``join``: the ``Joinable`` objects (the DDP model) to train every record with ``Join`` instead."""
+    return AgreedEpoch(batches, group=group, stop=stop, skip=skip, join=join, what=what)

@@ -1,0 +1,263 @@
+"""This rank under ``torchrun``: its channel, checked before any collective, then the process group.
+
+``setup_ddp`` does the local checks first, in well under a second and with no peer involved: the
+rank variables torchrun sets, the channel layout against the world (``ranks.check_rank_channels``:
+a layout planned for another world size, a Pipe channel several ranks of a host would read), and a
+claim on the rank's FIFO (an flock next to the epoch counter: a second reader of the same channel on
+the host fails at once, naming the process that holds it). Only then does it start the process
+group (``env://``: NCCL where CUDA is, else Gloo) with a bounded timeout, so a peer that never comes
+or dies fails the collective instead of hanging the job. The per-step agreements run on a Gloo group
+of their own on the CPU, so they never wait on the GPU's stream.
+
+``ddp_main`` wraps a script's ``main``: an exception is printed with the rank and its traceback (and
+recorded for torchrun's error summary), so the failed job names the rank that raised.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import functools
+import os
+import sys
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sagemaker_dist.runtime.config import ContainerConfig
+from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo, check_rank_channels
+
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+TIMEOUT_ENV = "SAGEMAKER_DIST_COLLECTIVE_TIMEOUT"  # seconds a collective may wait for its peers
+DEFAULT_TIMEOUT_S = 1800.0  # torch's own default for Gloo and NCCL
+
+
+def torchrun_rank(environ: Mapping[str, str] | None = None) -> RankInfo:
+    """This process's rank from torchrun's variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+    ``LOCAL_WORLD_SIZE``); 0 of 1 when none is set (a plain ``python train.py``)."""
+    env = os.environ if environ is None else environ
+    present = [n for n in TORCHRUN_VARIABLES if n in env]
+    if not present:
+        return RankInfo(0, 0, 1, 1, "default")
+    missing = [n for n in TORCHRUN_VARIABLES if n not in env]
+    if missing:
+        raise RankChannelError(
+            f"torchrun's rank variables are incomplete: {', '.join(present)} set, {', '.join(missing)} "
+            "missing; start the script with torchrun (or set all four)"
+        )
+    try:
+        values = [int(env[n]) for n in TORCHRUN_VARIABLES]
+    except ValueError as exc:
+        raise RankChannelError(f"torchrun's rank variables are not whole numbers: {exc}") from exc
+    return RankInfo(*values, source="torchrun")
+
+
+def collective_timeout(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds a collective waits for its peers: ``$SAGEMAKER_DIST_COLLECTIVE_TIMEOUT``, else 1800."""
+    raw = (os.environ if environ is None else environ).get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise RankChannelError(f"{TIMEOUT_ENV}={raw!r}: give a number of seconds > 0")
+    return value
+
+
+class ChannelClaim:
+    """This process's claim on a Pipe channel of its host: an flock held for the process's life.
+
+    A FIFO has one reader; two processes reading one channel silently split its records. The claim
+    is ``<pipe_state>/<channel>.reader`` (where the epoch counter is), holding the claimant's pid."""
+
+    def __init__(self, config: ContainerConfig, channel: str, who: str):
+        state = config.pipe_state_dir
+        state.mkdir(parents=True, exist_ok=True)
+        self.path = state / f"{channel}.reader"
+        self.channel = channel
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self._fd, 200, 0).decode(errors="replace").strip() or "?"
+            os.close(self._fd)
+            self._fd = -1
+            raise RankChannelError(
+                f"{who}: channel {channel!r} is already read by another process on this host ({holder}); "
+                "a Pipe-mode FIFO has one reader only (two readers silently split its records). Start "
+                "one process per channel: as many ranks per host as the layout was planned for, each "
+                "with its own LOCAL_RANK"
+            ) from None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"pid {os.getpid()} ({who})".encode(), 0)
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # the flock goes with the descriptor
+            self._fd = -1
+
+
+@dataclass
+class DdpJob:
+    """What ``setup_ddp`` returns: this rank, its channels (role -> channel), the device it trains on
+    and the groups its collectives run on (``agreement_group``: Gloo on the CPU, for the per-step
+    agreements; None means the default group)."""
+
+    rank_info: RankInfo
+    config: ContainerConfig
+    channels: dict[str, str]
+    device: Any
+    backend: str
+    timeout_s: float
+    agreement_group: Any = None
+    claims: list[ChannelClaim] = field(default_factory=list, repr=False)
+    checked_in_s: float = 0.0  # how long the local checks took, before the first collective
+
+    @property
+    def rank(self) -> int:
+        return self.rank_info.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.rank_info.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.rank_info.size
+
+    @property
+    def is_chief(self) -> bool:
+        return self.rank_info.rank == 0
+
+    @property
+    def channel(self) -> str:
+        """This rank's train channel."""
+        return self.channels["train"] if "train" in self.channels else next(iter(self.channels.values()))
+
+    @property
+    def device_ids(self) -> list[int] | None:
+        """What ``DistributedDataParallel(device_ids=...)`` takes: this rank's GPU, or None on the CPU."""
+        return [self.device.index] if self.device.type == "cuda" else None
+
+    def mean(self, values: Mapping[str, float]) -> dict[str, float]:
+        """Each value averaged over the ranks (one allreduce on the agreement group): the metrics of an
+        epoch as the whole job saw them."""
+        import torch
+        import torch.distributed as dist
+
+        names = sorted(values)
+        if not names or not dist.is_initialized():
+            return {n: float(values[n]) for n in names}
+        tensor = torch.tensor([float(values[n]) for n in names], dtype=torch.float64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.agreement_group)
+        return {n: float(v) / self.world_size for n, v in zip(names, tensor.tolist())}
+
+    def barrier(self) -> None:
+        """Every rank here (on the agreement group: bounded by the job's timeout)."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.barrier(group=self.agreement_group)
+
+    def close(self) -> None:
+        """Leave the process group and release the channel claims (at the end of the script)."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for claim in self.claims:
+            claim.release()
+
+
+def setup_ddp(
+    roles: tuple[str, ...] | list[str] = ("train",),
+    *,
+    backend: str | None = None,
+    timeout_s: float | None = None,
+    root: str | os.PathLike | None = None,
+    input_modes: tuple[str, ...] = ("Pipe",),
+    environ: Mapping[str, str] | None = None,
+) -> DdpJob:
+    """Check this rank's channel for each of ``roles``, claim its FIFOs, then start the process group.
+
+    Everything before ``init_process_group`` is local and fails fast (``RankChannelError`` naming the
+    rank, the channel it expected and the channels present): no rank waits for a peer that is about
+    to fail. ``backend``: None picks NCCL where CUDA is, else Gloo. ``timeout_s`` bounds every
+    collective (default ``$SAGEMAKER_DIST_COLLECTIVE_TIMEOUT``, else 1800 s).
+    """
+    started = time.monotonic()
+    env = dict(os.environ if environ is None else environ)
+    info = torchrun_rank(env)
+    config = ContainerConfig.load(root, env)
+    channels = {role: check_rank_channels(config, info, role, input_modes) for role in roles}
+    who = f"rank {info.rank} (local rank {info.local_rank} of {info.local_size}, {info.size} rank(s))"
+    claims: list[ChannelClaim] = []
+    try:
+        for role, channel in channels.items():
+            if config.input_mode(channel) == "Pipe":
+                claims.append(ChannelClaim(config, channel, f"{who}, {role}"))
+    except BaseException:
+        for claim in claims:
+            claim.release()
+        raise
+    timeout = collective_timeout(env) if timeout_s is None else float(timeout_s)
+    checked = time.monotonic() - started
+
+    import torch
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    chosen = backend or ("nccl" if cuda else "gloo")
+    if cuda:
+        device = torch.device("cuda", info.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    group = None
+    if info.size > 1 or "MASTER_ADDR" in env:
+        if not dist.is_initialized():
+            kwargs = {"device_id": device} if chosen == "nccl" else {}
+            dist.init_process_group(
+                chosen,
+                timeout=datetime.timedelta(seconds=timeout),
+                rank=info.rank,
+                world_size=info.size,
+                **kwargs,
+            )
+        if dist.get_backend() != "gloo":
+            group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+    return DdpJob(info, config, channels, device, chosen, timeout, group, claims, checked)
+
+
+def ddp_main(main):
+    """Decorate a script's ``main``: an exception is printed as ``rank N (host H) failed: ...`` with its
+    traceback, recorded for torchrun's error summary, and ends the process with 1; ``SystemExit``
+    (an agreed stop ends with 0) passes through."""
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import record
+    except ImportError:  # pragma: no cover - PyTorch without elastic
+
+        def record(fn):
+            return fn
+
+    recorded = record(main)
+
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs):
+        try:
+            return recorded(*args, **kwargs)
+        except SystemExit:
+            raise
+        except BaseException as exc:
+            rank = os.environ.get("RANK", "0")
+            host = os.environ.get("SM_CURRENT_HOST") or os.uname().nodename
+            text = "".join(traceback.format_exception(exc))
+            sys.stderr.write(f"sagemaker-dist: rank {rank} (host {host}) failed: {exc!r}\n{text}")
+            sys.stderr.flush()
+            raise
+
+    return wrapper

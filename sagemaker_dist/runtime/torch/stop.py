@@ -1,0 +1,27 @@
+"""Stops and spot interruptions under DDP: SIGTERM becomes a request the ranks agree on at a step.
+
+SageMaker sends SIGTERM on a stop or a spot interruption and kills the container about 120 s later. A
+rank that just exited would leave the others waiting in their next allreduce; so SIGTERM only sets a
+flag (the framework-neutral ``keras.stop.StopRequest``, which also starts a watchdog that ends a rank
+stuck in a collective before the SIGKILL), and the flag travels in the per-step agreement
+(``epochs.py``): every rank stops before the same step. Rank 0 then checkpoints the steps trained so
+far, every rank waits for it, and ``TrainingStopped`` (a ``SystemExit`` with code 0) ends each process.
+The next attempt resumes inside the epoch, skipping the batches already trained.
+"""
+
+from __future__ import annotations
+
+import os
+
+from sagemaker_dist.runtime.keras.stop import DEFAULT_GRACE_S, StopRequest, TrainingStopped
+
+GRACE_ENV = "SAGEMAKER_DIST_STOP_GRACE"  # seconds from SIGTERM to the watchdog's forced exit
+
+__all__ = ["DEFAULT_GRACE_S", "GRACE_ENV", "StopRequest", "TrainingStopped", "install_stop"]
+
+
+def install_stop(rank: int, grace: float | None = None) -> StopRequest:
+    """A ``StopRequest`` that takes SIGTERM in this process (call it from the main thread)."""
+    if grace is None:
+        grace = float(os.environ.get(GRACE_ENV) or DEFAULT_GRACE_S)
+    return StopRequest(rank, grace).install()

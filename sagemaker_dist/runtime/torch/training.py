@@ -1,0 +1,206 @@
+"""``PipeTraining``: the epochs of a DDP loop over Pipe channels, with resume, stop, checkpoints and metrics.
+
+The script keeps its own step (forward, backward, optimizer); this object owns what is around it::
+
+    training = PipeTraining(job, model, optimizer, scheduler, epochs=10)
+    for epoch in training.epochs():                    # starts where the newest checkpoint left off
+        for x, y in training.batches(train_batches):   # ends on the same step on every rank
+            ...                                        # the script's step
+        training.end_epoch(loss=mean_loss)             # metric line, TensorBoard, rank-0 checkpoint
+
+- ``epochs()`` restores the newest checkpoint on rank 0 and broadcasts it (``checkpoints.py``), then
+  yields the epochs left; the first one skips the batches trained before a stop.
+- ``batches()`` agrees every step on "every rank has a batch, none wants to stop" (``epochs.py``). A
+  SIGTERM on any rank stops every rank before the same step: rank 0 checkpoints the epoch and the
+  steps trained, every rank waits for it and ``TrainingStopped`` (exit code 0) ends the process.
+- ``evaluate()`` is the same agreement for validation on every rank, without stop or skip.
+- ``end_epoch(**metrics)`` averages the metrics over the ranks, prints the metric line SageMaker's
+  metric definitions and the tuners read (``contract.metric_line``, rank 0), writes them to
+  TensorBoard (rank 0; synced to S3 with ``tensorboard_s3_uri``) and checkpoints the epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from sagemaker_dist.contract.metric_line import metric_line
+from sagemaker_dist.runtime.torch.checkpoints import restore_torch_checkpoint, save_torch_checkpoint
+from sagemaker_dist.runtime.torch.epochs import AgreedEpoch, agreed_batches
+from sagemaker_dist.runtime.torch.stop import TrainingStopped, install_stop
+
+log = logging.getLogger(__name__)
+
+
+class PipeTraining:
+    """The epochs of one training loop on every rank; see the module's docstring.
+
+    ``checkpoint_dir``: default ``<root>/checkpoints`` (SageMaker syncs it with ``checkpoint_s3_uri``);
+    False: no checkpoints. ``keep``: checkpoints kept. ``stop``: take SIGTERM as an agreed stop
+    (``grace``: seconds before the watchdog ends a rank that cannot get there). ``join``: train every
+    record of uneven shards through ``Join`` instead of ending at the shortest rank. ``tensorboard_dir``
+    / ``tensorboard_s3_uri``: rank 0 writes the epoch metrics with ``torch.utils.tensorboard`` and
+    mirrors the directory to S3. ``state`` (a dict) is saved in each checkpoint and restored into.
+    """
+
+    def __init__(
+        self,
+        job,
+        model,
+        optimizer=None,
+        scheduler=None,
+        *,
+        epochs: int,
+        checkpoint_dir: str | os.PathLike | bool | None = None,
+        keep: int | None = 3,
+        stop: bool = True,
+        grace: float | None = None,
+        join: bool = False,
+        tensorboard_dir: str | os.PathLike | None = None,
+        tensorboard_s3_uri: str | None = None,
+        state: dict | None = None,
+    ):
+        if int(epochs) < 1:
+            raise ValueError(f"epochs={epochs!r}: give a whole number >= 1")
+        self.job, self.model, self.optimizer, self.scheduler = job, model, optimizer, scheduler
+        self.total_epochs = int(epochs)
+        if checkpoint_dir is False:
+            self.checkpoint_dir = None
+        else:
+            self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else Path(job.config.checkpoint_dir)
+        self.keep = keep
+        self.join = join
+        self.state = state if state is not None else {}
+        self.stop = install_stop(job.rank, grace) if stop else None
+        self.epoch = 0  # the epoch being trained (0-based)
+        self.step = 0  # steps of it trained so far, on every rank
+        self.resumed_at: tuple[int, int] | None = None  # (epoch, step) of the checkpoint restored
+        self.last: AgreedEpoch | None = None  # the last epoch of batches(): steps, ran_out, ...
+        self.metrics: dict[str, float] = {}
+        self._skip = 0
+        self.writer = None
+        self._syncer = None
+        if job.is_chief and (tensorboard_dir or tensorboard_s3_uri):
+            self._start_tensorboard(tensorboard_dir, tensorboard_s3_uri)
+
+    def _start_tensorboard(self, log_dir, s3_uri) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        log_dir = Path(log_dir or Path(self.job.config.output_data_dir) / "tensorboard")
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+        if s3_uri:
+            from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
+
+            self._syncer = TensorBoardSyncer(log_dir, s3_uri).start()
+
+    def epochs(self):
+        """The epochs left to train (0-based), from the newest checkpoint's; call on every rank."""
+        start, step = 0, 0
+        if self.checkpoint_dir is not None:
+            start, step, found, extra = restore_torch_checkpoint(
+                self.checkpoint_dir,
+                model=self.model,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                rank=self.job.rank,
+                group=self.job.agreement_group,
+            )
+            self.state.update(extra.get("state") or {})
+            if (start, step) != (0, 0):
+                self.resumed_at = (start, step)
+                if self.job.is_chief:
+                    print(
+                        f"sagemaker-dist: resuming at epoch {start}, step {step} ({found.path})", flush=True
+                    )
+        try:
+            for epoch in range(start, self.total_epochs):
+                self.epoch = epoch
+                self._skip = step if epoch == start else 0
+                self.step = self._skip
+                yield epoch
+        finally:
+            self._finish()
+
+    def batches(self, batches):
+        """This epoch's batches of ``batches`` (a ``PipeBatches``), ended by agreement on every rank."""
+        agreed = agreed_batches(
+            batches,
+            group=self.job.agreement_group,
+            stop=self.stop,
+            skip=self._skip,
+            join=[self.model] if self.join else None,
+        )
+        self._skip = 0
+        self.last = agreed
+        for batch in agreed:
+            yield batch
+            self.step += 1  # the script asked for the next batch: this one is trained
+        if agreed.stopped:
+            self._stopped(agreed)
+
+    def evaluate(self, batches):
+        """Validation batches, ended by agreement on every rank (no stop, no skip)."""
+        return agreed_batches(batches, group=self.job.agreement_group, what="validation")
+
+    def _position(self, agreed: AgreedEpoch) -> tuple[int, int]:
+        """Where the stopped job resumes: inside this epoch, or at the next when it was done (a stop that
+        came with the epoch's end, or under Join, where ranks trained different numbers of steps)."""
+        return (self.epoch + 1, 0) if agreed.exhausted else (self.epoch, self.step)
+
+    def _stopped(self, agreed: AgreedEpoch) -> None:
+        epoch, step = self._position(agreed)
+        checkpoint = None
+        if self.job.is_chief and self.checkpoint_dir is not None:
+            checkpoint = self._save(epoch, step)
+        self.job.barrier()  # every rank waits for the checkpoint: nobody exits before it is there
+        if self.job.is_chief:
+            print(
+                f"sagemaker-dist: stopped by agreement of every rank after epoch {epoch}, step {step}"
+                + (f"; checkpoint {checkpoint.path}" if checkpoint else ""),
+                flush=True,
+            )
+        self._finish()
+        raise TrainingStopped(epoch, step, checkpoint)
+
+    def _save(self, epoch: int, step: int):
+        return save_torch_checkpoint(
+            self.checkpoint_dir,
+            epoch,
+            step,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            extra={"state": self.state, "world_size": self.job.world_size},
+            keep=self.keep,
+        )
+
+    def end_epoch(self, **metrics: float) -> dict[str, float]:
+        """Average ``metrics`` over the ranks; on rank 0 print the metric line, write TensorBoard and
+        checkpoint the epoch. Call on every rank after the epoch's batches (and validation)."""
+        means = self.job.mean(metrics)
+        self.metrics = means
+        if self.job.is_chief:
+            line = metric_line(self.epoch + 1, means)
+            if line:
+                print(line, flush=True)
+            if self.writer is not None:
+                for name, value in means.items():
+                    self.writer.add_scalar(name, value, self.epoch + 1)
+                self.writer.flush()
+                if self._syncer is not None:
+                    self._syncer.sync_now()
+            if self.checkpoint_dir is not None:
+                self._save(self.epoch + 1, 0)
+        return means
+
+    def _finish(self) -> None:
+        if self.stop is not None:
+            self.stop.done()
+            self.stop.uninstall()
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        if self._syncer is not None:
+            self._syncer.stop()
+            self._syncer = None
