@@ -1,0 +1,184 @@
+"""The torchrun runtime's parts in one process (no process group): Example records without TensorFlow,
+the channel claim and checks before any collective, PipeBatches over a real FIFO, checkpoints."""
+
+from __future__ import annotations
+
+import struct
+import time
+
+import numpy as np
+import pytest
+from helpers.runtime_helpers import FifoFeeder, write_opt_ml
+
+from sagemaker_dist.contract.layout import plan_layout
+from sagemaker_dist.contract.record_formats import encode_tfrecord
+from sagemaker_dist.local.demo_data import encode_example
+from sagemaker_dist.runtime.ranks import RankChannelError
+from sagemaker_dist.runtime.torch.records import ExampleParseError, parse_example
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.torch
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _entry(name: str, feature: bytes) -> bytes:
+    return _field(1, _field(1, name.encode()) + _field(2, feature))
+
+
+# --- tf.train.Example without TensorFlow ---
+
+
+def test_parse_example_reads_bytes_int64_and_float_lists():
+    record = encode_example({"image": b"\x00\xffpng", "label": 7, "ids": [1, 300, 2**40]})
+    parsed = parse_example(record)
+    assert parsed["image"] == [b"\x00\xffpng"]
+    assert parsed["label"].tolist() == [7] and parsed["label"].dtype == np.int64
+    assert parsed["ids"].tolist() == [1, 300, 2**40]
+    unpacked = b"".join(_varint(1 << 3 | 5) + struct.pack("<f", v) for v in (1.5, -2.0))
+    negative = _varint(1 << 3 | 0) + _varint((-3) & 0xFFFFFFFFFFFFFFFF)
+    unknown = _varint(9 << 3 | 0) + _varint(5) + _field(10, b"ignored")
+    record = _field(
+        1,
+        _entry("packed", _field(2, _field(1, struct.pack("<3f", 0.5, 1.0, 2.5))))
+        + _entry("unpacked", _field(2, unpacked))
+        + _entry("neg", _field(3, negative))
+        + _entry("empty", b""),
+    )
+    parsed = parse_example(unknown + record)
+    assert parsed["packed"].tolist() == [0.5, 1.0, 2.5] and parsed["packed"].dtype == np.float32
+    assert parsed["unpacked"].tolist() == [1.5, -2.0]
+    assert parsed["neg"].tolist() == [-3]
+    assert parsed["empty"] == []
+
+
+def test_parse_example_is_bounded_on_truncated_and_lying_records():
+    record = encode_example({"image": b"x" * 50, "label": [1, 2, 3]})
+    for cut in range(len(record)):
+        try:
+            parse_example(record[:cut])
+        except ExampleParseError:
+            pass  # any other exception (IndexError, MemoryError, ...) fails the test
+    claims_a_gigabyte = _varint(1 << 3 | 2) + _varint(1 << 30) + b"abc"
+    with pytest.raises(ExampleParseError, match="claims 1073741824 bytes"):
+        parse_example(claims_a_gigabyte)
+    with pytest.raises(ExampleParseError, match="varint longer"):
+        parse_example(b"\x08" + b"\xff" * 11)
+    with pytest.raises(ExampleParseError, match="wire type 7"):
+        parse_example(b"\x0f")
+
+
+def test_example_decoder_makes_shaped_tensors_and_names_a_missing_feature():
+    from sagemaker_dist.runtime import example_decoder, raw_decoder
+
+    decode = example_decoder({"label": "int64", "pixels": ("int64", [2, 2])})
+    sample = decode(encode_example({"label": 3, "pixels": [1, 2, 3, 4], "other": b"x"}))
+    assert sample["label"].tolist() == [3] and sample["pixels"].shape == (2, 2)
+    with pytest.raises(ExampleParseError, match="no feature 'pixels'"):
+        decode(encode_example({"label": 3}))
+    assert raw_decoder("int16", [2])(struct.pack("<2h", -1, 7)).tolist() == [-1, 7]
+
+
+# --- the checks before the first collective ---
+
+
+def _rank_env(root, rank: int, size: int = 2) -> dict[str, str]:
+    return {
+        "SAGEMAKER_DIST_OPT_ML": str(root),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(size),
+        "LOCAL_WORLD_SIZE": str(size),
+    }
+
+
+def test_a_second_reader_of_a_channel_on_the_host_fails_at_once(tmp_path):
+    from sagemaker_dist.runtime.config import ContainerConfig
+    from sagemaker_dist.runtime.torch.process_group import ChannelClaim
+
+    root = write_opt_ml(tmp_path / "opt_ml", ["train_0", "train_1"], plan_layout(1, 2))
+    config = ContainerConfig.load(root, {})
+    first = ChannelClaim(config, "train_0", "rank 0")
+    started = time.monotonic()
+    with pytest.raises(RankChannelError, match=r"'train_0' is already read by another process .*pid \d+"):
+        ChannelClaim(config, "train_0", "rank 1")
+    assert time.monotonic() - started < 0.5
+    first.release()
+    ChannelClaim(config, "train_0", "rank 1").release()  # free again once the first reader is gone
+
+
+def test_a_pipe_channel_every_rank_would_read_fails_before_the_process_group(tmp_path):
+    import torch.distributed as dist
+
+    from sagemaker_dist.runtime import setup_ddp
+
+    layout = plan_layout(1, 2, validation="single")
+    root = write_opt_ml(tmp_path / "opt_ml", layout.channel_names, layout)
+    started = time.monotonic()
+    with pytest.raises(RankChannelError, match="a FIFO has one reader only"):
+        setup_ddp(("train", "validation"), environ=_rank_env(root, 0))
+    assert time.monotonic() - started < 0.5
+    assert not dist.is_initialized()
+
+
+# --- PipeBatches over a real FIFO ---
+
+
+def test_pipe_batches_reads_one_fifo_per_epoch_and_closes_an_epoch_left_early(tmp_path):
+    from sagemaker_dist.runtime import PipeBatches, example_decoder
+
+    root = write_opt_ml(tmp_path / "opt_ml", ["train_0", "train_1"], plan_layout(1, 2))
+    records = b"".join(encode_tfrecord(encode_example({"id": i})) for i in range(10))
+    feeder = FifoFeeder(root / "input" / "data", "train_0", [records, records])
+    feeder.start()
+    from sagemaker_dist.runtime.config import ContainerConfig
+
+    batches = PipeBatches("train_0", 4, decode=example_decoder(["id"]), config=ContainerConfig.load(root, {}))
+    first = [b["id"].view(-1).tolist() for b in batches]
+    assert first == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    for batch in batches:  # the second epoch: one batch taken, the rest of the FIFO closed unread
+        assert batch["id"].shape == (4, 1)
+        break
+    feeder.join(10)
+    assert feeder.served == 2 and feeder.error is None
+    assert batches.epochs_opened == 2
+
+
+# --- checkpoints ---
+
+
+def test_checkpoints_restore_the_newest_complete_one_and_refuse_another_model(tmp_path):
+    from sagemaker_dist.runtime import restore_torch_checkpoint, save_torch_checkpoint
+    from sagemaker_dist.runtime.checkpoints import CheckpointMismatchError
+
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(2, 3)).sum().backward()
+    optimizer.step()
+    save_torch_checkpoint(tmp_path, 1, model=model, optimizer=optimizer)
+    saved = save_torch_checkpoint(tmp_path, 1, 4, model=model, optimizer=optimizer, extra={"seen": 12})
+    (tmp_path / ".tmp-epoch-00002-1-1").mkdir()  # a writer that crashed: never complete
+    (tmp_path / "epoch-00003").mkdir()  # a half-synced copy without meta.json: not complete either
+    fresh = torch.nn.Linear(3, 1)
+    fresh_optimizer = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)
+    epoch, step, found, extra = restore_torch_checkpoint(
+        tmp_path, model=fresh, optimizer=fresh_optimizer, rank=0
+    )
+    assert (epoch, step, found.path, extra) == (1, 4, saved.path, {"seen": 12})
+    assert torch.equal(fresh.weight, model.weight)
+    assert fresh_optimizer.state_dict()["state"][0]["momentum_buffer"].shape == (1, 3)
+    assert not (tmp_path / ".tmp-epoch-00002-1-1").exists()
+    with pytest.raises(CheckpointMismatchError, match="does not match"):
+        restore_torch_checkpoint(tmp_path, model=torch.nn.Linear(5, 1), rank=0)
