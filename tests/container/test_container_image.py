@@ -118,7 +118,7 @@ def test_the_demo_trains_in_the_image(s3, bucket, tmp_path):
         watch.stop()
     out = "\n".join(lines)
     # the image's sshd (root, the baked key pair), mpirun's and the ranks' listeners: in the job's own
-    # network namespace (only lo), reachable from nowhere else (issue 30)
+    # network namespace (only lo), reachable from nowhere else
     print(watch.report())
     listeners.check_nothing_exposed(watch, lines, "sshd")
     command = next(line for line in lines if line.startswith("$ "))

@@ -1,4 +1,4 @@
-"""Nothing a local job starts listens beyond loopback (issue 30): while a job runs, every TCP listener
+"""Nothing a local job starts listens beyond loopback: while a job runs, every TCP listener
 of its processes is read with ``ss -ltnp`` in the network namespace each process runs in, and none may
 be reachable from outside: bound to a loopback address, or in a namespace whose only interface is
 ``lo`` (the job's own, ``private_net``), where every address is loopback.
