@@ -6,7 +6,7 @@
 - ``batches``: ``PipeBatches``, the rank's channel as batches of tensors from a reader thread;
 - ``epochs``: ``agreed_batches``, epochs that end on the same step on every rank (no record counts);
 - ``stop``: SIGTERM (a stop, a spot interruption) as a request the ranks agree on at a step;
-- ``checkpoints``: rank-0 checkpoints of model, optimizer, scheduler, epoch and step, restored on
+- ``checkpointing``: rank-0 checkpoints of model, optimizer, scheduler, epoch and step, restored on
   rank 0 and broadcast;
 - ``training``: ``PipeTraining``, the loop's epochs, batches, resume, stop and metric lines together;
 - ``records``: raw records and ``tf.train.Example`` records decoded without TensorFlow.

@@ -8,7 +8,7 @@ The script keeps its own step (forward, backward, optimizer); this object owns w
             ...                                        # the script's step
         training.end_epoch(loss=mean_loss)             # metric line, TensorBoard, rank-0 checkpoint
 
-- ``epochs()`` restores the newest checkpoint on rank 0 and broadcasts it (``checkpoints.py``), then
+- ``epochs()`` restores the newest checkpoint on rank 0 and broadcasts it (``checkpointing.py``), then
   yields the epochs left; the first one skips the batches trained before a stop.
 - ``batches()`` agrees every step on "every rank has a batch, none wants to stop" (``epochs.py``). A
   SIGTERM on any rank stops every rank before the same step: rank 0 checkpoints the epoch and the
@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 
 from sagemaker_dist.contract.metric_line import metric_line
-from sagemaker_dist.runtime.torch.checkpoints import restore_torch_checkpoint, save_torch_checkpoint
+from sagemaker_dist.runtime.torch.checkpointing import restore_torch_checkpoint, save_torch_checkpoint
 from sagemaker_dist.runtime.torch.epochs import AgreedEpoch, agreed_batches
 from sagemaker_dist.runtime.torch.stop import TrainingStopped, install_stop
 
