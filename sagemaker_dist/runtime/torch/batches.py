@@ -66,6 +66,7 @@ class PipeBatches:
     ``config`` (a ``ContainerConfig``). ``decode(record: bytes)`` makes a sample (tensors, arrays,
     numbers, or a tuple/dict of them); the default keeps the bytes. ``record_format``: "TFRecord"
     (default; "RecordIO" when the channel's RecordWrapperType is RecordIO), "RecordIO" or "TextLine".
+    ``max_record_bytes``: the longest record accepted (refused before anything is allocated for it).
     ``drop_last`` drops a last, smaller batch. ``pin_memory``: None pins where CUDA is.
     ``records`` counts the records this object has handed out in batches, over every epoch.
     """
@@ -85,6 +86,7 @@ class PipeBatches:
         timeout: float = DEFAULT_FIFO_TIMEOUT,
         max_corrupted_records_to_skip: int = 0,
         chunk_size: int = DEFAULT_CHUNK,
+        max_record_bytes: int | None = None,
         config=None,
     ):
         if isinstance(job, str):
@@ -116,6 +118,7 @@ class PipeBatches:
         self.timeout = float(timeout)
         self.max_skip = int(max_corrupted_records_to_skip)
         self.chunk_size = int(chunk_size)
+        self.max_record_bytes = max_record_bytes  # None: $SAGEMAKER_DIST_MAX_RECORD_BYTES, else 2 GiB - 1
         self.pipe_dir = Path(self.config.data_dir)
         self.state_dir = Path(self.config.pipe_state_dir)
         self.records = 0
@@ -149,7 +152,7 @@ class PipeBatches:
         collate = self._collate()
         decode = self.decode
         pinned = torch.cuda.is_available() if self.pin_memory is None else self.pin_memory
-        framer = make_framer(self.record_format, self.channel, epoch, self.max_skip)
+        framer = make_framer(self.record_format, self.channel, epoch, self.max_skip, self.max_record_bytes)
         pending: list = []
         with FifoReader(path) as reader:
             items = frame_views(
