@@ -117,7 +117,7 @@ install_training_stack() {
 TOOLKIT_VENV=${TOOLKIT_VENV:-.venv-toolkit}
 TOOLKIT_MODULES="sagemaker_tensorflow_container.training, mpi4py, sagemaker_dist.runtime.framing._tfrecord_scan"
 # Both venvs checked at once (each check imports TensorFlow, seconds).
-up_to_date "$VENV" "sagemaker_dist.runtime.framing._tfrecord_scan" & venv_check=$!
+up_to_date "$VENV" "sagemaker_dist.runtime.framing._tfrecord_scan, torch" & venv_check=$!
 up_to_date "$TOOLKIT_VENV" "$TOOLKIT_MODULES" & toolkit_check=$!
 venv_ok=0 toolkit_ok=0
 wait "$venv_check" && venv_ok=1
@@ -125,7 +125,7 @@ wait "$toolkit_check" && toolkit_ok=1
 
 if [ "$venv_ok" = 0 ]; then
   install_training_stack "$VENV"
-  "$VENV/bin/python" -m pip install -q -e ".[sdk,tensorflow,horovod,local,dev]"
+  "$VENV/bin/python" -m pip install -q -e ".[sdk,tensorflow,horovod,local,dev,torch]"  # torch: a CPU build here
   echo "$STAMP" >"$VENV/.sagemaker-dist-setup"
 fi
 
