@@ -324,6 +324,23 @@ def test_a_recordio_claim_and_a_line_without_end_cost_no_more_than_the_read_step
     assert peak < 2 * READ_STEP + (16 << 20), f"{peak >> 20} MiB"
 
 
+@pytest.mark.usefixtures("tfrecord_scan")
+@pytest.mark.parametrize("large_reads", [False, True])
+def test_records_longer_than_the_read_step_come_whole(monkeypatch, large_reads):
+    from sagemaker_dist.runtime.framing import stream, tfrecord
+
+    monkeypatch.setattr(tfrecord, "READ_STEP", 4096)  # buffers and reads grow past it in steps
+    monkeypatch.setattr(stream, "READ_STEP", 4096)
+    records = [os.urandom(n) for n in (3 * LARGE + 5, 10, 5 * LARGE, 4097, 0)]
+    for record_format, encode in (("TFRecord", encode_tfrecord), ("RecordIO", encode_recordio)):
+        data = b"".join(encode(r) for r in records)
+        for most in (1000, 1 << 20):
+            assert frame_all(data, record_format, None, 1 << 12, most, large_reads) == (records, None)
+    lines = [r.replace(b"\n", b"-").replace(b"\r", b"-") for r in records]
+    text = b"".join(line + b"\n" for line in lines)
+    assert frame_all(text, "TextLine", None, 1 << 12, 1 << 20, False) == (lines, None)
+
+
 def test_the_limit_is_set_once_and_checked(monkeypatch):
     monkeypatch.delenv(MAX_RECORD_BYTES_ENV, raising=False)
     assert max_record_bytes() == MAX_RECORD_BYTES == 2**31 - 1

@@ -8,7 +8,8 @@
 // lines with large non-blocking reads into a 1 MiB buffer. Large TFRecords are read by the kernel
 // straight into their output tensor, with the CRC and the next header in the same read. Errors name
 // the channel, epoch and byte offset, in the Python reader's words (tests run the same checks on
-// both).
+// both). A length field is only the stream's claim: each is checked against max_record_bytes before
+// any arithmetic on it or any allocation, and a large record's tensor grows as its bytes come.
 #include "pipe_support.h"
 
 #include "absl/strings/str_cat.h"
