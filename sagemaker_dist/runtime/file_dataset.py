@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sagemaker_dist.contract.record_formats import max_record_bytes
 from sagemaker_dist.errors import DataError
 from sagemaker_dist.runtime.framing import check_record_format, iter_records
 
@@ -56,9 +57,11 @@ PIPE_ONLY_OPTIONS = (
 )
 
 
-def _recordio_records(path: bytes, channel: bytes):
+def _file_records(path: bytes, record_format: bytes, channel: bytes, max_record_bytes: int):
     with open(path, "rb", buffering=0) as f:
-        yield from iter_records(f.readinto, "RecordIO", channel=channel.decode())
+        yield from iter_records(
+            f.readinto, record_format.decode(), channel=channel.decode(), max_record_bytes=max_record_bytes
+        )
 
 
 def file_channel_dataset(
@@ -79,23 +82,25 @@ def file_channel_dataset(
 
     check_record_format(record_format)
     name = channel or Path(channel_dir).name
-    unknown = sorted(set(pipe_options) - set(PIPE_ONLY_OPTIONS) - {"max_corrupted_records_to_skip"})
+    unknown = sorted(
+        set(pipe_options) - set(PIPE_ONLY_OPTIONS) - {"max_corrupted_records_to_skip", "max_record_bytes"}
+    )
     if unknown:
         raise FileChannelError(f"File-mode channel {name!r}: unknown option(s) {', '.join(unknown)}")
     if pipe_options.get("max_corrupted_records_to_skip"):
         raise FileChannelError(
             f"File-mode channel {name!r}: max_corrupted_records_to_skip applies to Pipe mode only "
-            "(TensorFlow's file readers stop at the first corrupted record); drop it or use Pipe mode"
+            "(a corrupted record in a File channel fails the read); drop it or use Pipe mode"
         )
+    limit = max_record_bytes(pipe_options.get("max_record_bytes"))
     files = channel_files(channel_dir)
-    if record_format == "TFRecord":
-        ds = tf.data.TFRecordDataset(files)
-    elif record_format == "TextLine":
-        ds = tf.data.TextLineDataset(files)
-    else:
-        ds = tf.data.Dataset.from_tensor_slices(files).flat_map(
-            lambda path: tf.data.Dataset.from_generator(
-                _recordio_records, args=(path, name), output_signature=tf.TensorSpec((), tf.string)
-            )
+    # Our framers, not TFRecordDataset: a crafted TFRecord length (2**40) crashes TensorFlow's reader
+    # (it allocates the claimed length); ours refuse a record over the limit before allocating it.
+    ds = tf.data.Dataset.from_tensor_slices(files).flat_map(
+        lambda path: tf.data.Dataset.from_generator(
+            _file_records,
+            args=(path, record_format, name, limit),
+            output_signature=tf.TensorSpec((), tf.string),
         )
+    )
     return ds if batch_size is None else ds.batch(batch_size, drop_remainder=drop_remainder)

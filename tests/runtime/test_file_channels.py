@@ -104,3 +104,34 @@ def test_file_mode_recordio_errors_name_the_channel_as_text(tmp_path):
     with pytest.raises(Exception, match=r"channel 'eval'|channel eval") as err:
         list(file_channel_dataset(folder, "RecordIO"))
     assert "b'eval'" not in str(err.value)
+
+
+@pytest.mark.parametrize("claimed", [2**40, 2**64 - 16, 2**31])
+def test_a_crafted_record_length_in_a_file_channel_is_the_named_error(tmp_path, claimed):
+    """TensorFlow's TFRecordDataset dies of a 2**40 length (SIGSEGV); the channel's reader refuses it."""
+    import struct
+
+    from sagemaker_dist.contract.record_formats import masked_crc32c
+    from sagemaker_dist.runtime.file_dataset import file_channel_dataset
+
+    folder = tmp_path / "validation"
+    folder.mkdir()
+    header = struct.pack("<Q", claimed)
+    (folder / "evil.tfrecord").write_bytes(
+        encode_tfrecord(b"ok") + header + struct.pack("<I", masked_crc32c(header))
+    )
+    with pytest.raises(Exception, match=r"channel 'validation', epoch 0, byte offset 18") as err:
+        list(file_channel_dataset(folder))
+    assert "max_record_bytes" in str(err.value) or "stream ended inside a record" in str(err.value)
+
+
+def test_file_mode_text_lines_and_the_record_limit(tmp_path):
+    from sagemaker_dist.runtime.file_dataset import file_channel_dataset
+
+    folder = tmp_path / "eval"
+    folder.mkdir()
+    (folder / "a.txt").write_bytes(b"one\r\ntwo\nthree")
+    assert _records(file_channel_dataset(folder, "TextLine")) == [b"one", b"two", b"three"]
+    (folder / "b.txt").write_bytes(b"x" * 100)
+    with pytest.raises(Exception, match="max_record_bytes=50"):
+        list(file_channel_dataset(folder, "TextLine", max_record_bytes=50))
