@@ -1,9 +1,9 @@
 """Crafted and random streams at every reader: no crash, bounded memory, and no error but the named one.
 
-Issue 30: a TFRecord length field near 2**64 wrapped ``n + 16``, one of 2**40 reached TensorFlow's
-``resize_uninitialized`` in the compiled reader (a write through NULL: exit 139), and the Python
-reader allocated a claimed 1 GiB for a 1 KB stream and raised MemoryError or OverflowError. The
-length CRC is no defence (anyone computes it), so the streams here carry valid ones too.
+Streams that break a naive reader: a TFRecord length field near 2**64 (which would wrap ``n + 16``),
+one of 2**40 (which would reach TensorFlow's ``resize_uninitialized`` in the compiled reader, a write
+through NULL), a claimed 1 GiB record in a 1 KB stream (which must not be allocated). The length CRC
+is no defence (anyone computes it), so the streams here carry valid ones too.
 
 In this process, with many examples: the Python framers (TFRecord through both scans, RecordIO,
 TextLine) and the C scan itself. In a child process, with few: PipeModeDataset on both readers, the
