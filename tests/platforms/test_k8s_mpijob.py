@@ -20,6 +20,7 @@ import jsonschema
 import pytest
 import yaml
 from helpers.k8s_schemas import strict_schema
+from helpers.small_request import small_request_file
 
 from sagemaker_dist.platforms.k8s_mpijob import MPIJobError, check_name, mpirun_options
 from sagemaker_dist.platforms.node_plan import ranks_per_node
@@ -81,25 +82,6 @@ def controller_problems(job: dict) -> list[str]:
         if not replica.get("template", {}).get("spec", {}).get("containers"):
             problems.append(f"{kind} has no container")
     return problems
-
-
-def _small_request(hyperparameters: dict) -> dict:
-    """A Horovod request of 2 CPU hosts with one File channel, without sagemaker-dist's layout."""
-    return {
-        "TrainingJobName": "small",
-        "RoleArn": "arn:aws:iam::123456789012:role/SageMakerRole",
-        "AlgorithmSpecification": {"TrainingImage": "img:1", "TrainingInputMode": "File"},
-        "HyperParameters": {"sagemaker_mpi_enabled": "true", **hyperparameters},
-        "InputDataConfig": [
-            {
-                "ChannelName": "train",
-                "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": "s3://b/t/"}},
-            }
-        ],
-        "OutputDataConfig": {"S3OutputPath": "s3://b/out"},
-        "ResourceConfig": {"InstanceType": "ml.c5.xlarge", "InstanceCount": 2, "VolumeSizeInGB": 30},
-        "StoppingCondition": {"MaxRuntimeInSeconds": 3600},
-    }
 
 
 def _k8s(*args, **kw) -> subprocess.CompletedProcess:
@@ -200,23 +182,13 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path):
     assert "--processes-per-host" in cpu.stderr
     many = _k8s("--demo", "--processes-per-host", 9, "--endpoint-url", "http://127.0.0.1:9", env=nowhere)
     assert many.returncode == 2 and "9 ranks per node but ml.p4d.24xlarge has 8 GPU(s)" in many.stderr
-    hps = {
-        "sagemaker_program": '"train.py"',
-        "sagemaker_mpi_num_of_processes_per_host": "1",
-        "note": '"it\'s"',
-    }
-    request = tmp_path / "request.json"
-    request.write_text(json.dumps(_small_request(hps)))
-    quote = _k8s("--request", request, "--processes-per-host", 1, env=nowhere)  # the toolkit's /bin/sh breaks
+    broken = small_request_file(tmp_path, {"note": "it's"})  # the toolkit's /bin/sh breaks on the quote
+    quote = _k8s("--request", broken, "--processes-per-host", 1, env=nowhere)
     assert quote.returncode == 2 and quote.stderr.startswith("error: hyperparameter 'note' = "), quote.stderr
-    del hps["note"]
-    request.write_text(json.dumps(_small_request(hps)))
-    offline = _k8s(
-        "--request", request, "--processes-per-host", 1, env=nowhere
-    )  # the embedded S3: no bucket b
-    assert offline.returncode == 2 and "upload the job spec to s3://b/out/small/" in offline.stderr, (
-        offline.stderr
-    )
+    offline = _k8s("--request", small_request_file(tmp_path, {}), "--processes-per-host", 1, env=nowhere)
+    assert (
+        offline.returncode == 2 and "upload the job spec to s3://b/out/small/" in offline.stderr
+    )  # no bucket
     with pytest.raises(MPIJobError, match="DNS-1035"):
         check_name("x" * 60, 2)
     assert ranks_per_node("ml.g5.12xlarge", None) == (4, 4)

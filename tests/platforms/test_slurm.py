@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.small_request import small_request_file
 
 from sagemaker_dist.local.backend import LocalBackend
 from sagemaker_dist.local.demo import demo_estimator, prepare_demo_job
@@ -96,44 +97,19 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path):
     assert "--partition 'gpu\\n#SBATCH --uid=0': an #SBATCH value cannot" in injected
     assert "Traceback" not in injected
     assert "--output " in refused("--out-dir", tmp_path / "runs\nrm -rf ~")
-    quote = _slurm("--request", _request_file(tmp_path, {"note": "it's"}), env=env, cwd=tmp_path).stderr
-    assert quote.startswith("error: hyperparameter 'note' = ") and "broken command line (unterminated" in quote
+    quote = _slurm("--request", small_request_file(tmp_path, {"note": "it's"}), env=env, cwd=tmp_path).stderr
+    assert (
+        quote.startswith("error: hyperparameter 'note' = ") and "broken command line (unterminated" in quote
+    )
     request_flags = _slurm("--request", tmp_path / "r.json", "--nodes", 3, env=env, cwd=tmp_path)
     assert (
         request_flags.returncode == 2 and "--nodes cannot be combined with --request" in request_flags.stderr
     )
     assert sorted(tmp_path.iterdir()) == [
-        tmp_path / "r-hp.json",
+        tmp_path / "request.json",
         tmp_path / "slurm.conf",
     ]  # no script written
     check_tasks(16, 0)  # CPU nodes: any count
-
-
-def _request_file(tmp_path: Path, hyperparameters: dict) -> Path:
-    """A small Horovod request (2 hosts x 1 rank, one File channel) with these user hyperparameters."""
-    request = {
-        "TrainingJobName": "hp-check",
-        "RoleArn": "arn:aws:iam::123456789012:role/SageMakerRole",
-        "AlgorithmSpecification": {"TrainingImage": "img:1", "TrainingInputMode": "File"},
-        "HyperParameters": {
-            "sagemaker_program": json.dumps("train.py"),
-            "sagemaker_mpi_enabled": "true",
-            "sagemaker_mpi_num_of_processes_per_host": "1",
-            **{k: json.dumps(v) for k, v in hyperparameters.items()},
-        },
-        "InputDataConfig": [
-            {
-                "ChannelName": "train",
-                "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": "s3://b/t/"}},
-            }
-        ],
-        "OutputDataConfig": {"S3OutputPath": "s3://b/out"},
-        "ResourceConfig": {"InstanceType": "ml.c5.xlarge", "InstanceCount": 2, "VolumeSizeInGB": 30},
-        "StoppingCondition": {"MaxRuntimeInSeconds": 3600},
-    }
-    path = tmp_path / "r-hp.json"
-    path.write_text(json.dumps(request))
-    return path
 
 
 def _free_ports(count: int) -> int:
