@@ -116,6 +116,17 @@ class Framer:
             self.skipped,
         )
 
+    def warn_skipped(self) -> None:
+        """At an epoch's end: how many corrupted records it skipped, if any."""
+        if self.skipped:
+            log.warning(
+                "channel %r, epoch %d: skipped %d corrupted record(s), read %d",
+                self.channel,
+                self.epoch,
+                self.skipped,
+                self.records,
+            )
+
     def frame(self, buf, end: int) -> tuple[list[int], list[int], int, list[bytes]]:
         raise NotImplementedError
 

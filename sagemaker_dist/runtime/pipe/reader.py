@@ -8,7 +8,6 @@ GIL) overlap TensorFlow's work on the chunks before.
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 import time
@@ -21,7 +20,6 @@ from sagemaker_dist.runtime.fifo import FifoReader, fifo_path, wait_for_fifo
 from sagemaker_dist.runtime.framing import frame_views, make_framer
 from sagemaker_dist.runtime.pipe.epochs import update_epoch
 
-log = logging.getLogger(__name__)
 # Chunks whose records average at least this many bytes cross as one bytes object per record (one
 # copy less than a chunk blob cut up by tf.strings.substr); smaller records cross as a blob.
 PER_RECORD_MIN_BYTES = 4096
@@ -147,14 +145,7 @@ class EpochReader:
                 if self.benchmark and self.interval and framer.records >= next_report:
                     self._report(framer, reader, started, "progress")
                     next_report = framer.records - framer.records % self.interval + self.interval
-            if framer.skipped:
-                log.warning(
-                    "channel %r, epoch %d: skipped %d corrupted record(s), read %d",
-                    self.channel,
-                    epoch,
-                    framer.skipped,
-                    framer.records,
-                )
+            framer.warn_skipped()
             if self.benchmark:
                 self._report(framer, reader, started, "epoch end")
 

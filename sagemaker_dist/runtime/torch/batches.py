@@ -12,7 +12,6 @@ early (the epoch ended on another rank) closes the FIFO unread, so SageMaker ope
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,6 @@ from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT, FifoReader, fifo_p
 from sagemaker_dist.runtime.framing import DEFAULT_CHUNK, frame_views, make_framer
 from sagemaker_dist.runtime.pipe.epochs import update_epoch
 from sagemaker_dist.runtime.pipe.reader import read_ahead
-
-log = logging.getLogger(__name__)
 
 DEFAULT_PREFETCH = 4  # batches the reader thread prepares ahead of the loop
 
@@ -165,14 +162,7 @@ class PipeBatches:
                         batch = collate(pending)
                         yield (pin(batch) if pinned else batch), len(pending)
                         pending = []
-            if framer.skipped:
-                log.warning(
-                    "channel %r, epoch %d: skipped %d corrupted record(s), read %d",
-                    self.channel,
-                    epoch,
-                    framer.skipped,
-                    framer.records,
-                )
+            framer.warn_skipped()
         if pending and not self.drop_last:
             batch = collate(pending)
             yield (pin(batch) if pinned else batch), len(pending)
