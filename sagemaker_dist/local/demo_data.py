@@ -8,6 +8,7 @@ demo model can actually learn something in a few steps.
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -48,16 +49,19 @@ def _field(number: int, payload: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
-def encode_example(features: dict[str, bytes | int | list[int]]) -> bytes:
-    """Serialise a ``tf.train.Example`` whose features are bytes or int64 (lists)."""
+def encode_example(features: dict[str, bytes | int | float | list[int] | list[float]]) -> bytes:
+    """Serialise a ``tf.train.Example`` whose features are bytes, int64 or float (lists)."""
     entries = b""
     for key in sorted(features):
         value = features[key]
+        values = [value] if isinstance(value, (int, float)) else value
         if isinstance(value, bytes):
             feature = _field(1, _field(1, value))  # Feature.bytes_list(1) -> BytesList.value(1)
+        elif any(isinstance(v, float) for v in values):
+            packed = struct.pack(f"<{len(values)}f", *values)
+            feature = _field(2, _field(1, packed))  # Feature.float_list(2) -> FloatList.value(1), packed
         else:
-            ints = [value] if isinstance(value, int) else list(value)
-            packed = b"".join(_varint(v) for v in ints)
+            packed = b"".join(_varint(v) for v in values)
             feature = _field(3, _field(1, packed))  # Feature.int64_list(3) -> Int64List.value(1), packed
         entries += _field(1, _field(1, key.encode()) + _field(2, feature))  # Features.feature map entry
     return _field(1, entries)  # Example.features(1)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from helpers.runtime_helpers import FifoFeeder, write_opt_ml
 from sagemaker_dist.contract.layout import plan_layout
 from sagemaker_dist.contract.metric_line import metric_definitions, read_metrics
 from sagemaker_dist.contract.record_formats import encode_tfrecord
+from sagemaker_dist.local.demo_data import encode_example
 
 torch = pytest.importorskip("torch")
 
@@ -32,38 +32,10 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 JOB_TIMEOUT_S = 120  # no job may hang: every collective is bounded too (30 s)
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _len_field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
 def example(record_id: int) -> bytes:
     """A ``tf.train.Example`` with an int64 ``id``, 4 floats ``x`` and a float ``y`` (packed lists)."""
     xs = [record_id * 0.01 + i for i in range(4)]
-
-    def floats(values):
-        return _len_field(2, _len_field(1, struct.pack(f"<{len(values)}f", *values)))
-
-    features = {
-        "id": _len_field(3, _len_field(1, _varint(record_id))),
-        "x": floats(xs),
-        "y": floats([sum(xs) * 0.1]),
-    }
-    entries = b"".join(
-        _len_field(1, _len_field(1, k.encode()) + _len_field(2, v)) for k, v in features.items()
-    )
-    return _len_field(1, entries)
+    return encode_example({"id": record_id, "x": xs, "y": [sum(xs) * 0.1]})
 
 
 def shard(rank: int, count: int) -> bytes:
