@@ -15,10 +15,13 @@ import ctypes
 import os
 import socket
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 CLONE_NEWNET = 0x40000000
 _CONNECT_TIMEOUT_S = 10.0
 _CHUNK = 64 * 1024
+T = TypeVar("T")
 
 
 class RelayError(OSError):
@@ -32,30 +35,48 @@ def _setns(fd: int) -> None:
         raise RelayError(err, f"setns into a network namespace failed: {os.strerror(err)}")
 
 
+def loopback_listener(port: int) -> socket.socket:
+    """A socket listening on 127.0.0.1:``port`` in the calling thread's network namespace."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(64)
+    return listener
+
+
+def in_throwaway_thread(work: Callable[[], T], name: str) -> T:
+    """``work()`` run in a thread of its own, its result returned or its exception raised here: a
+    thread that moves into another network namespace (setns, unshare) must be one nothing reuses."""
+    result: dict = {}
+
+    def run():
+        try:
+            result["ok"] = work()
+        except BaseException as exc:  # raised again in the caller's thread
+            result["raise"] = exc
+
+    thread = threading.Thread(target=run, name=name, daemon=True)  # ends in that namespace
+    thread.start()
+    thread.join()
+    if "raise" in result:
+        raise result["raise"]
+    return result["ok"]
+
+
 def listen_in_netns(netns_path: str, port: int) -> tuple[socket.socket, list[str]]:
     """A socket listening on 127.0.0.1:``port`` inside the namespace at ``netns_path``, and the names
     of the interfaces there (to check what resourceconfig.json says)."""
-    result: dict = {}
 
     def work():
-        try:
-            with open(netns_path, "rb") as ns:
-                _setns(ns.fileno())
-            interfaces = [name for _, name in socket.if_nameindex()]
-            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind(("127.0.0.1", port))
-            listener.listen(64)
-            result["ok"] = (listener, interfaces)
-        except OSError as exc:
-            result["error"] = exc
+        with open(netns_path, "rb") as ns:
+            _setns(ns.fileno())
+        interfaces = [name for _, name in socket.if_nameindex()]
+        return loopback_listener(port), interfaces
 
-    thread = threading.Thread(target=work, name="netns-listen", daemon=True)  # ends in that namespace
-    thread.start()
-    thread.join()
-    if "error" in result:
-        raise RelayError(f"could not listen on 127.0.0.1:{port} in {netns_path}: {result['error']}")
-    return result["ok"]
+    try:
+        return in_throwaway_thread(work, "netns-listen")
+    except OSError as exc:
+        raise RelayError(f"could not listen on 127.0.0.1:{port} in {netns_path}: {exc}") from exc
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:

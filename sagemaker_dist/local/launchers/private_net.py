@@ -27,12 +27,16 @@ import os
 import socket
 import struct
 import subprocess
-import threading
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 from sagemaker_dist.local.launchers.cluster_plan import ENDPOINT_NAMES
-from sagemaker_dist.local.launchers.netns_relay import CLONE_NEWNET, NetnsRelay
+from sagemaker_dist.local.launchers.netns_relay import (
+    CLONE_NEWNET,
+    NetnsRelay,
+    in_throwaway_thread,
+    loopback_listener,
+)
 
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 FALLBACK = "local mode: the job runs on this machine's network"  # the one line's start
@@ -84,36 +88,22 @@ def spawn_in_new_netns(
     loopback up and, given ``port``, a socket listening on 127.0.0.1:``port`` there. Returns the
     process and the listener. Raises PrivateNetError when the namespace cannot be made (nothing was
     started then)."""
-    result: dict = {}
 
     def work():
         try:
             _unshare_net()
             _loopback_up()
-            listener = None
-            if port is not None:
-                listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                listener.bind(("127.0.0.1", port))
-                listener.listen(64)
+            listener = loopback_listener(port) if port is not None else None
         except OSError as exc:
-            result["error"] = exc
-            return
+            raise PrivateNetError(f"a network namespace of the job's own could not be made: {exc}") from exc
         try:
-            result["ok"] = (start(), listener)
-        except BaseException as exc:  # the launcher's own failure to start: raised as is
+            return start(), listener
+        except BaseException:  # the launcher's own failure to start: raised as is
             if listener is not None:
                 listener.close()
-            result["raise"] = exc
+            raise
 
-    thread = threading.Thread(target=work, name="private-net", daemon=True)  # ends in that namespace
-    thread.start()
-    thread.join()
-    if "error" in result:
-        raise PrivateNetError(f"a network namespace of the job's own could not be made: {result['error']}")
-    if "raise" in result:
-        raise result["raise"]
-    return result["ok"]
+    return in_throwaway_thread(work, "private-net")
 
 
 class PrivateNet:
