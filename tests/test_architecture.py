@@ -192,3 +192,108 @@ def test_the_compiled_readers_start_up_loads_no_python_reader():
     reader's framers and crc32c (about 6 ms) are imported only where that reader runs."""
     watched = ["crc32c", "sagemaker_dist.runtime.framing", "sagemaker_dist.runtime.pipe.reader"]
     assert _loaded_after_import(["sagemaker_dist.runtime.pipe.dataset"], watched) == {}
+
+
+REGISTRY_MODULE = "sagemaker_dist.contract.distributions"
+NAME_MODULES = (REGISTRY_MODULE, "sagemaker_dist.contract.layout")  # where the names' constants live
+COMPARISONS = (ast.Eq, ast.NotEq, ast.In, ast.NotIn, ast.Is, ast.IsNot)
+
+
+def _name_constants() -> set[str]:
+    """Module-level names in the registry (and the layout, which keeps its old names) bound to a
+    registered distribution name or to the tuple of them."""
+    import importlib
+
+    from sagemaker_dist.contract.distributions import NAMES
+
+    found = set()
+    for module in NAME_MODULES:
+        for key, value in vars(importlib.import_module(module)).items():
+            if isinstance(value, (str, tuple)) and (value in NAMES or value == NAMES):
+                found.add(key)
+    return found
+
+
+def _distribution_name_comparisons(path: Path, names: tuple[str, ...], constants: set[str]) -> list[str]:
+    """Each comparison (==, !=, in, not in, is, match) in ``path`` with an operand that is a
+    distribution's name: a string literal equal to one (alone or in a tuple, list or set literal), or a
+    constant of the registry or the layout that holds one (imported by name, read off the module, or the
+    file's own)."""
+    tree = ast.parse(path.read_text())
+    imported, modules = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in NAME_MODULES:
+            imported |= {a.asname or a.name for a in node.names if a.name in constants}
+        elif isinstance(node, ast.ImportFrom) and node.module == "sagemaker_dist.contract":
+            modules |= {a.asname or a.name for a in node.names if f"{node.module}.{a.name}" in NAME_MODULES}
+        elif isinstance(node, ast.Import):
+            modules |= {a.asname or a.name for a in node.names if a.name in NAME_MODULES}
+    for node in tree.body:  # the file's own constants (the layout defines its old names)
+        if isinstance(node, ast.Assign):
+            imported |= {t.id for t in node.targets if isinstance(t, ast.Name) and t.id in constants}
+
+    def is_name(operand) -> bool:
+        if isinstance(operand, ast.Constant):
+            return isinstance(operand.value, str) and operand.value in names
+        if isinstance(operand, (ast.Tuple, ast.List, ast.Set)):
+            return any(is_name(e) for e in operand.elts)
+        if isinstance(operand, ast.Name):
+            return operand.id in imported
+        if isinstance(operand, ast.Attribute):
+            return operand.attr in constants and ast.unparse(operand.value) in modules
+        return False
+
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and any(isinstance(op, COMPARISONS) for op in node.ops):
+            operands = [node.left, *node.comparators]
+        elif isinstance(node, ast.MatchValue):
+            operands = [node.value]
+        else:
+            continue
+        if any(is_name(o) for o in operands):
+            hits.append(f"{node.lineno}: {ast.unparse(node)}")
+    return hits
+
+
+def test_only_the_registry_compares_distribution_names():
+    """Everything asks the registry of distributions (``contract/distributions.py``) what a
+    distribution does; no other module compares a distribution's name, so a new distribution is one
+    entry there and its launcher, not a branch in every module."""
+    from sagemaker_dist.contract.distributions import NAMES
+
+    constants = _name_constants()
+    assert {"HOROVOD", "TF_MWMS", "DISTRIBUTIONS"} <= constants
+    hits = []
+    for module, path in _sources():
+        if module != REGISTRY_MODULE:
+            rel = path.relative_to(PACKAGE.parent)
+            hits += [f"{rel}:{hit}" for hit in _distribution_name_comparisons(path, NAMES, constants)]
+    assert hits == []
+
+
+def test_the_registry_rule_catches_a_comparison(tmp_path):
+    """The checker itself: each way of comparing a name is reported; asking the registry is not."""
+    from sagemaker_dist.contract.distributions import NAMES
+
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from sagemaker_dist.contract.layout import TF_MWMS as T, HOROVOD\n"
+        "from sagemaker_dist.contract import layout\n"
+        "import sagemaker_dist.contract.distributions as reg\n"
+        "a = job.distribution == 'tf-mwms'\n"
+        "b = x != T\n"
+        "c = d in ('horovod', 'other')\n"
+        "e = HOROVOD == y\n"
+        "f = z not in layout.DISTRIBUTIONS\n"
+        "g = reg.TF_MWMS is w\n"
+        "match q:\n"
+        "    case 'horovod':\n"
+        "        pass\n"
+        "ok = reg.distribution(job.distribution).mpi and name == 'ShardedByS3Key' and h == HOROVOD_X\n"
+        "DISTRIBUTIONS = ('horovod', 'tf-mwms')\n"
+        "def own(d):\n"
+        "    return d not in DISTRIBUTIONS\n"
+    )
+    hits = _distribution_name_comparisons(bad, NAMES, _name_constants())
+    assert [h.split(":")[0] for h in hits] == ["4", "5", "6", "7", "8", "9", "11", "16"], hits

@@ -20,16 +20,9 @@ COMMAND_MODULES = (
 
 def add_distribution_argument(p) -> None:
     """``--distribution`` for plan, launch and local: how the workers train together."""
-    from sagemaker_dist.contract.layout import DISTRIBUTIONS, HOROVOD
+    from sagemaker_dist.contract.distributions import DEFAULT, HELP, NAMES
 
-    p.add_argument(
-        "--distribution",
-        default=HOROVOD,
-        choices=DISTRIBUTIONS,
-        help="horovod: one process per GPU under mpirun (Horovod 0.28.1, TF <= 2.15); tf-mwms: "
-        "TensorFlow's MultiWorkerMirroredStrategy, one worker per host (any TF, Keras 3, the current "
-        "DLC). Default horovod",
-    )
+    p.add_argument("--distribution", default=DEFAULT, choices=NAMES, help=HELP)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,7 +7,7 @@ from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
 from sagemaker_dist.cli import add_distribution_argument
-from sagemaker_dist.contract.layout import TF_MWMS
+from sagemaker_dist.contract.distributions import distribution
 from sagemaker_dist.contract.toolkit import DEFAULT_TOOLKIT_VERSION
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.defaults import LOCAL_INSTANCE_TYPE, LOCAL_ROLE
@@ -242,6 +242,18 @@ def _check_request_options(args) -> None:
         )
 
 
+def local_job_shape(args) -> tuple[int, int]:
+    """Hosts and processes per host of a local job (``local`` and ``tune --local``): the toolkit and
+    container launchers default to one host, so its ranks are processes of that host; a distribution
+    with one worker per host (its registry entry) has one process per host unless ``-P`` says."""
+    one_host = args.launcher in TOOLKIT_HOST_LAUNCHERS
+    default_hosts, default_per_host = (1, 2) if one_host else (2, 1)
+    default_per_host = distribution(args.distribution).default_processes_per_host() or default_per_host
+    hosts = default_hosts if args.hosts is None else args.hosts
+    per_host = default_per_host if args.processes_per_host is None else args.processes_per_host
+    return hosts, per_host
+
+
 def run_local_command(args) -> int:
     from sagemaker_dist import LocalBackend, run_local
     from sagemaker_dist.local.demo import DEMO_BUCKET, prepare_demo_job
@@ -254,14 +266,7 @@ def run_local_command(args) -> int:
     if args.request:  # before any endpoint starts: a bad file or option fails at once
         _check_request_options(args)
         request = read_request(args.request)
-    # the toolkit and container launchers default to one host, so its ranks are processes of that host;
-    # a tf-mwms job has one worker per host
-    one_host = args.launcher in TOOLKIT_HOST_LAUNCHERS
-    default_hosts, default_per_host = (1, 2) if one_host else (2, 1)
-    if args.distribution == TF_MWMS:
-        default_per_host = 1
-    hosts = default_hosts if args.hosts is None else args.hosts
-    per_host = default_per_host if args.processes_per_host is None else args.processes_per_host
+    hosts, per_host = local_job_shape(args)
     input_mode = args.input_mode or "Pipe"
     bucket = args.bucket or DEMO_BUCKET
     with ExitStack() as stack:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 
 from sagemaker_dist.cli import add_distribution_argument
+from sagemaker_dist.contract.distributions import distribution
 from sagemaker_dist.contract.layout import (
     LAYOUT_HYPERPARAMETER,
     PER_LOCAL_RANK,
     STRATEGIES,
-    TF_MWMS,
     ChannelLayout,
     check_channel_name,
     plan_layout,
@@ -62,8 +62,8 @@ def _add_layout_arguments(p: argparse.ArgumentParser) -> None:
 def _layout_from_args(args) -> ChannelLayout:
     check_channel_name(args.role)
     per_host = args.processes_per_host
-    if args.distribution == TF_MWMS and per_host is None:
-        per_host = 1  # one worker per host, whatever its GPUs
+    if per_host is None:  # one worker per host whatever its GPUs, or (None) one per GPU
+        per_host = distribution(args.distribution).default_processes_per_host()
     per_host = processes_per_host(args.instance_type, per_host)
     return plan_layout(
         args.instance_count,

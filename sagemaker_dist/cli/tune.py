@@ -177,6 +177,7 @@ def _local(args, job, spec) -> int:
         endpoint_for,
         ensure_bucket,
         entry_point_estimator,
+        local_job_shape,
         read_request,
     )
     from sagemaker_dist.launch.tuning import (
@@ -185,7 +186,6 @@ def _local(args, job, spec) -> int:
     )
     from sagemaker_dist.launch.tuning_validation import validate_tuning_request
     from sagemaker_dist.local.demo import DEMO_BUCKET, DEMO_JOB_DIR, prepare_demo_job
-    from sagemaker_dist.local.launchers import TOOLKIT_HOST_LAUNCHERS
     from sagemaker_dist.local.tuning import _optuna
 
     _optuna()  # before anything starts: Optuna is there
@@ -196,9 +196,7 @@ def _local(args, job, spec) -> int:
         _check_request_options(job)
         base = read_request(job.request)
         spec.check_static(base.get("HyperParameters") or {}, "hyperparameter in the request")
-    one_host = job.launcher in TOOLKIT_HOST_LAUNCHERS
-    hosts = (1 if one_host else 2) if job.hosts is None else job.hosts
-    per_host = (2 if one_host else 1) if job.processes_per_host is None else job.processes_per_host
+    hosts, per_host = local_job_shape(job)  # the defaults of 'local', the distribution's among them
     bucket = job.bucket or DEMO_BUCKET
     with ExitStack() as stack:
         url = stack.enter_context(endpoint_for(job))

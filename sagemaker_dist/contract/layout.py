@@ -10,7 +10,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from sagemaker_dist.contract import hyperparameters
+from sagemaker_dist.contract import distributions, hyperparameters
+from sagemaker_dist.contract.distributions import DEFAULT, NAMES, DistributionError, is_registered
 from sagemaker_dist.errors import ConfigurationError
 
 MAX_CHANNELS = 20
@@ -38,11 +39,11 @@ SHARDED_BY_S3_KEY = "ShardedByS3Key"
 RECORD_WRAPPERS = ("None", "RecordIO")
 INPUT_MODES = ("Pipe", "File", "FastFile")
 
-# How the workers train together: Horovod ranks under mpirun (one per GPU), or TensorFlow's
-# MultiWorkerMirroredStrategy (one worker per host driving all its GPUs; the toolkit writes TF_CONFIG).
-HOROVOD = "horovod"
-TF_MWMS = "tf-mwms"
-DISTRIBUTIONS = (HOROVOD, TF_MWMS)
+# How the workers train together: the registry's names (contract/distributions.py), kept here for the
+# code that imports them from the layout.
+HOROVOD = distributions.HOROVOD
+TF_MWMS = distributions.TF_MWMS
+DISTRIBUTIONS = NAMES
 
 
 class LayoutError(ConfigurationError):
@@ -104,7 +105,7 @@ class ChannelLayout:
     record_wrapper: str = "None"
     shuffle_seed: int | None = None
     extra_channels: tuple[str, ...] = field(default_factory=tuple)
-    distribution: str = HOROVOD
+    distribution: str = DEFAULT
 
     @property
     def world_size(self) -> int:
@@ -149,7 +150,7 @@ class ChannelLayout:
         """Human-readable lines saying what the layout is and why."""
         lines = [
             f"{self.hosts} host(s) x {self.processes_per_host} process(es) = {self.world_size} "
-            + ("Horovod rank(s)" if self.distribution == HOROVOD else "MultiWorkerMirroredStrategy worker(s)")
+            + distributions.distribution(self.distribution).workers
             + f"; strategy {self.strategy}; {len(self.channel_names)} of "
             f"{MAX_CHANNELS} channels; input mode {self.input_mode}",
         ]
@@ -197,7 +198,7 @@ class ChannelLayout:
             ],
             "extra_channels": list(self.extra_channels),
         }
-        if self.distribution != HOROVOD:  # absent means Horovod: layouts written before stay readable
+        if not distributions.is_default(self.distribution):  # absent: layouts written before stay readable
             doc["distribution"] = self.distribution
         return json.dumps(doc, separators=(",", ":"), sort_keys=True)
 
@@ -213,7 +214,7 @@ class ChannelLayout:
                 )
             if doc["strategy"] not in STRATEGIES:
                 raise LayoutError(f"unknown strategy {doc['strategy']!r}")
-            if doc.get("distribution", HOROVOD) not in DISTRIBUTIONS:
+            if not is_registered(doc.get("distribution", DEFAULT)):
                 raise LayoutError(f"unknown distribution {doc['distribution']!r}")
             roles = tuple(RoleLayout(**r) for r in doc["roles"])
             return cls(
@@ -225,7 +226,7 @@ class ChannelLayout:
                 record_wrapper=doc.get("record_wrapper", "None"),
                 shuffle_seed=doc.get("shuffle_seed"),
                 extra_channels=tuple(doc.get("extra_channels", ())),
-                distribution=doc.get("distribution", HOROVOD),
+                distribution=doc.get("distribution", DEFAULT),
             )
         except LayoutError:
             raise
@@ -267,7 +268,7 @@ def plan_layout(
     input_mode: str = "Pipe",
     record_wrapper: str = "None",
     shuffle_seed: int | None = None,
-    distribution: str = HOROVOD,
+    distribution: str = DEFAULT,
 ) -> ChannelLayout:
     """Choose a channel layout for ``hosts`` x ``processes_per_host`` workers.
 
@@ -311,15 +312,11 @@ def plan_layout(
 
 
 def check_distribution(distribution: str, processes_per_host: int) -> None:
-    """The one rule of each distribution about processes per host."""
-    if distribution not in DISTRIBUTIONS:
-        raise LayoutError(f"distribution={distribution!r}; use one of {', '.join(DISTRIBUTIONS)}")
-    if distribution == TF_MWMS and processes_per_host != 1:
-        raise LayoutError(
-            f"distribution {TF_MWMS!r} runs one worker per host (MultiWorkerMirroredStrategy drives every "
-            f"GPU of its host), so processes per host must be 1, not {processes_per_host!r}; leave "
-            "processes_per_host unset, or use distribution 'horovod' for one process per GPU"
-        )
+    """The distribution is registered and its rule about processes per host holds."""
+    try:
+        distributions.distribution(distribution).check_processes_per_host(processes_per_host)
+    except DistributionError as exc:
+        raise LayoutError(str(exc)) from None
 
 
 def _check_arguments(

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sagemaker_dist.contract import distributions, toolkit
 from sagemaker_dist.contract import hyperparameters as hp
-from sagemaker_dist.contract import toolkit
-from sagemaker_dist.contract.layout import HOROVOD, LAYOUT_HYPERPARAMETER, ChannelLayout
+from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, ChannelLayout
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.host.channel_objects import ChannelSpec
 from sagemaker_dist.launch.request_validation import validate_request
@@ -42,8 +42,8 @@ class JobSpec:
     @property
     def distribution(self) -> str:
         """How the ranks train together: the layout's; a request without our layout is run as the
-        toolkit runs an MPI job, so as Horovod."""
-        return self.layout.distribution if self.layout is not None else HOROVOD
+        toolkit runs an MPI job, so as the registry's default (Horovod)."""
+        return self.layout.distribution if self.layout is not None else distributions.DEFAULT
 
     @classmethod
     def from_request(

@@ -17,12 +17,12 @@ from dataclasses import KW_ONLY, dataclass, field
 
 import boto3
 
+from sagemaker_dist.contract.distributions import DEFAULT as DEFAULT_DISTRIBUTION
+from sagemaker_dist.contract.distributions import distribution as registered
 from sagemaker_dist.contract.layout import (
-    HOROVOD,
     INPUT_MODES,
     PER_WORKER,
     SINGLE,
-    TF_MWMS,
     ChannelLayout,
     check_distribution,
     fifo_would_be_shared,
@@ -36,7 +36,7 @@ from sagemaker_dist.contract.toolkit import (
 )
 from sagemaker_dist.launch.aws import check_job_name_free, role_arn
 from sagemaker_dist.launch.backends import PreparedJob, SageMakerBackend, TrainingBackend
-from sagemaker_dist.launch.images import MWMS_DLC, container_image_uri, dlc_tensorflow_image_uri
+from sagemaker_dist.launch.images import distribution_image_uri
 from sagemaker_dist.launch.inputs import (
     ChannelSource,
     EstimatorError,
@@ -105,7 +105,7 @@ class DistributedEstimator:
     hyperparameters: Mapping | None = None
     input_mode: str = "Pipe"
     strategy: str = "auto"
-    distribution: str = HOROVOD
+    distribution: str = DEFAULT_DISTRIBUTION
     validation: str = SINGLE
     shared_channel_input_mode: str | None = "File"
     record_wrapper: str = "None"
@@ -142,8 +142,9 @@ class DistributedEstimator:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise EstimatorError(f"instance_count={count!r}; it must be a whole number >= 1")
         check_distribution_options(self.distribution, self.mpi_options, self.default_mpi_options)
-        if self.distribution == TF_MWMS:
-            self.processes_per_host = 1 if self.processes_per_host is None else self.processes_per_host
+        if self.processes_per_host is None:  # one per host, or (None) the type's GPUs
+            self.processes_per_host = registered(self.distribution).default_processes_per_host()
+        if self.processes_per_host is not None:
             check_distribution(self.distribution, self.processes_per_host)
         self.processes_per_host = processes_per_host(self.instance_type, self.processes_per_host)
         if self.input_mode not in INPUT_MODES:
@@ -281,9 +282,7 @@ class DistributedEstimator:
         """``image_uri``, else our container in the caller's ECR (``account`` given: no STS call)."""
         if self.image_uri:
             return self.image_uri
-        if self.distribution == TF_MWMS:  # AWS's current TF DLC as is: no Horovod needed
-            return dlc_tensorflow_image_uri(self._region(), self.instance_type, *MWMS_DLC)
-        return container_image_uri(region=self._region(), account=account)
+        return distribution_image_uri(self.distribution, self._region(), self.instance_type, account)
 
     def _region(self) -> str | None:
         if self.sagemaker_session is not None:

@@ -7,12 +7,13 @@ import re
 import boto3
 
 from sagemaker_dist import __version__
+from sagemaker_dist.contract.distributions import TENSORFLOW_DLC, distribution
 from sagemaker_dist.errors import ConfigurationError
 
 DEFAULT_REPOSITORY = "sagemaker-dist"
 DLC_TF_VERSION = "2.14"  # the container's base: the newest DLC with TF <= 2.15 (Keras 2, Horovod)
 DLC_PY_VERSION = "py310"
-MWMS_DLC = ("2.21", "py312")  # distribution tf-mwms: the current TF training DLC (Keras 3, no Horovod)
+MWMS_DLC = ("2.21", "py312")  # the current TF training DLC (Keras 3, no Horovod): tf-mwms's image
 _ACCOUNT_RE = re.compile(r"^\d{12}$")
 _REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
 _REPO_RE = re.compile(r"^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*/)*[a-z0-9]+(?:[._-][a-z0-9]+)*$")
@@ -87,3 +88,13 @@ def dlc_tensorflow_image_uri(
         raise ImageError(
             f"no AWS TensorFlow training image for {version}/{py_version}/{instance_type}: {exc}"
         ) from exc
+
+
+def distribution_image_uri(
+    name: str, region: str | None, instance_type: str, account: str | None = None
+) -> str:
+    """The image a job of distribution ``name`` runs in when no image is given (its registry entry's
+    ``image``): AWS's current TensorFlow DLC as is, or our container in the caller's ECR."""
+    if distribution(name).image == TENSORFLOW_DLC:  # no Horovod needed
+        return dlc_tensorflow_image_uri(region, instance_type, *MWMS_DLC)
+    return container_image_uri(region=region, account=account)

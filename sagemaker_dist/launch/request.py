@@ -15,7 +15,9 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 from sagemaker_dist.contract import hyperparameters as hp
-from sagemaker_dist.contract.layout import PER_WORKER, TF_MWMS, ChannelLayout, LayoutError, check_distribution
+from sagemaker_dist.contract.distributions import distribution as registered
+from sagemaker_dist.contract.distributions import names_where
+from sagemaker_dist.contract.layout import PER_WORKER, ChannelLayout, LayoutError, check_distribution
 from sagemaker_dist.contract.paths import (
     CHECKPOINT_LOCAL_PATH,
     CODE_CHANNEL,
@@ -57,20 +59,20 @@ class ResolvedNames:
 
 
 def check_distribution_options(distribution: str, mpi_options, default_mpi_options: bool) -> None:
-    """The distribution is known, and no Horovod-only option comes with the strategy (no MPI there)."""
+    """The distribution is known, and no mpirun option comes with one that runs no MPI."""
     try:
         check_distribution(distribution, 1)
     except LayoutError as exc:
         raise EstimatorError(str(exc)) from None
-    if distribution != TF_MWMS:
+    if registered(distribution).mpi:
         return
     given = ["mpi_options"] if mpi_options else []
     if not default_mpi_options:
         given.append("default_mpi_options=False")
     if given:
         raise EstimatorError(
-            f"{', '.join(given)} is a Horovod (mpirun) option, and distribution {TF_MWMS!r} runs no MPI; "
-            "drop it, or use distribution 'horovod'"
+            f"{', '.join(given)} is a Horovod (mpirun) option, and distribution {distribution!r} runs no "
+            f"MPI; drop it, or use {names_where(lambda d: d.mpi)}"
         )
 
 
@@ -118,16 +120,9 @@ def tags_list(tags) -> list[dict]:
 def framework_hyperparameters(
     layout: ChannelLayout, program: str, submit_directory: str, mpi_options: str
 ) -> dict[str, str]:
-    """The hyperparameters the sagemaker-training toolkit reads: mpirun on every host for Horovod, or
-    TF_CONFIG and one process per host for MultiWorkerMirroredStrategy (no MPI)."""
-    if layout.distribution == TF_MWMS:
-        launch = {hp.MWMS_ENABLED: "true"}
-    else:
-        launch = {
-            hp.MPI_ENABLED: "true",
-            hp.MPI_PROCESSES_PER_HOST: str(layout.processes_per_host),
-            hp.MPI_CUSTOM_OPTIONS: mpi_options,
-        }
+    """The hyperparameters the sagemaker-training toolkit reads: the distribution's (mpirun on every
+    host for Horovod, TF_CONFIG and one process per host for MultiWorkerMirroredStrategy), our own."""
+    launch = registered(layout.distribution).toolkit_hyperparameters(layout.processes_per_host, mpi_options)
     return {hp.PROGRAM: program, hp.SUBMIT_DIRECTORY: submit_directory, **launch, hp.LAYOUT: layout.to_json()}
 
 

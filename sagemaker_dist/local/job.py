@@ -22,7 +22,8 @@ from pathlib import Path
 import sagemaker_dist
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract import toolkit
-from sagemaker_dist.contract.layout import HOROVOD, TF_MWMS
+from sagemaker_dist.contract.distributions import DistributionError
+from sagemaker_dist.contract.distributions import distribution as registered
 from sagemaker_dist.contract.shell_words import ShellSyntaxError
 from sagemaker_dist.errors import ConfigurationError, JobFailedError
 from sagemaker_dist.host.feeds import close_feeds, open_feeds
@@ -34,8 +35,6 @@ from sagemaker_dist.launch.s3_objects import s3_client
 from sagemaker_dist.local.launchers import (
     CONTAINER,
     HOROVODRUN,
-    MPIRUN,
-    TF_CONFIG,
     TOOLKIT,
     TOOLKIT_HOST_LAUNCHERS,
 )
@@ -106,8 +105,8 @@ def run_local(
     launcher = _launcher_for(job, launcher)
     cluster = launcher == CONTAINER and job.hosts > 1  # one container per host on a network of its own
     if launcher in TOOLKIT_HOST_LAUNCHERS:
-        horovod = job.distribution == HOROVOD  # the toolkit's mpirun then needs Horovod with MPI
-        container = check_toolkit_host(container_python, horovod=horovod) if launcher == TOOLKIT else None
+        mpi = registered(job.distribution).mpi  # the toolkit's mpirun then needs Horovod with MPI
+        container = check_toolkit_host(container_python, horovod=mpi) if launcher == TOOLKIT else None
         image = check_container_image(image) if launcher == CONTAINER else None
         if cluster:
             check_cluster_endpoint(os.environ)
@@ -140,7 +139,7 @@ def run_local(
             group = _toolkit_group(
                 job, trees, code_dir if source_dir else None, work, container, extra_env, echo, image
             )
-            if job.world == 1:  # no mpirun (tf-mwms): the toolkit's one worker prints untagged
+            if job.world == 1:  # no mpirun (a one-worker host): the toolkit's one worker prints untagged
                 group.untagged_rank = 0
             command = group.command
         else:
@@ -182,15 +181,12 @@ def run_local(
 
 
 def _launcher_for(job: JobSpec, launcher: str) -> str:
-    """A tf-mwms job runs one worker per host with TF_CONFIG (or under the toolkit, which writes it)."""
-    if job.distribution != TF_MWMS:
-        return launcher
-    if launcher == MPIRUN:
-        raise LocalJobError(
-            f"this is a {TF_MWMS!r} job (one worker per host with TF_CONFIG, no MPI); launcher 'mpirun' is "
-            "for Horovod jobs. Leave the launcher unset, or use 'toolkit'"
-        )
-    return TF_CONFIG if launcher == HOROVODRUN else launcher
+    """The launcher the job's distribution runs under for ``launcher`` (the registry's: e.g. a tf-mwms
+    job runs one worker per host with TF_CONFIG where no launcher is named, or under the toolkit)."""
+    try:
+        return registered(job.distribution).local_launcher(launcher)
+    except DistributionError as exc:
+        raise LocalJobError(str(exc)) from None
 
 
 def _work_dir(stack: ExitStack, work_dir, job_name: str, keep: bool) -> Path:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from sagemaker_dist.contract.layout import HOROVOD
+from sagemaker_dist.contract.distributions import distribution, names_where
 from sagemaker_dist.contract.rank_slots import RankSlot, rank_slots
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.host.channel_objects import ChannelSpec
@@ -100,12 +100,14 @@ def efa_interfaces(instance_type: str) -> int:
 
 
 def check_mpi_job(job: JobSpec, platform: str) -> None:
-    """``platform`` starts the ranks with MPI (mpirun, srun --mpi=pmix): a Horovod job, not tf-mwms."""
-    if job.layout is not None and job.layout.distribution != HOROVOD:
+    """``platform`` starts the ranks with MPI (mpirun, srun --mpi=pmix): a job of a distribution whose
+    registry entry says the MPI platforms can start it (Horovod), not tf-mwms."""
+    entry = distribution(job.distribution)
+    if not entry.mpi_platforms:
         raise NodePlanError(
-            f"job {job.name} is a {job.layout.distribution!r} job (one worker per host with TF_CONFIG, no "
-            f"MPI), and {platform} starts Horovod ranks with MPI: plan the job with distribution "
-            f"{HOROVOD!r}, or run it with 'sagemaker-dist local' or on SageMaker"
+            f"job {job.name} is a {entry.name!r} job ({entry.runs}), and {platform} starts Horovod ranks "
+            f"with MPI: plan the job with {names_where(lambda d: d.mpi_platforms)}, or run it with "
+            "'sagemaker-dist local' or on SageMaker"
         )
 
 

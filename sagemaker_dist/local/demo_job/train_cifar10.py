@@ -18,15 +18,16 @@ every step whether each still has a batch; every epoch ends on every rank when t
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
 
 import tensorflow as tf
 
-from sagemaker_dist.contract.layout import TF_MWMS
+from sagemaker_dist.contract.distributions import distribution
 from sagemaker_dist.contract.paths import opt_ml_root
-from sagemaker_dist.runtime import horovod_keras, mwms_keras, rank_dataset
+from sagemaker_dist.runtime import mwms_keras, rank_dataset
 from sagemaker_dist.runtime.config import ContainerConfig
 
 IMAGE_SHAPE = (32, 32, 3)
@@ -93,8 +94,9 @@ def main(argv=None) -> int:
     layout = ContainerConfig.load().layout
     validate = layout is not None and layout.has_role("validation")
     log_dir = os.path.join(os.environ.get("SM_OUTPUT_DATA_DIR") or opt_ml_root() / "output" / "data", "tb")
-    strategy_job = layout is not None and layout.distribution == TF_MWMS
-    distributed = mwms_keras if strategy_job else horovod_keras  # the one line a script switches
+    # the helper of the job's distribution (horovod_keras or mwms_keras): the one line a script switches
+    distributed = importlib.import_module(distribution(layout.distribution if layout else None).keras_helper)
+    strategy_job = distributed is mwms_keras
     hv = distributed.setup(
         tf.keras.optimizers.Adam if strategy_job else tf.keras.optimizers.legacy.Adam,
         learning_rate=args.learning_rate,

@@ -8,17 +8,19 @@
 - ``tf-config`` (``tf_config``): a ``tf-mwms`` job's one worker per host with ``TF_CONFIG``; chosen
   for such jobs in place of ``horovodrun``, never named by a user.
 
+Which launchers run a distribution, and its default, is its entry's ``local_launchers`` in
+``sagemaker_dist.contract.distributions``.
+
 Every launcher runs as a ``RankGroup`` (``mpi``): its own process group, output relayed with the
 rank in front, killed as a whole.
 """
 
 from __future__ import annotations
 
-HOROVODRUN = "horovodrun"
-MPIRUN = "mpirun"
-TOOLKIT = "toolkit"
-CONTAINER = "container"
-TF_CONFIG = "tf-config"
+# the names live in the registry of distributions, whose entries name the launchers that run them
+from sagemaker_dist.contract.distributions import CONTAINER, HOROVODRUN, MPIRUN, TOOLKIT
+from sagemaker_dist.contract.distributions import TF_CONFIG_LAUNCHER as TF_CONFIG
+from sagemaker_dist.contract.distributions import USER_LAUNCHERS as LAUNCHERS  # what a user may ask for
 
-LAUNCHERS = (HOROVODRUN, MPIRUN, TOOLKIT, CONTAINER)  # what a user may ask for
+__all__ = ["CONTAINER", "HOROVODRUN", "LAUNCHERS", "MPIRUN", "TF_CONFIG", "TOOLKIT", "TOOLKIT_HOST_LAUNCHERS"]
 TOOLKIT_HOST_LAUNCHERS = (TOOLKIT, CONTAINER)  # the image's toolkit entry point starts the ranks

@@ -28,7 +28,7 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from sagemaker_dist.contract.layout import TF_MWMS
+from sagemaker_dist.contract.distributions import distribution
 from sagemaker_dist.local.launchers.cluster_log import (
     HostProgress,
     hosts_not_reached,
@@ -144,8 +144,9 @@ class ClusterGroup(RankGroup):
     --tag-output), each host's own toolkit lines are kept apart with the host in front."""
 
     def __init__(self, plan: ClusterPlan, image: str, trees, container_env: dict[str, str], pid_dir: Path,
-                 per_host: int, tf_mwms: bool, echo):  # fmt: skip
-        self.plan, self.trees, self.per_host, self.tf_mwms, self.echo = plan, trees, per_host, tf_mwms, echo
+                 per_host: int, mpi: bool, echo):  # fmt: skip
+        # mpi: the master's toolkit starts every rank with mpirun; else each host's toolkit its one worker
+        self.plan, self.trees, self.per_host, self.mpi, self.echo = plan, trees, per_host, mpi, echo
         self.creates = [plan.create_args(h, image, t.root, container_env) for h, t in zip(plan.hosts, trees)]
         world = len(plan.hosts) * per_host
         super().__init__(self.creates[0], {**os.environ, **container_env}, pid_dir, world, self._show)
@@ -167,8 +168,8 @@ class ClusterGroup(RankGroup):
         with self._lock:
             if host is self.plan.master:
                 self.output.append(line)
-            tagged = mpi_tagged_lines(line) if stdout and not self.tf_mwms else None
-            ranks = tagged or ([(host.ranks[0], line)] if stdout and self.tf_mwms else [])
+            tagged = mpi_tagged_lines(line) if stdout and self.mpi else None
+            ranks = tagged or ([(host.ranks[0], line)] if stdout and not self.mpi else [])
             for rank, text in ranks:
                 self.rank_lines.setdefault(rank, []).append(text)
                 self._show(rank, text)
@@ -280,7 +281,7 @@ class ClusterGroup(RankGroup):
     def death(self, host: ClusterHost, code: int, when: str = "while the job ran") -> str:
         """A host's container that ended non-zero on its own (nothing of ours stopped it yet)."""
         failed = bool(self._failure_file(host))
-        if self.tf_mwms and failed:  # its one worker failed, and the toolkit wrote why
+        if not self.mpi and failed:  # its one worker failed, and the toolkit wrote why
             what = f"exited with {describe_exit(code)}"
             said = [] if host is self.plan.master else self._failure_file(host)
             return "\n".join([rank_failure(self, host.ranks[0], what, self.trees, self.per_host), *said])
@@ -350,7 +351,7 @@ def _master_ended(group: ClusterGroup, workers) -> str | None:
         dead = _died(group, workers)
         if dead and group.ended[dead[0].name][1] <= when + DEATH_SETTLE_S:
             return group.death(dead[0], group.ended[dead[0].name][0])
-        if group.tf_mwms:
+        if not group.mpi:
             return group.death(master, code)
         reported = group.failed_rank()
         if reported:
@@ -389,5 +390,5 @@ def cluster_group(stack, job, trees, code_dir: Path | None, work: Path, extra_en
     copy_code(code_dir, trees)
     pid_dir = work / "ranks"  # stays empty: the toolkits start the ranks
     pid_dir.mkdir()
-    tf_mwms = job.distribution == TF_MWMS
-    return ClusterGroup(plan, image, trees, env, pid_dir, job.processes_per_host, tf_mwms, echo)
+    mpi = distribution(job.distribution).mpi
+    return ClusterGroup(plan, image, trees, env, pid_dir, job.processes_per_host, mpi, echo)

@@ -1,0 +1,179 @@
+"""The registry of distributions: how the workers of a job train together, one entry each.
+
+Every rule that depends on the distribution lives in its ``Distribution`` entry: its framework, how
+many processes a host runs, the hyperparameters the SageMaker toolkit reads to start it, the rank
+variables its processes get, the image it runs in, the local launchers that run it, and whether the
+MPI platforms (Slurm, Kubernetes' MPIJob) can start it. The rest of the package asks the registry
+(``distribution(name)``) and never compares a distribution's name; ``tests/test_architecture.py``
+checks that. A new distribution is one entry in ``REGISTRY`` plus its local launcher.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from sagemaker_dist.contract import hyperparameters as hp
+from sagemaker_dist.contract.rank_slots import RANK_VARIABLES, TF_CONFIG
+from sagemaker_dist.errors import ConfigurationError
+
+# processes per host
+PER_GPU = "per-gpu"  # one process per GPU of the host (or as many as asked, up to the GPUs)
+ONE_PER_HOST = "one-per-host"  # one worker per host, driving every GPU of it
+
+# the image a SageMaker job of the distribution runs in when no image_uri is given
+OWN_IMAGE = "sagemaker-dist"  # our container (container/Dockerfile) in the caller's ECR
+TENSORFLOW_DLC = "tensorflow-dlc"  # AWS's current TensorFlow training DLC, as is
+
+# local launchers (sagemaker_dist.local.launchers holds their code): the names a job can run under
+HOROVODRUN = "horovodrun"
+MPIRUN = "mpirun"
+TOOLKIT = "toolkit"
+CONTAINER = "container"
+TF_CONFIG_LAUNCHER = "tf-config"  # one worker per host with TF_CONFIG; never named by a user
+USER_LAUNCHERS = (HOROVODRUN, MPIRUN, TOOLKIT, CONTAINER)  # what a user may ask for
+# the launcher a local job gets when none is named (the CLI's and LocalBackend's default); a
+# distribution that does not run under it runs under its own default launcher instead
+UNNAMED_LAUNCHER = HOROVODRUN
+
+
+class DistributionError(ConfigurationError):
+    """A distribution that is not registered, or a setting it cannot run with."""
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """One way to train data-parallel: everything the SDK side, local mode and the platforms need to
+    know about it."""
+
+    name: str
+    framework: str  # the framework the script trains with ("tensorflow")
+    title: str  # what trains, in messages ("Horovod")
+    help: str  # the --distribution help: what runs, per host, with what
+    runs: str  # how its processes start, in messages ("one worker per host with TF_CONFIG, no MPI")
+    workers: str  # what the layout calls its processes ("Horovod rank(s)")
+    processes_per_host: str  # PER_GPU or ONE_PER_HOST
+    enabled_hyperparameter: str  # the toolkit's switch for it (set to "true")
+    mpi: bool  # the toolkit starts its processes with mpirun (and reads the MPI hyperparameters)
+    rank_variables: tuple[str, ...]  # the environment its processes learn their rank from
+    image: str  # OWN_IMAGE or TENSORFLOW_DLC
+    local_launchers: tuple[str, ...]  # the local launchers that run it, its default first
+    mpi_platforms: bool  # Slurm (srun --mpi=pmix) and Kubernetes' MPIJob can start it
+    keras_helper: str  # the runtime module a Keras script sets up with (sagemaker_dist.runtime.*)
+
+    @property
+    def default_launcher(self) -> str:
+        return self.local_launchers[0]
+
+    @property
+    def one_per_host(self) -> bool:
+        return self.processes_per_host == ONE_PER_HOST
+
+    def default_processes_per_host(self) -> int | None:
+        """Processes per host when none is asked for: 1, or None (the host's GPUs)."""
+        return 1 if self.one_per_host else None
+
+    def check_processes_per_host(self, processes_per_host: int) -> None:
+        if self.one_per_host and processes_per_host != 1:
+            raise DistributionError(
+                f"distribution {self.name!r} runs one worker per host ({self.title} drives every GPU of its "
+                f"host), so processes per "
+                f"host must be 1, not {processes_per_host!r}; leave processes_per_host unset, or use "
+                f"{_per_gpu_hint()}"
+            )
+
+    def toolkit_hyperparameters(self, processes_per_host: int, mpi_options: str) -> dict[str, str]:
+        """The hyperparameters the sagemaker-training toolkit reads to start the job's processes."""
+        out = {self.enabled_hyperparameter: "true"}
+        if self.mpi:
+            out[hp.MPI_PROCESSES_PER_HOST] = str(processes_per_host)
+            out[hp.MPI_CUSTOM_OPTIONS] = mpi_options
+        return out
+
+    def local_launcher(self, asked: str) -> str:
+        """The launcher that runs a local job of this distribution when ``asked`` is asked for."""
+        if asked in self.local_launchers:
+            return asked
+        if asked == UNNAMED_LAUNCHER:
+            return self.default_launcher
+        named = [n for n in self.local_launchers[1:] if n in USER_LAUNCHERS]
+        raise DistributionError(
+            f"this is a {self.name!r} job ({self.runs}); launcher {asked!r} is for "
+            f"{_runners_of(asked)} jobs. Leave the launcher unset"
+            + (f", or use {' or '.join(repr(n) for n in named)}" if named else "")
+        )
+
+
+HOROVOD_ENTRY = Distribution(
+    name="horovod",
+    framework="tensorflow",
+    title="Horovod",
+    help="one process per GPU under mpirun (Horovod 0.28.1, TF <= 2.15)",
+    runs="one process per GPU under mpirun",
+    workers="Horovod rank(s)",
+    processes_per_host=PER_GPU,
+    enabled_hyperparameter=hp.MPI_ENABLED,
+    mpi=True,
+    rank_variables=tuple(name for names in RANK_VARIABLES for name in names),
+    image=OWN_IMAGE,
+    local_launchers=(HOROVODRUN, MPIRUN, TOOLKIT, CONTAINER),
+    mpi_platforms=True,
+    keras_helper="sagemaker_dist.runtime.horovod_keras",
+)
+TF_MWMS_ENTRY = Distribution(
+    name="tf-mwms",
+    framework="tensorflow",
+    title="MultiWorkerMirroredStrategy",
+    help="TensorFlow's MultiWorkerMirroredStrategy, one worker per host (any TF, Keras 3, the current DLC)",
+    runs="one worker per host with TF_CONFIG, no MPI",
+    workers="MultiWorkerMirroredStrategy worker(s)",
+    processes_per_host=ONE_PER_HOST,
+    enabled_hyperparameter=hp.MWMS_ENABLED,
+    mpi=False,
+    rank_variables=(TF_CONFIG,),
+    image=TENSORFLOW_DLC,
+    local_launchers=(TF_CONFIG_LAUNCHER, TOOLKIT, CONTAINER),
+    mpi_platforms=False,
+    keras_helper="sagemaker_dist.runtime.mwms_keras",
+)
+
+HOROVOD = HOROVOD_ENTRY.name
+TF_MWMS = TF_MWMS_ENTRY.name
+REGISTRY: Mapping[str, Distribution] = {d.name: d for d in (HOROVOD_ENTRY, TF_MWMS_ENTRY)}
+NAMES = tuple(REGISTRY)  # in order; the first is the default
+DEFAULT = NAMES[0]
+# a request without our layout is run as the toolkit runs an MPI job: as the default (Horovod)
+HELP = "; ".join(f"{d.name}: {d.help}" for d in REGISTRY.values()) + f". Default {DEFAULT}"
+
+
+def is_registered(name: object) -> bool:
+    return isinstance(name, str) and name in REGISTRY
+
+
+def is_default(name: str) -> bool:
+    """A layout leaves the default out of its JSON, so layouts written before the field stay readable."""
+    return name == DEFAULT
+
+
+def distribution(name: str | None) -> Distribution:
+    """The entry of ``name`` (None: the default), or DistributionError naming the registered ones."""
+    if name is None:
+        return REGISTRY[DEFAULT]
+    if not is_registered(name):
+        raise DistributionError(f"distribution={name!r}; use one of {', '.join(NAMES)}")
+    return REGISTRY[name]
+
+
+def names_where(predicate: Callable[[Distribution], bool]) -> str:
+    """The distributions for which ``predicate`` holds, for a message: "distribution 'a' or 'b'"."""
+    names = [repr(d.name) for d in REGISTRY.values() if predicate(d)]
+    return f"distribution {' or '.join(names)}" if names else "no registered distribution"
+
+
+def _per_gpu_hint() -> str:
+    return names_where(lambda d: not d.one_per_host) + " for one process per GPU"
+
+
+def _runners_of(launcher: str) -> str:
+    runs = [d.title for d in REGISTRY.values() if launcher in d.local_launchers]
+    return " or ".join(runs) or "no registered"

@@ -1,0 +1,87 @@
+"""The registry of distributions: each entry's rules, and the names the rest of the package used to
+branch on, now asked of it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from sagemaker_dist.contract import distributions as reg
+from sagemaker_dist.contract import hyperparameters as hp
+from sagemaker_dist.contract.layout import DISTRIBUTIONS, HOROVOD, TF_MWMS, LayoutError, plan_layout
+from sagemaker_dist.contract.rank_slots import RANK_VARIABLES
+from sagemaker_dist.local import launchers
+
+
+def test_the_registry_holds_horovod_then_tf_mwms_and_the_layout_keeps_its_names():
+    assert reg.NAMES == DISTRIBUTIONS == ("horovod", "tf-mwms")
+    assert (HOROVOD, TF_MWMS, reg.DEFAULT) == ("horovod", "tf-mwms", "horovod")
+    assert reg.distribution(None) is reg.distribution("horovod") is reg.HOROVOD_ENTRY
+    for entry in reg.REGISTRY.values():
+        assert entry.framework == "tensorflow"
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            entry.name = "other"
+
+
+def test_an_unknown_name_is_refused_naming_the_registered_ones():
+    with pytest.raises(reg.DistributionError, match="distribution='mwms'; use one of horovod, tf-mwms"):
+        reg.distribution("mwms")
+    assert not reg.is_registered("mwms") and not reg.is_registered(None) and reg.is_registered("tf-mwms")
+
+
+def test_processes_per_host_per_gpu_or_one_per_host():
+    horovod, mwms = reg.distribution("horovod"), reg.distribution("tf-mwms")
+    assert (horovod.processes_per_host, horovod.default_processes_per_host()) == (reg.PER_GPU, None)
+    assert (mwms.processes_per_host, mwms.default_processes_per_host()) == (reg.ONE_PER_HOST, 1)
+    horovod.check_processes_per_host(8)
+    mwms.check_processes_per_host(1)
+    with pytest.raises(reg.DistributionError, match="must be 1, not 8; .* use distribution 'horovod'"):
+        mwms.check_processes_per_host(8)
+    with pytest.raises(LayoutError, match="must be 1, not 2"):  # the layout's error, as before
+        plan_layout(2, 2, distribution="tf-mwms")
+
+
+def test_the_hyperparameters_the_toolkit_reads():
+    assert reg.distribution("horovod").toolkit_hyperparameters(4, "-x A=1") == {
+        hp.MPI_ENABLED: "true",
+        hp.MPI_PROCESSES_PER_HOST: "4",
+        hp.MPI_CUSTOM_OPTIONS: "-x A=1",
+    }
+    assert reg.distribution("tf-mwms").toolkit_hyperparameters(1, "-x A=1") == {hp.MWMS_ENABLED: "true"}
+
+
+def test_rank_environment_image_platforms_and_helper():
+    horovod, mwms = reg.distribution("horovod"), reg.distribution("tf-mwms")
+    assert set(horovod.rank_variables) == {n for names in RANK_VARIABLES for n in names}
+    assert mwms.rank_variables == ("TF_CONFIG",)
+    assert (horovod.image, mwms.image) == (reg.OWN_IMAGE, reg.TENSORFLOW_DLC)
+    assert (horovod.mpi_platforms, mwms.mpi_platforms) == (True, False)
+    assert (horovod.mpi, mwms.mpi) == (True, False)
+    assert horovod.keras_helper.endswith("horovod_keras") and mwms.keras_helper.endswith("mwms_keras")
+
+
+@pytest.mark.parametrize(("name", "asked", "runs"), [
+    ("horovod", "horovodrun", "horovodrun"),
+    ("horovod", "mpirun", "mpirun"),
+    ("horovod", "toolkit", "toolkit"),
+    ("horovod", "container", "container"),
+    ("tf-mwms", "horovodrun", "tf-config"),  # the launcher a job gets when none is named
+    ("tf-mwms", "toolkit", "toolkit"),
+    ("tf-mwms", "container", "container"),
+])  # fmt: skip
+def test_the_local_launcher_of_each_distribution(name, asked, runs):
+    assert reg.distribution(name).local_launcher(asked) == runs
+
+
+def test_mpirun_is_refused_for_tf_mwms_naming_what_runs_it():
+    with pytest.raises(reg.DistributionError, match="launcher 'mpirun' is for Horovod jobs.*'toolkit'"):
+        reg.distribution("tf-mwms").local_launcher("mpirun")
+
+
+def test_every_launcher_an_entry_names_is_one_local_mode_has():
+    known = {launchers.TF_CONFIG, *launchers.LAUNCHERS}
+    assert {launchers.HOROVODRUN, launchers.MPIRUN, launchers.TOOLKIT, launchers.CONTAINER} <= known
+    for entry in reg.REGISTRY.values():
+        assert set(entry.local_launchers) <= known, entry.name
+        assert entry.default_launcher == entry.local_launchers[0]
