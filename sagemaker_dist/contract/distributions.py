@@ -21,10 +21,6 @@ from sagemaker_dist.errors import ConfigurationError
 PER_GPU = "per-gpu"  # one process per GPU of the host (or as many as asked, up to the GPUs)
 ONE_PER_HOST = "one-per-host"  # one worker per host, driving every GPU of it
 
-# the image a SageMaker job of the distribution runs in when no image_uri is given
-OWN_IMAGE = "sagemaker-dist"  # our container (container/Dockerfile) in the caller's ECR
-TENSORFLOW_DLC = "tensorflow-dlc"  # AWS's current TensorFlow training DLC, as is
-
 # local launchers (sagemaker_dist.local.launchers holds their code): the names a job can run under
 HOROVODRUN = "horovodrun"
 MPIRUN = "mpirun"
@@ -42,6 +38,15 @@ class DistributionError(ConfigurationError):
 
 
 @dataclass(frozen=True)
+class DlcImage:
+    """An AWS Deep Learning Container training image, as ``sagemaker.core.image_uris`` names it."""
+
+    framework: str  # "tensorflow", "pytorch"
+    version: str
+    py_version: str
+
+
+@dataclass(frozen=True)
 class Distribution:
     """One way to train data-parallel: everything the SDK side, local mode and the platforms need to
     know about it."""
@@ -56,10 +61,10 @@ class Distribution:
     enabled_hyperparameter: str  # the toolkit's switch for it (set to "true")
     mpi: bool  # the toolkit starts its processes with mpirun (and reads the MPI hyperparameters)
     rank_variables: tuple[str, ...]  # the environment its processes learn their rank from
-    image: str  # OWN_IMAGE or TENSORFLOW_DLC
+    image: DlcImage | None  # with no image_uri: AWS's DLC as is, or (None) our container in the caller's ECR
     local_launchers: tuple[str, ...]  # the local launchers that run it, its default first
     mpi_platforms: bool  # Slurm (srun --mpi=pmix) and Kubernetes' MPIJob can start it
-    keras_helper: str  # the runtime module a Keras script sets up with (sagemaker_dist.runtime.*)
+    keras_helper: str | None  # the runtime module a Keras script sets up with (sagemaker_dist.runtime.*)
 
     @property
     def default_launcher(self) -> str:
@@ -115,7 +120,7 @@ HOROVOD_ENTRY = Distribution(
     enabled_hyperparameter=hp.MPI_ENABLED,
     mpi=True,
     rank_variables=tuple(name for names in RANK_VARIABLES for name in names),
-    image=OWN_IMAGE,
+    image=None,  # container/Dockerfile: the newest TF DLC with TF <= 2.15, plus Horovod
     local_launchers=(HOROVODRUN, MPIRUN, TOOLKIT, CONTAINER),
     mpi_platforms=True,
     keras_helper="sagemaker_dist.runtime.horovod_keras",
@@ -131,7 +136,7 @@ TF_MWMS_ENTRY = Distribution(
     enabled_hyperparameter=hp.MWMS_ENABLED,
     mpi=False,
     rank_variables=(TF_CONFIG,),
-    image=TENSORFLOW_DLC,
+    image=DlcImage("tensorflow", "2.21", "py312"),  # the current TF training DLC (Keras 3, no Horovod)
     local_launchers=(TF_CONFIG_LAUNCHER, TOOLKIT, CONTAINER),
     mpi_platforms=False,
     keras_helper="sagemaker_dist.runtime.mwms_keras",

@@ -7,13 +7,13 @@ import re
 import boto3
 
 from sagemaker_dist import __version__
-from sagemaker_dist.contract.distributions import TENSORFLOW_DLC, distribution
+from sagemaker_dist.contract.distributions import TF_MWMS_ENTRY, distribution
 from sagemaker_dist.errors import ConfigurationError
 
 DEFAULT_REPOSITORY = "sagemaker-dist"
 DLC_TF_VERSION = "2.14"  # the container's base: the newest DLC with TF <= 2.15 (Keras 2, Horovod)
 DLC_PY_VERSION = "py310"
-MWMS_DLC = ("2.21", "py312")  # the current TF training DLC (Keras 3, no Horovod): tf-mwms's image
+MWMS_DLC = (TF_MWMS_ENTRY.image.version, TF_MWMS_ENTRY.image.py_version)  # tf-mwms's DLC (its registry entry)
 _ACCOUNT_RE = re.compile(r"^\d{12}$")
 _REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
 _REPO_RE = re.compile(r"^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*/)*[a-z0-9]+(?:[._-][a-z0-9]+)*$")
@@ -73,11 +73,18 @@ def dlc_tensorflow_image_uri(
 
     For comparison with our image (and as the base it builds on): a GPU or CPU tag by instance type.
     """
+    return dlc_image_uri("tensorflow", region, instance_type, version, py_version)
+
+
+def dlc_image_uri(
+    framework: str, region: str | None, instance_type: str, version: str, py_version: str
+) -> str:
+    """An AWS Deep Learning Container training image of ``framework``: a GPU or CPU tag by instance type."""
     from sagemaker.core import image_uris
 
     try:
         return image_uris.retrieve(
-            framework="tensorflow",
+            framework=framework,
             region=_region(region),
             version=version,
             py_version=py_version,
@@ -85,8 +92,9 @@ def dlc_tensorflow_image_uri(
             image_scope="training",
         )
     except ValueError as exc:
+        title = {"tensorflow": "TensorFlow", "pytorch": "PyTorch"}.get(framework, framework)
         raise ImageError(
-            f"no AWS TensorFlow training image for {version}/{py_version}/{instance_type}: {exc}"
+            f"no AWS {title} training image for {version}/{py_version}/{instance_type}: {exc}"
         ) from exc
 
 
@@ -94,7 +102,9 @@ def distribution_image_uri(
     name: str, region: str | None, instance_type: str, account: str | None = None
 ) -> str:
     """The image a job of distribution ``name`` runs in when no image is given (its registry entry's
-    ``image``): AWS's current TensorFlow DLC as is, or our container in the caller's ECR."""
-    if distribution(name).image == TENSORFLOW_DLC:  # no Horovod needed
-        return dlc_tensorflow_image_uri(region, instance_type, *MWMS_DLC)
-    return container_image_uri(region=region, account=account)
+    ``image``): an AWS DLC as is (e.g. the current TensorFlow one: no Horovod needed), or our
+    container in the caller's ECR."""
+    dlc = distribution(name).image
+    if dlc is None:
+        return container_image_uri(region=region, account=account)
+    return dlc_image_uri(dlc.framework, region, instance_type, dlc.version, dlc.py_version)

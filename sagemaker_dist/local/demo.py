@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sagemaker_dist.contract.distributions import DEFAULT as DEFAULT_DISTRIBUTION
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.launch.s3_objects import s3_client
 from sagemaker_dist.local.backend import LocalBackend
@@ -109,7 +110,7 @@ def prepare_demo_job(
     hyperparameters: dict | None = None,
     job_name: str | None = None,
     printer=print,
-    distribution: str = "horovod",
+    distribution: str = DEFAULT_DISTRIBUTION,
     long: bool = False,
 ) -> DemoJob:
     """Write the data if missing, shard it into per-rank manifests and build the request.

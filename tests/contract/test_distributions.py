@@ -55,7 +55,8 @@ def test_rank_environment_image_platforms_and_helper():
     horovod, mwms = reg.distribution("horovod"), reg.distribution("tf-mwms")
     assert set(horovod.rank_variables) == {n for names in RANK_VARIABLES for n in names}
     assert mwms.rank_variables == ("TF_CONFIG",)
-    assert (horovod.image, mwms.image) == (reg.OWN_IMAGE, reg.TENSORFLOW_DLC)
+    assert horovod.image is None  # our container
+    assert mwms.image == reg.DlcImage("tensorflow", "2.21", "py312")
     assert (horovod.mpi_platforms, mwms.mpi_platforms) == (True, False)
     assert (horovod.mpi, mwms.mpi) == (True, False)
     assert horovod.keras_helper.endswith("horovod_keras") and mwms.keras_helper.endswith("mwms_keras")
