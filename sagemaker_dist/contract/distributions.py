@@ -60,7 +60,9 @@ class Distribution:
     processes_per_host: str  # PER_GPU or ONE_PER_HOST
     enabled_hyperparameter: str  # the toolkit's switch for it (set to "true")
     mpi: bool  # the toolkit starts its processes with mpirun (and reads the MPI hyperparameters)
-    rank_variables: tuple[str, ...]  # the environment its processes learn their rank from
+    # the environment its processes learn their rank from: families of (rank, local rank, size, local
+    # size) in order of preference (one name alone where one variable holds them all: TF_CONFIG)
+    rank_variables: tuple[tuple[str, ...], ...]
     image: DlcImage | None  # with no image_uri: AWS's DLC as is, or (None) our container in the caller's ECR
     local_launchers: tuple[str, ...]  # the local launchers that run it, its default first
     mpi_platforms: bool  # Slurm (srun --mpi=pmix) and Kubernetes' MPIJob can start it
@@ -69,6 +71,11 @@ class Distribution:
     @property
     def default_launcher(self) -> str:
         return self.local_launchers[0]
+
+    @property
+    def rank_markers(self) -> tuple[str, ...]:
+        """The variables whose presence makes a process one of its ranks (each family's first)."""
+        return tuple(family[0] for family in self.rank_variables)
 
     @property
     def one_per_host(self) -> bool:
@@ -119,7 +126,7 @@ HOROVOD_ENTRY = Distribution(
     processes_per_host=PER_GPU,
     enabled_hyperparameter=hp.MPI_ENABLED,
     mpi=True,
-    rank_variables=tuple(name for names in RANK_VARIABLES for name in names),
+    rank_variables=RANK_VARIABLES,  # Open MPI's (the toolkit's mpirun), then Horovod's (horovodrun)
     image=None,  # container/Dockerfile: the newest TF DLC with TF <= 2.15, plus Horovod
     local_launchers=(HOROVODRUN, MPIRUN, TOOLKIT, CONTAINER),
     mpi_platforms=True,
@@ -135,7 +142,7 @@ TF_MWMS_ENTRY = Distribution(
     processes_per_host=ONE_PER_HOST,
     enabled_hyperparameter=hp.MWMS_ENABLED,
     mpi=False,
-    rank_variables=(TF_CONFIG,),
+    rank_variables=((TF_CONFIG,),),
     image=DlcImage("tensorflow", "2.21", "py312"),  # the current TF training DLC (Keras 3, no Horovod)
     local_launchers=(TF_CONFIG_LAUNCHER, TOOLKIT, CONTAINER),
     mpi_platforms=False,
@@ -149,6 +156,11 @@ NAMES = tuple(REGISTRY)  # in order; the first is the default
 DEFAULT = NAMES[0]
 # a request without our layout is run as the toolkit runs an MPI job: as the default (Horovod)
 HELP = "; ".join(f"{d.name}: {d.help}" for d in REGISTRY.values()) + f". Default {DEFAULT}"
+
+
+def rank_markers() -> tuple[str, ...]:
+    """Every registered distribution's rank markers: a process with one of them set is a rank."""
+    return tuple(marker for d in REGISTRY.values() for marker in d.rank_markers)
 
 
 def is_registered(name: object) -> bool:

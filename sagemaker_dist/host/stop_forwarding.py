@@ -26,16 +26,19 @@ import sys
 import time
 from pathlib import Path
 
+from sagemaker_dist.contract.distributions import rank_markers
 from sagemaker_dist.host.processes import descendants
 
-RANK_ENVIRONMENT = (b"OMPI_COMM_WORLD_RANK=", b"HOROVOD_RANK=", b"TF_CONFIG=")
+# OMPI_COMM_WORLD_RANK, HOROVOD_RANK, TF_CONFIG: each registered distribution's (its registry entry)
+RANK_ENVIRONMENT = tuple(f"{name}=".encode() for name in rank_markers())
 DEFAULT_GRACE_S = 110.0  # SIGTERM to SIGKILL of what is left: inside SageMaker's 120 s
 HANDLER_WAIT_S = 30.0  # the longest a rank's SIGTERM waits for its handler
 
 
 def is_rank(exe: str, environ: bytes) -> bool:
     """A rank process: a Python interpreter whose environment names its rank (mpirun's, horovodrun's
-    or TF_CONFIG); mpirun, orted, the toolkit and horovodrun's shell wrappers are not."""
+    or TF_CONFIG: a registered distribution's); mpirun, orted, the toolkit and horovodrun's shell
+    wrappers are not."""
     return os.path.basename(exe).startswith("python") and any(
         b"\0" + key in b"\0" + environ for key in RANK_ENVIRONMENT
     )

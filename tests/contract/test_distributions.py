@@ -53,8 +53,9 @@ def test_the_hyperparameters_the_toolkit_reads():
 
 def test_rank_environment_image_platforms_and_helper():
     horovod, mwms = reg.distribution("horovod"), reg.distribution("tf-mwms")
-    assert set(horovod.rank_variables) == {n for names in RANK_VARIABLES for n in names}
-    assert mwms.rank_variables == ("TF_CONFIG",)
+    assert horovod.rank_variables == RANK_VARIABLES
+    assert mwms.rank_variables == (("TF_CONFIG",),)
+    assert reg.rank_markers() == ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "TF_CONFIG")
     assert horovod.image is None  # our container
     assert mwms.image == reg.DlcImage("tensorflow", "2.21", "py312")
     assert (horovod.mpi_platforms, mwms.mpi_platforms) == (True, False)
