@@ -2,7 +2,7 @@
 # The README's quick start on a fresh machine: a privileged podman container made from a bare Debian 12
 # (debootstrap's bookworm minbase, as scripts/container-test.sh makes its base) with only git and python3
 # added, a git clone of this checkout's HEAD in it, then the README's two commands as a new user runs
-# them:
+# them (its /tmp is on the container's own overlay root, as in any container a user starts: no volume):
 #   ./scripts/setup.sh && .venv/bin/sagemaker-dist local --demo
 #   ./scripts/test.sh            (the whole suite, under CI=true: a skipped test fails)
 # Prints each step's time and each command's exit status; exits non-zero if either command fails. Run by
@@ -11,7 +11,8 @@
 # Usage: scripts/fresh-machine-check.sh [--warm] [--keep]
 #   --warm  mount this machine's Horovod wheel cache (read-only) and pip cache into the container, so
 #           the set-up skips the Horovod build and most downloads. Default: no build cache at all.
-#   --keep  keep the scratch directory (the clone, its venvs, /tmp) for a look afterwards
+#   --keep  keep the scratch directory (the clone, its venvs, and a copy of the container's /tmp) for a
+#           look afterwards
 # Needs root. Installs Debian's podman, buildah, runc, debootstrap and catatonit when missing. podman's
 # settings are scripts/lib/podman-env.sh's, its storage ${SAGEMAKER_DIST_CACHE:-~/.cache/sagemaker-dist}/
 # podman-fresh (apart from container-test.sh's, so that the two can run at once); the debootstrap tarball
@@ -52,6 +53,7 @@ podman_env "$SAGEMAKER_DIST_CACHE_ROOT/podman-fresh"
 scratch=$(mktemp -d /var/tmp/sagemaker-dist-fresh.XXXXXX)
 name="sagemaker-dist-fresh-$$"
 cleanup() {
+  if [ "$keep" = 1 ]; then podman cp "$name:/tmp/." "$scratch/tmp/" >/dev/null 2>&1 || true; fi
   podman_cleanup
   if [ "$keep" = 1 ]; then echo "kept $scratch"; else rm -rf "$scratch"; fi
 }
@@ -76,8 +78,10 @@ done
 find /usr/local/share/ca-certificates -name '*.crt' -exec cp {} "$scratch/ca/" \; 2>/dev/null || true
 apt-config dump 2>/dev/null | grep -Ei '^Acquire::https?::Proxy ' >"$scratch/ca/apt-proxy.conf" || true
 
+# No volume on /tmp: there it is on the container's overlay root, where an overlay's upper dir cannot lie
+# (the toolkit launcher's mounts must cope, as in a user's container; a /tmp volume hid that).
 mounts=(--volume "$scratch/src:/src:ro" --volume "$scratch/ca:/run/host-ca:ro"
-  --volume "$scratch/root:/root" --volume "$scratch/tmp:/tmp")
+  --volume "$scratch/root:/root")
 if [ "$warm" = 1 ]; then
   for wheels in "$SAGEMAKER_DIST_CACHE_ROOT"/horovod-*; do
     [ -d "$wheels" ] && mounts+=(--volume "$wheels:/root/.cache/sagemaker-dist/${wheels##*/}:ro")
