@@ -6,7 +6,8 @@ at run time (what importing each module loads).
 - ``launch`` imports neither ``local`` nor ``runtime`` nor ``cli``;
 - ``host`` (what a host does around the ranks) serves ``local`` and ``platforms``, and imports neither;
 - nothing but ``cli`` imports ``local`` (and ``local`` itself): the platforms run on ``host``;
-- the SDK side never loads TensorFlow/Horovod, the runtime never loads the SageMaker SDK.
+- the SDK side never loads TensorFlow/Horovod, the runtime never loads the SageMaker SDK;
+- only the registry of distributions (``contract/distributions.py``) compares a distribution's name.
 """
 
 from __future__ import annotations
@@ -228,9 +229,6 @@ def _distribution_name_comparisons(path: Path, names: tuple[str, ...], constants
             modules |= {a.asname or a.name for a in node.names if f"{node.module}.{a.name}" in NAME_MODULES}
         elif isinstance(node, ast.Import):
             modules |= {a.asname or a.name for a in node.names if a.name in NAME_MODULES}
-    for node in tree.body:  # the file's own constants (the layout defines its old names)
-        if isinstance(node, ast.Assign):
-            imported |= {t.id for t in node.targets if isinstance(t, ast.Name) and t.id in constants}
 
     def is_name(operand) -> bool:
         if isinstance(operand, ast.Constant):
@@ -242,6 +240,10 @@ def _distribution_name_comparisons(path: Path, names: tuple[str, ...], constants
         if isinstance(operand, ast.Attribute):
             return operand.attr in constants and ast.unparse(operand.value) in modules
         return False
+
+    for node in tree.body:  # the file's own constants bound to a name (as the layout defined its names)
+        if isinstance(node, ast.Assign) and is_name(node.value):
+            imported |= {t.id for t in node.targets if isinstance(t, ast.Name)}
 
     hits = []
     for node in ast.walk(tree):
@@ -294,6 +296,8 @@ def test_the_registry_rule_catches_a_comparison(tmp_path):
         "DISTRIBUTIONS = ('horovod', 'tf-mwms')\n"
         "def own(d):\n"
         "    return d not in DISTRIBUTIONS\n"
+        "DEFAULT = 'other'\n"
+        "ok = d == DEFAULT\n"
     )
     hits = _distribution_name_comparisons(bad, NAMES, _name_constants())
     assert [h.split(":")[0] for h in hits] == ["4", "5", "6", "7", "8", "9", "11", "16"], hits

@@ -7,13 +7,12 @@ import re
 import boto3
 
 from sagemaker_dist import __version__
-from sagemaker_dist.contract.distributions import TF_MWMS_ENTRY, distribution
+from sagemaker_dist.contract.distributions import distribution
 from sagemaker_dist.errors import ConfigurationError
 
 DEFAULT_REPOSITORY = "sagemaker-dist"
 DLC_TF_VERSION = "2.14"  # the container's base: the newest DLC with TF <= 2.15 (Keras 2, Horovod)
 DLC_PY_VERSION = "py310"
-MWMS_DLC = (TF_MWMS_ENTRY.image.version, TF_MWMS_ENTRY.image.py_version)  # tf-mwms's DLC (its registry entry)
 _ACCOUNT_RE = re.compile(r"^\d{12}$")
 _REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
 _REPO_RE = re.compile(r"^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*/)*[a-z0-9]+(?:[._-][a-z0-9]+)*$")
