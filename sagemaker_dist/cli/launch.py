@@ -11,6 +11,7 @@ import json
 import sys
 
 from sagemaker_dist.cli import add_distribution_argument
+from sagemaker_dist.contract.distributions import distribution as registered
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.launch.estimator import DistributedEstimator
 from sagemaker_dist.launch.training_job import TrainingJobFailed
@@ -105,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, role):
             inputs[role] = getattr(args, role)
     est = _estimator(args)
+    # SageMaker runs some distributions on some instance types only (torchrun: GPU, Trainium)
+    registered(est.distribution).check_sagemaker_instance_type(est.instance_type)
     if args.dry_run:
         for line in est.plan(inputs).explain():
             print(line)

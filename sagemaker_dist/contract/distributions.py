@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from sagemaker_dist.contract import hyperparameters as hp
-from sagemaker_dist.contract.rank_slots import RANK_VARIABLES, TF_CONFIG
+from sagemaker_dist.contract.rank_slots import RANK_VARIABLES, TF_CONFIG, TORCHRUN_VARIABLES
 from sagemaker_dist.errors import ConfigurationError
 
 # processes per host
@@ -27,7 +27,8 @@ MPIRUN = "mpirun"
 TOOLKIT = "toolkit"
 CONTAINER = "container"
 TF_CONFIG_LAUNCHER = "tf-config"  # one worker per host with TF_CONFIG; never named by a user
-USER_LAUNCHERS = (HOROVODRUN, MPIRUN, TOOLKIT, CONTAINER)  # what a user may ask for
+TORCHRUN = "torchrun"  # torchrun once per simulated host (local/launchers/torchrun.py)
+USER_LAUNCHERS = (HOROVODRUN, MPIRUN, TOOLKIT, CONTAINER, TORCHRUN)  # what a user may ask for
 # the launcher a local job gets when none is named (the CLI's and LocalBackend's default); a
 # distribution that does not run under it runs under its own default launcher instead
 UNNAMED_LAUNCHER = HOROVODRUN
@@ -67,6 +68,12 @@ class Distribution:
     local_launchers: tuple[str, ...]  # the local launchers that run it, its default first
     mpi_platforms: bool  # Slurm (srun --mpi=pmix) and Kubernetes' MPIJob can start it
     keras_helper: str | None  # the runtime module a Keras script sets up with (sagemaker_dist.runtime.*)
+    # the toolkit takes the processes per host from MPI_PROCESSES_PER_HOST without running mpirun
+    # (torch_distributed: torchrun --nproc_per_node; its default is the host's GPUs)
+    toolkit_processes_per_host: bool = False
+    # the SageMaker instance types it runs on, by prefix (empty: any); SDK v2's rule for torch_distributed
+    sagemaker_instance_prefixes: tuple[str, ...] = ()
+    demo_script: str = "train_cifar10.py"  # local mode's demo training script (local/demo_job/)
 
     @property
     def default_launcher(self) -> str:
@@ -97,10 +104,23 @@ class Distribution:
     def toolkit_hyperparameters(self, processes_per_host: int, mpi_options: str) -> dict[str, str]:
         """The hyperparameters the sagemaker-training toolkit reads to start the job's processes."""
         out = {self.enabled_hyperparameter: "true"}
-        if self.mpi:
+        if self.mpi or self.toolkit_processes_per_host:
             out[hp.MPI_PROCESSES_PER_HOST] = str(processes_per_host)
+        if self.mpi:
             out[hp.MPI_CUSTOM_OPTIONS] = mpi_options
         return out
+
+    def check_sagemaker_instance_type(self, instance_type: str) -> None:
+        """Refuse an instance type SageMaker's toolkit cannot run it on (SDK v2's rule: torch_distributed
+        on GPU ``ml.p*``/``ml.g*`` and Trainium ``ml.trn*`` only); local mode runs on any."""
+        prefixes = self.sagemaker_instance_prefixes
+        if prefixes and not str(instance_type).startswith(prefixes):
+            kinds = ", ".join(f"{p}*" for p in prefixes)
+            raise DistributionError(
+                f"distribution {self.name!r} runs on SageMaker on GPU or Trainium instance types ({kinds}), "
+                f"not {instance_type!r} (a CPU type: the PyTorch toolkit's torch_distributed refuses it); "
+                "pick one such as ml.g5.12xlarge or ml.p4d.24xlarge, or run it here with sagemaker-dist local"
+            )
 
     def local_launcher(self, asked: str) -> str:
         """The launcher that runs a local job of this distribution when ``asked`` is asked for."""
@@ -148,10 +168,30 @@ TF_MWMS_ENTRY = Distribution(
     mpi_platforms=False,
     keras_helper="sagemaker_dist.runtime.mwms_keras",
 )
+TORCHRUN_ENTRY = Distribution(
+    name="torchrun",
+    framework="pytorch",
+    title="PyTorch DDP",
+    help="PyTorch DDP under torchrun, one process per GPU (the PyTorch DLC; sagemaker_dist.runtime's "
+    "setup_ddp, PipeBatches, PipeTraining)",
+    runs="one process per GPU under torchrun",
+    workers="torchrun rank(s)",
+    processes_per_host=PER_GPU,
+    enabled_hyperparameter=hp.TORCH_DISTRIBUTED_ENABLED,
+    mpi=False,
+    rank_variables=(TORCHRUN_VARIABLES,),
+    image=DlcImage("pytorch", "2.8", "py312"),  # the PyTorch 2.8 training DLC (Ubuntu 22.04), GPU or CPU
+    local_launchers=(TORCHRUN,),
+    mpi_platforms=False,  # Slurm and Kubernetes run torchrun otherwise (srun, TrainJob): not yet
+    keras_helper=None,
+    toolkit_processes_per_host=True,
+    sagemaker_instance_prefixes=("ml.p", "ml.g", "ml.trn"),
+    demo_script="train_torch.py",
+)
 
 HOROVOD = HOROVOD_ENTRY.name
 TF_MWMS = TF_MWMS_ENTRY.name
-REGISTRY: Mapping[str, Distribution] = {d.name: d for d in (HOROVOD_ENTRY, TF_MWMS_ENTRY)}
+REGISTRY: Mapping[str, Distribution] = {d.name: d for d in (HOROVOD_ENTRY, TF_MWMS_ENTRY, TORCHRUN_ENTRY)}
 NAMES = tuple(REGISTRY)  # in order; the first is the default
 DEFAULT = NAMES[0]
 # a request without our layout is run as the toolkit runs an MPI job: as the default (Horovod)

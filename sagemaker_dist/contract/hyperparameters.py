@@ -17,6 +17,9 @@ MPI_PROCESSES_PER_HOST = "sagemaker_mpi_num_of_processes_per_host"
 MPI_CUSTOM_OPTIONS = "sagemaker_mpi_custom_mpi_options"
 # the TF toolkit writes TF_CONFIG (one worker per host, <host>:8890) and runs the script once per host
 MWMS_ENABLED = "sagemaker_multi_worker_mirrored_strategy_enabled"
+# sagemaker-training's TorchDistributedRunner: torchrun once per host, --nproc_per_node from
+# MPI_PROCESSES_PER_HOST (default the host's GPUs), --master_addr algo-1 --master_port 7777
+TORCH_DISTRIBUTED_ENABLED = "sagemaker_torch_distributed_enabled"
 LAYOUT = "sagemaker_dist_layout"  # the channel layout, so the container never guesses
 FRAMEWORK_PREFIX = "sagemaker_"  # the toolkit keeps these from the script's arguments
 FRAMEWORK_HYPERPARAMETERS = (
@@ -26,6 +29,7 @@ FRAMEWORK_HYPERPARAMETERS = (
     MPI_PROCESSES_PER_HOST,
     MPI_CUSTOM_OPTIONS,
     MWMS_ENABLED,
+    TORCH_DISTRIBUTED_ENABLED,
     LAYOUT,
 )
 

@@ -25,6 +25,9 @@ RANK_VARIABLES = (
     ("HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE"),
 )
 
+# torchrun's (rank, local rank, size, local size), which init_process_group("env://") reads
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+
 
 @dataclass(frozen=True)
 class RankSlot:

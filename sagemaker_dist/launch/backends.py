@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from sagemaker_dist.contract import hyperparameters as hp
+from sagemaker_dist.contract.distributions import distribution as registered
 from sagemaker_dist.contract.layout import ChannelLayout
 from sagemaker_dist.launch.aws import create_training_job, with_sdk_config_defaults
 from sagemaker_dist.launch.source_package import SourcePackage
@@ -67,6 +69,15 @@ class TrainingBackend(Protocol):
         """Run a validated CreateHyperParameterTuningJob request (its trials share the shards)."""
 
 
+def check_sagemaker_instance_type(request: dict) -> None:
+    """Refuse a request whose distribution SageMaker cannot run on its instance type (the registry's
+    ``sagemaker_instance_prefixes``); raises DistributionError (a ConfigurationError)."""
+    layout = (request.get("HyperParameters") or {}).get(hp.LAYOUT)
+    name = ChannelLayout.from_json(layout).distribution if layout else None
+    instance_type = (request.get("ResourceConfig") or {}).get("InstanceType", "")
+    registered(name).check_sagemaker_instance_type(instance_type)
+
+
 class SageMakerBackend:
     """CreateTrainingJob through SDK v3's ``sagemaker.core``; returns a ``TrainingJobHandle``."""
 
@@ -76,7 +87,9 @@ class SageMakerBackend:
         self.boto_session = boto_session
 
     def complete_request(self, request: dict, printer=print) -> dict:
-        """SDK v3 merges SageMaker config-file defaults into the request; merge them before validation."""
+        """SDK v3 merges SageMaker config-file defaults into the request; merge them before validation.
+        A distribution SageMaker runs only on some instance types (torchrun: GPU, Trainium) is checked."""
+        check_sagemaker_instance_type(request)
         merged, added = with_sdk_config_defaults(request)
         if added and printer:
             printer(f"SageMaker config file defaults added: {', '.join(added)}")

@@ -90,7 +90,7 @@ def test_cli_offers_the_distribution_and_its_dry_run_request_validates(aws_env, 
     assert request["AlgorithmSpecification"]["TrainingImage"].endswith("tensorflow-training:2.21-gpu-py312")
     with pytest.raises(SystemExit):
         main(["launch", "--help"])
-    assert "--distribution {horovod,tf-mwms}" in capsys.readouterr().out
+    assert "--distribution {horovod,tf-mwms,torchrun}" in capsys.readouterr().out
 
 
 def test_rank_comes_from_tf_config_after_the_mpi_variables():

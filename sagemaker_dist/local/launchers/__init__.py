@@ -6,7 +6,9 @@
   simulated host in a namespace of its own and starts the ranks itself, as in the DLC;
 - ``container`` (``container``): the training image itself is the host (``podman run IMAGE train``);
 - ``tf-config`` (``tf_config``): a ``tf-mwms`` job's one worker per host with ``TF_CONFIG``; chosen
-  for such jobs in place of ``horovodrun``, never named by a user.
+  for such jobs in place of ``horovodrun``, never named by a user;
+- ``torchrun`` (``torchrun``): a ``torchrun`` job's ``torchrun`` once per simulated host (static
+  rendezvous on a free localhost port), each rank entering its host through ``rank_entry``.
 
 Which launchers run a distribution, and its default, is its entry's ``local_launchers`` in
 ``sagemaker_dist.contract.distributions``.
@@ -18,9 +20,18 @@ rank in front, killed as a whole.
 from __future__ import annotations
 
 # the names live in the registry of distributions, whose entries name the launchers that run them
-from sagemaker_dist.contract.distributions import CONTAINER, HOROVODRUN, MPIRUN, TOOLKIT
+from sagemaker_dist.contract.distributions import CONTAINER, HOROVODRUN, MPIRUN, TOOLKIT, TORCHRUN
 from sagemaker_dist.contract.distributions import TF_CONFIG_LAUNCHER as TF_CONFIG
 from sagemaker_dist.contract.distributions import USER_LAUNCHERS as LAUNCHERS  # what a user may ask for
 
-__all__ = ["CONTAINER", "HOROVODRUN", "LAUNCHERS", "MPIRUN", "TF_CONFIG", "TOOLKIT", "TOOLKIT_HOST_LAUNCHERS"]
+__all__ = [
+    "CONTAINER",
+    "HOROVODRUN",
+    "LAUNCHERS",
+    "MPIRUN",
+    "TF_CONFIG",
+    "TOOLKIT",
+    "TOOLKIT_HOST_LAUNCHERS",
+    "TORCHRUN",
+]
 TOOLKIT_HOST_LAUNCHERS = (TOOLKIT, CONTAINER)  # the image's toolkit entry point starts the ranks
