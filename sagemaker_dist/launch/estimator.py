@@ -332,6 +332,8 @@ class DistributedEstimator:
         """
         say = printer or (lambda _line: None)
         backend = backend or SageMakerBackend(self._boto_session())
+        if isinstance(backend, SageMakerBackend):  # before any AWS call: torchrun runs on GPU types only
+            registered(self.distribution).check_sagemaker_instance_type(self.instance_type)
         check_job_name = backend.checks_job_name if check_job_name is None else check_job_name
         inputs = parse_inputs(inputs)
         layout = self.plan(inputs)

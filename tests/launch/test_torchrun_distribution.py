@@ -1,0 +1,139 @@
+"""``distribution='torchrun'`` on the SDK side: one process and one Pipe channel per GPU rank, the
+toolkit's torch_distributed hyperparameter with its processes per host and no MPI, the PyTorch 2.8 DLC
+(GPU or CPU tag by instance type), a request that validates, and a CPU instance type refused for a
+SageMaker launch before any AWS call (SDK v2's rule for torch_distributed; local mode runs on the CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sagemaker_dist import DistributedEstimator, validate_request
+from sagemaker_dist.cli import main
+from sagemaker_dist.contract.distributions import DistributionError
+from sagemaker_dist.contract.layout import ChannelLayout, LayoutError
+from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.launch.backends import SageMakerBackend
+from sagemaker_dist.launch.inputs import ChannelSource, EstimatorError
+
+ROLE_ARN = "arn:aws:iam::123456789012:role/SageMakerRole"
+DLC = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.8-{}-py312"
+
+
+@pytest.fixture
+def no_aws(monkeypatch):
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens: any AWS call fails
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("print(1)\n")
+    return str(path)
+
+
+def _estimator(script, instance_type="ml.g5.12xlarge", **kwargs):
+    kwargs = {
+        "instance_count": 2,
+        "output_path": "s3://out-bucket/jobs",
+        "distribution": "torchrun",
+        **kwargs,
+    }
+    return DistributedEstimator(script, ROLE_ARN, instance_type, **kwargs)
+
+
+def _manifests(count):
+    return ChannelSource(
+        tuple(f"s3://data-bucket/shards/train/{i}.manifest" for i in range(count)), "ManifestFile"
+    )
+
+
+def test_request_has_one_channel_per_gpu_rank_the_torch_hyperparameters_and_the_pytorch_gpu_image(
+    no_aws, script
+):
+    est = _estimator(script)
+    assert (est.processes_per_host, est.world_size) == (4, 8)  # one process per GPU of a g5.12xlarge
+    request = est.build_request({"train": _manifests(8)}, job_name="torchrun")
+    validate_request(request)
+    assert [c["ChannelName"] for c in request["InputDataConfig"]] == [f"train_{i}" for i in range(8)]
+    assert {c["InputMode"] for c in request["InputDataConfig"]} == {"Pipe"}
+    hps = request["HyperParameters"]
+    assert hps["sagemaker_torch_distributed_enabled"] == "true"
+    # sagemaker-training's TorchDistributedRunner reads --nproc_per_node from the MPI count, runs no mpirun
+    assert hps["sagemaker_mpi_num_of_processes_per_host"] == "4"
+    assert "sagemaker_mpi_enabled" not in hps and "sagemaker_mpi_custom_mpi_options" not in hps
+    layout = ChannelLayout.from_json(hps["sagemaker_dist_layout"])
+    assert (layout.distribution, layout.world_size, layout.processes_per_host) == ("torchrun", 8, 4)
+    assert request["AlgorithmSpecification"]["TrainingImage"] == DLC.format("gpu")
+
+
+def test_a_cpu_type_gets_the_cpu_image_for_local_mode(no_aws, script):
+    est = _estimator(script, "ml.c5.xlarge", processes_per_host=2)
+    request = est.build_request({"train": _manifests(4)}, job_name="torchrun-cpu")
+    assert request["AlgorithmSpecification"]["TrainingImage"] == DLC.format("cpu")
+
+
+def test_per_rank_channels_stay_within_the_twenty_channel_cap(no_aws, script):
+    small = _estimator(script, "ml.p4d.24xlarge", instance_count=2).plan({"train": "s3://data-bucket/train/"})
+    assert small.world_size == 16 and len(small.channel_names) == 16
+    big = _estimator(script, "ml.p4d.24xlarge", instance_count=3).plan({"train": "s3://data-bucket/train/"})
+    assert big.world_size == 24 and len(big.channel_names) <= 20
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"mpi_options": "-x NCCL_DEBUG=INFO"}, "mpi_options is a Horovod (mpirun) option"),
+    ({"processes_per_host": 8}, "4 GPU(s)"),
+    ({"distribution": "torch"}, "distribution='torch'; use one of horovod, tf-mwms, torchrun"),
+])  # fmt: skip
+def test_bad_input_is_refused_before_any_aws_call(no_aws, script, kwargs, message):
+    with pytest.raises((EstimatorError, LayoutError, ConfigurationError)) as error:
+        _estimator(script, **kwargs)
+    assert message in str(error.value)
+
+
+def test_a_sagemaker_launch_on_a_cpu_type_is_refused_before_any_aws_call(no_aws, script):
+    est = _estimator(script, "ml.c5.xlarge", processes_per_host=2)
+    with pytest.raises(
+        DistributionError, match=r"GPU or Trainium instance types \(ml\.p\*, ml\.g\*, ml\.trn\*\)"
+    ):
+        est.launch({"train": "s3://data-bucket/train/"}, wait=False)
+    request = est.build_request({"train": _manifests(4)}, job_name="torchrun-cpu")
+    with pytest.raises(DistributionError, match="not 'ml.c5.xlarge'"):
+        SageMakerBackend().complete_request(request, printer=None)
+    gpu = _estimator(script).build_request({"train": _manifests(8)}, job_name="torchrun-gpu")
+    assert (
+        SageMakerBackend().complete_request(gpu, printer=None)["ResourceConfig"]["InstanceType"]
+        == "ml.g5.12xlarge"
+    )
+
+
+def _launch_argv(script, bucket, instance_type):
+    argv = ["launch", script, "--role", ROLE_ARN, "--instance-type", instance_type, "--instance-count", "2"]
+    argv += ["--train", f"s3://{bucket}/train/", "--distribution", "torchrun", "--dry-run"]
+    return argv + ["--output-path", f"s3://{bucket}/jobs"]
+
+
+def test_cli_dry_run_prints_a_request_that_validates(aws_env, s3, bucket, script, capsys):
+    for i in range(4):
+        s3.put_object(Bucket=bucket, Key=f"train/part-{i}.tfrecord", Body=b"x" * 100)
+    assert main(_launch_argv(script, bucket, "ml.g5.12xlarge")) == 0
+    out = capsys.readouterr().out
+    request = json.loads(out[out.index("{") :])
+    validate_request(request)
+    assert "2 host(s) x 4 process(es) = 8 torchrun rank(s)" in out
+    assert len(request["InputDataConfig"]) == 8
+    assert request["HyperParameters"]["sagemaker_torch_distributed_enabled"] == "true"
+    assert request["AlgorithmSpecification"]["TrainingImage"] == DLC.format("gpu")
+    with pytest.raises(SystemExit):
+        main(["launch", "--help"])
+    assert "torchrun: PyTorch DDP under torchrun" in " ".join(capsys.readouterr().out.split())
+
+
+def test_cli_refuses_a_cpu_type_for_torchrun(aws_env, s3, bucket, script, capsys):
+    argv = _launch_argv(script, bucket, "ml.c5.xlarge") + ["--processes-per-host", "2"]
+    assert main(argv) != 0
+    err = capsys.readouterr().err
+    assert "distribution 'torchrun' runs on SageMaker on GPU or Trainium instance types" in err
+    assert "sagemaker-dist local" in err
