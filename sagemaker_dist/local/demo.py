@@ -1,5 +1,7 @@
 """The README's demo job: CIFAR-10-shaped TFRecords on the S3 endpoint, sharded per rank into
-manifests, trained by ``demo_job/train_cifar10.py`` (package data) with Horovod through Pipe-mode FIFOs.
+manifests, trained through Pipe-mode FIFOs by the distribution's demo script (package data, its
+registry entry's ``demo_script``): ``demo_job/train_cifar10.py`` (Horovod, MultiWorkerMirroredStrategy)
+or ``demo_job/train_torch.py`` (PyTorch DDP under torchrun).
 
 The request is built by the same estimator a SageMaker launch uses; only the last step differs
 (``run_local`` instead of CreateTrainingJob).
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sagemaker_dist.contract.distributions import DEFAULT as DEFAULT_DISTRIBUTION
+from sagemaker_dist.contract.distributions import distribution as registered
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.launch.s3_objects import s3_client
 from sagemaker_dist.local.backend import LocalBackend
@@ -19,7 +22,7 @@ from sagemaker_dist.local.defaults import LOCAL_INSTANCE_TYPE, LOCAL_ROLE
 from sagemaker_dist.local.demo_data import DATASET_FILE, GENERATOR, DemoDataset, write_demo_data
 
 DEMO_JOB_DIR = Path(__file__).resolve().parent / "demo_job"  # package data: installed with the package
-DEMO_ENTRY_POINT = "train_cifar10.py"
+DEMO_ENTRY_POINT = registered(DEFAULT_DISTRIBUTION).demo_script  # another distribution: its entry's
 DEMO_BUCKET = "sagemaker-dist-demo"
 DEMO_FILES, DEMO_RECORDS_PER_FILE, DEMO_VALIDATION_FILES = 8, 64, 2  # at least; more for many ranks
 # --interrupt-at: epochs long enough (about 12 s each here, 2 ranks) for an interruption to land inside
@@ -137,7 +140,10 @@ def prepare_demo_job(
         )
     hps = {"epochs": 2, "batch_size": 32, "tensorboard_interval": 5}
     hps.update(hyperparameters or {})
-    estimator = demo_estimator(bucket, hosts, processes_per_host, input_mode, hps, distribution=distribution)
+    entry_point = registered(distribution).demo_script
+    estimator = demo_estimator(
+        bucket, hosts, processes_per_host, input_mode, hps, entry_point=entry_point, distribution=distribution
+    )
     inputs = {
         "train": f"s3://{bucket}/{prefix}/train/",
         "validation": f"s3://{bucket}/{prefix}/validation/",

@@ -18,7 +18,12 @@ import sys
 import traceback
 from pathlib import Path
 
-from sagemaker_dist.contract.rank_slots import rank_from_environment, rank_slots, slot_environment
+from sagemaker_dist.contract.rank_slots import (
+    TORCHRUN_VARIABLES,
+    rank_from_environment,
+    rank_slots,
+    slot_environment,
+)
 from sagemaker_dist.local.exit_files import TERMINATED, write_exit
 
 JOB_ENV = "SAGEMAKER_DIST_LOCAL_JOB"  # local mode's job description file, for each rank's entry
@@ -27,9 +32,12 @@ JOB_ENV = "SAGEMAKER_DIST_LOCAL_JOB"  # local mode's job description file, for e
 def world_rank() -> tuple[int, int]:
     """(rank, size) from the launcher's variables, with the contract's one precedence."""
     found = rank_from_environment(os.environ)
+    if found is None and TORCHRUN_VARIABLES[0] in os.environ:  # torchrun's (local/launchers/torchrun.py)
+        found = tuple(int(os.environ[name]) for name in TORCHRUN_VARIABLES), "torchrun"
     if found is None:
         raise SystemExit(
-            f"{__name__}: no HOROVOD_RANK or OMPI_COMM_WORLD_RANK; start it with horovodrun or mpirun"
+            f"{__name__}: no HOROVOD_RANK, OMPI_COMM_WORLD_RANK or RANK; start it with horovodrun, mpirun "
+            "or torchrun"
         )
     (rank, _, size, _), _ = found
     return rank, size

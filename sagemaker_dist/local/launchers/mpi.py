@@ -22,7 +22,7 @@ from pathlib import Path
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.host.processes import descendants
 from sagemaker_dist.local.exit_files import TERMINATED
-from sagemaker_dist.local.launchers import HOROVODRUN, MPIRUN, TF_CONFIG
+from sagemaker_dist.local.launchers import HOROVODRUN, MPIRUN, TF_CONFIG, TORCHRUN
 from sagemaker_dist.local.launchers.private_net import PrivateNet
 from sagemaker_dist.local.rank_entry import JOB_ENV
 
@@ -77,6 +77,17 @@ def rank_command(launcher: str, world_size: int, python: str = sys.executable) -
             str(world_size),
             *entry,
         ]
+    if launcher == TORCHRUN:  # torchrun once per simulated host; each starts its host's ranks
+        return [
+            python,
+            "-u",
+            "-m",
+            "sagemaker_dist.local.launchers.torchrun",
+            "--python",
+            python,
+            "--",
+            *entry,
+        ]
     if launcher == HOROVODRUN:
         tool = _tool("horovodrun")
         if not tool:
@@ -111,7 +122,7 @@ def rank_command(launcher: str, world_size: int, python: str = sys.executable) -
             "PYTHONPATH",
             *entry,
         ]
-    raise LaunchError(f"launcher {launcher!r} is not one of {HOROVODRUN}, {MPIRUN}")
+    raise LaunchError(f"launcher {launcher!r} is not one of {HOROVODRUN}, {MPIRUN}, {TF_CONFIG}, {TORCHRUN}")
 
 
 def split_inner_tags(rank: int, text: str) -> list[tuple[int, str]]:

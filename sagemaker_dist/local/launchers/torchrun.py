@@ -1,0 +1,161 @@
+"""The launcher of a local ``distribution='torchrun'`` job: ``torchrun`` once per simulated host, as
+sagemaker-training's ``TorchDistributedRunner`` runs it on each SageMaker host.
+
+Host ``R`` of ``H`` gets ``torchrun --nnodes H --node_rank R --nproc_per_node P --master_addr
+127.0.0.1 --master_port <free port>`` (a static rendezvous, as on SageMaker with ``algo-1:7777``), with
+that host's ``/opt/ml`` tree and ``SM_*`` variables (local mode's job description, ``$SAGEMAKER_DIST_
+LOCAL_JOB``); each rank it starts enters its host through ``sagemaker_dist.local.rank_entry``, which
+runs the script with the arguments the toolkit passes. Local mode runs this module inside the job's
+private network namespace, so the port is free there and nothing listens beyond loopback.
+
+It behaves like horovodrun towards local mode's supervisor: rank output relayed as
+``[rank]<stdout>:line`` (torchrun's ``--tee 3`` tags a line with its local rank), the first host that
+fails reported as ``Process name: rank`` / ``Exit code: c`` (the rank torchrun names), the other
+hosts then stopped, and its exit code that host's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from sagemaker_dist.local.launchers.tf_config import free_ports
+from sagemaker_dist.local.rank_entry import JOB_ENV
+
+STOP_GRACE_S = 5.0
+MASTER_ADDR = "127.0.0.1"
+_TEE = re.compile(r"^\[[A-Za-z_]*?(\d+)\]:(.*)$")  # --tee 3: "[default0]:line" (role, local rank)
+# torchrun's ChildFailedError summary: "  rank      : 1 (local_rank: 1)" then "  exitcode  : 1 (pid: ...)"
+_FAILED_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank")
+_FAILED_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+
+
+def torchrun_executable(python: str) -> list[str]:
+    """``torchrun`` beside ``python`` (its venv), else ``python -m torch.distributed.run``."""
+    beside = Path(python).parent / "torchrun"
+    return [str(beside)] if beside.is_file() else [python, "-m", "torch.distributed.run"]
+
+
+def host_command(
+    python: str, hosts: int, node_rank: int, per_host: int, port: int, rank_cmd: list[str]
+) -> list[str]:
+    """One simulated host's torchrun, starting ``per_host`` ranks of ``rank_cmd``."""
+    return [
+        *torchrun_executable(python),
+        "--nnodes",
+        str(hosts),
+        "--node_rank",
+        str(node_rank),
+        "--nproc_per_node",
+        str(per_host),
+        "--master_addr",
+        MASTER_ADDR,
+        "--master_port",
+        str(port),
+        "--tee",
+        "3",
+        "--no-python",
+        *rank_cmd,
+    ]
+
+
+class _Host:
+    def __init__(self, index: int, per_host: int, proc: subprocess.Popen):
+        self.index, self.per_host, self.proc = index, per_host, proc
+        self.failed_rank: int | None = None
+        self.failed_code: int | None = None
+
+
+def _relay(host: _Host, lock: threading.Lock) -> None:
+    for raw in host.proc.stdout:
+        line = raw.rstrip("\n")
+        tagged = _TEE.match(line)
+        with lock:
+            if tagged:
+                rank = host.index * host.per_host + int(tagged.group(1))
+                sys.stdout.write(f"[{rank}]<stdout>:{tagged.group(2)}\n")
+            else:
+                sys.stdout.write(f"torchrun algo-{host.index + 1}: {line}\n")
+                failed = _FAILED_RANK.match(line)
+                if failed and host.failed_rank is None:
+                    host.failed_rank = int(failed.group(1))
+                code = _FAILED_CODE.match(line)
+                if code and host.failed_code is None:
+                    host.failed_code = int(code.group(1))
+            sys.stdout.flush()
+
+
+def run_hosts(python: str, rank_cmd: list[str]) -> int:
+    """Start torchrun for every simulated host of local mode's job; 0 when all end 0, else the first
+    failure's code."""
+    job = json.loads(Path(os.environ[JOB_ENV]).read_text())
+    per_host, hosts = int(job["processes_per_host"]), job["hosts"]
+    (port,) = free_ports(1)
+    lock = threading.Lock()
+    running: list[_Host] = []
+    relays = []
+    for index, host in enumerate(hosts):
+        env = {**os.environ, **host["env"]}
+        command = host_command(python, len(hosts), index, per_host, port, rank_cmd)
+        with lock:
+            print("$ " + " ".join(command), flush=True)
+        proc = subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+        )
+        running.append(_Host(index, per_host, proc))
+        relays.append(threading.Thread(target=_relay, args=(running[-1], lock), daemon=True))
+        relays[-1].start()
+
+    def stop_all() -> None:
+        for host in running:
+            if host.proc.poll() is None:
+                host.proc.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, lambda s, f: (stop_all(), sys.exit(128 + s)))
+    while True:
+        codes = [host.proc.poll() for host in running]
+        failed = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
+        if failed is not None:
+            relays[failed].join(2.0)
+            stop_all()
+            deadline = time.monotonic() + STOP_GRACE_S
+            while time.monotonic() < deadline and any(h.proc.poll() is None for h in running):
+                time.sleep(0.05)
+            for host in running:
+                if host.proc.poll() is None:
+                    host.proc.kill()
+            for relay in relays:
+                relay.join(1.0)
+            host, code = running[failed], codes[failed]
+            rank = host.failed_rank if host.failed_rank is not None else host.index * per_host
+            rank_code = host.failed_code if host.failed_code is not None else code
+            print(f"Worker failed.\nProcess name: {rank}\nExit code: {rank_code}", flush=True)
+            return code if code > 0 else 128 - code
+        if all(code == 0 for code in codes):
+            for relay in relays:
+                relay.join(5.0)
+            return 0
+        time.sleep(0.05)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m sagemaker_dist.local.launchers.torchrun")
+    parser.add_argument("--python", default=sys.executable, help="the Python torchrun and the ranks run with")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="each rank's command (after --)")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if JOB_ENV not in os.environ:
+        raise SystemExit(f"{parser.prog}: ${JOB_ENV} is not set; local mode starts this module")
+    raise SystemExit(run_hosts(args.python, command))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""``sagemaker-dist local --demo --distribution torchrun`` through the command line: real ``torchrun``
+once per simulated host, real Gloo ranks, each reading its own FIFO fed from the embedded S3 endpoint;
+1 host x 2 ranks and 2 hosts x 1 rank, one epoch of the small demo data."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from sagemaker_dist.local.launchers import TORCHRUN
+from sagemaker_dist.local.launchers import torchrun as launcher
+from sagemaker_dist.local.launchers.mpi import rank_command
+from sagemaker_dist.local.rank_entry import world_rank
+
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+
+CLI = [sys.executable, "-m", "sagemaker_dist.cli"]
+SUMMARY_ROW = re.compile(r"^\s+(\d+)\s+(algo-\d+)\s+(train_\d+)\s+([\d,]+)\s", re.MULTILINE)
+METRICS = re.compile(
+    r"sagemaker-dist-metrics: epoch=1 accuracy=[\d.]+ loss=[\d.]+ val_accuracy=[\d.]+ val_loss=[\d.]+"
+)
+
+
+@pytest.fixture(scope="module")
+def state_dir(tmp_path_factory) -> Path:
+    """The embedded endpoint's buckets, shared by the module's jobs (the demo data is written once)."""
+    state = tmp_path_factory.mktemp("local-s3")
+    written = subprocess.run(
+        [*CLI, "demo-data", "--s3-state-dir", str(state)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
+    assert written.returncode == 0, written.stdout + written.stderr
+    return state
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}  # the embedded endpoint
+
+
+def _demo(state_dir: Path, hosts: int, per_host: int, work_dir: Path) -> subprocess.CompletedProcess:
+    argv = [*CLI, "local", "--demo", "--distribution", "torchrun", "--epochs", "1"]
+    argv += ["--hosts", str(hosts), "--processes-per-host", str(per_host)]
+    argv += ["--s3-state-dir", str(state_dir), "--work-dir", str(work_dir), "--timeout", "240"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, env=_env())
+
+
+def test_local_mode_starts_our_torchrun_launcher_which_starts_torchrun_once_per_host(tmp_path):
+    python = str(tmp_path / "bin" / "python")
+    assert rank_command(TORCHRUN, 4, python=python) == [
+        *(python, "-u", "-m", "sagemaker_dist.local.launchers.torchrun", "--python", python, "--"),
+        *(python, "-u", "-m", "sagemaker_dist.local.rank_entry"),
+    ]
+    assert launcher.host_command(python, 2, 1, 3, 4242, ["rank"]) == [
+        *(python, "-m", "torch.distributed.run"),  # no torchrun beside this Python
+        *("--nnodes", "2", "--node_rank", "1", "--nproc_per_node", "3"),
+        *("--master_addr", "127.0.0.1", "--master_port", "4242", "--tee", "3", "--no-python", "rank"),
+    ]
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "torchrun").write_text("")
+    assert launcher.host_command(python, 1, 0, 1, 1, [])[0] == str(tmp_path / "bin" / "torchrun")
+
+
+def test_the_relay_tags_each_line_with_its_world_rank_and_notes_the_rank_torchrun_blames(capsys):
+    class Proc:
+        stdout = iter([
+            "[default0]:hello\n",
+            "[default2]:[W socket.cpp] x\n",
+            "W1126 torch/distributed/run.py] OMP_NUM_THREADS\n",
+            "  rank      : 7 (local_rank: 1)\n",
+            "  exitcode  : 3 (pid: 12)\n",
+        ])  # fmt: skip
+
+    host = launcher._Host(2, 3, Proc())
+    launcher._relay(host, threading.Lock())
+    assert capsys.readouterr().out.splitlines()[:3] == [
+        "[6]<stdout>:hello",
+        "[8]<stdout>:[W socket.cpp] x",
+        "torchrun algo-3: W1126 torch/distributed/run.py] OMP_NUM_THREADS",
+    ]
+    assert (host.failed_rank, host.failed_code) == (7, 3)
+
+
+def test_a_rank_learns_its_place_from_torchrun_variables(monkeypatch):
+    for name in ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "TF_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in (("RANK", "3"), ("LOCAL_RANK", "1"), ("WORLD_SIZE", "4"), ("LOCAL_WORLD_SIZE", "2")):
+        monkeypatch.setenv(name, value)
+    assert world_rank() == (3, 4)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_TORCH, reason="needs torch (the torch extra)")
+@pytest.mark.parametrize(("hosts", "per_host"), [(1, 2), (2, 1)])
+def test_the_demo_trains_with_torchrun_each_rank_reading_its_own_fifo(state_dir, tmp_path, hosts, per_host):
+    done = _demo(state_dir, hosts, per_host, tmp_path)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert f"torchrun --nnodes {hosts} --node_rank 0 --nproc_per_node {per_host}" in out
+    if hosts > 1:
+        assert f"torchrun --nnodes {hosts} --node_rank 1 --nproc_per_node {per_host}" in out
+    rows = {
+        int(rank): (host, channel, int(records.replace(",", "")))
+        for rank, host, channel, records in SUMMARY_ROW.findall(out)
+    }
+    expected_hosts = {0: "algo-1", 1: "algo-1" if hosts == 1 else "algo-2"}
+    assert {rank: (host, channel) for rank, (host, channel, _) in rows.items()} == {
+        rank: (expected_hosts[rank], f"train_{rank}") for rank in (0, 1)
+    }, out[-3000:]
+    # each rank read its own FIFO to the end: what it trained is what its channel held, 512 records in all
+    assert sum(records for _, _, records in rows.values()) == 512
+    for rank, (host, _, records) in rows.items():
+        assert f"[rank {rank} {host}] rank {rank}: trained {records} record(s)" in out, out[-3000:]
+    assert len(METRICS.findall(out)) == 1, out[-3000:]  # rank 0's metric line, one epoch
+    assert "model: s3://sagemaker-dist-demo/jobs/" in out
+    assert not list(tmp_path.iterdir())  # the job's work dir is gone
+
+
+FAILING_SCRIPT = """
+from sagemaker_dist.runtime import PipeBatches, ddp_main, setup_ddp
+
+
+@ddp_main
+def main():
+    job = setup_ddp()
+    if job.rank == 1:
+        raise ValueError("boom at rank 1")
+    for _ in PipeBatches(job, 8):
+        pass
+    job.close()
+
+
+main()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_TORCH, reason="needs torch (the torch extra)")
+def test_a_rank_that_raises_is_named_with_its_traceback(state_dir, tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "fail.py").write_text(FAILING_SCRIPT)
+    argv = [
+        *CLI,
+        "local",
+        "--entry-point",
+        "fail.py",
+        "--source-dir",
+        str(source),
+        "--distribution",
+        "torchrun",
+    ]
+    argv += ["--train", "s3://sagemaker-dist-demo/cifar10-demo/train/", "--s3-state-dir", str(state_dir)]
+    done = subprocess.run(
+        argv + ["--timeout", "120"], capture_output=True, text=True, timeout=200, env=_env()
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out[-3000:]
+    assert "rank 1 (host algo-2) exited with code 1; the other ranks were stopped" in out, out[-3000:]
+    assert "ValueError: boom at rank 1" in out[out.index("rank 1 (host algo-2) exited") :]
