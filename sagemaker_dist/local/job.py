@@ -106,7 +106,11 @@ def run_local(
     cluster = launcher == CONTAINER and job.hosts > 1  # one container per host on a network of its own
     if launcher in TOOLKIT_HOST_LAUNCHERS:
         mpi = registered(job.distribution).mpi  # the toolkit's mpirun then needs Horovod with MPI
-        container = check_toolkit_host(container_python, horovod=mpi) if launcher == TOOLKIT else None
+        container = (
+            check_toolkit_host(container_python, horovod=mpi, work_dir=work_dir)
+            if launcher == TOOLKIT
+            else None
+        )
         image = check_container_image(image) if launcher == CONTAINER else None
         if cluster:
             check_cluster_endpoint(os.environ)

@@ -20,6 +20,7 @@ from pathlib import Path
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.launchers import TOOLKIT
 from sagemaker_dist.local.launchers.mpi import RankGroup, check_horovod_mpi
+from sagemaker_dist.local.launchers.toolkit_preflight import toolkit_host_problem
 from sagemaker_dist.local.supervision import rank_failure
 
 CONTAINER_PYTHON_ENV = "SAGEMAKER_DIST_CONTAINER_PYTHON"
@@ -44,30 +45,19 @@ def default_container_python() -> Path:
     return Path(sys.prefix).parent / ".venv-toolkit" / "bin" / "python"
 
 
-def check_toolkit_host(container_python: Path | None = None, *, horovod: bool = True) -> Path:
+def check_toolkit_host(
+    container_python: Path | None = None, *, horovod: bool = True, work_dir: str | os.PathLike | None = None
+) -> Path:
     """Fail early, naming the fix, where a toolkit host cannot start: not root, no ``unshare``, no
-    namespaces, or a container Python without the toolkit. For a Horovod job (``horovod``; a tf-mwms
+    namespaces, no overlays in ``work_dir`` (the pre-flight tries each), or a container Python without
+    the toolkit. For a Horovod job (``horovod``; a tf-mwms
     job needs no Horovod) the toolkit starts the ranks with mpirun, so also no mpirun, or a container
     Python whose Horovod was built without MPI (each rank would train alone). Returns the container
     Python."""
     python = Path(container_python or default_container_python())
-    if os.geteuid() != 0:
-        raise ToolkitLauncherError(
-            "launcher 'toolkit' needs root: each simulated host mounts its tree at /opt/ml in a private "
-            "mount namespace (unshare). Run as root, or use launcher 'horovodrun' or 'mpirun'"
-        )
-    if not shutil.which("unshare") or not shutil.which("mount"):
-        raise ToolkitLauncherError(
-            "launcher 'toolkit' needs unshare and mount (util-linux: apt-get install util-linux mount)"
-        )
-    probe = subprocess.run(
-        ["unshare", "-m", "-p", "-f", "--mount-proc", "true"], capture_output=True, text=True
-    )
-    if probe.returncode:
-        raise ToolkitLauncherError(
-            "launcher 'toolkit' needs private mount and PID namespaces, and `unshare -m -p -f --mount-proc` "
-            f"failed here: {probe.stderr.strip() or probe.returncode}. Use launcher 'horovodrun' or 'mpirun'"
-        )
+    problem = toolkit_host_problem(work_dir)  # root, unshare, namespaces, overlays: tried, not guessed
+    if problem:
+        raise ToolkitLauncherError(problem)
     check = "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]]"
     try:
         found = subprocess.run([str(python), "-c", check, *_NEEDED], capture_output=True, text=True)

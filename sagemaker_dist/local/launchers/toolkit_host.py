@@ -54,6 +54,10 @@ def _overlay(target: str, state: Path, files: dict[str, str]) -> Path:
 
 def prepare_host(tree: Path, state: Path, hosts: list[str]) -> None:
     """Mount what the toolkit expects of a SageMaker host (inside this private mount namespace)."""
+    # The overlays' upper and work dirs on a tmpfs of this namespace's own: an overlay's upper dir cannot
+    # lie on an overlay, which a container's own root (its /tmp included) is. They hold next to nothing.
+    state.mkdir(parents=True, exist_ok=True)
+    _mount("-t", "tmpfs", "-o", "mode=0700,size=64m", "tmpfs", str(state))
     _overlay("/opt", state, {})
     Path("/opt/ml").mkdir(exist_ok=True)
     _mount("--bind", str(tree), "/opt/ml")
