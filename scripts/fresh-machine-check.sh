@@ -82,6 +82,12 @@ apt-config dump 2>/dev/null | grep -Ei '^Acquire::https?::Proxy ' >"$scratch/ca/
 # (the toolkit launcher's mounts must cope, as in a user's container; a /tmp volume hid that).
 mounts=(--volume "$scratch/src:/src:ro" --volume "$scratch/ca:/run/host-ca:ro"
   --volume "$scratch/root:/root")
+# The local wheels pip finds on a machine of this kind (PIP_FIND_LINKS: the CPU build of torch lies
+# there, where PyPI has only the CUDA one), read-only at the same path, as pip's other settings are.
+for links in ${PIP_FIND_LINKS:-}; do
+  [ -d "$links" ] && mounts+=(--volume "$links:$links:ro")
+done
+[ -n "${PIP_FIND_LINKS:-}" ] && env_args+=(--env "PIP_FIND_LINKS=$PIP_FIND_LINKS")
 if [ "$warm" = 1 ]; then
   for wheels in "$SAGEMAKER_DIST_CACHE_ROOT"/horovod-*; do
     [ -d "$wheels" ] && mounts+=(--volume "$wheels:/root/.cache/sagemaker-dist/${wheels##*/}:ro")
