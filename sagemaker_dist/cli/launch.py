@@ -67,6 +67,9 @@ def register(subparsers) -> None:
 
 
 def _estimator(args) -> DistributedEstimator:
+    """The estimator of a SageMaker job (launch, tune): SageMaker runs some distributions on some
+    instance types only (torchrun: GPU, Trainium), refused here before any AWS call, dry runs too."""
+    registered(args.distribution).check_sagemaker_instance_type(args.instance_type)
     session = None
     if not args.output_path and not args.dry_run:
         from sagemaker.core.helper.session_helper import Session
@@ -106,8 +109,6 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, role):
             inputs[role] = getattr(args, role)
     est = _estimator(args)
-    # SageMaker runs some distributions on some instance types only (torchrun: GPU, Trainium)
-    registered(est.distribution).check_sagemaker_instance_type(est.instance_type)
     if args.dry_run:
         for line in est.plan(inputs).explain():
             print(line)

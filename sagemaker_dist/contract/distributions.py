@@ -114,7 +114,8 @@ class Distribution:
         """Refuse an instance type SageMaker's toolkit cannot run it on (SDK v2's rule: torch_distributed
         on GPU ``ml.p*``/``ml.g*`` and Trainium ``ml.trn*`` only); local mode runs on any."""
         prefixes = self.sagemaker_instance_prefixes
-        if prefixes and not str(instance_type).startswith(prefixes):
+        name = str(instance_type).strip().lower()
+        if prefixes and not (name if name.startswith("ml.") else f"ml.{name}").startswith(prefixes):
             kinds = ", ".join(f"{p}*" for p in prefixes)
             raise DistributionError(
                 f"distribution {self.name!r} runs on SageMaker on GPU or Trainium instance types ({kinds}), "

@@ -105,7 +105,7 @@ def test_torchrun_one_process_per_gpu_the_pytorch_dlc_and_gpu_types_on_sagemaker
     assert torchrun.image == reg.DlcImage("pytorch", "2.8", "py312")
     assert (torchrun.mpi, torchrun.mpi_platforms, torchrun.keras_helper) == (False, False, None)
     assert torchrun.demo_script == "train_torch.py"
-    for ok in ("ml.p4d.24xlarge", "ml.g5.12xlarge", "ml.trn1.32xlarge"):
+    for ok in ("ml.p4d.24xlarge", "ml.g5.12xlarge", "ml.trn1.32xlarge", "G6.48XLARGE"):
         torchrun.check_sagemaker_instance_type(ok)
     with pytest.raises(reg.DistributionError, match="not 'ml.c5.xlarge'.*sagemaker-dist local"):
         torchrun.check_sagemaker_instance_type("ml.c5.xlarge")

@@ -16,6 +16,7 @@ from sagemaker_dist.contract.layout import ChannelLayout, LayoutError
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.launch.backends import SageMakerBackend
 from sagemaker_dist.launch.inputs import ChannelSource, EstimatorError
+from sagemaker_dist.launch.request_validation import service_model_problems
 
 ROLE_ARN = "arn:aws:iam::123456789012:role/SageMakerRole"
 DLC = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.8-{}-py312"
@@ -137,3 +138,30 @@ def test_cli_refuses_a_cpu_type_for_torchrun(aws_env, s3, bucket, script, capsys
     err = capsys.readouterr().err
     assert "distribution 'torchrun' runs on SageMaker on GPU or Trainium instance types" in err
     assert "sagemaker-dist local" in err
+
+
+def _tune_argv(script, instance_type):
+    argv = ["tune", script, "--role", ROLE_ARN, "--instance-type", instance_type, "--instance-count", "2"]
+    argv += [
+        "--processes-per-host",
+        "2",
+        "--train",
+        "s3://data-bucket/train/",
+        "--output-path",
+        "s3://out/jobs",
+    ]
+    argv += ["--distribution", "torchrun", "--objective-metric", "val_accuracy"]
+    return argv + ["--range", "learning_rate=1e-4:1e-2:log", "--max-jobs", "2", "--dry-run"]
+
+
+def test_cli_tune_dry_run_on_gpu_validates_and_on_cpu_is_refused(no_aws, script, capsys):
+    assert main(_tune_argv(script, "ml.g5.12xlarge")) == 0
+    out = capsys.readouterr().out
+    request = json.loads(out)  # the explanation goes to stderr
+    assert service_model_problems(request, "CreateHyperParameterTuningJob") == []
+    definition = request["TrainingJobDefinition"]
+    assert definition["AlgorithmSpecification"]["TrainingImage"] == DLC.format("gpu")
+    assert [c["ChannelName"] for c in definition["InputDataConfig"]] == [f"train_{i}" for i in range(4)]
+    assert definition["StaticHyperParameters"]["sagemaker_torch_distributed_enabled"] == "true"
+    assert main(_tune_argv(script, "c5.xlarge")) == 2
+    assert "not 'c5.xlarge'" in capsys.readouterr().err
