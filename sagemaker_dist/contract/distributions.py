@@ -74,6 +74,9 @@ class Distribution:
     # the SageMaker instance types it runs on, by prefix (empty: any); SDK v2's rule for torch_distributed
     sagemaker_instance_prefixes: tuple[str, ...] = ()
     demo_script: str = "train_cifar10.py"  # local mode's demo training script (local/demo_job/)
+    # the toolkit runs only a Python script of a source dir without setup.py (torch_distributed refuses
+    # a package: "Python packages are not supported", and any other entry point)
+    scripts_only: bool = False
 
     @property
     def default_launcher(self) -> str:
@@ -121,6 +124,23 @@ class Distribution:
                 f"distribution {self.name!r} runs on SageMaker on GPU or Trainium instance types ({kinds}), "
                 f"not {instance_type!r} (a CPU type: the PyTorch toolkit's torch_distributed refuses it); "
                 "pick one such as ml.g5.12xlarge or ml.p4d.24xlarge, or run it here with sagemaker-dist local"
+            )
+
+    def check_entry_point(self, entry_point: str, source_has_setup_py: bool) -> None:
+        """Refuse an entry point the toolkit would not start for it (``scripts_only``)."""
+        if not self.scripts_only:
+            return
+        if not str(entry_point).endswith(".py"):
+            raise DistributionError(
+                f"distribution {self.name!r} runs a Python script under torchrun (sagemaker-training's "
+                f"torch_distributed); entry point {str(entry_point)!r} is not a .py file"
+            )
+        if source_has_setup_py:
+            raise DistributionError(
+                f"distribution {self.name!r}: the source dir holds a setup.py, which makes "
+                "sagemaker-training treat it as a package, and torch_distributed refuses packages ('Python "
+                "packages are not supported'); move setup.py out of the source dir (dependencies go in "
+                "requirements.txt)"
             )
 
     def local_launcher(self, asked: str) -> str:
@@ -188,6 +208,7 @@ TORCHRUN_ENTRY = Distribution(
     toolkit_processes_per_host=True,
     sagemaker_instance_prefixes=("ml.p", "ml.g", "ml.trn"),
     demo_script="train_torch.py",
+    scripts_only=True,
 )
 
 HOROVOD = HOROVOD_ENTRY.name

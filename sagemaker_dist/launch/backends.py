@@ -103,7 +103,8 @@ class SageMakerBackend:
         )
         say(
             f"created training job {handle.name} ({resources['InstanceCount']} x "
-            f"{resources['InstanceType']}, {prepared.layout.world_size} Horovod ranks)"
+            f"{resources['InstanceType']}, {prepared.layout.world_size} "
+            f"{registered(prepared.layout.distribution).workers})"
         )
         if wait:
             handle.wait(poll=poll, timeout=timeout, printer=printer)

@@ -14,10 +14,12 @@ import tempfile
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
+from pathlib import Path
 
 import boto3
 
 from sagemaker_dist.contract.distributions import DEFAULT as DEFAULT_DISTRIBUTION
+from sagemaker_dist.contract.distributions import DistributionError
 from sagemaker_dist.contract.distributions import distribution as registered
 from sagemaker_dist.contract.layout import (
     INPUT_MODES,
@@ -144,6 +146,11 @@ class DistributedEstimator:
         check_distribution_options(self.distribution, self.mpi_options, self.default_mpi_options)
         if self.processes_per_host is None:  # one per host, or (None) the type's GPUs
             self.processes_per_host = registered(self.distribution).default_processes_per_host()
+        setup_py = self.source_dir is not None and Path(self.source_dir, "setup.py").is_file()
+        try:
+            registered(self.distribution).check_entry_point(self.entry_point, setup_py)
+        except DistributionError as exc:
+            raise EstimatorError(str(exc)) from None
         if self.processes_per_host is not None:
             check_distribution(self.distribution, self.processes_per_host)
         self.processes_per_host = processes_per_host(self.instance_type, self.processes_per_host)

@@ -165,3 +165,16 @@ def test_cli_tune_dry_run_on_gpu_validates_and_on_cpu_is_refused(no_aws, script,
     assert definition["StaticHyperParameters"]["sagemaker_torch_distributed_enabled"] == "true"
     assert main(_tune_argv(script, "c5.xlarge")) == 2
     assert "not 'c5.xlarge'" in capsys.readouterr().err
+
+
+def test_the_toolkit_runs_only_a_python_script_outside_a_package(no_aws, tmp_path):
+    """sagemaker-training's torch_distributed refuses a .sh entry point and a source dir with setup.py."""
+    (tmp_path / "train.sh").write_text("echo 1\n")
+    with pytest.raises(EstimatorError, match="entry point 'train.sh' is not a .py file"):
+        _estimator("train.sh", source_dir=str(tmp_path))
+    (tmp_path / "train.py").write_text("print(1)\n")
+    _estimator("train.py", source_dir=str(tmp_path))
+    (tmp_path / "setup.py").write_text("")
+    with pytest.raises(EstimatorError, match="the source dir holds a setup.py"):
+        _estimator("train.py", source_dir=str(tmp_path))
+    _estimator("train.py", source_dir=str(tmp_path), distribution="horovod")  # the MPI runner takes packages
