@@ -58,7 +58,7 @@ class LocalJobResult:
                 f"{first:>10} {rate:>10}"
             )
         lines.append(
-            "  (records: streamed into the rank's train FIFOs, tf.data read-ahead included; 1st record: "
+            "  (records: streamed into the rank's train FIFOs, the reader's read-ahead included; 1st record: "
             "seconds from starting the ranks to the first bytes the rank read; records/s: over its stream)"
         )
         if self.metrics:
