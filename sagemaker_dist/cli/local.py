@@ -84,7 +84,8 @@ def register(subparsers) -> None:
         "sagemaker-training entry point runs the host as in the TF DLC and starts mpirun itself "
         "(root, one host; needs the container environment, see --container-python); container: the "
         "training image runs each host as on SageMaker, podman run IMAGE train (see --image); several "
-        "hosts are one container each on a private podman network, with SSH between them",
+        "hosts are one container each on a private podman network, with SSH between them; torchrun: "
+        "torchrun once per simulated host (distribution torchrun, its default)",
     )
     p.add_argument(
         "--image",
