@@ -4,10 +4,9 @@ fails, naming the launcher to use instead.
 
 What ``toolkit_host`` needs of this machine: root; ``unshare`` and ``mount`` (util-linux, mount);
 private mount and PID namespaces with a fresh /proc (``unshare -m -p -f --mount-proc``); an overlay on
-``/opt`` and on ``/usr/sbin`` whose upper and work dirs lie in the job's work dir (so the kernel must
-have overlayfs, and that work dir must not itself be on an overlay: an overlay's upper dir cannot be on
-one, which is where a container's own root file system is, /tmp included unless a volume or tmpfs is
-mounted there); bind mounts of a dir on ``/opt/ml`` and of a file on ``/etc/hosts``.
+``/opt`` and on ``/usr/sbin`` whose upper and work dirs lie on a tmpfs of the host's own namespace (so
+the kernel must have overlayfs; a work dir on a container's overlay root is fine); bind mounts of a dir
+on ``/opt/ml`` and of a file on ``/etc/hosts``.
 
 Its probe runs ``toolkit_host.prepare_host`` itself as PID 1 of a throwaway ``unshare -m -p -f
 --mount-proc``, in a state dir beside where the job's will be, so it tries exactly what a job would;
@@ -26,7 +25,6 @@ import tempfile
 from pathlib import Path
 
 INSTEAD = "use launcher 'horovodrun' or 'mpirun' instead"
-OVERLAYFS_MAGIC = 0x794C7630  # statfs f_type of an overlay (linux/magic.h OVERLAYFS_SUPER_MAGIC)
 _PROBE_S = 30
 
 # Run as PID 1 of `unshare -m -p -f --mount-proc`: toolkit_host's own set-up of a host, whatever it does.
@@ -42,17 +40,6 @@ _STEPS = {
     "/usr/sbin": "an overlay mount on /usr/sbin",
     "/etc/hosts": "a bind mount on /etc/hosts",
 }
-
-
-def _fs_type(path: Path) -> int | None:
-    """statfs's f_type of ``path``'s file system (None where it cannot be read)."""
-    import ctypes
-
-    buf = ctypes.create_string_buffer(256)  # struct statfs: f_type is its first word
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.statfs(os.fsencode(str(path)), buf) != 0:
-        return None
-    return ctypes.c_long.from_buffer(buf).value
 
 
 def _kernel_has_overlay() -> bool:
@@ -116,12 +103,6 @@ def toolkit_host_problem(work_dir: str | os.PathLike | None = None) -> str | Non
         if "overlay" in failed["args"]:
             if not _kernel_has_overlay():
                 return _line(f"{step} failed: this kernel has no overlay file system (modprobe overlay)")
-            if _fs_type(state) == OVERLAYFS_MAGIC:
-                return _line(
-                    f"{step} failed: the job's work dir {parent} is on an overlay file system (a container's "
-                    "own root), where an overlay's upper dir cannot be; give the job a work dir on another "
-                    "file system (--work-dir or TMPDIR on a mounted volume or a tmpfs)"
-                )
         return _line(f"{step} failed ({why})")
     finally:
         shutil.rmtree(state, ignore_errors=True)
