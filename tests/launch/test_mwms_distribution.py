@@ -17,19 +17,6 @@ from sagemaker_dist.launch.inputs import ChannelSource, EstimatorError
 ROLE_ARN = "arn:aws:iam::123456789012:role/SageMakerRole"
 
 
-@pytest.fixture
-def no_aws(monkeypatch):
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens: any AWS call fails
-
-
-@pytest.fixture
-def script(tmp_path):
-    path = tmp_path / "train.py"
-    path.write_text("print(1)\n")
-    return str(path)
-
-
 def _estimator(script, **kwargs):
     kwargs = {"instance_count": 3, "output_path": "s3://out-bucket/jobs", "distribution": "tf-mwms", **kwargs}
     return DistributedEstimator(script, ROLE_ARN, "ml.p4d.24xlarge", **kwargs)

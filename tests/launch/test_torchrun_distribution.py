@@ -22,19 +22,6 @@ ROLE_ARN = "arn:aws:iam::123456789012:role/SageMakerRole"
 DLC = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.8-{}-py312"
 
 
-@pytest.fixture
-def no_aws(monkeypatch):
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens: any AWS call fails
-
-
-@pytest.fixture
-def script(tmp_path):
-    path = tmp_path / "train.py"
-    path.write_text("print(1)\n")
-    return str(path)
-
-
 def _estimator(script, instance_type="ml.g5.12xlarge", **kwargs):
     kwargs = {
         "instance_count": 2,
