@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
+
+from sagemaker_dist.local.launchers.worker_group import supervise_workers
 
 STOP_GRACE_S = 3.0
 
@@ -64,33 +64,7 @@ def run_workers(count: int, command: list[str]) -> int:
         relays.append(threading.Thread(target=_relay, args=(index, proc.stdout, lock), daemon=True))
         relays[-1].start()
 
-    def stop_all(signum=signal.SIGTERM, frame=None):
-        for proc in workers:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, lambda s, f: (stop_all(), sys.exit(128 + s)))
-    while True:
-        codes = [proc.poll() for proc in workers]
-        failed = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
-        if failed is not None:
-            for relay in relays:
-                relay.join(1.0)
-            stop_all()
-            deadline = time.monotonic() + STOP_GRACE_S
-            while time.monotonic() < deadline and any(p.poll() is None for p in workers):
-                time.sleep(0.05)
-            for proc in workers:
-                if proc.poll() is None:
-                    proc.kill()
-            code = codes[failed]
-            print(f"Worker failed.\nProcess name: {failed}\nExit code: {code}", flush=True)
-            return code if code > 0 else 128 - code
-        if all(code == 0 for code in codes):
-            for relay in relays:
-                relay.join(5.0)
-            return 0
-        time.sleep(0.05)
+    return supervise_workers(workers, relays, STOP_GRACE_S, lambda index, code: (index, code))
 
 
 def main(argv: list[str] | None = None) -> None:

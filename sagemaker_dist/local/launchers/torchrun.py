@@ -20,14 +20,13 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 from sagemaker_dist.local.launchers.tf_config import free_ports
+from sagemaker_dist.local.launchers.worker_group import supervise_workers
 from sagemaker_dist.local.rank_entry import JOB_ENV
 
 STOP_GRACE_S = 5.0
@@ -114,36 +113,12 @@ def run_hosts(python: str, rank_cmd: list[str]) -> int:
         relays.append(threading.Thread(target=_relay, args=(running[-1], lock), daemon=True))
         relays[-1].start()
 
-    def stop_all() -> None:
-        for host in running:
-            if host.proc.poll() is None:
-                host.proc.send_signal(signal.SIGTERM)
+    def failed_name(index: int, code: int) -> tuple[int, int]:  # the rank torchrun blamed, if it said
+        host = running[index]
+        rank = host.failed_rank if host.failed_rank is not None else host.index * per_host
+        return rank, host.failed_code if host.failed_code is not None else code
 
-    signal.signal(signal.SIGTERM, lambda s, f: (stop_all(), sys.exit(128 + s)))
-    while True:
-        codes = [host.proc.poll() for host in running]
-        failed = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
-        if failed is not None:
-            relays[failed].join(2.0)
-            stop_all()
-            deadline = time.monotonic() + STOP_GRACE_S
-            while time.monotonic() < deadline and any(h.proc.poll() is None for h in running):
-                time.sleep(0.05)
-            for host in running:
-                if host.proc.poll() is None:
-                    host.proc.kill()
-            for relay in relays:
-                relay.join(1.0)
-            host, code = running[failed], codes[failed]
-            rank = host.failed_rank if host.failed_rank is not None else host.index * per_host
-            rank_code = host.failed_code if host.failed_code is not None else code
-            print(f"Worker failed.\nProcess name: {rank}\nExit code: {rank_code}", flush=True)
-            return code if code > 0 else 128 - code
-        if all(code == 0 for code in codes):
-            for relay in relays:
-                relay.join(5.0)
-            return 0
-        time.sleep(0.05)
+    return supervise_workers([host.proc for host in running], relays, STOP_GRACE_S, failed_name)
 
 
 def main(argv: list[str] | None = None) -> None:
