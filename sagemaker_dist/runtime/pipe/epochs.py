@@ -10,6 +10,8 @@ from __future__ import annotations
 import fcntl
 from pathlib import Path
 
+from sagemaker_dist.runtime.fifo import fifo_path, wait_for_fifo
+
 
 def update_epoch(state_dir: Path, channel: str, undo: int | None = None) -> int:
     """Take the next epoch number of ``channel`` (shared by every process on the host, under flock).
@@ -34,3 +36,14 @@ def update_epoch(state_dir: Path, channel: str, undo: int | None = None) -> int:
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
     return current
+
+
+def next_epoch_fifo(state_dir: Path, pipe_dir, channel: str, timeout: float) -> tuple[int, Path]:
+    """This channel's next epoch and its FIFO, once the FIFO is there; the epoch is given back if it
+    never comes (a retry waits for the same FIFO)."""
+    epoch = update_epoch(state_dir, channel)
+    try:
+        return epoch, wait_for_fifo(fifo_path(pipe_dir, channel, epoch), timeout)
+    except Exception:
+        update_epoch(state_dir, channel, undo=epoch)
+        raise

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from sagemaker_dist.contract.paths import fifo_name
-from sagemaker_dist.runtime.fifo import FifoReader, fifo_path, wait_for_fifo
+from sagemaker_dist.runtime.fifo import FifoReader
 from sagemaker_dist.runtime.framing import frame_views, make_framer
-from sagemaker_dist.runtime.pipe.epochs import update_epoch
+from sagemaker_dist.runtime.pipe.epochs import next_epoch_fifo
 
 # Chunks whose records average at least this many bytes cross as one bytes object per record (one
 # copy less than a chunk blob cut up by tf.strings.substr); smaller records cross as a blob.
@@ -114,12 +114,7 @@ class EpochReader:
 
     def __call__(self, group: int = 0, convert=None):
         """Chunks of the next epoch's FIFO; ``group`` and ``convert`` as in :meth:`_chunks`."""
-        epoch = update_epoch(self.state_dir, self.channel)
-        try:
-            path = wait_for_fifo(fifo_path(self.pipe_dir, self.channel, epoch), self.timeout)
-        except Exception:
-            update_epoch(self.state_dir, self.channel, undo=epoch)  # a retry waits for the same FIFO
-            raise
+        epoch, path = next_epoch_fifo(self.state_dir, self.pipe_dir, self.channel, self.timeout)
         chunks = self._chunks(epoch, path, group, convert)
         if READ_AHEAD_CHUNKS:
             yield from read_ahead(chunks, READ_AHEAD_CHUNKS, fifo_name(self.channel, epoch))

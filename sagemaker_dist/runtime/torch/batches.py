@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from sagemaker_dist.contract.paths import fifo_name
-from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT, FifoReader, fifo_path, wait_for_fifo
+from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT, FifoReader
 from sagemaker_dist.runtime.framing import DEFAULT_CHUNK, frame_views, make_framer
-from sagemaker_dist.runtime.pipe.epochs import update_epoch
+from sagemaker_dist.runtime.pipe.epochs import next_epoch_fifo
 from sagemaker_dist.runtime.pipe.reader import read_ahead
 
 DEFAULT_PREFETCH = 4  # batches the reader thread prepares ahead of the loop
@@ -122,12 +122,7 @@ class PipeBatches:
         self.epochs_opened = 0
 
     def __iter__(self):
-        epoch = update_epoch(self.state_dir, self.channel)
-        try:
-            path = wait_for_fifo(fifo_path(self.pipe_dir, self.channel, epoch), self.timeout)
-        except Exception:
-            update_epoch(self.state_dir, self.channel, undo=epoch)  # a retry waits for the same FIFO
-            raise
+        epoch, path = next_epoch_fifo(self.state_dir, self.pipe_dir, self.channel, self.timeout)
         self.epochs_opened += 1
         ahead = read_ahead(self._batches(epoch, path), self.prefetch, fifo_name(self.channel, epoch))
         with contextlib.closing(ahead):  # an iteration closed early stops the thread, which closes the FIFO
