@@ -77,6 +77,15 @@ class Distribution:
     # the toolkit runs only a Python script of a source dir without setup.py (torch_distributed refuses
     # a package: "Python packages are not supported", and any other entry point)
     scripts_only: bool = False
+    # the DLC's SAGEMAKER_TRAINING_MODULE: the framework toolkit that AWS's `train` hands the job to
+    toolkit_training_module: str = "sagemaker_tensorflow_container.training:main"
+    # the toolkit starts its processes on each host by itself (torchrun --node_rank R against algo-1:7777),
+    # with no SSH from a master and no fixed port but the master's: local mode then runs one toolkit host
+    # per simulated host, side by side on the job's loopback
+    toolkit_starts_each_host: bool = False
+    # what local mode adds to a toolkit host's environment so that each rank's lines name the rank
+    # (torchrun reads its options from PET_* variables: PET_TEE=3 is --tee 3, "[default0]:line")
+    local_toolkit_env: tuple[tuple[str, str], ...] = ()
 
     @property
     def default_launcher(self) -> str:
@@ -202,13 +211,16 @@ TORCHRUN_ENTRY = Distribution(
     mpi=False,
     rank_variables=(TORCHRUN_VARIABLES,),
     image=DlcImage("pytorch", "2.8", "py312"),  # the PyTorch 2.8 training DLC (Ubuntu 22.04), GPU or CPU
-    local_launchers=(TORCHRUN,),
+    local_launchers=(TORCHRUN, TOOLKIT),
     mpi_platforms=False,  # Slurm and Kubernetes run torchrun otherwise (srun, TrainJob): not yet
     keras_helper=None,
     toolkit_processes_per_host=True,
     sagemaker_instance_prefixes=("ml.p", "ml.g", "ml.trn"),
     demo_script="train_torch.py",
     scripts_only=True,
+    toolkit_training_module="sagemaker_pytorch_container.training:main",  # the PyTorch DLCs' ENV
+    toolkit_starts_each_host=True,
+    local_toolkit_env=(("PET_TEE", "3"),),
 )
 
 HOROVOD = HOROVOD_ENTRY.name

@@ -56,9 +56,10 @@ from sagemaker_dist.local.launchers.toolkit import (
     blame_the_rank_that_raised,
     check_toolkit_host,
     toolkit_environment,
-    toolkit_host_command,
     toolkit_outcome,
 )
+from sagemaker_dist.local.launchers.toolkit_host import toolkit_host_command
+from sagemaker_dist.local.launchers.torchrun import host_group_command
 from sagemaker_dist.local.rank_entry import JOB_ENV
 from sagemaker_dist.local.result import LocalJobResult, final_metrics, rank_summaries
 from sagemaker_dist.local.supervision import interrupt_guard, supervise
@@ -104,17 +105,19 @@ def run_local(
     job = JobSpec.from_request(request, timeout, toolkit_version)
     launcher = _launcher_for(job, launcher)
     cluster = launcher == CONTAINER and job.hosts > 1  # one container per host on a network of its own
+    entry = registered(job.distribution)
+    each_host = launcher == TOOLKIT and entry.toolkit_starts_each_host  # one toolkit host per host
     if launcher in TOOLKIT_HOST_LAUNCHERS:
-        mpi = registered(job.distribution).mpi  # the toolkit's mpirun then needs Horovod with MPI
-        container = (
-            check_toolkit_host(container_python, horovod=mpi, work_dir=work_dir)
-            if launcher == TOOLKIT
-            else None
-        )
+        container = None
+        if launcher == TOOLKIT:  # Horovod under the toolkit's mpirun needs Horovod with MPI (entry.mpi)
+            module = entry.toolkit_training_module
+            container = check_toolkit_host(
+                container_python, horovod=entry.mpi, work_dir=work_dir, training_module=module
+            )
         image = check_container_image(image) if launcher == CONTAINER else None
         if cluster:
             check_cluster_endpoint(os.environ)
-        elif job.hosts != 1:
+        elif job.hosts != 1 and not each_host:
             raise LocalJobError(
                 f"launcher {launcher!r} simulates one host (its ranks started by the toolkit's mpirun); this "
                 f"job has {job.hosts}. Use --instance-count 1 with --processes-per-host for the ranks, "
@@ -143,7 +146,7 @@ def run_local(
             group = _toolkit_group(
                 job, trees, code_dir if source_dir else None, work, container, extra_env, echo, image
             )
-            if job.world == 1:  # no mpirun (a one-worker host): the toolkit's one worker prints untagged
+            if job.world == 1 and not each_host:  # no mpirun: the toolkit's one worker prints untagged
                 group.untagged_rank = 0
             command = group.command
         else:
@@ -171,7 +174,7 @@ def run_local(
         group.finish_output()
         if launcher in TOOLKIT_HOST_LAUNCHERS:
             failure = blame_the_rank_that_raised(failure, group, trees, job.processes_per_host)
-            failure = toolkit_outcome(failure, trees[0])
+            failure = toolkit_outcome(failure, trees if each_host else trees[:1])
         if failure:
             raise LocalJobFailed(failure)
         stop.set()
@@ -267,9 +270,10 @@ def _toolkit_group(
     A source dir given here is put at /opt/ml/code, where the toolkit looks first; otherwise the
     toolkit downloads ``sagemaker_submit_directory`` from S3 itself.
     """
-    (tree,) = trees
     if code_dir is not None:
-        shutil.copytree(code_dir, tree.root / "code")
+        for tree in trees:
+            shutil.copytree(code_dir, tree.root / "code")
+    tree = trees[0]
     if image is not None:
         pid_dir = work / "ranks"  # stays empty, as below
         pid_dir.mkdir()
@@ -282,12 +286,23 @@ def _toolkit_group(
         return ContainerGroup(
             image, tree.root, [t.name for t in trees], job.name, env, pid_dir, job.world, show, stub
         )
+    entry = registered(job.distribution)
     state = work / "namespace"
-    command = toolkit_host_command(python, tree.root, state, [t.name for t in trees])
-    env = toolkit_environment(dict(os.environ), python, job.name, job.request.get("Environment"))
+    env = toolkit_environment(
+        dict(os.environ), python, job.name, job.request.get("Environment"), entry.toolkit_training_module
+    )
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.update(extra_env or {})
-    pid_dir = work / "ranks"  # stays empty: the toolkit's mpirun starts the ranks, not our entry
+    if entry.toolkit_starts_each_host:  # a toolkit host per simulated host, under our host supervisor
+        env.update(dict(entry.local_toolkit_env))
+        env[JOB_ENV] = str(work / "job.json")
+        hosts = [{"name": t.name, "env": {}, "tree": str(t.root)} for t in trees]
+        description = {"processes_per_host": job.processes_per_host, "hosts": hosts}
+        Path(env[JOB_ENV]).write_text(json.dumps(description))
+        command = host_group_command(sys.executable, python, state)
+    else:
+        command = toolkit_host_command(python, tree.root, state, [t.name for t in trees])
+    pid_dir = work / "ranks"  # stays empty: the toolkit starts the ranks, not our entry
     pid_dir.mkdir()
     return RankGroup(command, env, pid_dir, job.world, _rank_echo(trees, job.processes_per_host, echo))
 

@@ -85,7 +85,7 @@ def test_the_relay_tags_each_line_with_its_world_rank_and_notes_the_rank_torchru
     assert capsys.readouterr().out.splitlines()[:3] == [
         "[6]<stdout>:hello",
         "[8]<stdout>:[W socket.cpp] x",
-        "torchrun algo-3: W1126 torch/distributed/run.py] OMP_NUM_THREADS",
+        "algo-3: W1126 torch/distributed/run.py] OMP_NUM_THREADS",
     ]
     assert (host.failed_rank, host.failed_code) == (7, 3)
 

@@ -24,6 +24,7 @@ from sagemaker_dist.host.processes import descendants
 from sagemaker_dist.local.exit_files import TERMINATED
 from sagemaker_dist.local.launchers import HOROVODRUN, MPIRUN, TF_CONFIG, TORCHRUN
 from sagemaker_dist.local.launchers.private_net import PrivateNet
+from sagemaker_dist.local.launchers.torchrun import host_group_command
 from sagemaker_dist.local.rank_entry import JOB_ENV
 
 _PREFIX = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
@@ -78,16 +79,7 @@ def rank_command(launcher: str, world_size: int, python: str = sys.executable) -
             *entry,
         ]
     if launcher == TORCHRUN:  # torchrun once per simulated host; each starts its host's ranks
-        return [
-            python,
-            "-u",
-            "-m",
-            "sagemaker_dist.local.launchers.torchrun",
-            "--python",
-            python,
-            "--",
-            *entry,
-        ]
+        return host_group_command(python, python, rank_cmd=entry)
     if launcher == HOROVODRUN:
         tool = _tool("horovodrun")
         if not tool:

@@ -25,12 +25,6 @@ from sagemaker_dist.local.supervision import rank_failure
 
 CONTAINER_PYTHON_ENV = "SAGEMAKER_DIST_CONTAINER_PYTHON"
 TF_TRAINING_MODULE = "sagemaker_tensorflow_container.training:main"  # the TF DLCs' ENV
-_NEEDED = (
-    "sagemaker_training.cli.train",
-    "sagemaker_tensorflow_container.training",
-    "mpi4py",
-    "sagemaker_dist.runtime",
-)
 
 
 class ToolkitLauncherError(ConfigurationError):
@@ -45,31 +39,44 @@ def default_container_python() -> Path:
     return Path(sys.prefix).parent / ".venv-toolkit" / "bin" / "python"
 
 
+def toolkit_modules(training_module: str, horovod: bool) -> tuple[str, ...]:
+    """What the container Python must import to run a toolkit host: AWS's ``train``, the DLC's
+    framework toolkit (``SAGEMAKER_TRAINING_MODULE``), mpi4py where the toolkit runs mpirun, our runtime."""
+    mpi = ("mpi4py",) if horovod else ()
+    return ("sagemaker_training.cli.train", training_module.split(":")[0], *mpi, "sagemaker_dist.runtime")
+
+
 def check_toolkit_host(
-    container_python: Path | None = None, *, horovod: bool = True, work_dir: str | os.PathLike | None = None
+    container_python: Path | None = None,
+    *,
+    horovod: bool = True,
+    work_dir: str | os.PathLike | None = None,
+    training_module: str = TF_TRAINING_MODULE,
 ) -> Path:
     """Fail early, naming the fix, where a toolkit host cannot start: not root, no ``unshare``, no
     namespaces, no overlays in ``work_dir`` (the pre-flight tries each), or a container Python without
-    the toolkit. For a Horovod job (``horovod``; a tf-mwms
-    job needs no Horovod) the toolkit starts the ranks with mpirun, so also no mpirun, or a container
+    the toolkit and the DLC's ``training_module``. For a Horovod job (``horovod``; tf-mwms and torchrun
+    need no Horovod) the toolkit starts the ranks with mpirun, so also no mpirun, or a container
     Python whose Horovod was built without MPI (each rank would train alone). Returns the container
     Python."""
     python = Path(container_python or default_container_python())
     problem = toolkit_host_problem(work_dir)  # root, unshare, namespaces, overlays: tried, not guessed
     if problem:
         raise ToolkitLauncherError(problem)
+    needed = toolkit_modules(training_module, horovod)
     check = "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]]"
     try:
-        found = subprocess.run([str(python), "-c", check, *_NEEDED], capture_output=True, text=True)
+        found = subprocess.run([str(python), "-c", check, *needed], capture_output=True, text=True)
     except OSError as exc:
         found = subprocess.CompletedProcess([], 1, "", str(exc))
     if found.returncode:
         last = (found.stderr.strip().splitlines() or ["not found"])[-1]
         raise ToolkitLauncherError(
             f"launcher 'toolkit' runs the image's environment, and {python} cannot import "
-            f"{', '.join(_NEEDED)} ({last}). Run scripts/setup.sh (it makes .venv-toolkit) or set "
+            f"{', '.join(needed)} ({last}). Run scripts/setup.sh (it makes .venv-toolkit) or set "
             f"${CONTAINER_PYTHON_ENV} to a Python with sagemaker-training 4.8.3, "
-            "sagemaker-tensorflow-training 20.5.0, mpi4py, TensorFlow, Horovod and sagemaker-dist[runtime]"
+            "sagemaker-tensorflow-training 20.5.0 (TensorFlow, Horovod, mpi4py) or "
+            "sagemaker-pytorch-training 2.9.0 (PyTorch), and sagemaker-dist[runtime]"
         )
     if horovod:
         if not shutil.which("mpirun", path=_container_path(python, os.environ.get("PATH", os.defpath))):
@@ -87,27 +94,19 @@ def _container_path(python: Path, path: str) -> str:
     return os.pathsep.join([str(python.parent), path])
 
 
-def toolkit_host_command(python: Path, tree: Path, state: Path, hosts: list[str]) -> list[str]:
-    """The command that runs one simulated host: a new namespace, our set-up as its PID 1, then the
-    toolkit's ``train`` (the DLC's entry point) from the container environment."""
-    train = python.parent / "train"
-    return [
-        "unshare", "-m", "-p", "-f", "--mount-proc",
-        str(python), "-m", "sagemaker_dist.local.launchers.toolkit_host",
-        "--tree", str(tree), "--state", str(state), "--hosts", ",".join(hosts),
-        str(python), str(train),
-    ]  # fmt: skip
-
-
 def toolkit_environment(
-    base: dict[str, str], python: Path, job_name: str, container_env: dict | None
+    base: dict[str, str],
+    python: Path,
+    job_name: str,
+    container_env: dict | None,
+    training_module: str = TF_TRAINING_MODULE,
 ) -> dict[str, str]:
     """The container's environment: this machine's (S3 endpoint and credentials included), the
-    request's ``Environment``, and what the DLC and the platform set; no ``SM_*`` (the toolkit makes
-    those), the container environment's ``bin`` first on PATH."""
+    request's ``Environment``, and what the DLC (its ``training_module``) and the platform set; no
+    ``SM_*`` (the toolkit makes those), the container environment's ``bin`` first on PATH."""
     env = {k: v for k, v in base.items() if not k.startswith("SM_") and k != "PYTHONPATH"}
     env.update({str(k): str(v) for k, v in (container_env or {}).items()})
-    env.update({"SAGEMAKER_TRAINING_MODULE": TF_TRAINING_MODULE, "TRAINING_JOB_NAME": job_name})
+    env.update({"SAGEMAKER_TRAINING_MODULE": training_module, "TRAINING_JOB_NAME": job_name})
     env["PATH"] = _container_path(python, env.get("PATH", os.defpath))
     return env
 
@@ -139,13 +138,19 @@ def blame_the_rank_that_raised(failure: str | None, group: RankGroup, trees, per
     return rank_failure(group, raised[0], what, trees, per_host)
 
 
-def toolkit_outcome(failure: str | None, tree) -> str | None:
-    """The toolkit's own verdict: /opt/ml/output/success, or the failure file it wrote."""
-    failure_file = tree.output_dir / "failure"
-    if failure_file.is_file():
-        text = failure_file.read_text(errors="replace").strip()
-        shown = "\n".join(f"  {line}" for line in text.splitlines()[-15:])
-        return f"{failure or 'the toolkit reported a failure'}\n/opt/ml/output/failure says:\n{shown}"
-    if failure is None and not (tree.output_dir / "success").is_file():
-        return "the toolkit exited 0 but wrote no /opt/ml/output/success"
+def toolkit_outcome(failure: str | None, trees) -> str | None:
+    """The toolkit's own verdict on every host: /opt/ml/output/success, or the failure file it wrote
+    (the first host's that wrote one)."""
+    for tree in trees:
+        failure_file = tree.output_dir / "failure"
+        if failure_file.is_file():
+            text = failure_file.read_text(errors="replace").strip()
+            shown = "\n".join(f"  {line}" for line in text.splitlines()[-15:])
+            return (
+                f"{failure or 'the toolkit reported a failure'}\n{tree.name}'s /opt/ml/output/failure says:\n"
+                f"{shown}"
+            )
+    missing = [tree.name for tree in trees if not (tree.output_dir / "success").is_file()]
+    if failure is None and missing:
+        return f"the toolkit exited 0 but wrote no /opt/ml/output/success on {', '.join(missing)}"
     return failure

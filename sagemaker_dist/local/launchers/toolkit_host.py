@@ -96,6 +96,18 @@ def run_toolkit(train: list[str]) -> int:
             time.sleep(0.05)
 
 
+def toolkit_host_command(python: Path, tree: Path, state: Path, hosts: list[str]) -> list[str]:
+    """The command that runs one simulated host: a new namespace, our set-up as its PID 1, then the
+    toolkit's ``train`` (the DLC's entry point) from the container environment."""
+    train = python.parent / "train"
+    return [
+        "unshare", "-m", "-p", "-f", "--mount-proc",
+        str(python), "-m", "sagemaker_dist.local.launchers.toolkit_host",
+        "--tree", str(tree), "--state", str(state), "--hosts", ",".join(hosts),
+        str(python), str(train),
+    ]  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m sagemaker_dist.local.launchers.toolkit_host")
     parser.add_argument("--tree", required=True, type=Path, help="the host's /opt/ml tree")

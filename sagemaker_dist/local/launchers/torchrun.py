@@ -8,6 +8,12 @@ LOCAL_JOB``); each rank it starts enters its host through ``sagemaker_dist.local
 runs the script with the arguments the toolkit passes. Local mode runs this module inside the job's
 private network namespace, so the port is free there and nothing listens beyond loopback.
 
+Under ``launcher="toolkit"`` (``--toolkit-state``) each simulated host is a toolkit host instead
+(``toolkit_host``: AWS's ``train`` in a namespace of its own, its tree at ``/opt/ml``), and the toolkit
+runs ``torchrun`` there as it does in the PyTorch DLC: ``--master_addr algo-1 --master_port 7777``
+with several hosts. The hosts share the job's network namespace, where ``algo-N`` is loopback and
+only algo-1 listens on 7777; ``PET_TEE=3`` in their environment makes torchrun tag each line.
+
 It behaves like horovodrun towards local mode's supervisor: rank output relayed as
 ``[rank]<stdout>:line`` (torchrun's ``--tee 3`` tags a line with its local rank), the first host that
 fails reported as ``Process name: rank`` / ``Exit code: c`` (the rank torchrun names), the other
@@ -26,6 +32,7 @@ import threading
 from pathlib import Path
 
 from sagemaker_dist.local.launchers.tf_config import free_ports
+from sagemaker_dist.local.launchers.toolkit_host import toolkit_host_command
 from sagemaker_dist.local.launchers.worker_group import supervise_workers
 from sagemaker_dist.local.rank_entry import JOB_ENV
 
@@ -66,6 +73,17 @@ def host_command(
     ]
 
 
+def host_group_command(
+    python: str, host_python: str | os.PathLike, toolkit_state: Path | None = None, rank_cmd=()
+) -> list[str]:
+    """The command (run with ``python``) that starts every simulated host: torchrun from
+    ``host_python``'s environment starting ``rank_cmd`` per rank, or, given ``toolkit_state``, a
+    toolkit host with ``host_python`` as the container Python."""
+    toolkit = ["--toolkit-state", str(toolkit_state)] if toolkit_state is not None else []
+    launcher = [python, "-u", "-m", "sagemaker_dist.local.launchers.torchrun", "--python", str(host_python)]
+    return [*launcher, *toolkit, "--", *rank_cmd]
+
+
 class _Host:
     def __init__(self, index: int, per_host: int, proc: subprocess.Popen):
         self.index, self.per_host, self.proc = index, per_host, proc
@@ -82,7 +100,7 @@ def _relay(host: _Host, lock: threading.Lock) -> None:
                 rank = host.index * host.per_host + int(tagged.group(1))
                 sys.stdout.write(f"[{rank}]<stdout>:{tagged.group(2)}\n")
             else:
-                sys.stdout.write(f"torchrun algo-{host.index + 1}: {line}\n")
+                sys.stdout.write(f"algo-{host.index + 1}: {line}\n")
                 failed = _FAILED_RANK.match(line)
                 if failed and host.failed_rank is None:
                     host.failed_rank = int(failed.group(1))
@@ -92,18 +110,25 @@ def _relay(host: _Host, lock: threading.Lock) -> None:
             sys.stdout.flush()
 
 
-def run_hosts(python: str, rank_cmd: list[str]) -> int:
-    """Start torchrun for every simulated host of local mode's job; 0 when all end 0, else the first
-    failure's code."""
+def run_hosts(python: str, rank_cmd: list[str], toolkit_state: Path | None = None) -> int:
+    """Start torchrun for every simulated host of local mode's job (or, given ``toolkit_state``, a
+    toolkit host whose toolkit starts torchrun, its overlays under that dir); 0 when all end 0, else
+    the first failure's code."""
     job = json.loads(Path(os.environ[JOB_ENV]).read_text())
     per_host, hosts = int(job["processes_per_host"]), job["hosts"]
+    names = [host["name"] for host in hosts]
     (port,) = free_ports(1)
     lock = threading.Lock()
     running: list[_Host] = []
     relays = []
     for index, host in enumerate(hosts):
-        env = {**os.environ, **host["env"]}
-        command = host_command(python, len(hosts), index, per_host, port, rank_cmd)
+        if toolkit_state is None:
+            env = {**os.environ, **host["env"]}
+            command = host_command(python, len(hosts), index, per_host, port, rank_cmd)
+        else:  # the toolkit makes the host's SM_* and its torchrun command itself
+            env = dict(os.environ)
+            tree, state = Path(host["tree"]), toolkit_state / host["name"]
+            command = toolkit_host_command(Path(python), tree, state, names)
         with lock:
             print("$ " + " ".join(command), flush=True)
         proc = subprocess.Popen(
@@ -124,12 +149,18 @@ def run_hosts(python: str, rank_cmd: list[str]) -> int:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m sagemaker_dist.local.launchers.torchrun")
     parser.add_argument("--python", default=sys.executable, help="the Python torchrun and the ranks run with")
+    parser.add_argument(
+        "--toolkit-state",
+        type=Path,
+        help="run each host as a toolkit host (AWS's train runs torchrun) with --python as the container "
+        "Python and its overlays under this dir",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="each rank's command (after --)")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if JOB_ENV not in os.environ:
         raise SystemExit(f"{parser.prog}: ${JOB_ENV} is not set; local mode starts this module")
-    raise SystemExit(run_hosts(args.python, command))
+    raise SystemExit(run_hosts(args.python, command, args.toolkit_state))
 
 
 if __name__ == "__main__":
