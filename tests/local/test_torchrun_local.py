@@ -1,6 +1,8 @@
 """``sagemaker-dist local --demo --distribution torchrun`` through the command line: real ``torchrun``
 once per simulated host, real Gloo ranks, each reading its own FIFO fed from the embedded S3 endpoint;
-1 host x 2 ranks and 2 hosts x 1 rank, one epoch of the small demo data."""
+one epoch of the small demo data. Under our launcher 1 host x 2 ranks and 2 hosts x 1 rank; under
+``--launcher toolkit`` 2 hosts x 2 ranks, AWS's toolkit (sagemaker-pytorch-training on sagemaker-
+training 4.8.3, the PyTorch DLC's entry point) running ``torchrun`` on each host itself."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from sagemaker_dist.local.demo import DEMO_FILES, DEMO_RECORDS_PER_FILE
 from sagemaker_dist.local.launchers import TORCHRUN
 from sagemaker_dist.local.launchers import torchrun as launcher
 from sagemaker_dist.local.launchers.mpi import rank_command
@@ -47,8 +50,10 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}  # the embedded endpoint
 
 
-def _demo(state_dir: Path, hosts: int, per_host: int, work_dir: Path) -> subprocess.CompletedProcess:
-    argv = [*CLI, "local", "--demo", "--distribution", "torchrun", "--epochs", "1"]
+def _demo(
+    state_dir: Path, launcher: str, hosts: int, per_host: int, work_dir: Path
+) -> subprocess.CompletedProcess:
+    argv = [*CLI, "local", "--demo", "--distribution", "torchrun", "--epochs", "1", "--launcher", launcher]
     argv += ["--hosts", str(hosts), "--processes-per-host", str(per_host)]
     argv += ["--s3-state-dir", str(state_dir), "--work-dir", str(work_dir), "--timeout", "240"]
     return subprocess.run(argv, capture_output=True, text=True, timeout=300, env=_env())
@@ -100,24 +105,36 @@ def test_a_rank_learns_its_place_from_torchrun_variables(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAVE_TORCH, reason="needs torch (the torch extra)")
-@pytest.mark.parametrize(("hosts", "per_host"), [(1, 2), (2, 1)])
-def test_the_demo_trains_with_torchrun_each_rank_reading_its_own_fifo(state_dir, tmp_path, hosts, per_host):
-    done = _demo(state_dir, hosts, per_host, tmp_path)
+@pytest.mark.parametrize(
+    ("launcher", "hosts", "per_host"), [("torchrun", 1, 2), ("torchrun", 2, 1), ("toolkit", 2, 2)]
+)
+def test_the_demo_trains_with_torchrun_each_rank_reading_its_own_fifo(
+    state_dir, tmp_path, launcher, hosts, per_host
+):
+    done = _demo(state_dir, launcher, hosts, per_host, tmp_path)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
-    assert f"torchrun --nnodes {hosts} --node_rank 0 --nproc_per_node {per_host}" in out
-    if hosts > 1:
-        assert f"torchrun --nnodes {hosts} --node_rank 1 --nproc_per_node {per_host}" in out
+    for node_rank in range(hosts):
+        if launcher == "toolkit":  # the toolkit's own command, as in the PyTorch DLC
+            shown = (
+                f"torchrun --nnodes {hosts} --nproc_per_node {per_host} --master_addr algo-1 "
+                f"--master_port 7777 --node_rank {node_rank} train_torch.py --batch_size 32 --epochs 1"
+            )
+            assert f"algo-{node_rank + 1}: {shown}" in out, out[-4000:]
+        else:
+            assert f"torchrun --nnodes {hosts} --node_rank {node_rank} --nproc_per_node {per_host}" in out
     rows = {
         int(rank): (host, channel, int(records.replace(",", "")))
         for rank, host, channel, records in SUMMARY_ROW.findall(out)
     }
-    expected_hosts = {0: "algo-1", 1: "algo-1" if hosts == 1 else "algo-2"}
+    world = hosts * per_host
     assert {rank: (host, channel) for rank, (host, channel, _) in rows.items()} == {
-        rank: (expected_hosts[rank], f"train_{rank}") for rank in (0, 1)
+        rank: (f"algo-{rank // per_host + 1}", f"train_{rank}") for rank in range(world)
     }, out[-3000:]
-    # each rank read its own FIFO to the end: what it trained is what its channel held, 512 records in all
-    assert sum(records for _, _, records in rows.values()) == 512
+    # each rank read its own FIFO to the end: what it trained is what its channel held, and the
+    # channels held the whole dataset (4 files per rank at least)
+    written = max(DEMO_FILES, 4 * world) * DEMO_RECORDS_PER_FILE
+    assert sum(records for _, _, records in rows.values()) == written
     for rank, (host, _, records) in rows.items():
         assert f"[rank {rank} {host}] rank {rank}: trained {records} record(s)" in out, out[-3000:]
     assert len(METRICS.findall(out)) == 1, out[-3000:]  # rank 0's metric line, one epoch
@@ -132,8 +149,8 @@ from sagemaker_dist.runtime import PipeBatches, ddp_main, setup_ddp
 @ddp_main
 def main():
     job = setup_ddp()
-    if job.rank == 1:
-        raise ValueError("boom at rank 1")
+    if job.rank == RANK:
+        raise ValueError("boom at rank RANK")
     for _ in PipeBatches(job, 8):
         pass
     job.close()
@@ -145,10 +162,16 @@ main()
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAVE_TORCH, reason="needs torch (the torch extra)")
-def test_a_rank_that_raises_is_named_with_its_traceback(state_dir, tmp_path):
+@pytest.mark.parametrize(
+    ("launcher", "hosts", "per_host", "failing"), [("torchrun", 2, 1, 1), ("toolkit", 2, 2, 3)]
+)
+def test_a_rank_that_raises_is_named_with_its_traceback(
+    state_dir, tmp_path, launcher, hosts, per_host, failing
+):
+    """On the toolkit, rank 3's host also stopped rank 2 (SIGTERM): torchrun's root cause is named."""
     source = tmp_path / "src"
     source.mkdir()
-    (source / "fail.py").write_text(FAILING_SCRIPT)
+    (source / "fail.py").write_text(FAILING_SCRIPT.replace("RANK", str(failing)))
     argv = [
         *CLI,
         "local",
@@ -159,11 +182,13 @@ def test_a_rank_that_raises_is_named_with_its_traceback(state_dir, tmp_path):
         "--distribution",
         "torchrun",
     ]
+    argv += ["--launcher", launcher, "--hosts", str(hosts), "--processes-per-host", str(per_host)]
     argv += ["--train", "s3://sagemaker-dist-demo/cifar10-demo/train/", "--s3-state-dir", str(state_dir)]
     done = subprocess.run(
         argv + ["--timeout", "120"], capture_output=True, text=True, timeout=200, env=_env()
     )
     out = done.stdout + done.stderr
     assert done.returncode != 0, out[-3000:]
-    assert "rank 1 (host algo-2) exited with code 1; the other ranks were stopped" in out, out[-3000:]
-    assert "ValueError: boom at rank 1" in out[out.index("rank 1 (host algo-2) exited") :]
+    named = f"rank {failing} (host algo-2) exited with code 1; the other ranks were stopped"
+    assert named in out, out[-3000:]
+    assert f"ValueError: boom at rank {failing}" in out[out.index(named) :]

@@ -42,6 +42,7 @@ _TEE = re.compile(r"^\[[A-Za-z_]*?(\d+)\]:(.*)$")  # --tee 3: "[default0]:line" 
 # torchrun's ChildFailedError summary: "  rank      : 1 (local_rank: 1)" then "  exitcode  : 1 (pid: ...)"
 _FAILED_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank")
 _FAILED_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_ROOT_CAUSE = "Root Cause (first observed failure)"
 
 
 def torchrun_executable(python: str) -> list[str]:
@@ -89,6 +90,20 @@ class _Host:
         self.index, self.per_host, self.proc = index, per_host, proc
         self.failed_rank: int | None = None
         self.failed_code: int | None = None
+        self.root_cause = False
+
+
+def _note_failure(host: _Host, line: str) -> None:
+    """Note the rank torchrun's error summary blames: its "Root Cause (first observed failure)", which
+    it prints after the ranks it stopped because of it (and the toolkit prints the summary twice)."""
+    if _ROOT_CAUSE in line and not host.root_cause:
+        host.root_cause, host.failed_rank, host.failed_code = True, None, None
+    failed = _FAILED_RANK.match(line)
+    if failed and host.failed_rank is None:
+        host.failed_rank = int(failed.group(1))
+    code = _FAILED_CODE.match(line)
+    if code and host.failed_code is None:
+        host.failed_code = int(code.group(1))
 
 
 def _relay(host: _Host, lock: threading.Lock) -> None:
@@ -101,12 +116,7 @@ def _relay(host: _Host, lock: threading.Lock) -> None:
                 sys.stdout.write(f"[{rank}]<stdout>:{tagged.group(2)}\n")
             else:
                 sys.stdout.write(f"algo-{host.index + 1}: {line}\n")
-                failed = _FAILED_RANK.match(line)
-                if failed and host.failed_rank is None:
-                    host.failed_rank = int(failed.group(1))
-                code = _FAILED_CODE.match(line)
-                if code and host.failed_code is None:
-                    host.failed_code = int(code.group(1))
+                _note_failure(host, line)
             sys.stdout.flush()
 
 
