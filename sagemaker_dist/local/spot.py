@@ -18,19 +18,17 @@ container's PID 1, the image's entry point (``host/stop_forwarding.py``), which 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
 
+from sagemaker_dist.contract.stop_lines import RESUMED, STOPPED
 from sagemaker_dist.errors import ConfigurationError, JobFailedError
 from sagemaker_dist.host.stop_forwarding import rank_processes
 
 STOP_WINDOW_S = 120.0  # SIGTERM to SIGKILL, as SageMaker gives a stopped or interrupted job
-_STOPPED_LINE = re.compile(r"sagemaker-dist: stopped in epoch (\d+) after step (\d+)")
-_STARTED_LINE = re.compile(r"sagemaker-dist: resuming from checkpoint \S+ (\d+) epoch\(s\) done, (\d+) step")
 
 
 def check_interrupts(interrupt_at: list[float], request: dict) -> None:
@@ -155,9 +153,9 @@ def stop_positions(lines: list[str]) -> tuple[tuple[int, int] | None, tuple[int,
     """(where rank 0 said the ranks stopped, where it said it started) from rank 0's output."""
     stopped = started = None
     for line in lines:
-        if started is None and (m := _STARTED_LINE.search(line)):
+        if started is None and (m := RESUMED.search(line)):
             started = (int(m.group(1)), int(m.group(2)))
-        if m := _STOPPED_LINE.search(line):
+        if m := STOPPED.search(line):
             stopped = (int(m.group(1)), int(m.group(2)))
     return stopped, started
 

@@ -15,6 +15,7 @@ import pytest
 from helpers.stop_jobs import check_resumed_inside_the_epoch, shard_bytes, trained_segments
 
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.local.backend import LocalBackend
 from sagemaker_dist.local.demo import demo_estimator
 from sagemaker_dist.local.job import run_local
 from sagemaker_dist.local.launchers.mpi import horovod_mpi_built
@@ -55,30 +56,43 @@ def _mwms_rank_python() -> dict:
     return {"container_python": Path(python)} if python else {}
 
 
-def _request(bucket, out: Path, hosts=2, per_host=1, epochs=EPOCHS, mwms=False, pause=0.12, **more):
+def _request(
+    bucket, out: Path, hosts=2, per_host=1, epochs=EPOCHS, distribution="horovod", pause=0.12, **more
+):
+    mwms, torch = distribution == "tf-mwms", distribution == "torchrun"
     estimator = demo_estimator(
         bucket, hosts, per_host, "Pipe",
         {"epochs": epochs, "batch_size": BATCH, "pause": pause, "out": str(out),
          "helper": "mwms" if mwms else "horovod", **more},
-        **({"distribution": "tf-mwms"} if mwms else {}),
-        source_dir=SCRIPTS, entry_point="train_ids.py",
+        distribution=distribution,
+        source_dir=SCRIPTS, entry_point="train_ids_torch.py" if torch else "train_ids.py",
         checkpoint_s3_uri=f"s3://{bucket}/ckpt/spot",
     )  # fmt: skip
-    return estimator.prepare({"train": f"s3://{bucket}/ids/train/"}, printer=None).request
+    # prepared for local mode (as the CLI does): SageMaker's GPU-only rule for torchrun is not checked
+    return estimator.prepare(
+        {"train": f"s3://{bucket}/ids/train/"}, printer=None, backend=LocalBackend()
+    ).request
 
 
-@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun", "toolkit", "tf-mwms", "one-rank", "counted"])
+@pytest.mark.parametrize(
+    "launcher",
+    ["horovodrun", "mpirun", "toolkit", "tf-mwms", "one-rank", "counted", "torchrun", "torchrun-toolkit"],
+)
 def test_interrupted_job_restarts_and_trains_each_remaining_batch_once(s3, bucket, tmp_path, launcher):
+    """torchrun: our launcher, 2 hosts x 1; torchrun-toolkit: AWS's toolkit running torchrun, 2 x 2."""
     if launcher in ("mpirun", "toolkit"):
         assert horovod_mpi_built(), (
             "Horovod was built without MPI: scripts/setup.sh rebuilds it with Open MPI"
         )
-    if launcher == "toolkit" and (os.geteuid() != 0 or not TOOLKIT_PYTHON.exists()):
+    toolkit = launcher in ("toolkit", "torchrun-toolkit")
+    if toolkit and (os.geteuid() != 0 or not TOOLKIT_PYTHON.exists()):
         pytest.skip("--launcher toolkit needs root and .venv-toolkit (scripts/setup.sh)")
-    shape = {"toolkit": (1, 2), "one-rank": (1, 1)}.get(launcher, (2, 1))  # the toolkit runs one host
-    where = {"container_python": TOOLKIT_PYTHON} if launcher == "toolkit" else {}
+    # the toolkit runs one host of a Horovod job (its mpirun), one per host of a torchrun job
+    shape = {"toolkit": (1, 2), "one-rank": (1, 1), "torchrun-toolkit": (2, 2)}.get(launcher, (2, 1))
+    where = {"container_python": TOOLKIT_PYTHON} if toolkit else {}
     if launcher == "tf-mwms":
         where = _mwms_rank_python()
+    distribution = {"tf-mwms": "tf-mwms", "torchrun": "torchrun", "torchrun-toolkit": "torchrun"}
     _data(s3, bucket)
     out = tmp_path / "out"
     out.mkdir()
@@ -86,9 +100,13 @@ def test_interrupted_job_restarts_and_trains_each_remaining_batch_once(s3, bucke
     epochs = EPOCHS_OF.get(launcher, EPOCHS)
     counted = {"train_records": FILES * PER_FILE // 2} if launcher == "counted" else {}
     attempts, result = run_interrupted(
-        _request(bucket, out, *shape, epochs, launcher == "tf-mwms", PAUSE_S.get(launcher, 0.3), **counted),
+        _request(
+            bucket, out, *shape, epochs, distribution.get(launcher, "horovod"), PAUSE_S.get(launcher, 0.3),
+            **counted,
+        ),
         SCRIPTS, [INTERRUPT_AT.get(launcher, 20.0)], run=run_local, echo=lines.append,
-        launcher=launcher if launcher in ("mpirun", "toolkit") else "horovodrun", work_dir=tmp_path / "work",
+        launcher="toolkit" if toolkit else launcher if launcher in ("mpirun", "torchrun") else "horovodrun",
+        work_dir=tmp_path / "work",
         timeout=JOB_TIMEOUT_S, **where,
     )  # fmt: skip
     log = "\n".join(lines)
@@ -118,7 +136,7 @@ def test_tf_mwms_stopped_on_an_epochs_last_step_resumes_at_the_next_epoch(s3, bu
     out = tmp_path / "out"
     out.mkdir()
     steps = 2 * PER_FILE // BATCH
-    request = _request(bucket, out, 2, 1, 2, True, 0.05, stop_after_steps=steps)
+    request = _request(bucket, out, 2, 1, 2, "tf-mwms", 0.05, stop_after_steps=steps)
     logs = []
     for attempt in (1, 2):  # the second restores the checkpoints from the request's S3 URI
         lines: list[str] = []

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sagemaker_dist.contract.layout import HOROVOD
+from sagemaker_dist.contract.stop_lines import resumed_line
 from sagemaker_dist.runtime import checkpoints as ckpt
 from sagemaker_dist.runtime.keras.agreement import AGREED, EpochReports, agreed_epoch, skip_first_batches
 from sagemaker_dist.runtime.keras.arguments import SetupArguments, check_arguments, check_world
@@ -241,8 +242,7 @@ def _start(args: SetupArguments) -> HorovodKeras:
         _log_start(hv, base_lr, args.warmup_epochs)
         if resume_from is not None:  # the job's log says where it resumed, whatever the logging set-up
             print(
-                f"sagemaker-dist: resuming from checkpoint {resume_from.path.name}: {initial_epoch} epoch(s) "
-                f"done, {resume_step} step(s) of the next",
+                resumed_line(resume_from.path.name, initial_epoch, resume_step),
                 flush=True,
             )
     return hv

@@ -9,6 +9,7 @@ import time
 
 import tensorflow as tf
 
+from sagemaker_dist.contract.stop_lines import stopped_line
 from sagemaker_dist.runtime import checkpoints as ckpt
 from sagemaker_dist.runtime.keras.stop import StepSchedule, StopRequest, TrainingStopped
 
@@ -99,9 +100,7 @@ class StopAtAgreedStep(tf.keras.callbacks.Callback):
         waited = time.monotonic() - self.stop.received_at if self.stop.received_at is not None else None
         if self.rank == 0:
             print(
-                f"sagemaker-dist: stopped in epoch {epoch + 1} after step {last}"
-                + (" (its last)" if over else "")
-                + " on every rank"
+                stopped_line(epoch + 1, last, over)
                 + (f" (records of this epoch trained per rank: {records})" if records else "")
                 + (f"; checkpoint {written.path.name}" if written else "; no checkpoint (checkpoints off)")
                 + (f"; {waited:.1f} s after the stop request" if waited is not None else ""),

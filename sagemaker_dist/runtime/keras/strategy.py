@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sagemaker_dist.contract.layout import TF_MWMS
+from sagemaker_dist.contract.stop_lines import resumed_line
 from sagemaker_dist.runtime import checkpoints as ckpt
 from sagemaker_dist.runtime.keras.agreement import AGREED, skip_first_batches
 from sagemaker_dist.runtime.keras.arguments import SetupArguments, check_arguments
@@ -232,8 +233,7 @@ def _start(args: SetupArguments) -> StrategyKeras:
     )
     if hv.is_chief and resume_from is not None:  # the job's log says where it resumed
         print(
-            f"sagemaker-dist: resuming from checkpoint {resume_from.path.name}: {initial_epoch} epoch(s) "
-            f"done, {resume_step} step(s) of the next",
+            resumed_line(resume_from.path.name, initial_epoch, resume_step),
             flush=True,
         )
     if hv.is_chief:

@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 
 from sagemaker_dist.contract.metric_line import metric_line
+from sagemaker_dist.contract.stop_lines import resumed_line, stopped_line
 from sagemaker_dist.runtime.torch.checkpointing import restore_torch_checkpoint, save_torch_checkpoint
 from sagemaker_dist.runtime.torch.epochs import AgreedEpoch, agreed_batches
 from sagemaker_dist.runtime.torch.stop import TrainingStopped, install_stop
@@ -110,9 +111,7 @@ class PipeTraining:
             if (start, step) != (0, 0):
                 self.resumed_at = (start, step)
                 if self.job.is_chief:
-                    print(
-                        f"sagemaker-dist: resuming at epoch {start}, step {step} ({found.path})", flush=True
-                    )
+                    print(resumed_line(found.path.name, start, step), flush=True)
         try:
             for epoch in range(start, self.total_epochs):
                 self.epoch = epoch
@@ -155,11 +154,8 @@ class PipeTraining:
             checkpoint = self._save(epoch, step)
         self.job.barrier()  # every rank waits for the checkpoint: nobody exits before it is there
         if self.job.is_chief:
-            print(
-                f"sagemaker-dist: stopped by agreement of every rank after epoch {epoch}, step {step}"
-                + (f"; checkpoint {checkpoint.path}" if checkpoint else ""),
-                flush=True,
-            )
+            where = f"; checkpoint {checkpoint.path.name}" if checkpoint else "; no checkpoint (none asked)"
+            print(stopped_line(self.epoch + 1, self.step, agreed.exhausted) + where, flush=True)
         self._finish()
         raise TrainingStopped(epoch, step, checkpoint)
 
