@@ -57,10 +57,14 @@ class LocalJobResult:
                 f"  {r.rank:>4}  {r.host:<7} {r.channel or '-':<12} {rec:>9} {r.bytes / 1e6:>8.2f} "
                 f"{first:>10} {rate:>10}"
             )
-        lines.append(
-            "  (records: streamed into the rank's train FIFOs, the reader's read-ahead included; 1st record: "
-            "seconds from starting the ranks to the first bytes the rank read; records/s: over its stream)"
-        )
+        if self.input_mode == "Pipe":
+            lines.append(
+                "  (records: streamed into the rank's train FIFOs, the reader's read-ahead included; 1st "
+                "record: seconds from starting the ranks to the first bytes the rank read; records/s: over "
+                "its stream)"
+            )
+        else:  # downloaded before the ranks started: no stream to count
+            lines.append("  (MB: the rank's train channel as downloaded; the script read its files itself)")
         if self.metrics:
             shown = ", ".join(f"{k}={v:.4g}" for k, v in self.metrics.items())
             lines.append(f"final metrics (rank 0): {shown}")

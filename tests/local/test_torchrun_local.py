@@ -25,7 +25,9 @@ from sagemaker_dist.local.rank_entry import world_rank
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
 CLI = [sys.executable, "-m", "sagemaker_dist.cli"]
-SUMMARY_ROW = re.compile(r"^\s+(\d+)\s+(algo-\d+)\s+(train_\d+)\s+([\d,]+)\s", re.MULTILINE)
+SUMMARY_ROW = re.compile(r"^\s+(\d+)\s+(algo-\d+)\s+(train_\d+)\s+([\d,]+|\?)\s", re.MULTILINE)
+DATA_FILES = max(DEMO_FILES, 4 * 4)  # what local mode writes for 4 ranks (4 files a rank at least)
+TRAINED = re.compile(r"\] rank (\d+): trained (\d+) record\(s\)")
 METRICS = re.compile(
     r"sagemaker-dist-metrics: epoch=1 accuracy=[\d.]+ loss=[\d.]+ val_accuracy=[\d.]+ val_loss=[\d.]+"
 )
@@ -33,10 +35,11 @@ METRICS = re.compile(
 
 @pytest.fixture(scope="module")
 def state_dir(tmp_path_factory) -> Path:
-    """The embedded endpoint's buckets, shared by the module's jobs (the demo data is written once)."""
+    """The embedded endpoint's buckets, shared by the module's jobs: the demo data written once, as large
+    as the largest job (4 ranks) would write it, so that every job reads the same dataset."""
     state = tmp_path_factory.mktemp("local-s3")
     written = subprocess.run(
-        [*CLI, "demo-data", "--s3-state-dir", str(state)],
+        [*CLI, "demo-data", "--s3-state-dir", str(state), "--files", str(DATA_FILES)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -50,10 +53,19 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}  # the embedded endpoint
 
 
-def _demo(
-    state_dir: Path, launcher: str, hosts: int, per_host: int, work_dir: Path
-) -> subprocess.CompletedProcess:
-    argv = [*CLI, "local", "--demo", "--distribution", "torchrun", "--epochs", "1", "--launcher", launcher]
+def _demo(state_dir: Path, launcher: str, hosts: int, per_host: int, work_dir: Path, *more: str):
+    argv = [
+        *CLI,
+        "local",
+        "--demo",
+        "--distribution",
+        "torchrun",
+        "--epochs",
+        "1",
+        "--launcher",
+        launcher,
+        *more,
+    ]
     argv += ["--hosts", str(hosts), "--processes-per-host", str(per_host)]
     argv += ["--s3-state-dir", str(state_dir), "--work-dir", str(work_dir), "--timeout", "240"]
     return subprocess.run(argv, capture_output=True, text=True, timeout=300, env=_env())
@@ -106,12 +118,19 @@ def test_a_rank_learns_its_place_from_torchrun_variables(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.skipif(not HAVE_TORCH, reason="needs torch (the torch extra)")
 @pytest.mark.parametrize(
-    ("launcher", "hosts", "per_host"), [("torchrun", 1, 2), ("torchrun", 2, 1), ("toolkit", 2, 2)]
+    ("launcher", "hosts", "per_host", "mode"),
+    [
+        ("torchrun", 1, 2, "Pipe"),
+        ("torchrun", 2, 1, "Pipe"),
+        ("toolkit", 2, 2, "Pipe"),
+        ("torchrun", 2, 1, "File"),
+    ],
 )
 def test_the_demo_trains_with_torchrun_each_rank_reading_its_own_fifo(
-    state_dir, tmp_path, launcher, hosts, per_host
+    state_dir, tmp_path, launcher, hosts, per_host, mode
 ):
-    done = _demo(state_dir, launcher, hosts, per_host, tmp_path)
+    """In File mode each rank reads its channel's downloaded files (PipeBatches reads either mode)."""
+    done = _demo(state_dir, launcher, hosts, per_host, tmp_path, "--input-mode", mode)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     for node_rank in range(hosts):
@@ -123,20 +142,19 @@ def test_the_demo_trains_with_torchrun_each_rank_reading_its_own_fifo(
             assert f"algo-{node_rank + 1}: {shown}" in out, out[-4000:]
         else:
             assert f"torchrun --nnodes {hosts} --node_rank {node_rank} --nproc_per_node {per_host}" in out
-    rows = {
-        int(rank): (host, channel, int(records.replace(",", "")))
-        for rank, host, channel, records in SUMMARY_ROW.findall(out)
-    }
+    rows = {int(rank): (host, channel, records) for rank, host, channel, records in SUMMARY_ROW.findall(out)}
     world = hosts * per_host
     assert {rank: (host, channel) for rank, (host, channel, _) in rows.items()} == {
         rank: (f"algo-{rank // per_host + 1}", f"train_{rank}") for rank in range(world)
     }, out[-3000:]
-    # each rank read its own FIFO to the end: what it trained is what its channel held, and the
-    # channels held the whole dataset (4 files per rank at least)
-    written = max(DEMO_FILES, 4 * world) * DEMO_RECORDS_PER_FILE
-    assert sum(records for _, _, records in rows.values()) == written
+    assert f"x {per_host} process(es), {mode} mode" in out
+    trained = {int(rank): int(n) for rank, n in TRAINED.findall(out)}
+    # each rank read its own channel to the end, and the channels held the whole dataset (4 files per
+    # rank at least); in Pipe mode what it trained is what was streamed into its FIFO
+    assert sum(trained.values()) == DATA_FILES * DEMO_RECORDS_PER_FILE, out[-3000:]
     for rank, (host, _, records) in rows.items():
-        assert f"[rank {rank} {host}] rank {rank}: trained {records} record(s)" in out, out[-3000:]
+        assert f"[rank {rank} {host}] rank {rank}: trained {trained[rank]} record(s)" in out, out[-3000:]
+        assert records == (f"{trained[rank]:,}" if mode == "Pipe" else "?")
     assert len(METRICS.findall(out)) == 1, out[-3000:]  # rank 0's metric line, one epoch
     assert "model: s3://sagemaker-dist-demo/jobs/" in out
     assert not list(tmp_path.iterdir())  # the job's work dir is gone

@@ -7,17 +7,23 @@ would split one pipe's bytes), so one thread per epoch reads the FIFO, frames th
 is, pins the batch, up to ``prefetch`` batches ahead. Each iteration opens the channel's next FIFO
 (``<channel>_<n>``, the epoch counter shared with every reader on the host), and closing an iteration
 early (the epoch ended on another rank) closes the FIFO unread, so SageMaker opens the next one.
+
+A File-mode (or FastFile) channel is read the same way, file by file in a stable order
+(``file_dataset.channel_files``), every iteration the whole channel: a script reads its channel with
+``PipeBatches`` whatever the channel's input mode.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from sagemaker_dist.contract.paths import fifo_name
 from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT, FifoReader
+from sagemaker_dist.runtime.file_dataset import FileChannelError, channel_files
 from sagemaker_dist.runtime.framing import DEFAULT_CHUNK, frame_views, make_framer
 from sagemaker_dist.runtime.pipe.epochs import next_epoch_fifo
 from sagemaker_dist.runtime.pipe.reader import read_ahead
@@ -116,15 +122,27 @@ class PipeBatches:
         self.max_skip = int(max_corrupted_records_to_skip)
         self.chunk_size = int(chunk_size)
         self.max_record_bytes = max_record_bytes  # None: $SAGEMAKER_DIST_MAX_RECORD_BYTES, else 2 GiB - 1
+        self.file_mode = self.config.input_mode(self.channel) != "Pipe"  # File or FastFile: files to read
+        if self.file_mode and self.max_skip:
+            raise FileChannelError(
+                f"channel {self.channel!r} is File mode: max_corrupted_records_to_skip applies to Pipe mode "
+                "only (a corrupted record in a file fails the read); drop it or use Pipe mode"
+            )
         self.pipe_dir = Path(self.config.data_dir)
         self.state_dir = Path(self.config.pipe_state_dir)
         self.records = 0
         self.epochs_opened = 0
 
     def __iter__(self):
-        epoch, path = next_epoch_fifo(self.state_dir, self.pipe_dir, self.channel, self.timeout)
+        if self.file_mode:  # every iteration the channel's files again, as SageMaker left them
+            epoch, name = self.epochs_opened, f"File-mode channel {self.channel}"
+            files = channel_files(self.pipe_dir / self.channel)
+            source = self._batches(epoch, [partial(open, f, "rb", buffering=0) for f in files])
+        else:
+            epoch, path = next_epoch_fifo(self.state_dir, self.pipe_dir, self.channel, self.timeout)
+            name, source = fifo_name(self.channel, epoch), self._batches(epoch, [partial(FifoReader, path)])
         self.epochs_opened += 1
-        ahead = read_ahead(self._batches(epoch, path), self.prefetch, fifo_name(self.channel, epoch))
+        ahead = read_ahead(source, self.prefetch, name)
         with contextlib.closing(ahead):  # an iteration closed early stops the thread, which closes the FIFO
             for batch, count in ahead:
                 self.records += count
@@ -137,26 +155,28 @@ class PipeBatches:
 
         return default_collate
 
-    def _batches(self, epoch: int, path: Path):
-        """``(batch, records in it)`` of one FIFO, made in the reader thread."""
+    def _batches(self, epoch: int, streams: list[Callable]):
+        """``(batch, records in it)`` of one epoch's streams (``streams`` open each: the FIFO, or a File
+        channel's files), made in the reader thread; a batch may span two files."""
         import torch
 
         collate = self._collate()
         decode = self.decode
         pinned = torch.cuda.is_available() if self.pin_memory is None else self.pin_memory
-        framer = make_framer(self.record_format, self.channel, epoch, self.max_skip, self.max_record_bytes)
         pending: list = []
-        with FifoReader(path) as reader:
-            items = frame_views(
-                reader.readinto, framer, self.chunk_size, ready=reader.ready, read=reader.read
-            )
-            for item in items:
-                for record in _records(item):
-                    pending.append(decode(record) if decode is not None else record)
-                    if len(pending) == self.batch_size:
-                        batch = collate(pending)
-                        yield (pin(batch) if pinned else batch), len(pending)
-                        pending = []
+        limit = self.max_record_bytes
+        for stream in streams:
+            framer = make_framer(self.record_format, self.channel, epoch, self.max_skip, limit)
+            with stream() as reader:
+                ready = getattr(reader, "ready", None)
+                items = frame_views(reader.readinto, framer, self.chunk_size, ready=ready, read=reader.read)
+                for item in items:
+                    for record in _records(item):
+                        pending.append(decode(record) if decode is not None else record)
+                        if len(pending) == self.batch_size:
+                            batch = collate(pending)
+                            yield (pin(batch) if pinned else batch), len(pending)
+                            pending = []
             framer.warn_skipped()
         if pending and not self.drop_last:
             batch = collate(pending)

@@ -179,14 +179,15 @@ def setup_ddp(
     backend: str | None = None,
     timeout_s: float | None = None,
     root: str | os.PathLike | None = None,
-    input_modes: tuple[str, ...] = ("Pipe",),
+    input_modes: tuple[str, ...] = ("Pipe", "File", "FastFile"),
     environ: Mapping[str, str] | None = None,
 ) -> DdpJob:
     """Check this rank's channel for each of ``roles``, claim its FIFOs, then start the process group.
 
     Everything before ``init_process_group`` is local and fails fast (``RankChannelError`` naming the
     rank, the channel it expected and the channels present): no rank waits for a peer that is about
-    to fail. ``backend``: None picks NCCL where CUDA is, else Gloo. ``timeout_s`` bounds every
+    to fail. ``input_modes``: the channels' input modes the script reads (``PipeBatches`` reads each).
+    ``backend``: None picks NCCL where CUDA is, else Gloo. ``timeout_s`` bounds every
     collective (default ``$SAGEMAKER_DIST_COLLECTIVE_TIMEOUT``, else 1800 s).
     """
     started = time.monotonic()

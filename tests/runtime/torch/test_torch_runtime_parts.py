@@ -13,6 +13,7 @@ from helpers.runtime_helpers import FifoFeeder, write_opt_ml
 from sagemaker_dist.contract.layout import plan_layout
 from sagemaker_dist.contract.record_formats import encode_tfrecord
 from sagemaker_dist.local.demo_data import encode_example
+from sagemaker_dist.runtime.framing.base import RecordFormatError
 from sagemaker_dist.runtime.ranks import RankChannelError
 from sagemaker_dist.runtime.torch.records import ExampleParseError, parse_example
 
@@ -154,6 +155,29 @@ def test_pipe_batches_reads_one_fifo_per_epoch_and_closes_an_epoch_left_early(tm
     feeder.join(10)
     assert feeder.served == 2 and feeder.error is None
     assert batches.epochs_opened == 2
+
+
+def test_pipe_batches_reads_a_file_channel_whole_every_epoch_in_a_stable_order(tmp_path):
+    from sagemaker_dist.runtime import PipeBatches, example_decoder
+    from sagemaker_dist.runtime.config import ContainerConfig
+    from sagemaker_dist.runtime.file_dataset import FileChannelError
+
+    root = write_opt_ml(tmp_path / "opt_ml", {"train_0": "File"}, plan_layout(1, 1, input_mode="File"))
+    channel = root / "input" / "data" / "train_0"
+    (channel / "b").mkdir(parents=True)
+    for name, ids in (("b/part-1", range(3, 7)), ("a-part-0", range(3)), (".hidden", range(100, 102))):
+        (channel / name).write_bytes(b"".join(encode_tfrecord(encode_example({"id": i})) for i in ids))
+    config = ContainerConfig.load(root, {})
+    batches = PipeBatches("train_0", 4, decode=example_decoder(["id"]), config=config)
+    epochs = [[b["id"].view(-1).tolist() for b in batches] for _ in range(2)]
+    # a-part-0 then b/part-1, a batch across the two files, the hidden file left out; each epoch whole
+    assert epochs == [[[0, 1, 2, 3], [4, 5, 6]]] * 2
+    assert batches.records == 14 and batches.epochs_opened == 2
+    (channel / "a-part-0").write_bytes(encode_tfrecord(b"x")[:-3])  # a truncated record fails the epoch
+    with pytest.raises(RecordFormatError, match="train_0"):
+        list(batches)
+    with pytest.raises(FileChannelError, match="Pipe mode only"):
+        PipeBatches("train_0", 4, config=config, max_corrupted_records_to_skip=1)
 
 
 # --- checkpoints ---
