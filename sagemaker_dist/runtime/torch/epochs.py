@@ -3,7 +3,8 @@
 Uneven shards are the rule in Pipe mode (nobody counts the records of a channel), and under DDP a rank
 that runs out stops calling the allreduce while the others wait for it. So before every step each rank
 says whether it has a batch and whether it wants to stop (SIGTERM), and the ranks take the minimum of
-``[has, -wants]`` in one allreduce on the CPU (Gloo): the epoch ends on every rank at the first step
+``[has, -wants]`` in one allreduce on the CPU (Gloo), started while the step before trains (it
+costs no measurable step time: ``bench/bench_torch_agreement.py``): the epoch ends on every rank at the first step
 where some rank has none ("shortest": the records the others still hold are not trained this epoch,
 and their FIFOs are closed unread), and a stop any rank asked for ends it on every rank before the same
 step. At the epoch's end one allgather says which ranks ran out (rank 0 logs it).
@@ -75,28 +76,39 @@ class AgreedEpoch:
                 close()  # the rest of the FIFO unread: the reader thread stops and closes it
 
     def _agreed(self, iterator):
-        import torch
-        import torch.distributed as dist
-
+        """Each step's agreement is started (``async_op``) when the step before it is handed out, with
+        the next batch already read, so it runs while that step trains: a stop asked for during step
+        ``k`` ends the epoch after step ``k + 1`` on every rank."""
         distributed = _initialised()
-        flag = torch.zeros(2, dtype=torch.int64)
+        pending = self._ask(iterator, distributed)
         while True:
-            batch = next(iterator, _END)
-            has = batch is not _END
-            flag[0], flag[1] = int(has), -self._wants()
-            if distributed:
-                dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
-                self.agreements += 1
+            batch, flag, work = pending
+            if work is not None:
+                work.wait()
             everyone, stopping = flag.tolist()
             if stopping < 0:
                 self.stopped = True
                 self.exhausted = everyone <= 0  # the stop came with the epoch's end: the epoch is done
                 return
             if everyone <= 0:
-                self._note_end(has, distributed)
+                self._note_end(batch is not _END, distributed)
                 return
             self.steps += 1
+            pending = self._ask(iterator, distributed)  # the next step's agreement, while this one trains
             yield batch
+
+    def _ask(self, iterator, distributed: bool):
+        """Read the next batch and start the min-allreduce of ``[has a batch, -wants to stop]``."""
+        import torch
+        import torch.distributed as dist
+
+        batch = next(iterator, _END)
+        flag = torch.tensor([int(batch is not _END), -self._wants()], dtype=torch.int64)
+        work = None
+        if distributed:
+            work = dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group, async_op=True)
+            self.agreements += 1
+        return batch, flag, work
 
     def _joined(self, iterator):
         import torch

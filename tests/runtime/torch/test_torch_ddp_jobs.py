@@ -155,18 +155,19 @@ def test_a_stop_is_agreed_by_every_rank_after_the_same_step(stop_and_resume):
     stopped, _, root = stop_and_resume
     assert stopped.proc.returncode == 0, stopped.output[-4000:]  # an agreed stop ends every rank with 0
     for rank in (0, 1):
+        # rank 1 asked during step 2; step 3's agreement was under way (it overlaps the step before)
         (event,) = stopped.events(rank, "stopped")
-        assert (event["epoch"], event["step"]) == (1, 2)
-        assert trained(stopped, rank)[1] == [rank * 1000 + i for i in range(8)]
+        assert (event["epoch"], event["step"]) == (1, 3)
+        assert trained(stopped, rank)[1] == [rank * 1000 + i for i in range(12)]
     assert "signal SIGTERM" in stopped.proc.stderr
-    assert (root / "checkpoints" / "epoch-00001-step-000002" / "state.pt").is_file()
+    assert (root / "checkpoints" / "epoch-00001-step-000003" / "state.pt").is_file()
 
 
 def test_the_resume_loses_no_step_and_repeats_none(stop_and_resume):
     stopped, resumed, _ = stop_and_resume
     assert resumed.proc.returncode == 0, resumed.output[-4000:]
     for rank in (0, 1):
-        assert resumed.events(rank, "restored")[0]["resumed_at"] == [1, 2]
+        assert resumed.events(rank, "restored")[0]["resumed_at"] == [1, 3]
         first, second = trained(stopped, rank), trained(resumed, rank)
         assert 0 not in second  # epoch 0 is not trained again
         ids = [rank * 1000 + i for i in range(STOP_RECORDS)]
@@ -183,7 +184,7 @@ def test_the_resume_restores_model_optimizer_and_scheduler_on_every_rank(stop_an
     for rank in (0, 1):
         (restored,) = resumed.events(rank, "restored")
         assert restored["checksum"] == pytest.approx(at_stop["checksum"], abs=1e-9)  # broadcast from rank 0
-        assert restored["lr_step"] == at_stop["lr_step"] == 7  # 5 + 2 scheduler steps
+        assert restored["lr_step"] == at_stop["lr_step"] == 8  # 5 + 3 scheduler steps
 
 
 # --- a rank that raises: the job fails at once, naming the rank, with its traceback ---
