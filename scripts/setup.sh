@@ -115,7 +115,7 @@ install_training_stack() {
 }
 
 TOOLKIT_VENV=${TOOLKIT_VENV:-.venv-toolkit}
-TOOLKIT_MODULES="sagemaker_tensorflow_container.training, mpi4py, sagemaker_dist.runtime.framing._tfrecord_scan"
+TOOLKIT_MODULES="sagemaker_tensorflow_container.training, sagemaker_pytorch_container.training, torch, mpi4py, sagemaker_dist.runtime.framing._tfrecord_scan"
 # Both venvs checked at once (each check imports TensorFlow, seconds).
 up_to_date "$VENV" "sagemaker_dist.runtime.framing._tfrecord_scan, torch" & venv_check=$!
 up_to_date "$TOOLKIT_VENV" "$TOOLKIT_MODULES" & toolkit_check=$!
@@ -129,19 +129,21 @@ if [ "$venv_ok" = 0 ]; then
   echo "$STAMP" >"$VENV/.sagemaker-dist-setup"
 fi
 
-# The "container" environment: what the TF DLC carries that matters, with no SageMaker SDK. AWS's
-# sagemaker-training toolkit 4.8.3 and its TF entry point (sagemaker-tensorflow-training 20.5.0,
+# The "container" environment: what the TF and PyTorch DLCs carry that matters, with no SageMaker SDK.
+# AWS's sagemaker-training toolkit 4.8.3 and its TF entry point (sagemaker-tensorflow-training 20.5.0,
 # without its pins of numpy < 1.24 and protobuf < 3.20, which TF 2.15 cannot meet), mpi4py, the
-# same TF and Horovod, and our runtime. Tests compare our model of the toolkit with it, and
-# `sagemaker-dist local --launcher toolkit` runs each simulated host's toolkit entry point in it.
-TOOLKIT_PINS=("sagemaker-training==4.8.3" "mpi4py==4.1.1")
+# same TF and Horovod; its PyTorch entry point (sagemaker-pytorch-training 2.9.0, the last release
+# for sagemaker-training <= 4.8.3) and torch (a CPU build); and our runtime. Tests compare our model of
+# the toolkit with it, and `sagemaker-dist local --launcher toolkit` runs each simulated host's toolkit
+# entry point in it (the DLC's SAGEMAKER_TRAINING_MODULE picks TF's or PyTorch's).
+TOOLKIT_PINS=("sagemaker-training==4.8.3" "mpi4py==4.1.1" "sagemaker-pytorch-training==2.9.0")
 # Its Horovod is checked against the machine as .venv's is (a Gloo-only one stays stale after Open MPI
 # is installed, and under the toolkit's mpirun every rank would be a world of 1).
 if [ "$toolkit_ok" = 0 ]; then
   install_training_stack "$TOOLKIT_VENV"
   "$TOOLKIT_VENV/bin/python" -m pip install -q "${TOOLKIT_PINS[@]}" "numpy==1.26.4"
   "$TOOLKIT_VENV/bin/python" -m pip install -q --no-deps "sagemaker-tensorflow-training==20.5.0"
-  "$TOOLKIT_VENV/bin/python" -m pip install -q -e ".[runtime,horovod]"
+  "$TOOLKIT_VENV/bin/python" -m pip install -q -e ".[runtime,horovod,torch]"
   echo "$STAMP" >"$TOOLKIT_VENV/.sagemaker-dist-setup"
 fi
 # The compiled Pipe-mode reader, built against each venv's TensorFlow into the build cache and read

@@ -81,8 +81,9 @@ def register(subparsers) -> None:
         choices=LAUNCHERS,
         default=HOROVODRUN,
         help="horovodrun (Gloo) or mpirun: our rank entry sets up each rank; toolkit: AWS's "
-        "sagemaker-training entry point runs the host as in the TF DLC and starts mpirun itself "
-        "(root, one host; needs the container environment, see --container-python); container: the "
+        "sagemaker-training entry point runs the host as in the DLC and starts mpirun itself (root, one "
+        "host; needs the container environment, see --container-python), or for distribution torchrun "
+        "torchrun on each of several hosts; container: the "
         "training image runs each host as on SageMaker, podman run IMAGE train (see --image); several "
         "hosts are one container each on a private podman network, with SSH between them; torchrun: "
         "torchrun once per simulated host (distribution torchrun, its default)",

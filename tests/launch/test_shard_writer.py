@@ -104,7 +104,7 @@ def test_copy_mode_copies_once_then_skips(s3, bucket, small_source, capsys):
     assert (first.copied, first.skipped) == (len(objects), 0)
     for i, keys in enumerate(plan.shards):
         for key in keys:
-            dest = f"copies/train/{i}/{key[len('in/'):]}"
+            dest = f"copies/train/{i}/{key[len('in/') :]}"
             assert s3.get_object(Bucket=bucket, Key=dest)["Body"].read() == objects[key]
     # Each S3Prefix channel holds exactly its shard (nothing of the others, not the marker).
     for i, uri in enumerate(first.uris):
@@ -116,7 +116,7 @@ def test_copy_mode_copies_once_then_skips(s3, bucket, small_source, capsys):
 
     # A destination with the wrong size is copied again; only that one.
     some_key = plan.shards[1][0]
-    s3.put_object(Bucket=bucket, Key=f"copies/train/1/{some_key[len('in/'):]}", Body=b"truncated")
+    s3.put_object(Bucket=bucket, Key=f"copies/train/1/{some_key[len('in/') :]}", Body=b"truncated")
     third = write_shards(plan, source, out, mode="copy", client=s3, progress=False)
     assert (third.copied, third.skipped) == (1, len(objects) - 1)
     assert read_shard_set(out, client=s3) == third
@@ -155,7 +155,7 @@ def test_copy_failure_half_way_leaves_nothing_complete(s3, bucket, small_source)
     assert f"copying s3://{bucket}/{victim}" in message and "Nothing was marked complete" in message
     copied_so_far = all_keys(s3, bucket, "copies/train/")
     for shard, key in order[:-1]:  # half-way: the earlier copies are there ...
-        assert f"copies/train/{shard}/{key[len('in/'):]}" in copied_so_far
+        assert f"copies/train/{shard}/{key[len('in/') :]}" in copied_so_far
     with pytest.raises(IncompleteShardsError, match="run 'sagemaker-dist shard' again"):
         read_shard_set(out, client=s3)  # ... but nothing looks complete
     assert f"copies/train/{COMPLETE_MARKER}" not in copied_so_far
@@ -167,7 +167,7 @@ def test_copy_failure_half_way_leaves_nothing_complete(s3, bucket, small_source)
     assert done.skipped >= len(order) - 1
     assert done.copied + done.skipped == len(objects) + len(extra)
     assert read_shard_set(out, client=s3) == done
-    dest = f"copies/train/{victim_shard}/{victim[len('in/'):]}"
+    dest = f"copies/train/{victim_shard}/{victim[len('in/') :]}"
     assert s3.get_object(Bucket=bucket, Key=dest)["Body"].read() == extra[victim]
 
 

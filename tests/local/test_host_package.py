@@ -23,9 +23,10 @@ def test_one_reading_of_a_request_into_host_trees(s3, bucket, tmp_path):
     assert [t.name for t in trees] == ["algo-1", "algo-2"]
     resource = json.loads((trees[1].config_dir / "resourceconfig.json").read_text())
     assert (resource["current_host"], resource["current_instance_type"]) == ("algo-2", "ml.p4d.24xlarge")
-    assert trees[1].env["FROM_THE_REQUEST"] == "1" and trees[1].env["TRAINING_JOB_NAME"] == request[
-        "TrainingJobName"
-    ]
+    assert (
+        trees[1].env["FROM_THE_REQUEST"] == "1"
+        and trees[1].env["TRAINING_JOB_NAME"] == request["TrainingJobName"]
+    )
     assert DEFAULT_INSTANCE_TYPE == "local"
 
 

@@ -36,7 +36,7 @@ def test_a_work_dir_on_an_overlay_passes_the_hosts_state_is_on_a_tmpfs(tmp_path)
         'd=$1; mount -t tmpfs tmpfs "$d" && mkdir "$d/l" "$d/u" "$d/w" "$d/m" && '
         'mount -t overlay overlay -o "lowerdir=$d/l,upperdir=$d/u,workdir=$d/w" "$d/m" && '
         'stat -f -c %T "$d/m" && exec "$2" -c "import sys; '
-        'from sagemaker_dist.local.launchers.toolkit_preflight import toolkit_host_problem as p; '
+        "from sagemaker_dist.local.launchers.toolkit_preflight import toolkit_host_problem as p; "
         'print(p(sys.argv[1]))" "$d/m"'
     )
     out = subprocess.run(

@@ -4,10 +4,10 @@ Uneven shards are the rule in Pipe mode (nobody counts the records of a channel)
 that runs out stops calling the allreduce while the others wait for it. So before every step each rank
 says whether it has a batch and whether it wants to stop (SIGTERM), and the ranks take the minimum of
 ``[has, -wants]`` in one allreduce on the CPU (Gloo), started while the step before trains (it
-costs no measurable step time: ``bench/bench_torch_agreement.py``): the epoch ends on every rank at the first step
-where some rank has none ("shortest": the records the others still hold are not trained this epoch,
-and their FIFOs are closed unread), and a stop any rank asked for ends it on every rank before the same
-step. At the epoch's end one allgather says which ranks ran out (rank 0 logs it).
+costs no measurable step time: ``bench/bench_torch_agreement.py``): the epoch ends on every rank at
+the first step where some rank has none ("shortest": the records the others still hold are not
+trained this epoch, and their FIFOs are closed unread), and a stop any rank asked for ends it on every
+rank before the same step. At the epoch's end one allgather says which ranks ran out (rank 0 logs it).
 
 With ``join=[model, ...]`` every record is trained instead: ``torch.distributed.algorithms.Join``
 shadows the collectives of the ranks that finished until the last one has (no custom collectives in
