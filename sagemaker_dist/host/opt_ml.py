@@ -128,30 +128,31 @@ def host_trees_for(job, base_dir: Path, network_interface_name: str = "lo") -> l
 
 
 def sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name) -> dict[str, str]:
-    """The variables the sagemaker-training toolkit sets for the user script, for this host."""
+    """The variables the sagemaker-training toolkit sets for the user script, for this host (JSON values
+    written as its ``mapping.to_env_vars`` writes them: sorted keys, no spaces)."""
     user_hps = hp.decode_all(hp.user_hyperparameters(hps))
     env = {
         ROOT_ENV: str(tree.root),  # the runtime's override of the /opt/ml root
         "TRAINING_JOB_NAME": job_name,
-        "SM_HOSTS": json.dumps(names),
+        "SM_HOSTS": toolkit.env_value(names),
         "SM_CURRENT_HOST": tree.name,
         "SM_NUM_GPUS": str(num_gpus),
         "SM_NUM_CPUS": str(os.cpu_count() or 1),
-        "SM_CHANNELS": json.dumps(sorted(data_config)),
+        "SM_CHANNELS": toolkit.env_value(sorted(data_config)),
         "SM_MODEL_DIR": str(tree.model_dir),
         "SM_OUTPUT_DATA_DIR": str(tree.output_data_dir),
         "SM_OUTPUT_DIR": str(tree.output_dir),
         "SM_INPUT_DIR": str(tree.root / "input"),
         "SM_INPUT_CONFIG_DIR": str(tree.config_dir),
-        "SM_INPUT_DATA_CONFIG": json.dumps(data_config),
-        "SM_RESOURCE_CONFIG": json.dumps(resource),
+        "SM_INPUT_DATA_CONFIG": toolkit.env_value(data_config),
+        "SM_RESOURCE_CONFIG": toolkit.env_value(resource),
         "SM_NETWORK_INTERFACE_NAME": resource["network_interface_name"],
         "SM_CURRENT_INSTANCE_TYPE": resource["current_instance_type"],
     }
     for channel in data_config:
         env[f"SM_CHANNEL_{channel.upper()}"] = str(tree.data_dir / channel)
     env.update(toolkit.user_environment(hps))  # SM_HPS, SM_USER_ARGS, SM_HP_<KEY> as the toolkit writes them
-    env["SM_TRAINING_ENV"] = json.dumps(
+    env["SM_TRAINING_ENV"] = toolkit.env_value(
         {
             "hosts": names,
             "current_host": tree.name,

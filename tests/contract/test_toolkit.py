@@ -133,3 +133,48 @@ def test_shell_words_is_what_bin_sh_passes(words, tmp_path):
         return  # refused: what we cannot model (or what sh refuses) is reported, never guessed
     assert proc.returncode == 0, (line, proc.stderr)
     assert model == json.loads(proc.stdout), line
+
+
+# what the toolkit writes from the config files alone (not the machine's CPUs, GPUs or the job's own
+# settings, which local mode takes from the request)
+SAME_AS_THE_TOOLKIT = (
+    "SM_HOSTS", "SM_CURRENT_HOST", "SM_CHANNELS", "SM_INPUT_DATA_CONFIG", "SM_RESOURCE_CONFIG",
+    "SM_CHANNEL_TRAIN_0", "SM_CHANNEL_EVAL", "SM_MODEL_DIR", "SM_OUTPUT_DATA_DIR", "SM_OUTPUT_DIR",
+    "SM_INPUT_DIR", "SM_INPUT_CONFIG_DIR", "SM_NETWORK_INTERFACE_NAME", "SM_CURRENT_INSTANCE_TYPE",
+    "SM_HPS", "SM_USER_ARGS", "SM_HP_EPOCHS",
+)  # fmt: skip
+
+
+def test_each_hosts_variables_are_written_as_the_toolkit_writes_them(tmp_path):
+    """Local mode's model of the SM_* variables (``host.opt_ml``) for a tree of two hosts, against what
+    the real toolkit writes reading that tree's config files: the same strings, JSON spacing included."""
+    from sagemaker_dist.contract.layout import plan_layout
+    from sagemaker_dist.host.opt_ml import build_host_trees
+
+    if not TOOLKIT_PYTHON.is_file():
+        pytest.skip(f"no sagemaker-training virtual environment at {TOOLKIT_PYTHON}; run scripts/setup.sh")
+    channels = [
+        {
+            "ChannelName": "train_0",
+            "InputMode": "Pipe",
+            "DataSource": {"S3DataSource": {"S3Uri": "s3://b/t"}},
+        },
+        {
+            "ChannelName": "eval",
+            "InputMode": "FastFile",
+            "DataSource": {"S3DataSource": {"S3Uri": "s3://b/e"}},
+        },
+    ]
+    hps = {"epochs": 3, "name": "a b", "sagemaker_dist_layout": plan_layout(2, 1).to_json()}
+    tree = build_host_trees(tmp_path, 2, channels, hps, instance_type="ml.g5.2xlarge")[1]
+    out = tmp_path / "out.json"
+    proc = subprocess.run(
+        [str(TOOLKIT_PYTHON), str(PROBE), str(tree.root), str(out)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    real = json.loads(out.read_text())["all"]
+    ours = {name: tree.env.get(name) for name in SAME_AS_THE_TOOLKIT}
+    assert ours == {name: real.get(name) for name in SAME_AS_THE_TOOLKIT}

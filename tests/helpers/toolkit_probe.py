@@ -3,6 +3,7 @@
 Usage: python toolkit_probe.py BASE_DIR OUT_JSON. BASE_DIR holds input/config/*.json (the toolkit reads
 them from $SAGEMAKER_BASE_DIR). The script's arguments are captured by running this same file as the
 "user script" through the toolkit's own ``process.check_error`` (4.8.3: joined and run by /bin/sh).
+``env`` holds the hyperparameter variables, ``all`` every variable the toolkit sets for the script.
 """
 
 import json
@@ -24,7 +25,7 @@ def main() -> None:
     variables = env.to_env_vars()
     wanted = {k: v for k, v in variables.items() if k in ("SM_HPS", "SM_USER_ARGS") or k.startswith("SM_HP_")}
     with open(out, "w") as f:
-        json.dump({"cmd_args": env.to_cmd_args(), "received": received, "env": wanted}, f)
+        json.dump({"cmd_args": env.to_cmd_args(), "received": received, "env": wanted, "all": variables}, f)
 
 
 if __name__ == "__main__":
