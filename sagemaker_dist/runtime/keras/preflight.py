@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 
+from sagemaker_dist.contract.distributions import distribution
 from sagemaker_dist.contract.layout import HOROVOD, TF_MWMS
 from sagemaker_dist.contract.rank_slots import RANK_VARIABLES, TF_CONFIG
 from sagemaker_dist.runtime.config import ContainerConfig
@@ -81,7 +82,10 @@ def launched_world() -> RankInfo | None:
         return None
 
 
-_HELPERS = {HOROVOD: "sagemaker_dist.runtime.horovod_keras", TF_MWMS: "sagemaker_dist.runtime.mwms_keras"}
+def _setup_call(name: str) -> str:
+    """What a script of distribution ``name`` calls to set up (its registry entry's helper)."""
+    entry = distribution(name)
+    return f"{entry.keras_helper}.setup()" if entry.keras_helper else f"setup_ddp() ({entry.title})"
 
 
 def check_job_distribution(expected: str, root=None) -> None:
@@ -100,7 +104,6 @@ def check_job_distribution(expected: str, root=None) -> None:
         return  # one process on its own: either helper runs it
     if launched != expected:
         raise TrainingSetupError(
-            f"the script calls {_HELPERS[expected]}.setup(), but this job was {how} for distribution "
-            f"{launched!r}: call {_HELPERS[launched]}.setup() instead (the same arguments), or launch with "
-            f"distribution={expected!r}"
+            f"the script calls {_setup_call(expected)}, but this job was {how} for distribution "
+            f"{launched!r}: call {_setup_call(launched)} instead, or launch with distribution={expected!r}"
         )
