@@ -105,24 +105,8 @@ def run_local(
     job = JobSpec.from_request(request, timeout, toolkit_version)
     launcher = _launcher_for(job, launcher)
     cluster = launcher == CONTAINER and job.hosts > 1  # one container per host on a network of its own
-    entry = registered(job.distribution)
-    each_host = launcher == TOOLKIT and entry.toolkit_starts_each_host  # one toolkit host per host
     if launcher in TOOLKIT_HOST_LAUNCHERS:
-        container = None
-        if launcher == TOOLKIT:  # Horovod under the toolkit's mpirun needs Horovod with MPI (entry.mpi)
-            module = entry.toolkit_training_module
-            container = check_toolkit_host(
-                container_python, horovod=entry.mpi, work_dir=work_dir, training_module=module
-            )
-        image = check_container_image(image) if launcher == CONTAINER else None
-        if cluster:
-            check_cluster_endpoint(os.environ)
-        elif job.hosts != 1 and not each_host:
-            raise LocalJobError(
-                f"launcher {launcher!r} simulates one host (its ranks started by the toolkit's mpirun); this "
-                f"job has {job.hosts}. Use --instance-count 1 with --processes-per-host for the ranks, "
-                "launcher 'container' (the image, one container per host), or 'horovodrun' or 'mpirun'"
-            )
+        container, image = _check_host_launcher(job, launcher, container_python, image, work_dir, cluster)
     else:
         command = rank_command(launcher, job.world, python=str(container_python or sys.executable))
     if launcher == HOROVODRUN:
@@ -146,7 +130,7 @@ def run_local(
             group = _toolkit_group(
                 job, trees, code_dir if source_dir else None, work, container, extra_env, echo, image
             )
-            if job.world == 1 and not each_host:  # no mpirun: the toolkit's one worker prints untagged
+            if job.world == 1 and not _toolkit_each_host(job, launcher):  # no mpirun: one worker, untagged
                 group.untagged_rank = 0
             command = group.command
         else:
@@ -167,14 +151,7 @@ def run_local(
         group.start()
         if on_started is not None:
             on_started(group)
-        if cluster:
-            failure = supervise_cluster(group, feed_errors, started, job.timeout)
-        else:
-            failure = supervise(group, feed_errors, trees, job.processes_per_host, started, job.timeout)
-        group.finish_output()
-        if launcher in TOOLKIT_HOST_LAUNCHERS:
-            failure = blame_the_rank_that_raised(failure, group, trees, job.processes_per_host)
-            failure = toolkit_outcome(failure, trees if each_host else trees[:1])
+        failure = _supervised(job, launcher, group, feed_errors, trees, started, cluster)
         if failure:
             raise LocalJobFailed(failure)
         stop.set()
@@ -185,6 +162,48 @@ def run_local(
         for line in result.summary_lines():
             echo(line)
         return result
+
+
+def _check_host_launcher(job: JobSpec, launcher: str, container_python, image, work_dir, cluster: bool):
+    """The toolkit's or the container launcher's pre-flight, before anything starts: the container
+    environment (toolkit) or the image (container), and the hosts it can run. Returns the container
+    Python (toolkit) and the image (container), each None for the other launcher."""
+    entry = registered(job.distribution)
+    container = None
+    if launcher == TOOLKIT:  # Horovod under the toolkit's mpirun needs Horovod with MPI (entry.mpi)
+        module = entry.toolkit_training_module
+        container = check_toolkit_host(
+            container_python, horovod=entry.mpi, work_dir=work_dir, training_module=module
+        )
+    image = check_container_image(image) if launcher == CONTAINER else None
+    if cluster:
+        check_cluster_endpoint(os.environ)
+    elif job.hosts != 1 and not _toolkit_each_host(job, launcher):
+        raise LocalJobError(
+            f"launcher {launcher!r} simulates one host (its ranks started by the toolkit's mpirun); this "
+            f"job has {job.hosts}. Use --instance-count 1 with --processes-per-host for the ranks, "
+            "launcher 'container' (the image, one container per host), or 'horovodrun' or 'mpirun'"
+        )
+    return container, image
+
+
+def _supervised(job: JobSpec, launcher: str, group, feed_errors, trees, started: float, cluster: bool):
+    """Wait for the started ranks (bounded by the job's timeout); the failure that names the rank, or
+    None. Under the toolkit, its own verdict (the failure file it wrote) is added."""
+    if cluster:
+        failure = supervise_cluster(group, feed_errors, started, job.timeout)
+    else:
+        failure = supervise(group, feed_errors, trees, job.processes_per_host, started, job.timeout)
+    group.finish_output()
+    if launcher in TOOLKIT_HOST_LAUNCHERS:
+        failure = blame_the_rank_that_raised(failure, group, trees, job.processes_per_host)
+        failure = toolkit_outcome(failure, trees if _toolkit_each_host(job, launcher) else trees[:1])
+    return failure
+
+
+def _toolkit_each_host(job: JobSpec, launcher: str) -> bool:
+    """The toolkit runs on every simulated host, side by side (torchrun's: no SSH from a master)."""
+    return launcher == TOOLKIT and registered(job.distribution).toolkit_starts_each_host
 
 
 def _launcher_for(job: JobSpec, launcher: str) -> str:
