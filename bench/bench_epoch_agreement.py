@@ -16,7 +16,6 @@ the ranks' allreduce of their stop flags after each step (``StopAtCountedStep``)
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
 import subprocess
@@ -24,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from demo_scripts import demo_module
 
 
 def parse_args():
@@ -44,15 +43,6 @@ def launch(args) -> int:
     return subprocess.call(command, env=env)
 
 
-def demo_model():
-    spec = importlib.util.spec_from_file_location(
-        "train_cifar10", REPO / "sagemaker_dist" / "local" / "demo_job" / "train_cifar10.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.build_model()
-
-
 def run_rank(args) -> None:
     import tensorflow as tf
 
@@ -69,7 +59,7 @@ def run_rank(args) -> None:
     images = rng.uniform((args.batch * args.steps, 32, 32, 3))
     labels = tf.cast(rng.uniform((args.batch * args.steps,), maxval=10, dtype=tf.int32), tf.int64)
     data = tf.data.Dataset.from_tensor_slices((images, labels)).batch(args.batch).cache()
-    model = demo_model()
+    model = demo_module("train_cifar10.py").build_model()
     model.compile(hv.optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     times = {"fixed": [], "agreed": [], "fixed+stop": []}
     counted_stop = counted_stop_callback(hv, args.steps)

@@ -17,7 +17,6 @@ epochs iterated without a model (``--iterate-steps`` batches), an upper bound of
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
 import subprocess
@@ -25,7 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from demo_scripts import demo_module
+
 ARMS = ("fixed", "agreed", "join")
 
 
@@ -45,15 +45,6 @@ def launch() -> int:
     command += ["--master_port", "29517", __file__, *sys.argv[1:]]
     env = {**os.environ, "SAGEMAKER_DIST_BENCH_RANK": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.call(command, env=env)
-
-
-def demo_model():
-    spec = importlib.util.spec_from_file_location(
-        "train_torch", REPO / "sagemaker_dist" / "local" / "demo_job" / "train_torch.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.build_model()
 
 
 def epoch_seconds(arm: str, batches: list, model, optimizer, loss_fn) -> float:
@@ -98,7 +89,7 @@ def run_rank(args) -> None:
     batches = [
         (torch.rand(args.batch, 3, 32, 32), torch.randint(0, 10, (args.batch,))) for _ in range(args.steps)
     ]
-    model = DDP(demo_model())
+    model = DDP(demo_module("train_torch.py").build_model())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = torch.nn.functional.cross_entropy
     times = timed(args, batches, model, optimizer, loss_fn, ARMS, args.epochs)
