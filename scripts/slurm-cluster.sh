@@ -58,7 +58,7 @@ up() {
   munged --force --origin=127.0.0.1 --socket="$DIR/munge/munge.socket" --key-file="$DIR/munge/munge.key" \
     --pid-file="$DIR/run/munged.pid" --log-file="$DIR/log/munged.log" --seed-file="$DIR/munge/munge.seed"
   local cpus mem
-  cpus=1
+  cpus=2  # two ranks a node (the nodes share this machine's cores)
   mem=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / 4 ))
   {
     echo "ClusterName=sagemaker-dist"

@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 from sagemaker_dist.cli.local import add_endpoint_args, endpoint_for, ensure_bucket, read_request
+from sagemaker_dist.contract.distributions import DEFAULT, HELP, NAMES
 from sagemaker_dist.contract.paths import opt_ml_root
 from sagemaker_dist.errors import ConfigurationError
 
@@ -19,6 +20,12 @@ def _add_job_source(p) -> None:
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--demo", action="store_true", help="the CIFAR-10-shaped demo job (writes its data)")
     what.add_argument("--request", type=Path, help="a CreateTrainingJob request as JSON (launch --dry-run)")
+    p.add_argument(
+        "--distribution",
+        choices=NAMES,
+        default=DEFAULT,
+        help=f"for --demo: the demo of this distribution; {HELP}",
+    )
 
 
 def register(subparsers) -> None:
@@ -107,8 +114,9 @@ def register(subparsers) -> None:
         help="write (and submit) an sbatch script: a pipe agent per node, the ranks with srun --mpi=pmix",
         description=(
             "Plan the job as for SageMaker (shards, manifests, source package and the request, uploaded to "
-            "S3), then write an sbatch script: one pipe agent per node in the background, the ranks with "
-            "srun --mpi=pmix (an MPI-built Horovod), a failing rank failing the job. --submit runs sbatch on "
+            "S3), then write an sbatch script: one pipe agent per node in the background, one srun task per "
+            "rank (Horovod: --mpi=pmix, an MPI-built Horovod; torchrun: torchrun's variables, the ranks "
+            "meeting at the first node), a failing rank failing the job. --submit runs sbatch on "
             "the cluster $SLURM_CONF names; --wait waits and exits with the job's exit code. S3 as for "
             "'local': embedded (only with --wait: it lives as long as this command) unless --bucket or "
             f"--endpoint-url. Files go to --out-dir (default ./{JOBS_DIR}/<job name>/), nowhere else."
@@ -232,7 +240,9 @@ def _demo_request(args, bucket: str, nodes: int, tasks: int, instance_type: str 
     from sagemaker_dist.local.demo import prepare_demo_job
 
     hps = {"epochs": args.epochs} if args.epochs is not None else {}
-    request = prepare_demo_job(bucket, nodes, tasks, hyperparameters=hps, printer=None).request
+    request = prepare_demo_job(
+        bucket, nodes, tasks, hyperparameters=hps, printer=None, distribution=args.distribution
+    ).request
     if instance_type:
         request["ResourceConfig"]["InstanceType"] = instance_type  # the demo plans for CPU; run on these
     return request

@@ -48,6 +48,18 @@ class DlcImage:
 
 
 @dataclass(frozen=True)
+class SlurmStart:
+    """How an sbatch script's ``srun`` starts one task per rank: the MPI plugin it uses (``pmix`` for an
+    MPI-built Horovod, None for none), and each rank's variables taken from Slurm's (shell words:
+    ``$SLURM_PROCID`` and so on; ``{tasks}`` is the tasks per node, ``$SD_MASTER_ADDR`` and
+    ``$SD_MASTER_PORT`` the first node's address and a port of the job's own, where ``rendezvous``)."""
+
+    mpi: str | None
+    rank_variables: tuple[tuple[str, str], ...]
+    rendezvous: bool = False  # the ranks meet at the first node (torch.distributed's env:// store)
+
+
+@dataclass(frozen=True)
 class Distribution:
     """One way to train data-parallel: everything the SDK side, local mode and the platforms need to
     know about it."""
@@ -66,7 +78,8 @@ class Distribution:
     rank_variables: tuple[tuple[str, ...], ...]
     image: DlcImage | None  # with no image_uri: AWS's DLC as is, or (None) our container in the caller's ECR
     local_launchers: tuple[str, ...]  # the local launchers that run it, its default first
-    mpi_platforms: bool  # Slurm (srun --mpi=pmix) and Kubernetes' MPIJob can start it
+    slurm: SlurmStart | None  # how an sbatch script starts its ranks (None: it cannot)
+    mpijob: bool  # Kubernetes' MPIJob (mpirun from a launcher pod) can start it
     keras_helper: str | None  # the runtime module a Keras script sets up with (sagemaker_dist.runtime.*)
     # the toolkit takes the processes per host from MPI_PROCESSES_PER_HOST without running mpirun
     # (torch_distributed: torchrun --nproc_per_node; its default is the host's GPUs)
@@ -179,7 +192,16 @@ HOROVOD_ENTRY = Distribution(
     rank_variables=RANK_VARIABLES,  # Open MPI's (the toolkit's mpirun), then Horovod's (horovodrun)
     image=None,  # container/Dockerfile: the newest TF DLC with TF <= 2.15, plus Horovod
     local_launchers=(HOROVODRUN, MPIRUN, TOOLKIT, CONTAINER),
-    mpi_platforms=True,
+    slurm=SlurmStart(  # the runtime reads mpirun's rank variables; under srun, Slurm's say the same
+        "pmix",
+        (
+            ("OMPI_COMM_WORLD_RANK", "$SLURM_PROCID"),
+            ("OMPI_COMM_WORLD_SIZE", "$SLURM_NTASKS"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "$SLURM_LOCALID"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "{tasks}"),
+        ),
+    ),
+    mpijob=True,
     keras_helper="sagemaker_dist.runtime.horovod_keras",
 )
 TF_MWMS_ENTRY = Distribution(
@@ -195,7 +217,8 @@ TF_MWMS_ENTRY = Distribution(
     rank_variables=((TF_CONFIG,),),
     image=DlcImage("tensorflow", "2.21", "py312"),  # the current TF training DLC (Keras 3, no Horovod)
     local_launchers=(TF_CONFIG_LAUNCHER, TOOLKIT, CONTAINER),
-    mpi_platforms=False,
+    slurm=None,  # one worker per host with TF_CONFIG: not written for Slurm
+    mpijob=False,
     keras_helper="sagemaker_dist.runtime.mwms_keras",
 )
 TORCHRUN_ENTRY = Distribution(
@@ -212,7 +235,20 @@ TORCHRUN_ENTRY = Distribution(
     rank_variables=(TORCHRUN_VARIABLES,),
     image=DlcImage("pytorch", "2.8", "py312"),  # the PyTorch 2.8 training DLC (Ubuntu 22.04), GPU or CPU
     local_launchers=(TORCHRUN, TOOLKIT),
-    mpi_platforms=False,  # Slurm and Kubernetes run torchrun otherwise (srun, TrainJob): not yet
+    slurm=SlurmStart(  # one task per rank with torchrun's variables, as torchrun would set them
+        None,
+        (
+            ("RANK", "$SLURM_PROCID"),
+            ("WORLD_SIZE", "$SLURM_NTASKS"),
+            ("LOCAL_RANK", "$SLURM_LOCALID"),
+            ("LOCAL_WORLD_SIZE", "{tasks}"),
+            ("GROUP_RANK", "$SLURM_NODEID"),
+            ("MASTER_ADDR", "$SD_MASTER_ADDR"),
+            ("MASTER_PORT", "$SD_MASTER_PORT"),
+        ),
+        rendezvous=True,
+    ),
+    mpijob=False,  # Kubernetes runs torchrun as a Trainer TrainJob: not written yet
     keras_helper=None,
     toolkit_processes_per_host=True,
     sagemaker_instance_prefixes=("ml.p", "ml.g", "ml.trn"),

@@ -100,14 +100,23 @@ def efa_interfaces(instance_type: str) -> int:
 
 
 def check_mpi_job(job: JobSpec, platform: str) -> None:
-    """``platform`` starts the ranks with MPI (mpirun, srun --mpi=pmix): a job of a distribution whose
-    registry entry says the MPI platforms can start it (Horovod), not tf-mwms."""
+    """``platform`` (Kubernetes' MPIJob) starts the ranks with mpirun: a job of a distribution whose
+    registry entry says it can (Horovod)."""
+    _check_platform(job, platform, "starts Horovod ranks with mpirun", lambda d: d.mpijob)
+
+
+def check_slurm_job(job: JobSpec, platform: str) -> None:
+    """``platform`` (an sbatch script) starts one task per rank with srun: a job of a distribution
+    whose registry entry says how (Horovod, torchrun)."""
+    _check_platform(job, platform, "starts one task per rank with srun", lambda d: d.slurm is not None)
+
+
+def _check_platform(job: JobSpec, platform: str, does: str, can) -> None:
     entry = distribution(job.distribution)
-    if not entry.mpi_platforms:
+    if not can(entry):
         raise NodePlanError(
-            f"job {job.name} is a {entry.name!r} job ({entry.runs}), and {platform} starts Horovod ranks "
-            f"with MPI: plan the job with {names_where(lambda d: d.mpi_platforms)}, or run it with "
-            "'sagemaker-dist local' or on SageMaker"
+            f"job {job.name} is a {entry.name!r} job ({entry.runs}), and {platform} {does}: plan the job "
+            f"with {names_where(can)}, or run it with 'sagemaker-dist local' or on SageMaker"
         )
 
 

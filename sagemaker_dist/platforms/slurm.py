@@ -1,5 +1,8 @@
-"""The job as an sbatch script, as text: one pipe agent per node in the background, then the ranks with
-``srun --mpi=pmix`` (an MPI-built Horovod), each in its node's /opt/ml tree. Pure: no I/O.
+"""The job as an sbatch script, as text: one pipe agent per node in the background, then one ``srun``
+task per rank, each in its node's /opt/ml tree, started as the job's distribution says (its registry
+entry's ``slurm``): Horovod with ``--mpi=pmix`` (an MPI-built Horovod), torchrun jobs with torchrun's
+variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` the first node's address,
+``MASTER_PORT`` a port of the job's own) so that each rank is what torchrun would start. Pure: no I/O.
 
 Every node's tree is ``$SD_ROOT/node-<SLURM_NODEID>`` (under ``$TMPDIR``, else ``/tmp``, by default;
 0700, the job user's alone; the node id keeps trees apart where several slurmds share one file system).
@@ -24,15 +27,18 @@ import shlex
 from dataclasses import dataclass
 
 from sagemaker_dist.contract import toolkit
+from sagemaker_dist.contract.distributions import distribution
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.host.job_spec import JobSpec
-from sagemaker_dist.platforms.node_plan import check_mpi_job
+from sagemaker_dist.platforms.node_plan import check_slurm_job
 from sagemaker_dist.platforms.pipe_agent import READY_FILE
 
 AGENT_STEP = "sagemaker-dist-pipe-agents"  # the agents' step name, to signal that step alone
 # Expanded by the batch shell: the job's own temporary directory where Slurm gives one ($TMPDIR), made
 # private (0700) by the first agent; one another user already owns is refused.
 DEFAULT_ROOT_BASE = "${TMPDIR:-/tmp}/sagemaker-dist-$SLURM_JOB_ID"
+# the rendezvous port of a torchrun job: one of 20000, per job id, so that jobs sharing a node differ
+MASTER_PORT = "$((20000 + SLURM_JOB_ID % 20000))"
 STOP_WINDOW_S = 120  # SIGTERM to the end: SageMaker's window, before the time limit's SIGKILL
 AGENT_DRAIN_S = 110  # an agent's life after its SIGTERM, at most (the script ends it sooner)
 
@@ -57,13 +63,13 @@ class SlurmOptions:
     toolkit_version: str = toolkit.DEFAULT_TOOLKIT_VERSION
 
 
-def check_tasks(tasks_per_node: int, gpus_per_node: int) -> None:
+def check_tasks(tasks_per_node: int, gpus_per_node: int, title: str = "Horovod") -> None:
     """One rank per GPU: more tasks per node than GPUs is refused (0 GPUs: a CPU job, any count)."""
     if tasks_per_node < 1:
         raise SlurmJobError(f"--tasks-per-node {tasks_per_node}: give at least 1")
     if gpus_per_node and tasks_per_node > gpus_per_node:
         raise SlurmJobError(
-            f"{tasks_per_node} tasks per node but {gpus_per_node} GPU(s) per node: Horovod runs one rank per "
+            f"{tasks_per_node} tasks per node but {gpus_per_node} GPU(s) per node: {title} runs one rank per "
             f"GPU, so use --tasks-per-node {gpus_per_node} or fewer"
         )
 
@@ -86,8 +92,10 @@ def _q(words) -> str:
 def sbatch_script(request: dict, options: SlurmOptions) -> str:
     """The sbatch script that runs ``request`` on InstanceCount nodes x processes-per-host tasks."""
     job = JobSpec.from_request(request, toolkit_version=options.toolkit_version)
-    check_mpi_job(job, "the sbatch script")
-    check_tasks(job.processes_per_host, options.gpus_per_node)
+    check_slurm_job(job, "the sbatch script")
+    entry = distribution(job.distribution)
+    start = entry.slurm
+    check_tasks(job.processes_per_host, options.gpus_per_node, entry.title)
     nodes, tasks = job.hosts, job.processes_per_host
     argv = toolkit.script_argv(job.hyperparameters, options.toolkit_version, {"HOME": "/root"}, None)
     max_run = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
@@ -129,21 +137,29 @@ def sbatch_script(request: dict, options: SlurmOptions) -> str:
         f'echo "node $SLURM_NODEID: its pipe agent was not ready after {options.agent_ready_seconds} s" >&2; '
         "exit 1"
     )
-    in_tree = (  # the runtime reads mpirun's rank variables; under srun, Slurm's say the same
-        'export SAGEMAKER_DIST_OPT_ML="$SD_ROOT/node-$SLURM_NODEID" OMPI_COMM_WORLD_RANK="$SLURM_PROCID" '
-        f'OMPI_COMM_WORLD_SIZE="$SLURM_NTASKS" OMPI_COMM_WORLD_LOCAL_RANK="$SLURM_LOCALID" '
-        f"OMPI_COMM_WORLD_LOCAL_SIZE={tasks}; "
+    rank_variables = " ".join(f'{name}="{value.format(tasks=tasks)}"' for name, value in start.rank_variables)
+    in_tree = (  # each task: its node's tree, its rank's variables from Slurm's (the registry's)
+        f'export SAGEMAKER_DIST_OPT_ML="$SD_ROOT/node-$SLURM_NODEID" {rank_variables}; '
         'cd "$SAGEMAKER_DIST_OPT_ML/code" && exec "$0" "$@"'
     )
+    rendezvous = ""
+    if start.rendezvous:  # torch.distributed meets at the first node's address (as Slurm knows it)
+        rendezvous = (
+            "# The ranks meet at the first node of the allocation, on a port of this job's own.\n"
+            'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)\n'
+            'SD_MASTER_ADDR=$(scontrol show node "$first" | grep -o "NodeAddr=[^ ]*" | cut -d= -f2)\n'
+            f'export SD_MASTER_ADDR="${{SD_MASTER_ADDR:-$first}}" SD_MASTER_PORT="{MASTER_PORT}"\n'
+        )
+    mpi = f" --mpi={start.mpi}" if start.mpi else ""
     failed = "the training step failed with exit code $STATUS; srun's 'task N' lines above name the rank(s)"
     return f"""#!/bin/bash
-# Written by sagemaker-dist slurm: job {job.name}, {nodes} node(s) x {tasks} rank(s), Pipe-mode FIFOs
-# fed by one pipe agent per node.
+# Written by sagemaker-dist slurm: job {job.name}, {nodes} node(s) x {tasks} {entry.title} rank(s),
+# Pipe-mode FIFOs fed by one pipe agent per node.
 {chr(10).join("#SBATCH " + d for d in directives)}
 set -uo pipefail
 umask 077  # the job's files are its user's alone (FIFOs, checkpoints, code)
 export SD_ROOT="${{SAGEMAKER_DIST_ROOT_BASE:-{options.root_base}}}"  # each node's tree: $SD_ROOT/node-<id>
-{exports}
+{exports}{rendezvous}
 # One pipe agent per node, in the background: it writes the node's /opt/ml tree and feeds its FIFOs.
 # A tree already there is stale (a cancelled job of the same id could not remove its own): it goes;
 # $SD_ROOT is made 0700 and refused if another user owns it.
@@ -177,7 +193,7 @@ while kill -0 "$WAITER" 2>/dev/null; do
 done
 wait "$WAITER" || finish 1
 
-srun --overlap --mpi=pmix --nodes={nodes} --ntasks-per-node={tasks} --kill-on-bad-exit=1 --label \\
+srun --overlap{mpi} --nodes={nodes} --ntasks-per-node={tasks} --kill-on-bad-exit=1 --label \\
   sh -c {shlex.quote(in_tree)} \\
   {ranks}
 STATUS=$?

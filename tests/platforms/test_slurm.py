@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -35,6 +36,7 @@ def _slurm(*args, env=None, cwd=None, timeout=120) -> subprocess.CompletedProces
 
 
 def test_the_script_runs_an_agent_per_node_then_the_ranks_with_pmix(s3, bucket, tmp_path):
+    """A Horovod job (the demo's default)."""
     request = prepare_demo_job(bucket, 2, 4, printer=None).request
     options = SlurmOptions(
         spec="s3://b/spec.json", python="/opt/py/bin/python", gpus_per_node=4, partition="gpu"
@@ -64,11 +66,34 @@ def test_the_script_runs_an_agent_per_node_then_the_ranks_with_pmix(s3, bucket, 
         "HyperParameters": {**request["HyperParameters"], "sagemaker_dist_layout": json.dumps(mwms)},
     }
     with pytest.raises(
-        NodePlanError, match="'tf-mwms' job .* the sbatch script starts Horovod ranks with MPI"
+        NodePlanError, match="'tf-mwms' job .* the sbatch script starts one task per rank with srun"
     ):
         sbatch_script(tf_mwms, options)
     with pytest.raises(SlurmJobError, match="4 tasks per node but 2 GPU.s. per node"):
         sbatch_script(request, SlurmOptions(spec="s3://b/s.json", gpus_per_node=2))
+
+
+def test_a_torchrun_jobs_ranks_get_torchruns_variables_and_meet_at_the_first_node(s3, bucket):
+    """No MPI: each srun task is one rank with the variables torchrun gives it, the rendezvous at the
+    allocation's first node on a port of the job's own; bash runs the rendezvous lines as written."""
+    request = prepare_demo_job(bucket, 2, 4, printer=None, distribution="torchrun").request
+    script = sbatch_script(request, SlurmOptions(spec="s3://b/spec.json", gpus_per_node=4))
+    assert "x 4 PyTorch DDP rank(s)" in script and "--mpi=" not in script
+    assert "srun --overlap --nodes=2 --ntasks-per-node=4 --kill-on-bad-exit=1 --label" in script
+    for variable in (
+        'RANK="$SLURM_PROCID"', 'WORLD_SIZE="$SLURM_NTASKS"', 'LOCAL_RANK="$SLURM_LOCALID"',
+        'LOCAL_WORLD_SIZE="4"', 'MASTER_ADDR="$SD_MASTER_ADDR"', 'MASTER_PORT="$SD_MASTER_PORT"',
+    ):  # fmt: skip
+        assert variable in script
+    assert "python3 train_torch.py --batch_size 32 --epochs 2" in script
+    lines = [
+        line for line in script.splitlines() if line.startswith(("first=", "SD_MASTER_ADDR=", "export SD_"))
+    ]
+    fake = "scontrol() { if [ $1 = show ] && [ $2 = hostnames ]; then printf 'n7\\nn8\\n'; "
+    fake += "else echo 'NodeName=n7 Arch=x86_64 NodeAddr=10.1.2.3 NodeHostName=n7'; fi; }\n"
+    shell = fake + "SLURM_JOB_ID=123456\n" + "\n".join(lines) + '\necho "$SD_MASTER_ADDR:$SD_MASTER_PORT"'
+    shown = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=10)
+    assert shown.stdout.strip() == "10.1.2.3:23456", shown.stderr
 
 
 def test_bad_input_is_refused_before_anything_is_written(tmp_path):
@@ -174,6 +199,33 @@ def test_the_demo_trains_on_two_slurm_nodes(slurm_cluster, aws_env, s3, bucket, 
 
 
 @pytest.mark.slow
+@pytest.mark.torch
+def test_the_torchrun_demo_trains_on_two_slurm_nodes_with_two_ranks_each(
+    slurm_cluster, aws_env, s3, bucket, tmp_path, monkeypatch
+):
+    """PyTorch DDP under srun: four Gloo ranks on two nodes, each reading its own FIFO from its node's
+    agent, meeting at the first node; the model and rank 0's checkpoints in S3."""
+    monkeypatch.setenv("SLURM_CONF", slurm_cluster)
+    proc = _slurm(
+        "--demo", "--distribution", "torchrun", "--nodes", 2, "--tasks-per-node", 2, "--submit", "--wait",
+        "--timeout", 400, "--bucket", bucket, "--endpoint-url", aws_env["AWS_ENDPOINT_URL"], cwd=tmp_path,
+        timeout=500,
+    )  # fmt: skip
+    out = proc.stdout
+    assert proc.returncode == 0, out[-6000:] + proc.stderr[-2000:]
+    assert "ended COMPLETED with exit code 0" in proc.stderr
+    trained = dict(re.findall(r"^(\d+): rank \1: trained (\d+) record\(s\)", out, re.MULTILINE))
+    assert sorted(trained) == ["0", "1", "2", "3"], out[-4000:]  # every rank, its srun label its rank
+    assert "0: sagemaker-dist: train epoch ended for every rank" in out
+    assert re.search(r"^0: sagemaker-dist-metrics: epoch=2 ", out, re.MULTILINE), out[-4000:]
+    (script,) = tmp_path.glob("sagemaker-dist-jobs/*/*.sbatch")
+    job = script.stem
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=f"jobs/{job}/").get("Contents", [])]
+    assert f"jobs/{job}/output/model.tar.gz" in keys
+    assert f"jobs/{job}/checkpoints/epoch-00002/state.pt" in keys
+
+
+@pytest.mark.slow
 def test_an_agent_that_cannot_read_its_data_fails_the_job_before_the_ranks(
     slurm_cluster, aws_env, s3, bucket, tmp_path, monkeypatch
 ):
@@ -208,9 +260,13 @@ def _job_state(job_id: str) -> str:
 @pytest.mark.slow
 @pytest.mark.horovod
 @pytest.mark.tensorflow
-@pytest.mark.parametrize("how", [["--signal=TERM"], []], ids=["signal-TERM", "plain"])
+@pytest.mark.parametrize(
+    ("distribution", "how"),
+    [("horovod", ["--signal=TERM"]), ("horovod", []), ("torchrun", ["--signal=TERM"])],
+    ids=["signal-TERM", "plain", "torchrun-signal-TERM"],
+)
 def test_scancel_stops_every_rank_after_the_same_step_and_checkpoints_it(
-    slurm_cluster, aws_env, s3, bucket, tmp_path, monkeypatch, how
+    slurm_cluster, aws_env, s3, bucket, tmp_path, monkeypatch, distribution, how
 ):
     """``scancel --signal=TERM`` (what ``--signal=TERM@120`` does before the time limit) and a plain
     ``scancel`` (SIGTERM to the steps and the script, SIGKILL after the cluster's KillWait; a
@@ -218,7 +274,8 @@ def test_scancel_stops_every_rank_after_the_same_step_and_checkpoints_it(
     checkpoint of it reaches S3 through the agents; the job ends COMPLETED, or CANCELLED."""
     monkeypatch.setenv("SLURM_CONF", slurm_cluster)
     written = _slurm(
-        "--demo", "--nodes", 2, "--tasks-per-node", 1, "--epochs", 40, "--bucket", bucket,
+        "--demo", "--distribution", distribution, "--nodes", 2, "--tasks-per-node", 1, "--epochs", 40,
+        "--bucket", bucket,
         "--endpoint-url", aws_env["AWS_ENDPOINT_URL"], "-o", tmp_path / "job.sbatch", cwd=tmp_path,
     )  # fmt: skip
     assert written.returncode == 0, written.stderr
@@ -251,7 +308,10 @@ def test_scancel_stops_every_rank_after_the_same_step_and_checkpoints_it(
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="jobs/").get("Contents", [])]
     metas = [k for k in keys if "/checkpoints/" in k and k.endswith("meta.json")]
     meta = [json.loads(s3.get_object(Bucket=bucket, Key=k)["Body"].read()) for k in metas]
-    assert any(m.get("stopped") for m in meta), (metas, log[-3000:])
+    if distribution == "torchrun":  # a stop inside an epoch is a checkpoint of its own: epoch-E-step-S
+        assert any(re.search(r"/checkpoints/epoch-\d+-step-\d+/", k) for k in metas), (metas, log[-3000:])
+    else:
+        assert any(m.get("stopped") for m in meta), (metas, log[-3000:])
     # a cancelled job cannot start the step that removes its nodes' trees; the next job of that id
     # (this module's cluster numbers from 1 again) removes a stale one at its start: here, now
     shutil.rmtree(f"/tmp/sagemaker-dist-{job_id}", ignore_errors=True)
