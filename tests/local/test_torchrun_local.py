@@ -1,6 +1,6 @@
 """``sagemaker-dist local --demo --distribution torchrun`` through the command line: real ``torchrun``
 once per simulated host, real Gloo ranks, each reading its own FIFO fed from the embedded S3 endpoint;
-one epoch of the small demo data. Under our launcher 1 host x 2 ranks and 2 hosts x 1 rank; under
+one epoch of the small demo data. Under our launcher 2 hosts x 1 rank, in Pipe and File mode; under
 ``--launcher toolkit`` 2 hosts x 2 ranks, AWS's toolkit (sagemaker-pytorch-training on sagemaker-
 training 4.8.3, the PyTorch DLC's entry point) running ``torchrun`` on each host itself."""
 
@@ -119,8 +119,7 @@ def test_a_rank_learns_its_place_from_torchrun_variables(monkeypatch):
 @pytest.mark.skipif(not HAVE_TORCH, reason="needs torch (the torch extra)")
 @pytest.mark.parametrize(
     ("launcher", "hosts", "per_host", "mode"),
-    [
-        ("torchrun", 1, 2, "Pipe"),
+    [  # our launcher with 2 ranks a host: the spot test's 2 x 2 (test_local_spot.py)
         ("torchrun", 2, 1, "Pipe"),
         ("toolkit", 2, 2, "Pipe"),
         ("torchrun", 2, 1, "File"),
