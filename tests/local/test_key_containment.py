@@ -24,7 +24,6 @@ from sagemaker_dist.host.feeds import download_channel
 from sagemaker_dist.host.outputs import CheckpointSync
 from sagemaker_dist.launch.request_validation import RequestValidationError
 from sagemaker_dist.launch.s3_objects import s3_client
-from sagemaker_dist.local.endpoint import embedded_s3
 from sagemaker_dist.local.job import run_local
 
 CLIMBING_KEY = "data/train/../../../../x"
@@ -186,22 +185,42 @@ def test_checkpoint_upload_does_not_follow_a_linked_folder_out_of_the_dir(s3, bu
 
 
 # --- the embedded S3's state dir ----------------------------------------------------------------
-# moto's servers in one process share one backend: each test keeps to a bucket of its own.
+# Each endpoint runs in a process of its own, as the CLI runs it: moto's servers in one process share
+# one backend, and an endpoint here would save every bucket this test session has made.
+
+EMBEDDED = """
+import sys
+from sagemaker_dist.launch.s3_objects import s3_client
+from sagemaker_dist.local.endpoint import embedded_s3
+state, bucket = sys.argv[1], sys.argv[2]
+with embedded_s3(state) as url:
+    client = s3_client(endpoint_url=url)
+    known = [b["Name"] for b in client.list_buckets().get("Buckets", [])]
+    if bucket not in known:
+        client.create_bucket(Bucket=bucket)
+"""
 
 
-def _keys(client, bucket: str) -> list[str]:
-    return [o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", [])]
+def _embedded(state: Path, bucket: str, body: str) -> str:
+    """Run ``body`` (with ``client`` and ``bucket``) against an embedded endpoint over ``state`` in a
+    fresh process; its output (the endpoint's warnings), after checking it ended 0."""
+    code = EMBEDDED + "".join(f"    {line}\n" for line in body.strip().splitlines())
+    env = {k: v for k, v in os.environ.items() if k != "AWS_ENDPOINT_URL"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(state), bucket], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done.stdout
 
 
-def test_hostile_keys_in_the_embedded_s3_are_left_out_of_its_state(s3, bucket, tmp_path, capsys):
+def test_hostile_keys_in_the_embedded_s3_are_left_out_of_its_state(bucket, tmp_path):
     state = tmp_path / "cache" / "local-s3"
     absolute = f"/{tmp_path.name}-abs/path"  # a naive join would write it at that absolute path
     hostile = [absolute, "../..", "../../x"]  # and these to cache/ and next to it
-    with embedded_s3(state) as url:
-        client = s3_client(endpoint_url=url)
-        for key in ["a/ok", *hostile]:
-            client.put_object(Bucket=bucket, Key=key, Body=b"fine" if key == "a/ok" else b"evil")
+    keys = ["a/ok", *hostile]
     try:
+        put = "client.put_object(Bucket=bucket, Key=key, Body=b'fine' if key == 'a/ok' else b'evil')"
+        out = _embedded(state, bucket, f"for key in {keys!r}:\n    {put}")
         assert not os.path.exists(absolute)
     finally:
         if os.path.exists(absolute):
@@ -211,39 +230,36 @@ def test_hostile_keys_in_the_embedded_s3_are_left_out_of_its_state(s3, bucket, t
     assert [f for f in _files_under(tmp_path) if not f.startswith("cache/local-s3/")] == [
         "cache/local-s3.lock"
     ]
-    out = capsys.readouterr().out
     for key in hostile:
         assert f"warning: the embedded S3 state: bucket {bucket!r} has the key {key!r}, which " in out
-    s3.delete_object(Bucket=bucket, Key="a/ok")  # from the server: now only the state dir holds it
-    with embedded_s3(state) as url:  # the rest was saved, and loads again
-        assert s3_client(endpoint_url=url).get_object(Bucket=bucket, Key="a/ok")["Body"].read() == b"fine"
+    # the rest was saved, and loads again in the next process
+    _embedded(state, bucket, "assert client.get_object(Bucket=bucket, Key='a/ok')['Body'].read() == b'fine'")
 
 
-def test_a_crash_between_the_two_renames_of_a_save_leaves_the_previous_state(s3, bucket, tmp_path):
+def test_a_crash_between_the_two_renames_of_a_save_leaves_the_previous_state(bucket, tmp_path):
     """The on-disk state a crash after 'state -> state.old' and before 'new -> state' leaves: the next
     command loads the previous state whole (and no temporary dir is left over)."""
     state = tmp_path / "local-s3"
-    with embedded_s3(state) as url:
-        s3_client(endpoint_url=url).put_object(Bucket=bucket, Key="a/ok", Body=b"fine")
-    s3.delete_object(Bucket=bucket, Key="a/ok")  # from the server: now only the state dir holds it
+    _embedded(state, bucket, "client.put_object(Bucket=bucket, Key='a/ok', Body=b'fine')")
     state.rename(tmp_path / "local-s3.old")
     half = tmp_path / ".local-s3.saving-crashed" / bucket
     half.mkdir(parents=True)
     (half / "half").write_bytes(b"half a state")
-    with embedded_s3(state) as url:
-        assert _keys(s3_client(endpoint_url=url), bucket) == ["a/ok"]
+    _embedded(
+        state,
+        bucket,
+        "assert [o['Key'] for o in client.list_objects_v2(Bucket=bucket)['Contents']] == ['a/ok']",
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["local-s3", "local-s3.lock"]
     assert _files_under(state / bucket) == ["a/ok"]
 
 
-def test_a_save_that_fails_keeps_the_previous_state_whole(bucket, tmp_path, capsys):
+def test_a_save_that_fails_keeps_the_previous_state_whole(bucket, tmp_path):
     state = tmp_path / "local-s3"
-    with embedded_s3(state) as url:
-        s3_client(endpoint_url=url).put_object(Bucket=bucket, Key="a", Body=b"first")
-    with embedded_s3(state) as url:
-        # a file and a folder at once: cannot be saved
-        s3_client(endpoint_url=url).put_object(Bucket=bucket, Key="a/b", Body=b"second")
-    assert "warning: could not save the embedded S3 state" in capsys.readouterr().out
+    _embedded(state, bucket, "client.put_object(Bucket=bucket, Key='a', Body=b'first')")
+    # a file and a folder at once: cannot be saved
+    out = _embedded(state, bucket, "client.put_object(Bucket=bucket, Key='a/b', Body=b'second')")
+    assert "warning: could not save the embedded S3 state" in out
     assert _files_under(state / bucket) == ["a"] and (state / bucket / "a").read_bytes() == b"first"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["local-s3", "local-s3.lock"]
 
