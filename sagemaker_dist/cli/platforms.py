@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 from sagemaker_dist.cli.local import add_endpoint_args, endpoint_for, ensure_bucket, read_request
-from sagemaker_dist.contract.distributions import DEFAULT, HELP, NAMES
+from sagemaker_dist.contract.distributions import DEFAULT, REGISTRY, distribution
 from sagemaker_dist.contract.paths import opt_ml_root
 from sagemaker_dist.errors import ConfigurationError
 
@@ -15,17 +15,14 @@ DEFAULT_IMAGE = "sagemaker-dist:latest"
 JOBS_DIR = "sagemaker-dist-jobs"  # under the current directory: one folder per job that 'slurm' writes
 
 
-def _add_job_source(p) -> None:
-    """The job to run elsewhere: the demo, or a request written before (``launch --dry-run``)."""
+def _add_job_source(p, runs) -> None:
+    """The job to run elsewhere: the demo (of a distribution the platform ``runs``: a predicate on its
+    registry entry), or a request written before (``launch --dry-run``)."""
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--demo", action="store_true", help="the CIFAR-10-shaped demo job (writes its data)")
     what.add_argument("--request", type=Path, help="a CreateTrainingJob request as JSON (launch --dry-run)")
-    p.add_argument(
-        "--distribution",
-        choices=NAMES,
-        default=DEFAULT,
-        help=f"for --demo: the demo of this distribution; {HELP}",
-    )
+    names = [d.name for d in REGISTRY.values() if runs(d)]
+    p.add_argument("--distribution", choices=names, help=f"for --demo: its distribution (default {DEFAULT})")
 
 
 def register(subparsers) -> None:
@@ -82,7 +79,7 @@ def register(subparsers) -> None:
             "with kubectl apply -f. S3 as for 'local': embedded unless --bucket or --endpoint-url."
         ),
     )
-    _add_job_source(k)
+    _add_job_source(k, lambda d: d.mpijob)
     k.add_argument("--instance-type", help="the worker nodes' type, for --demo (default ml.p4d.24xlarge)")
     k.add_argument("--instance-count", type=int, help="workers, for --demo (default 2)")
     k.add_argument("--processes-per-host", type=int, help="ranks per worker (default: its GPUs; CPU types)")
@@ -122,7 +119,7 @@ def register(subparsers) -> None:
             f"--endpoint-url. Files go to --out-dir (default ./{JOBS_DIR}/<job name>/), nowhere else."
         ),
     )
-    _add_job_source(s)
+    _add_job_source(s, lambda d: d.slurm is not None)
     s.add_argument("--nodes", type=int, help="nodes, for --demo (default 2)")
     s.add_argument("--tasks-per-node", type=int, help="ranks per node (default: its GPUs, else 1)")
     gpus = s.add_mutually_exclusive_group()
@@ -131,8 +128,8 @@ def register(subparsers) -> None:
         "--instance-type", help="the nodes' SageMaker type (HyperPod: ml.p5.48xlarge, ...): its GPUs"
     )
     s.add_argument("--epochs", type=int, help="for --demo: -p epochs=N")
-    s.add_argument("--python", help="the nodes' Python with Horovod (MPI), TensorFlow, sagemaker-dist "
-                   "(default: this one)")  # fmt: skip
+    s.add_argument("--python", help="the nodes' Python with the job's framework (Horovod with MPI and "
+                   "TensorFlow, or PyTorch) and sagemaker-dist (default: this one)")  # fmt: skip
     s.add_argument("--partition", help="#SBATCH --partition")
     s.add_argument(
         "--spec-uri", help="where to upload the request (default <output path>/<job>/spec/request.json)"
@@ -188,7 +185,7 @@ def k8s_command(args) -> int:
     request = None
     if args.request:  # before anything is written: a bad file or option fails at once
         flags = {"--instance-type": args.instance_type, "--instance-count": args.instance_count}
-        _refuse_with_request({**flags, "--epochs": args.epochs})
+        _refuse_with_request({**flags, "--epochs": args.epochs, "--distribution": args.distribution})
         request = read_request(args.request)
     instance_type = args.instance_type or "ml.p4d.24xlarge"
     count = 2 if args.instance_count is None else args.instance_count
@@ -241,7 +238,7 @@ def _demo_request(args, bucket: str, nodes: int, tasks: int, instance_type: str 
 
     hps = {"epochs": args.epochs} if args.epochs is not None else {}
     request = prepare_demo_job(
-        bucket, nodes, tasks, hyperparameters=hps, printer=None, distribution=args.distribution
+        bucket, nodes, tasks, hyperparameters=hps, printer=None, distribution=args.distribution or DEFAULT
     ).request
     if instance_type:
         request["ResourceConfig"]["InstanceType"] = instance_type  # the demo plans for CPU; run on these
@@ -330,14 +327,14 @@ def slurm_command(args) -> int:
     request = None
     if args.request:
         flags = {"--nodes": args.nodes, "--epochs": args.epochs, "--tasks-per-node": args.tasks_per_node}
-        _refuse_with_request(flags)
+        _refuse_with_request({**flags, "--distribution": args.distribution})
         request = read_request(args.request)
     if args.instance_type:
         tasks, gpus = ranks_per_node(args.instance_type, args.tasks_per_node, "--tasks-per-node")
     else:
         gpus = args.gpus_per_node or 0
         tasks = args.tasks_per_node or gpus or 1
-    check_tasks(tasks, gpus)
+    check_tasks(tasks, gpus, distribution(args.distribution).title)  # --request: checked again from it
     nodes = 2 if args.nodes is None else args.nodes
     if nodes < 1:
         raise ConfigurationError(f"--nodes {nodes}: give at least 1")

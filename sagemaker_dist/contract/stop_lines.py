@@ -7,10 +7,11 @@ Stdlib only.
 from __future__ import annotations
 
 import re
+import time
 
 PREFIX = "sagemaker-dist:"
-STOPPED = re.compile(r"sagemaker-dist: stopped in epoch (\d+) after step (\d+)")
-RESUMED = re.compile(r"sagemaker-dist: resuming from checkpoint \S+ (\d+) epoch\(s\) done, (\d+) step")
+STOPPED = re.compile(re.escape(PREFIX) + r" stopped in epoch (\d+) after step (\d+)")
+RESUMED = re.compile(re.escape(PREFIX) + r" resuming from checkpoint \S+ (\d+) epoch\(s\) done, (\d+) step")
 
 
 def stopped_line(epoch: int, step: int, last: bool = False) -> str:
@@ -19,6 +20,14 @@ def stopped_line(epoch: int, step: int, last: bool = False) -> str:
     what they know (records, the checkpoint) after it."""
     its_last = " (its last)" if last else ""
     return f"{PREFIX} stopped in epoch {epoch} after step {step}{its_last} on every rank"
+
+
+def since_request(received_at: float | None) -> str:
+    """The stop line's last clause: how long after the stop request (``time.monotonic()`` of the first
+    SIGTERM; None: none came) every rank had stopped."""
+    if received_at is None:
+        return ""
+    return f"; {time.monotonic() - received_at:.1f} s after the stop request"
 
 
 def resumed_line(checkpoint: str, epochs_done: int, steps: int) -> str:

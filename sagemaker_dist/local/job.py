@@ -315,7 +315,7 @@ def _toolkit_group(
     if entry.toolkit_starts_each_host:  # a toolkit host per simulated host, under our host supervisor
         env.update(dict(entry.local_toolkit_env))
         env[JOB_ENV] = str(work / "job.json")
-        hosts = [{"name": t.name, "env": {}, "tree": str(t.root)} for t in trees]
+        hosts = [{"name": t.name, "tree": str(t.root)} for t in trees]
         description = {"processes_per_host": job.processes_per_host, "hosts": hosts}
         Path(env[JOB_ENV]).write_text(json.dumps(description))
         command = host_group_command(sys.executable, python, state)

@@ -37,8 +37,9 @@ AGENT_STEP = "sagemaker-dist-pipe-agents"  # the agents' step name, to signal th
 # Expanded by the batch shell: the job's own temporary directory where Slurm gives one ($TMPDIR), made
 # private (0700) by the first agent; one another user already owns is refused.
 DEFAULT_ROOT_BASE = "${TMPDIR:-/tmp}/sagemaker-dist-$SLURM_JOB_ID"
-# the rendezvous port of a torchrun job: one of 20000, per job id, so that jobs sharing a node differ
-MASTER_PORT = "$((20000 + SLURM_JOB_ID % 20000))"
+# the rendezvous port of a torchrun job: one of 10000 below Linux's ephemeral ports (32768-60999), per
+# job id, so that jobs sharing a node differ
+MASTER_PORT = "$((20000 + SLURM_JOB_ID % 10000))"
 STOP_WINDOW_S = 120  # SIGTERM to the end: SageMaker's window, before the time limit's SIGKILL
 AGENT_DRAIN_S = 110  # an agent's life after its SIGTERM, at most (the script ends it sooner)
 

@@ -1,5 +1,6 @@
 """One simulated SageMaker host running AWS's own entry point: ``train`` of the sagemaker-training
-toolkit, which reads /opt/ml, builds the mpirun command and starts the ranks, as in the DLC.
+toolkit, which reads /opt/ml and starts the ranks as in the DLC (its mpirun command, or torchrun on
+each host of a torchrun job, several such hosts side by side).
 
 This module is PID 1 of a private mount and PID namespace (``unshare -m -p -f --mount-proc``), so
 its mounts vanish with it and killing it ends every process of the host. It needs what the toolkit
@@ -101,7 +102,9 @@ def toolkit_host_command(python: Path, tree: Path, state: Path, hosts: list[str]
     toolkit's ``train`` (the DLC's entry point) from the container environment."""
     train = python.parent / "train"
     return [
-        "unshare", "-m", "-p", "-f", "--mount-proc",
+        # --kill-child: unshare ignores SIGTERM; when it is killed, this host's PID 1 gets SIGTERM and
+        # stops every process of the host (the namespace ends with it)
+        "unshare", "-m", "-p", "-f", "--kill-child=SIGTERM", "--mount-proc",
         str(python), "-m", "sagemaker_dist.local.launchers.toolkit_host",
         "--tree", str(tree), "--state", str(state), "--hosts", ",".join(hosts),
         str(python), str(train),

@@ -9,7 +9,7 @@ import time
 
 import tensorflow as tf
 
-from sagemaker_dist.contract.stop_lines import stopped_line
+from sagemaker_dist.contract.stop_lines import since_request, stopped_line
 from sagemaker_dist.runtime import checkpoints as ckpt
 from sagemaker_dist.runtime.keras.stop import StepSchedule, StopRequest, TrainingStopped
 
@@ -97,13 +97,13 @@ class StopAtAgreedStep(tf.keras.callbacks.Callback):
                 flush()
             except Exception as exc:  # a flush that fails must not keep the rank from stopping
                 log.warning("on stop: %s failed: %s", getattr(flush, "__qualname__", flush), exc)
-        waited = time.monotonic() - self.stop.received_at if self.stop.received_at is not None else None
+        received_at = self.stop.received_at
         if self.rank == 0:
             print(
                 stopped_line(epoch + 1, last, over)
                 + (f" (records of this epoch trained per rank: {records})" if records else "")
                 + (f"; checkpoint {written.path.name}" if written else "; no checkpoint (checkpoints off)")
-                + (f"; {waited:.1f} s after the stop request" if waited is not None else ""),
+                + since_request(received_at),
                 flush=True,
             )
         self.stop.done()

@@ -63,7 +63,8 @@ def pin(batch):
 
 
 class PipeBatches:
-    """Iterable over batches of one Pipe-mode channel; every ``iter()`` reads the channel's next epoch.
+    """Iterable over batches of one channel; every ``iter()`` reads the channel's next epoch (a Pipe
+    channel's next FIFO, or a File channel's files again).
 
     ``job``: the ``DdpJob`` of ``setup_ddp`` (its channel for ``role``), or a channel name with
     ``config`` (a ``ContainerConfig``). ``decode(record: bytes)`` makes a sample (tensors, arrays,
@@ -122,7 +123,13 @@ class PipeBatches:
         self.max_skip = int(max_corrupted_records_to_skip)
         self.chunk_size = int(chunk_size)
         self.max_record_bytes = max_record_bytes  # None: $SAGEMAKER_DIST_MAX_RECORD_BYTES, else 2 GiB - 1
-        self.file_mode = self.config.input_mode(self.channel) != "Pipe"  # File or FastFile: files to read
+        mode = self.config.input_mode(self.channel)
+        if mode is None:
+            raise ValueError(
+                f"channel {self.channel!r} is not in the job's inputdataconfig.json (channels: "
+                f"{', '.join(self.config.channels()) or 'none'}); pass one of those, or setup_ddp's DdpJob"
+            )
+        self.file_mode = mode != "Pipe"  # File or FastFile: files to read
         if self.file_mode and self.max_skip:
             raise FileChannelError(
                 f"channel {self.channel!r} is File mode: max_corrupted_records_to_skip applies to Pipe mode "

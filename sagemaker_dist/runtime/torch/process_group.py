@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sagemaker_dist.contract.layout import INPUT_MODES
 from sagemaker_dist.runtime.config import ContainerConfig
 from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo, check_rank_channels
 
@@ -179,7 +180,7 @@ def setup_ddp(
     backend: str | None = None,
     timeout_s: float | None = None,
     root: str | os.PathLike | None = None,
-    input_modes: tuple[str, ...] = ("Pipe", "File", "FastFile"),
+    input_modes: tuple[str, ...] = INPUT_MODES,
     environ: Mapping[str, str] | None = None,
 ) -> DdpJob:
     """Check this rank's channel for each of ``roles``, claim its FIFOs, then start the process group.

@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 
 from sagemaker_dist.contract.metric_line import metric_line
-from sagemaker_dist.contract.stop_lines import resumed_line, stopped_line
+from sagemaker_dist.contract.stop_lines import resumed_line, since_request, stopped_line
 from sagemaker_dist.runtime.torch.checkpointing import restore_torch_checkpoint, save_torch_checkpoint
 from sagemaker_dist.runtime.torch.epochs import AgreedEpoch, agreed_batches
 from sagemaker_dist.runtime.torch.stop import TrainingStopped, install_stop
@@ -155,7 +155,8 @@ class PipeTraining:
         self.job.barrier()  # every rank waits for the checkpoint: nobody exits before it is there
         if self.job.is_chief:
             where = f"; checkpoint {checkpoint.path.name}" if checkpoint else "; no checkpoint (none asked)"
-            print(stopped_line(self.epoch + 1, self.step, agreed.exhausted) + where, flush=True)
+            since = since_request(self.stop.received_at if self.stop is not None else None)
+            print(stopped_line(self.epoch + 1, self.step, agreed.exhausted) + where + since, flush=True)
         self._finish()
         raise TrainingStopped(epoch, step, checkpoint)
 
