@@ -56,7 +56,7 @@ class AgreedEpoch:
         self.stopped = False
         self.exhausted = False  # the epoch's data was used up (set with a stop in join mode too)
         self.ran_out: tuple[int, ...] = ()
-        self.agreements = 0  # allreduces made: one per step and one at the end
+        self.agreements = 0  # collectives made: one per step, one for the step that ends it, one at the end
 
     def _wants(self) -> int:
         return 1 if self.stop is not None and self.stop.wanted() else 0
@@ -171,5 +171,7 @@ def agreed_batches(
     ``keras.stop.StopRequest``-like object with ``wanted()``) that any rank asked for. Call it on
     every rank, the same number of times; ``group``: the process group of the agreement (the job's
     ``agreement_group``). ``skip``: batches to read and drop first (a resume inside the epoch).
-    ``join``: the ``Joinable`` objects (the DDP model) to train every record with ``Join`` instead."""
+    ``join``: the ``Joinable`` objects (the DDP model) to train every record with ``Join`` instead.
+    The next batch is read while a step trains: an iterable that reuses one buffer for every batch
+    must hand out copies."""
     return AgreedEpoch(batches, group=group, stop=stop, skip=skip, join=join, what=what)
