@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sagemaker_dist.contract.distributions import distribution
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.launchers import TOOLKIT
 from sagemaker_dist.local.launchers.mpi import RankGroup, check_horovod_mpi
@@ -24,7 +25,8 @@ from sagemaker_dist.local.launchers.toolkit_preflight import toolkit_host_proble
 from sagemaker_dist.local.supervision import rank_failure
 
 CONTAINER_PYTHON_ENV = "SAGEMAKER_DIST_CONTAINER_PYTHON"
-TF_TRAINING_MODULE = "sagemaker_tensorflow_container.training:main"  # the TF DLCs' ENV
+# the DLC's SAGEMAKER_TRAINING_MODULE where none is named: the default distribution's (its registry entry)
+DEFAULT_TRAINING_MODULE = distribution(None).toolkit_training_module
 
 
 class ToolkitLauncherError(ConfigurationError):
@@ -51,7 +53,7 @@ def check_toolkit_host(
     *,
     horovod: bool = True,
     work_dir: str | os.PathLike | None = None,
-    training_module: str = TF_TRAINING_MODULE,
+    training_module: str = DEFAULT_TRAINING_MODULE,
 ) -> Path:
     """Fail early, naming the fix, where a toolkit host cannot start: not root, no ``unshare``, no
     namespaces, no overlays in ``work_dir`` (the pre-flight tries each), or a container Python without
@@ -99,7 +101,7 @@ def toolkit_environment(
     python: Path,
     job_name: str,
     container_env: dict | None,
-    training_module: str = TF_TRAINING_MODULE,
+    training_module: str = DEFAULT_TRAINING_MODULE,
 ) -> dict[str, str]:
     """The container's environment: this machine's (S3 endpoint and credentials included), the
     request's ``Environment``, and what the DLC (its ``training_module``) and the platform set; no
