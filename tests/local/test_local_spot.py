@@ -79,7 +79,7 @@ def _request(
     ["horovodrun", "mpirun", "toolkit", "tf-mwms", "one-rank", "counted", "torchrun", "torchrun-toolkit"],
 )
 def test_interrupted_job_restarts_and_trains_each_remaining_batch_once(s3, bucket, tmp_path, launcher):
-    """torchrun: our launcher, 2 hosts x 2; torchrun-toolkit: AWS's toolkit running torchrun, 2 x 2."""
+    """torchrun: our launcher, 2 hosts x 1; torchrun-toolkit: AWS's toolkit running torchrun, 2 x 2."""
     if launcher in ("mpirun", "toolkit"):
         assert horovod_mpi_built(), (
             "Horovod was built without MPI: scripts/setup.sh rebuilds it with Open MPI"
@@ -88,9 +88,7 @@ def test_interrupted_job_restarts_and_trains_each_remaining_batch_once(s3, bucke
     if toolkit and (os.geteuid() != 0 or not TOOLKIT_PYTHON.exists()):
         pytest.skip("--launcher toolkit needs root and .venv-toolkit (scripts/setup.sh)")
     # the toolkit runs one host of a Horovod job (its mpirun), one per host of a torchrun job
-    shape = {"toolkit": (1, 2), "one-rank": (1, 1), "torchrun": (2, 2), "torchrun-toolkit": (2, 2)}.get(
-        launcher, (2, 1)
-    )
+    shape = {"toolkit": (1, 2), "one-rank": (1, 1), "torchrun-toolkit": (2, 2)}.get(launcher, (2, 1))
     where = {"container_python": TOOLKIT_PYTHON} if toolkit else {}
     if launcher == "tf-mwms":
         where = _mwms_rank_python()
