@@ -110,6 +110,8 @@ def check_resumed_inside_the_epoch(
     starts at the stop's step (no epoch restarted), the stopped epoch's batches are each trained once
     across both attempts (no batch skipped, none repeated), and the later epochs train the same shard.
     A stop on the epoch's last step is a checkpoint of the whole epoch: the second attempt starts the next.
+    A stop agreed before an epoch's first batch (step 0, as the PyTorch helpers can agree one) trained none
+    of it: the second attempt trains that epoch whole.
 
     ``split_tail`` (tf-mwms): tf.distribute splits a worker's merged batch over every replica in sync,
     so a resume after an odd step leaves one batch alone at the epoch's end, trained as two half
@@ -118,8 +120,9 @@ def check_resumed_inside_the_epoch(
     epoch, step = stopped_at
     for e in range(epoch - 1):
         assert len(one["epochs"][e]) == steps
-    stopped = one["epochs"][epoch - 1]
-    assert len(stopped) == step  # trained up to the agreed step, then stopped
+    # trained up to the agreed step, then stopped; step 0: the stop came before the epoch's first batch
+    stopped = one["epochs"].get(epoch - 1, [])
+    assert len(stopped) == step
     if step == steps:  # the stop was its epoch's last step: checkpointed whole, resumed at the next
         assert (two["start"]["epoch"], two["start"]["step"]) == (epoch, 0)
         assert not two["epochs"] or min(two["epochs"]) == epoch
