@@ -71,21 +71,25 @@ def register(subparsers) -> None:
 
     k = subparsers.add_parser(
         "k8s",
-        help="write the job as a Kubeflow MPIJob (kubeflow.org/v2beta1) with a pipe-agent sidecar per worker",
+        help="write the job for Kubernetes: a Kubeflow MPIJob (Horovod) or Trainer TrainJob (torchrun), "
+        "with a pipe-agent sidecar per node",
         description=(
             "Plan the job as for SageMaker (shards, manifests, source package and the request, uploaded to "
-            "S3), then print a Kubeflow MPIJob for mpi-operator v0.8: one worker per instance with its "
-            "GPUs (and EFA), a pipe-agent sidecar feeding the FIFOs, and a launcher running mpirun. Apply it "
-            "with kubectl apply -f. S3 as for 'local': embedded unless --bucket or --endpoint-url."
+            "S3), then print what runs it on Kubernetes, one pod per instance with its GPUs (and EFA) and a "
+            "pipe-agent sidecar feeding its FIFOs: for Horovod a Kubeflow MPIJob (mpi-operator v0.8, a "
+            "launcher running mpirun); for torchrun a Kubeflow Trainer v2.3 TrainJob with a TrainingRuntime "
+            "of its own (torchrun on each node). Apply it with kubectl apply -f. S3 as for 'local': "
+            "embedded unless --bucket or --endpoint-url."
         ),
     )
-    _add_job_source(k, lambda d: d.mpijob)
+    _add_job_source(k, lambda d: d.kubernetes is not None)
     k.add_argument("--instance-type", help="the worker nodes' type, for --demo (default ml.p4d.24xlarge)")
     k.add_argument("--instance-count", type=int, help="workers, for --demo (default 2)")
     k.add_argument("--processes-per-host", type=int, help="ranks per worker (default: its GPUs; CPU types)")
     k.add_argument("--epochs", type=int, help="for --demo: -p epochs=N")
     k.add_argument("--image", default=DEFAULT_IMAGE, help=f"the training image (default {DEFAULT_IMAGE}; "
-                   "container/Dockerfile: sshd, mpi4py, Horovod and sagemaker-dist)")  # fmt: skip
+                   "container/Dockerfile: sshd, mpi4py, Horovod and sagemaker-dist; for torchrun an image "
+                   "with PyTorch and sagemaker-dist)")  # fmt: skip
     k.add_argument("--namespace", default="default")
     k.add_argument(
         "--service-account", default="sagemaker-dist", help="the pods' service account (S3 access)"
@@ -93,8 +97,10 @@ def register(subparsers) -> None:
     k.add_argument(
         "--spec-uri", help="where to upload the request (default <output path>/<job>/spec/request.json)"
     )
-    k.add_argument("--backoff-limit", type=int, default=0, help="runPolicy.backoffLimit (default 0)")
-    k.add_argument("--ttl", type=int, default=3600, help="runPolicy.ttlSecondsAfterFinished (default 3600)")
+    k.add_argument("--backoff-limit", type=int, default=0,
+                   help="retries of a failed pod: the MPIJob's runPolicy.backoffLimit, the node "
+                   "Job's backoffLimit (default 0)")  # fmt: skip
+    k.add_argument("--ttl", type=int, default=3600, help="ttlSecondsAfterFinished (default 3600)")
     where = k.add_mutually_exclusive_group()
     where.add_argument("-o", "--output", type=Path, help="write the YAML to this file instead of stdout")
     where.add_argument(
@@ -179,7 +185,8 @@ def k8s_command(args) -> int:
     import sys
     from contextlib import ExitStack
 
-    from sagemaker_dist.platforms.k8s_mpijob import MPIJobOptions, plan_mpijob, to_yaml
+    from sagemaker_dist.platforms.k8s_pods import K8sJobOptions, to_yaml_stream
+    from sagemaker_dist.platforms.kubernetes import plan_kubernetes
     from sagemaker_dist.platforms.node_plan import ranks_per_node
 
     request = None
@@ -196,7 +203,7 @@ def k8s_command(args) -> int:
         per_host, _ = ranks_per_node(instance_type, args.processes_per_host)  # GPU checks before any S3
     with ExitStack() as stack:
         request, spec_uri = _request_and_spec_uri(stack, args, request, count, per_host, instance_type)
-        options = MPIJobOptions(
+        options = K8sJobOptions(
             image=args.image,
             spec_uri=spec_uri,
             namespace=args.namespace,
@@ -206,7 +213,7 @@ def k8s_command(args) -> int:
             endpoint_url=args.endpoint_url,  # the embedded endpoint ends with this command: not for pods
             processes_per_host=args.processes_per_host,
         )
-        text = to_yaml(plan_mpijob(request, options))  # every check before the spec is uploaded
+        text = to_yaml_stream(plan_kubernetes(request, options))  # every check before the upload
         _upload_spec(request, spec_uri)
     path = args.output or (args.out_dir / f"{request['TrainingJobName']}.yaml" if args.out_dir else None)
     if path:

@@ -254,7 +254,7 @@ def _k8s(args, job, spec) -> int:
         trial_training_request,
     )
     from sagemaker_dist.launch.tuning_validation import validate_tuning_request
-    from sagemaker_dist.platforms.k8s_mpijob import MPIJobOptions, to_yaml
+    from sagemaker_dist.platforms.k8s_pods import K8sJobOptions, to_yaml_stream
     from sagemaker_dist.platforms.katib import (
         ExperimentOptions,
         KatibError,
@@ -288,22 +288,28 @@ def _k8s(args, job, spec) -> int:
         validate_tuning_request(tuning, spec)
         static = trial_training_request(tuning, request["TrainingJobName"], {})  # what the pipe agents read
         spec_uri = job.spec_uri or _spec_uri(static)
-        options = MPIJobOptions(
+        options = K8sJobOptions(
             image=job.image, spec_uri=spec_uri, namespace=job.namespace,
             service_account=job.service_account, backoff_limit=job.backoff_limit,
             ttl_seconds_after_finished=job.ttl, endpoint_url=job.endpoint_url,
             processes_per_host=job.processes_per_host,
         )  # fmt: skip
-        experiment = plan_experiment(tuning, spec, options, ExperimentOptions(namespace=job.namespace))
-        problems = experiment_problems(experiment)
+        documents = plan_experiment(tuning, spec, options, ExperimentOptions(namespace=job.namespace))
+        problems = experiment_problems(documents[-1])
         if problems:
             raise KatibError(
                 "the Experiment would be refused by Katib:\n" + "\n".join(f"  - {p}" for p in problems)
             )
-        text = to_yaml(experiment)
+        text = to_yaml_stream(documents)  # a TrainJob's runtime, then the Experiment
         _upload_spec(static, spec_uri)
-    if args.katib_setup:
-        setup = "---\n".join(to_yaml(d) for d in katib_setup_documents())
+    if documents[-1]["spec"]["trialTemplate"]["trialSpec"]["kind"] == "TrainJob":
+        _err(
+            "Katib v0.19 runs TrainJob trials as installed (its katib-config lists "
+            "TrainJob.v1alpha1.trainer.kubeflow.org); apply the TrainingRuntime with the Experiment"
+            + ("; --katib-setup is for MPIJob trials: nothing written there" if args.katib_setup else "")
+        )
+    elif args.katib_setup:
+        setup = to_yaml_stream(katib_setup_documents())
         _write_atomically(args.katib_setup, setup)
         _err(
             f"wrote {args.katib_setup}: RBAC and katib-config for MPIJob v2beta1 trials (then restart "

@@ -38,6 +38,10 @@ class DistributionError(ConfigurationError):
     """A distribution that is not registered, or a setting it cannot run with."""
 
 
+MPIJOB = "MPIJob"  # kubeflow.org/v2beta1, mpi-operator (platforms/k8s_mpijob.py)
+TRAINJOB = "TrainJob"  # trainer.kubeflow.org/v1alpha1, Kubeflow Trainer v2 (platforms/k8s_trainjob.py)
+
+
 @dataclass(frozen=True)
 class DlcImage:
     """An AWS Deep Learning Container training image, as ``sagemaker.core.image_uris`` names it."""
@@ -79,7 +83,9 @@ class Distribution:
     image: DlcImage | None  # with no image_uri: AWS's DLC as is, or (None) our container in the caller's ECR
     local_launchers: tuple[str, ...]  # the local launchers that run it, its default first
     slurm: SlurmStart | None  # how an sbatch script starts its ranks (None: it cannot)
-    mpijob: bool  # Kubernetes' MPIJob (mpirun from a launcher pod) can start it
+    # the Kubernetes object that runs it (None: none): mpi-operator's MPIJob (mpirun from a launcher
+    # pod) or Kubeflow Trainer's TrainJob (torchrun on each node pod)
+    kubernetes: str | None
     keras_helper: str | None  # the runtime module a Keras script sets up with (sagemaker_dist.runtime.*)
     # the toolkit takes the processes per host from MPI_PROCESSES_PER_HOST without running mpirun
     # (torch_distributed: torchrun --nproc_per_node; its default is the host's GPUs)
@@ -201,7 +207,7 @@ HOROVOD_ENTRY = Distribution(
             ("OMPI_COMM_WORLD_LOCAL_SIZE", "{tasks}"),
         ),
     ),
-    mpijob=True,
+    kubernetes=MPIJOB,
     keras_helper="sagemaker_dist.runtime.horovod_keras",
 )
 TF_MWMS_ENTRY = Distribution(
@@ -218,7 +224,7 @@ TF_MWMS_ENTRY = Distribution(
     image=DlcImage("tensorflow", "2.21", "py312"),  # the current TF training DLC (Keras 3, no Horovod)
     local_launchers=(TF_CONFIG_LAUNCHER, TOOLKIT, CONTAINER),
     slurm=None,  # one worker per host with TF_CONFIG: not written for Slurm
-    mpijob=False,
+    kubernetes=None,  # one worker per host with TF_CONFIG: not written for Kubernetes
     keras_helper="sagemaker_dist.runtime.mwms_keras",
 )
 TORCHRUN_ENTRY = Distribution(
@@ -248,7 +254,7 @@ TORCHRUN_ENTRY = Distribution(
         ),
         rendezvous=True,
     ),
-    mpijob=False,  # Kubernetes runs torchrun as a Trainer TrainJob: not written yet
+    kubernetes=TRAINJOB,  # the Trainer's Torch plugin gives torchrun its PET_* options
     keras_helper=None,
     toolkit_processes_per_host=True,
     sagemaker_instance_prefixes=("ml.p", "ml.g", "ml.trn"),

@@ -18,47 +18,35 @@ syncing checkpoints until they have ended (``--drain``).
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract import toolkit
+from sagemaker_dist.contract.distributions import MPIJOB
 from sagemaker_dist.contract.paths import DEFAULT_ROOT
-from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.host.job_spec import JobSpec
-from sagemaker_dist.launch.instances import normalize_instance_type
-from sagemaker_dist.platforms.node_plan import check_mpi_job, efa_interfaces, ranks_per_node
-from sagemaker_dist.platforms.pipe_agent import READY_FILE
+from sagemaker_dist.platforms.k8s_pods import (
+    FORWARD_STOPS,
+    STOP_WINDOW_S,
+    K8sJobError,
+    K8sJobOptions,
+    agent_container,
+    check_pod_name,
+    endpoint_env,
+    job_labels,
+    max_runtime,
+    node_shape,
+    pod_volumes,
+    rank_mounts,
+    ready_probe,
+)
+from sagemaker_dist.platforms.node_plan import check_kubernetes_job
 
 API_VERSION = "kubeflow.org/v2beta1"
 REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"  # set by mpi-operator on each worker pod
-GPU_RESOURCE = "nvidia.com/gpu"
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
-_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-OPT_ML_VOLUME = "opt-ml"
 SSHD = ["/usr/sbin/sshd", "-De"]  # the workers' main process: mpirun reaches them over SSH
-STOP_WINDOW_S = 120  # terminationGracePeriodSeconds: SIGTERM to SIGKILL, as SageMaker gives a stop
-AGENT_DRAIN_S = 110  # the pipe agent's life after SIGTERM: the ranks' stop checkpoint reaches S3
-FORWARD_STOPS = ["python", "-m", "sagemaker_dist.host.stop_forwarding"]  # PID 1 in front of sshd, mpirun
 
 
-class MPIJobError(ConfigurationError):
+class MPIJobError(K8sJobError):
     """A job that cannot run as an MPIJob as asked; the message says what to change."""
-
-
-@dataclass(frozen=True)
-class MPIJobOptions:
-    """Where and how the MPIJob runs (what the request does not say)."""
-
-    image: str
-    spec_uri: str  # the request in S3, read by every pipe agent
-    namespace: str = "default"
-    service_account: str = "sagemaker-dist"  # with S3 read (and checkpoint/TensorBoard write) access
-    backoff_limit: int = 0
-    ttl_seconds_after_finished: int = 3600
-    endpoint_url: str | None = None  # another S3 endpoint, for agents and ranks
-    processes_per_host: int | None = None  # fewer ranks than GPUs, or the count of a CPU type
-    toolkit_version: str = toolkit.DEFAULT_TOOLKIT_VERSION
 
 
 def mpirun_options(custom: str) -> list[str]:
@@ -74,7 +62,7 @@ def mpirun_options(custom: str) -> list[str]:
     return out
 
 
-def launcher_command(job: JobSpec, world: int, options: MPIJobOptions, efa: bool) -> list[str]:
+def launcher_command(job: JobSpec, world: int, options: K8sJobOptions, efa: bool) -> list[str]:
     """``mpirun`` over the hostfile mpi-operator mounts, the ranks starting the entry script with
     mpi4py (an uncaught exception aborts the whole job instead of hanging the others)."""
     env = ["-x", "PATH", "-x", "LD_LIBRARY_PATH"]
@@ -91,96 +79,52 @@ def launcher_command(job: JobSpec, world: int, options: MPIJobOptions, efa: bool
     ]  # fmt: skip
 
 
-def agent_command(options: MPIJobOptions) -> list[str]:
-    """The sidecar: this worker's pipe agent, its node index from mpi-operator's replica-index label."""
-    return [
-        "python", "-m", "sagemaker_dist.cli", "pipe-agent", "--spec", options.spec_uri,
-        "--node-index", "$(NODE_INDEX)", "--root", DEFAULT_ROOT, "--drain", str(AGENT_DRAIN_S),
-    ]  # fmt: skip
-
-
 def check_name(name: str, workers: int) -> str:
     """The job name, if ``<name>-worker-<N-1>`` is a DNS-1035 label (mpi-operator's rule)."""
-    last = f"{name}-worker-{workers - 1}"
-    if len(last) > 63 or not _DNS_1035.match(last):
-        raise MPIJobError(
-            f"job name {name!r} cannot name an MPIJob: its last worker pod {last!r} must be a DNS-1035 "
-            "label (lower-case letters, digits and '-', starting with a letter, at most 63 characters); "
-            "choose a shorter lower-case job name"
-        )
-    return name
+    try:
+        return check_pod_name(name, f"{name}-worker-{workers - 1}", "an MPIJob")
+    except K8sJobError as exc:
+        raise MPIJobError(str(exc)) from None
 
 
-def plan_mpijob(request: dict, options: MPIJobOptions) -> dict:
+def plan_mpijob(request: dict, options: K8sJobOptions) -> dict:
     """The MPIJob that runs ``request`` (a CreateTrainingJob request): one worker per instance."""
     job = JobSpec.from_request(request, toolkit_version=options.toolkit_version)
-    check_mpi_job(job, "an MPIJob")
-    instance_type = normalize_instance_type((request.get("ResourceConfig") or {}).get("InstanceType", ""))
-    slots, gpus = ranks_per_node(instance_type, options.processes_per_host)
-    if slots != job.processes_per_host:
-        raise MPIJobError(
-            f"the request runs {job.processes_per_host} rank(s) per host but {slots} slot(s) per worker "
-            f"were asked for ({instance_type}); plan the request for {slots} (processes_per_host) or pass "
-            f"--processes-per-host {job.processes_per_host}"
-        )
+    check_kubernetes_job(job, MPIJOB)
+    shape = node_shape(request, options, job.processes_per_host)
     name = check_name(job.name, job.hosts)
-    efa = efa_interfaces(instance_type)
-    worker_limits = {GPU_RESOURCE: gpus} if gpus else {}
-    if efa:
-        worker_limits[EFA_RESOURCE] = efa
-    env = (
-        {"env": [{"name": "AWS_ENDPOINT_URL", "value": options.endpoint_url}]} if options.endpoint_url else {}
-    )
-    opt_ml = {"name": OPT_ML_VOLUME, "mountPath": DEFAULT_ROOT}
+    env = endpoint_env(options)
     worker = {
         "name": "worker",
         "image": options.image,
         "command": [*FORWARD_STOPS, "--term-after-ranks", *SSHD],  # SIGTERM to the ranks, then sshd
-        **env,
-        "resources": {"limits": worker_limits},
-        "volumeMounts": [opt_ml, {"name": "dshm", "mountPath": "/dev/shm"}],
+        **({"env": env} if env else {}),
+        "resources": {"limits": shape.limits},
+        "volumeMounts": rank_mounts(),
     }
-    node_index = {"fieldRef": {"fieldPath": f"metadata.labels['{REPLICA_INDEX_LABEL}']"}}
-    agent = {
-        "name": "pipe-agent",
-        "image": options.image,
-        "command": agent_command(options),
-        "env": [{"name": "NODE_INDEX", "valueFrom": node_index}, *env.get("env", [])],
-        # ready once the tree and the FIFOs are in place: the launcher waits for ready workers
-        "readinessProbe": {
-            "exec": {"command": ["test", "-f", f"{DEFAULT_ROOT}/{READY_FILE}"]},
-            "periodSeconds": 2,
-        },
-        # an agent that fails (no S3 access, say) leaves the pod unready: its error shows in kubectl describe
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": [opt_ml],
-    }
+    agent = agent_container(options, f"metadata.labels['{REPLICA_INDEX_LABEL}']")
+    agent["readinessProbe"] = ready_probe()  # the launcher waits for ready workers
     launcher = {
         "name": "launcher",
         "image": options.image,
-        "command": launcher_command(job, job.world, options, bool(efa)),
-        **env,
+        "command": launcher_command(job, job.world, options, bool(shape.efa)),
+        **({"env": env} if env else {}),
     }
-    volumes = [
-        {"name": OPT_ML_VOLUME, "emptyDir": {}},
-        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
-    ]
-    max_run = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
     run_policy = {
         "cleanPodPolicy": "Running",
         "backoffLimit": options.backoff_limit,
         "ttlSecondsAfterFinished": options.ttl_seconds_after_finished,
     }
-    if max_run:
-        run_policy["activeDeadlineSeconds"] = int(max_run)  # SageMaker's MaxRuntimeInSeconds
-    labels = {"app.kubernetes.io/name": "sagemaker-dist", "sagemaker-dist/job": name}
+    if max_runtime(request):
+        run_policy["activeDeadlineSeconds"] = max_runtime(request)  # SageMaker's MaxRuntimeInSeconds
+    labels = job_labels(name)
     pod = {"serviceAccountName": options.service_account, "terminationGracePeriodSeconds": STOP_WINDOW_S}
     return {
         "apiVersion": API_VERSION,
         "kind": "MPIJob",
         "metadata": {"name": name, "namespace": options.namespace, "labels": labels},
         "spec": {
-            "slotsPerWorker": slots,
+            "slotsPerWorker": shape.slots,
             "launcherCreationPolicy": "WaitForWorkersReady",
             "mpiImplementation": "OpenMPI",
             "sshAuthMountPath": "/root/.ssh",
@@ -201,24 +145,10 @@ def plan_mpijob(request: dict, options: MPIJobOptions) -> dict:
                             **pod,
                             "shareProcessNamespace": True,
                             "containers": [worker, agent],
-                            "volumes": volumes,
+                            "volumes": pod_volumes(),
                         },  # fmt: skip
                     },
                 },
             },
         },
     }
-
-
-def to_yaml(document: dict) -> str:
-    """The manifest as YAML (keys in the order written, as kubectl users read them)."""
-    try:
-        import yaml
-    except ImportError:
-        raise MPIJobError("writing YAML needs PyYAML: pip install 'pyyaml>=6,<7'") from None
-
-    class Dumper(yaml.SafeDumper):
-        def ignore_aliases(self, data):  # the same dict twice is written out twice, not as &id001
-            return True
-
-    return yaml.dump(document, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=100)

@@ -1,12 +1,16 @@
 """Hyperparameter tuning on Kubernetes: a Katib ``kubeflow.org/v1beta1`` Experiment (Katib v0.19)
-whose trial template is the job's MPIJob (``kubeflow.org/v2beta1``, ``k8s_mpijob.py``), as plain data.
+whose trial template is the job's Kubernetes object, as plain data: the MPIJob of a Horovod job
+(``kubeflow.org/v2beta1``, ``k8s_mpijob.py``), the TrainJob of a torchrun job
+(``trainer.kubeflow.org/v1alpha1``, ``k8s_trainjob.py``; every trial on one TrainingRuntime, written
+beside the Experiment).
 
 The trial is the CreateTrainingJob request SageMaker would make for a trial
-(``launch.tuning.trial_training_request``), planned as an MPIJob with a stand-in for each tuned value,
-which then becomes ``${trialParameters.NAME}`` (Katib substitutes it in the trial's manifest). The
-launcher, whose output carries the chief's metric line (``contract/metric_line.py``, ``name=value``:
-Katib's StdOut format), is the primary pod; success and failure are MPIJob v2beta1's conditions.
-Katib v0.19 watches only the trial kinds its config lists, and lists MPIJob v1 only:
+(``launch.tuning.trial_training_request``), planned with a stand-in for each tuned value, which then
+becomes ``${trialParameters.NAME}`` (Katib substitutes it in the trial's manifest). The primary pod is
+the one whose output carries the chief's metric line (``contract/metric_line.py``, ``name=value``:
+Katib's StdOut format): the MPIJob's launcher, the TrainJob's first node (Katib's own default for a
+TrainJob); success and failure are the object's conditions. Katib v0.19 watches only the trial kinds
+its config lists: its default config lists TrainJob v1alpha1 and MPIJob v1 only, so
 ``katib_setup_documents`` gives the KatibConfig with ``MPIJob.v2beta1.kubeflow.org`` added and the RBAC
 for it. ``katib_rules.experiment_problems`` encodes the admission webhook's rules, so the Experiment is
 checked here, offline. Pure: no I/O, no Kubernetes client.
@@ -21,10 +25,14 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from sagemaker_dist.contract.distributions import MPIJOB, TRAINJOB, distribution
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.host.job_spec import JobSpec
 from sagemaker_dist.launch.tuning import TuningSpec, trial_training_request
 from sagemaker_dist.launch.tuning_ranges import CATEGORICAL, INTEGER, format_number
-from sagemaker_dist.platforms.k8s_mpijob import MPIJobOptions, plan_mpijob
+from sagemaker_dist.platforms.k8s_mpijob import plan_mpijob
+from sagemaker_dist.platforms.k8s_pods import K8sJobOptions, to_yaml
+from sagemaker_dist.platforms.k8s_trainjob import NODE, plan_training_runtime, plan_trainjob, pod_name
 
 API_VERSION = "kubeflow.org/v1beta1"
 KATIB_VERSION = "v0.19.0"
@@ -35,6 +43,13 @@ LAUNCHER_CONTAINER = "launcher"  # k8s_mpijob's launcher container
 # MPIJob v2beta1's conditions (mpi-operator v0.8 types.go: JobSucceeded, JobFailed), in GJSON
 SUCCESS_CONDITION = 'status.conditions.#(type=="Succeeded")#|#(status=="True")#'
 FAILURE_CONDITION = 'status.conditions.#(type=="Failed")#|#(status=="True")#'
+# a TrainJob's (Katib v0.19's DefaultTrainJobSuccessCondition and its failure twin) and its first node
+# pod, which Katib picks by default (DefaultTrainJobPrimaryPodLabels)
+TRAINJOB_SUCCESS_CONDITION = 'status.conditions.#(type=="Complete")#|#(status=="True")#'
+TRAINJOB_PRIMARY_POD_LABELS = {
+    "jobset.sigs.k8s.io/replicatedjob-name": NODE,
+    "batch.kubernetes.io/job-completion-index": "0",
+}
 ALGORITHMS = {"Bayesian": "tpe", "Random": "random", "Grid": "grid"}  # Katib's hyperopt TPE, ...
 EARLY_STOPPING = {"Auto": "medianstop"}
 MAX_EXPERIMENT_NAME = 40
@@ -160,15 +175,9 @@ def katib_setup_documents(namespace: str = KATIB_NAMESPACE, config_yaml: str | N
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {"name": "katib-config", "namespace": namespace},
-            "data": {"katib-config.yaml": config_yaml or _yaml(katib_config())},
+            "data": {"katib-config.yaml": config_yaml or to_yaml(katib_config())},
         },
     ]
-
-
-def _yaml(document: dict) -> str:
-    from sagemaker_dist.platforms.k8s_mpijob import to_yaml
-
-    return to_yaml(document)
 
 
 def _sentinel(index: int) -> str:
@@ -209,35 +218,81 @@ def check_experiment_spec(spec: TuningSpec, name: str) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Trial:
+    """A trial's object as Katib's template holds it, and what Katib needs to follow it."""
+
+    job: dict  # the MPIJob or TrainJob, unnamed
+    primary: dict  # the container whose output carries the metric line (in ``job``)
+    template: dict  # primaryContainerName, primaryPodLabels, successCondition, failureCondition
+    documents: tuple[dict, ...] = ()  # what the trials need applied first (a TrainJob's runtime)
+
+
+def _last_pod_check(name: str, last_pod: str) -> None:
+    if len(last_pod) > 63:
+        raise KatibError(
+            f"experiment name {name!r} is too long for its trials' pods ({last_pod!r} is over 63 "
+            "characters); give a shorter job name"
+        )
+
+
+def _mpijob_trial(request: dict, k8s: K8sJobOptions, name: str, labels: dict) -> Trial:
+    job = plan_mpijob(request, k8s)  # every MPIJob check, with a trial's longest name below
+    workers = job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"]
+    _last_pod_check(name, f"{name}-{'x' * (TRIAL_SUFFIX - 1)}-worker-{workers - 1}")
+    for replica in job["spec"]["mpiReplicaSpecs"].values():
+        replica["template"]["metadata"]["labels"] = labels
+    (launcher,) = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
+    template = {
+        "primaryContainerName": LAUNCHER_CONTAINER,
+        "primaryPodLabels": {JOB_ROLE_LABEL: "launcher"},
+        "successCondition": SUCCESS_CONDITION,
+        "failureCondition": FAILURE_CONDITION,
+    }
+    return Trial(job, launcher, template)
+
+
+def _trainjob_trial(request: dict, k8s: K8sJobOptions, name: str, labels: dict) -> Trial:
+    job = plan_trainjob(request, k8s)  # every TrainJob check; every trial runs on the one runtime
+    _last_pod_check(
+        name, pod_name(f"{name}-{'x' * (TRIAL_SUFFIX - 1)}", job["spec"]["trainer"]["numNodes"] - 1)
+    )
+    template = {
+        "primaryContainerName": NODE,
+        "primaryPodLabels": dict(TRAINJOB_PRIMARY_POD_LABELS),
+        "successCondition": TRAINJOB_SUCCESS_CONDITION,
+        "failureCondition": FAILURE_CONDITION,
+    }
+    return Trial(job, job["spec"]["trainer"], template, (plan_training_runtime(request, k8s),))
+
+
+TRIALS = {MPIJOB: _mpijob_trial, TRAINJOB: _trainjob_trial}
+
+
 def plan_experiment(
-    tuning_request: Mapping, spec: TuningSpec, mpijob: MPIJobOptions, options: ExperimentOptions | None = None
-) -> dict:
-    """The Katib Experiment that runs ``spec`` over the tuning request's training definition."""
+    tuning_request: Mapping, spec: TuningSpec, k8s: K8sJobOptions, options: ExperimentOptions | None = None
+) -> list[dict]:
+    """The Katib Experiment that runs ``spec`` over the tuning request's training definition, after
+    what its trials need applied first (a TrainJob's runtime): the documents in the order to apply them."""
     options = options or ExperimentOptions()
     name = tuning_request["HyperParameterTuningJobName"].lower()
     check_experiment_spec(spec, name)
     sentinels = {r.name: _sentinel(i) for i, r in enumerate(spec.ranges)}
     trial_request = trial_training_request(tuning_request, name, sentinels)
-    job = plan_mpijob(trial_request, mpijob)  # every MPIJob check, with a trial's longest name below
-    workers = job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"]
-    last_pod = f"{name}-{'x' * (TRIAL_SUFFIX - 1)}-worker-{workers - 1}"
-    if len(last_pod) > 63:
-        raise KatibError(
-            f"experiment name {name!r} is too long for its trials' worker pods ({last_pod!r} is over 63 "
-            "characters); give a shorter job name"
-        )
-    job.pop("metadata", None)  # Katib names the trial's MPIJob; the webhook refuses name and namespace
+    kind = distribution(JobSpec.from_request(trial_request).distribution).kubernetes
+    if kind not in TRIALS:
+        raise KatibError(f"job {name}: its distribution runs on no Kubernetes object sagemaker-dist writes")
     labels = {"app.kubernetes.io/name": "sagemaker-dist", "sagemaker-dist/experiment": name}
+    trial = TRIALS[kind](trial_request, k8s, name, labels)
+    job = trial.job
+    job.pop("metadata", None)  # Katib names the trial's object; the webhook refuses name and namespace
     job["metadata"] = {"labels": labels}
-    for replica in job["spec"]["mpiReplicaSpecs"].values():
-        replica["template"]["metadata"]["labels"] = labels
-    (launcher,) = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
     # Katib's StdOut collector joins the command's words with spaces and runs them under sh -c: quote
     # them ourselves, as one sh -c string, each tuned value in single quotes
-    command = " ".join(shlex.quote(word) for word in launcher["command"])
+    command = " ".join(shlex.quote(word) for word in trial.primary["command"])
     for r_name, token in sentinels.items():
         command = command.replace(token, "'" + PLACEHOLDER % r_name + "'")
-    launcher["command"] = ["sh", "-c", command]
+    trial.primary["command"] = ["sh", "-c", command]
     text = json.dumps(job)
     for r_name, token in sentinels.items():
         text = text.replace(token, PLACEHOLDER % r_name)
@@ -260,10 +315,7 @@ def plan_experiment(
         "parameters": [_parameter(r) for r in spec.ranges],
         "metricsCollectorSpec": {"collector": {"kind": "StdOut"}},
         "trialTemplate": {
-            "primaryContainerName": LAUNCHER_CONTAINER,
-            "primaryPodLabels": {JOB_ROLE_LABEL: "launcher"},
-            "successCondition": SUCCESS_CONDITION,
-            "failureCondition": FAILURE_CONDITION,
+            **trial.template,
             "trialParameters": [
                 {"name": r.name, "description": r.describe(), "reference": r.name} for r in spec.ranges
             ],
@@ -272,7 +324,7 @@ def plan_experiment(
     }
     if spec.early_stopping == "Auto":
         experiment_spec["earlyStopping"] = {"algorithmName": EARLY_STOPPING["Auto"]}
-    return {
+    experiment = {
         "apiVersion": API_VERSION,
         "kind": "Experiment",
         "metadata": {
@@ -282,3 +334,4 @@ def plan_experiment(
         },
         "spec": experiment_spec,
     }
+    return [*trial.documents, experiment]

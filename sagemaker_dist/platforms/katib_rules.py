@@ -10,12 +10,15 @@ import json
 from collections.abc import Mapping
 
 from sagemaker_dist.platforms.k8s_mpijob import API_VERSION as MPIJOB_API_VERSION
+from sagemaker_dist.platforms.k8s_trainjob import API_VERSION as TRAINJOB_API_VERSION
+from sagemaker_dist.platforms.k8s_trainjob import NODE
 from sagemaker_dist.platforms.katib import (
     JOB_ROLE_LABEL,
     MAX_EXPERIMENT_NAME,
     NAME_RE,
     PLACEHOLDER,
     PLACEHOLDER_RE,
+    TRAINJOB_PRIMARY_POD_LABELS,
     katib_config,
 )
 
@@ -184,6 +187,16 @@ def _template_problems(template, parameters, config) -> list[str]:
             f"trial kind {resource} is not among katib-config's trialResources ({', '.join(resources)}): "
             "Katib would never see the trial end; apply katib_setup_documents() (tune --k8s --katib-setup)"
         )
+    if job.get("apiVersion") == TRAINJOB_API_VERSION and template.get("primaryContainerName"):
+        # the Trainer's node pods hold the container "node" (its runtime webhook insists), the first
+        # one the metric line: Katib must pick that pod and that container
+        labels = template.get("primaryPodLabels") or {}
+        if template["primaryContainerName"] != NODE or labels != TRAINJOB_PRIMARY_POD_LABELS:
+            problems.append(
+                f"a TrainJob trial's primary container is {NODE!r} in its first node pod "
+                f"(primaryPodLabels {TRAINJOB_PRIMARY_POD_LABELS}), not {template['primaryContainerName']!r} "
+                f"in the pods {labels} select"
+            )
     if job.get("apiVersion") == MPIJOB_API_VERSION and template.get("primaryContainerName"):
         labels = template.get("primaryPodLabels") or {}
         replicas = (job.get("spec") or {}).get("mpiReplicaSpecs") or {}

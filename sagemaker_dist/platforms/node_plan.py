@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from sagemaker_dist.contract.distributions import distribution, names_where
+from sagemaker_dist.contract.distributions import MPIJOB, TRAINJOB, distribution, names_where
 from sagemaker_dist.contract.rank_slots import RankSlot, rank_slots
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.host.channel_objects import ChannelSpec
@@ -81,7 +81,7 @@ def ranks_per_node(
     except UnknownInstanceTypeError:
         if processes_per_host is None:
             raise NodePlanError(
-                f"{instance_type!r} has no GPUs sagemaker-dist knows of, and a Horovod GPU job needs them: "
+                f"{instance_type!r} has no GPUs sagemaker-dist knows of, and a GPU job needs them: "
                 f"use a GPU type (ml.p4d.24xlarge, ml.g5.12xlarge, ...), or give {option} N to run N CPU "
                 "ranks per node"
             ) from None
@@ -89,7 +89,7 @@ def ranks_per_node(
     if processes_per_host is not None and processes_per_host > gpus:
         raise ProcessesPerHostError(
             f"{processes_per_host} ranks per node but {normalize_instance_type(instance_type)} has {gpus} "
-            f"GPU(s): Horovod runs one rank per GPU, so use at most {gpus}"
+            f"GPU(s): a job runs one rank per GPU, so use at most {gpus}"
         )
     return (processes_per_host or gpus), gpus
 
@@ -99,10 +99,14 @@ def efa_interfaces(instance_type: str) -> int:
     return EFA_INTERFACES.get(normalize_instance_type(instance_type), 0)
 
 
-def check_mpi_job(job: JobSpec, platform: str) -> None:
-    """``platform`` (Kubernetes' MPIJob) starts the ranks with mpirun: a job of a distribution whose
-    registry entry says it can (Horovod)."""
-    _check_platform(job, platform, "starts Horovod ranks with mpirun", lambda d: d.mpijob)
+# what each Kubernetes object does, for a message about a job it cannot run
+_KUBERNETES_STARTS = {MPIJOB: "starts Horovod ranks with mpirun", TRAINJOB: "starts torchrun on each node"}
+
+
+def check_kubernetes_job(job: JobSpec, kind: str) -> None:
+    """A Kubernetes object of ``kind`` (the registry's ``MPIJOB``, ``TRAINJOB``) runs only the jobs of a
+    distribution whose registry entry names it."""
+    _check_platform(job, f"a {kind}", _KUBERNETES_STARTS[kind], lambda d: d.kubernetes == kind)
 
 
 def check_slurm_job(job: JobSpec, platform: str) -> None:

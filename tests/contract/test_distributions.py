@@ -65,7 +65,7 @@ def test_rank_environment_image_platforms_and_helper():
     assert reg.rank_markers() == ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "TF_CONFIG", "RANK")
     assert horovod.image is None  # our container
     assert mwms.image == reg.DlcImage("tensorflow", "2.21", "py312")
-    assert (horovod.mpijob, mwms.mpijob, mwms.slurm) == (True, False, None)
+    assert (horovod.kubernetes, mwms.kubernetes, mwms.slurm) == ("MPIJob", None, None)
     assert (horovod.mpi, mwms.mpi) == (True, False)
     assert horovod.keras_helper.endswith("horovod_keras") and mwms.keras_helper.endswith("mwms_keras")
 
@@ -103,7 +103,7 @@ def test_torchrun_one_process_per_gpu_the_pytorch_dlc_and_gpu_types_on_sagemaker
     assert (torchrun.processes_per_host, torchrun.default_processes_per_host()) == (reg.PER_GPU, None)
     assert torchrun.rank_variables == (("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),)
     assert torchrun.image == reg.DlcImage("pytorch", "2.8", "py312")
-    assert (torchrun.mpi, torchrun.mpijob, torchrun.keras_helper) == (False, False, None)
+    assert (torchrun.mpi, torchrun.kubernetes, torchrun.keras_helper) == (False, "TrainJob", None)
     assert torchrun.demo_script == "train_torch.py"
     for ok in ("ml.p4d.24xlarge", "ml.g5.12xlarge", "ml.trn1.32xlarge", "G6.48XLARGE"):
         torchrun.check_sagemaker_instance_type(ok)

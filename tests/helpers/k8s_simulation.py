@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,12 +85,22 @@ def _expand(command: list[str], env: dict[str, str]) -> list[str]:
 
 
 def _pod_command(
-    python: Path, root: Path, state: Path, hosts: list[str], hostname: str, command: list[str]
+    python: Path, root: Path, state: Path, hosts: list[str], hostname: str, command: list[str], cwd: str = "/"
 ) -> list[str]:
     return [
         "unshare", "-m", "-u", str(python), SCRIPT, "pod", "--tree", str(root), "--state", str(state),
-        "--hosts", ",".join(hosts), "--hostname", hostname, "--", *command,
+        "--hosts", ",".join(hosts), "--hostname", hostname, "--cwd", cwd, "--", *command,
     ]  # fmt: skip
+
+
+def _image_env(python: Path, base_env: dict[str, str] | None) -> dict[str, str]:
+    """What the image and the service account give every container (``base_env``: S3 credentials)."""
+    image_env = dict(base_env if base_env is not None else os.environ)
+    image_env.setdefault("LD_LIBRARY_PATH", "")  # the image sets it (CUDA); the launcher passes it on
+    image_env["PATH"] = os.pathsep.join([str(python.parent), "/usr/local/bin", "/usr/bin", "/bin"])
+    for variable in ("PYTHONPATH", ROOT_ENV):  # the pods' /opt/ml is /opt/ml
+        image_env.pop(variable, None)
+    return image_env
 
 
 def simulate(
@@ -111,11 +122,7 @@ def simulate(
     workers = manifest["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"]
     hosts = [line.split()[0] for line in hostfile_text(manifest).splitlines()]
     (work / "hostfile").write_text(hostfile_text(manifest))
-    image_env = dict(base_env if base_env is not None else os.environ)
-    image_env.setdefault("LD_LIBRARY_PATH", "")  # the image sets it (CUDA); the launcher passes it on
-    image_env["PATH"] = os.pathsep.join([str(python.parent), "/usr/local/bin", "/usr/bin", "/bin"])
-    for variable in ("PYTHONPATH", ROOT_ENV):  # the pods' /opt/ml is /opt/ml
-        image_env.pop(variable, None)
+    image_env = _image_env(python, base_env)
     worker_containers = _containers(manifest, "Worker")
     (agent_container,) = [c for n, c in worker_containers.items() if n == "pipe-agent"]
     roots, agents = [], []
@@ -177,6 +184,152 @@ def simulate(
     return SimulationResult(code, out, outputs, roots)
 
 
+@dataclass
+class TrainJobResult:
+    returncodes: list[int]  # each node container's
+    node_outputs: list[str]
+    agent_outputs: list[str]
+    node_roots: list[Path]
+    isolated: bool  # the pods ran in a network namespace of their own
+
+
+def simulate_trainjob(
+    runtime: dict,
+    trainjob: dict,
+    work: Path,
+    python: Path | None = None,
+    base_env: dict[str, str] | None = None,
+    timeout: float = 600,
+    echo=print,
+) -> TrainJobResult:
+    """Run a TrainJob's node pods here, as the Trainer's JobSet and the kubelet would: on each node the
+    runtime's native-sidecar pipe agent, then (once its startup probe's file is there) the node container
+    with the TrainJob's command and the ``PET_*`` variables the Torch plugin sets. The pods share one
+    network namespace of their own (each pod's name resolving to its loopback, as the JobSet's headless
+    service makes them resolve), with the S3 endpoint relayed in: torchrun's store listens nowhere else."""
+    from sagemaker_dist.local.launchers.private_net import PrivateNet
+    from sagemaker_dist.platforms.k8s_trainjob import MASTER_PORT, master_address, pod_name
+
+    python = check_toolkit_host(python)
+    work = Path(work)
+    name, trainer = trainjob["metadata"]["name"], trainjob["spec"]["trainer"]
+    nodes = trainer["numNodes"]
+    (replicated,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    pod_spec = replicated["template"]["spec"]["template"]["spec"]
+    (agent,) = pod_spec["initContainers"]
+    (node,) = pod_spec["containers"]
+    image_env = _image_env(python, base_env)
+    hosts = [master_address(name), *(pod_name(name, i) for i in range(nodes))]
+    pods = []
+    for index in range(nodes):
+        pod = work / f"node-{index}"
+        (pod / "opt_ml").mkdir(parents=True)
+        agent_env = {**image_env, **_container_env(agent, {"NODE_INDEX": str(index)})}
+        node_env = {
+            **image_env,
+            **_container_env(trainer, {}),
+            "PET_NNODES": str(nodes),
+            "PET_NPROC_PER_NODE": str(trainer["numProcPerNode"]),
+            "PET_NODE_RANK": str(index),
+            "PET_MASTER_ADDR": master_address(name),
+            "PET_MASTER_PORT": str(MASTER_PORT),
+        }
+        pods.append(
+            {
+                "dir": str(pod),
+                "agent": {
+                    "command": _pod_command(
+                        python,
+                        pod / "opt_ml",
+                        pod / "agent-state",
+                        hosts,
+                        pod_name(name, index),
+                        _expand(agent["command"], agent_env),
+                    ),  # fmt: skip
+                    "env": agent_env,
+                },
+                "node": {
+                    "command": _pod_command(
+                        python,
+                        pod / "opt_ml",
+                        pod / "node-state",
+                        hosts,
+                        pod_name(name, index),
+                        _expand(trainer["command"], node_env),
+                        node.get("workingDir", "/"),
+                    ),  # fmt: skip
+                    "env": node_env,
+                },
+            }
+        )
+    plan = work / "trainjob-plan.json"
+    plan.write_text(json.dumps({"pods": pods, "timeout": timeout}))
+    net = PrivateNet(image_env, echo)
+    driver = net.start(
+        lambda: subprocess.Popen(
+            [str(python), SCRIPT, "trainjob", str(plan)], env=image_env, start_new_session=True
+        )
+    )
+    try:
+        driver.wait(timeout=timeout + AGENT_READY_S + 3 * STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+    finally:
+        net.close()
+    codes = (
+        json.loads((work / "trainjob-codes.json").read_text())
+        if (work / "trainjob-codes.json").exists()
+        else []
+    )
+    read = lambda p: p.read_text(errors="replace") if p.exists() else ""  # noqa: E731
+    echo(f"k8s simulation: TrainJob {name}'s node containers exited with {codes}")
+    return TrainJobResult(
+        codes or [124] * nodes,
+        [read(work / f"node-{i}" / "node.log") for i in range(nodes)],
+        [read(work / f"node-{i}" / "pipe-agent.log") for i in range(nodes)],
+        [work / f"node-{i}" / "opt_ml" for i in range(nodes)],
+        net.isolated,
+    )
+
+
+def _start_logged(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    with open(log, "w") as out:  # a file: a pipe nobody reads could fill up
+        return subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def _run_trainjob_pods(plan_file: Path) -> int:
+    """In the TrainJob's network namespace: each pod's sidecar, then its node container once the sidecar
+    is ready; the node containers' exit codes to ``trainjob-codes.json``; then the sidecars get SIGTERM
+    (the kubelet ends a native sidecar after the pod's containers)."""
+    plan = json.loads(plan_file.read_text())
+    pods = [Path(p["dir"]) for p in plan["pods"]]
+    agents = [_start_logged(**p["agent"], log=d / "pipe-agent.log") for p, d in zip(plan["pods"], pods)]
+    nodes: list[subprocess.Popen] = []
+    try:
+        for pod, agent in zip(pods, agents):
+            wait_ready(pod / "opt_ml", AGENT_READY_S, agent)  # the sidecar's startup probe
+        nodes = [_start_logged(**p["node"], log=d / "node.log") for p, d in zip(plan["pods"], pods)]
+        deadline = time.monotonic() + plan["timeout"]
+        codes = []
+        for node in nodes:
+            try:
+                codes.append(node.wait(timeout=max(0.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                codes.append(124)
+        (plan_file.parent / "trainjob-codes.json").write_text(json.dumps(codes))
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+                node.wait()
+        for pod, agent in zip(pods, agents):
+            _stop(agent, pod / "pipe-agent.log")
+    return 0
+
+
 def _run_launcher(command: list[str], env: dict[str, str], cwd: Path, timeout: float) -> tuple[int, str]:
     """The launcher's command in a session of its own (mpirun, its ssh stand-ins, the orteds, the
     ranks), all killed if it runs past ``timeout`` (code 124, as timeout(1) reports it)."""
@@ -234,6 +387,7 @@ def _pod(argv: list[str]) -> None:
     socket.sethostname(hostname)
     if not Path(DEFAULT_ROOT).samefile(options["--tree"]):
         raise SystemExit(f"k8s simulation: {DEFAULT_ROOT} is not the pod's tree after mounting it")
+    os.chdir(options.get("--cwd", "/"))  # the container's workingDir
     os.execvp(command[0], command)
 
 
@@ -243,10 +397,12 @@ def main(argv: list[str] | None = None) -> None:
         _ssh(argv[1:])
     elif argv[:1] == ["pod"]:
         _pod(argv[1:])
+    elif argv[:1] == ["trainjob"]:
+        raise SystemExit(_run_trainjob_pods(Path(argv[1])))
     else:
         raise SystemExit(
             f"usage: python -m {__name__} ssh HOST COMMAND... | "
-            "pod --tree T --state S --hosts H --hostname N -- CMD"
+            "pod --tree T --state S --hosts H --hostname N [--cwd D] -- CMD | trainjob PLAN"
         )
 
 

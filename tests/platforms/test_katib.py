@@ -27,7 +27,7 @@ from helpers.k8s_schemas import strict_schema
 
 from sagemaker_dist.contract.metric_line import metric_line
 from sagemaker_dist.launch.tuning import TuningSpec
-from sagemaker_dist.platforms.k8s_mpijob import FORWARD_STOPS
+from sagemaker_dist.platforms.k8s_pods import FORWARD_STOPS
 from sagemaker_dist.platforms.katib import (
     DEFAULT_KATIB_CONFIG,
     MPIJOB_V2_RESOURCE,
@@ -232,3 +232,45 @@ def test_what_katib_cannot_do_is_refused_before_anything_is_written():
     with pytest.raises(KatibError, match="at most 40 characters"):
         check_experiment_spec(spec(), "e" * 41)
     check_experiment_spec(spec(strategy="Grid", ranges={"b": "16,32"}, max_jobs=None), "exp")
+
+
+def test_a_torchrun_jobs_trials_are_trainjobs_that_katibs_own_config_runs(tmp_path):
+    """``tune --k8s --distribution torchrun``: the trials are TrainJobs (Katib v0.19 lists
+    TrainJob.v1alpha1 as installed), each on the one TrainingRuntime written before the Experiment;
+    the substituted trial passes the Trainer's API and webhooks, and its first node's container is
+    the primary one (Katib's defaults for a TrainJob)."""
+    from helpers.trainer_api import schema_problems, trainer_problems
+
+    out = tmp_path / "experiment.yaml"
+    proc = subprocess.run(
+        [*CLI, "--demo", "--distribution", "torchrun", "--s3-state-dir", str(tmp_path / "s3"),
+         "--instance-type", "ml.g5.12xlarge", "--instance-count", "2", "--namespace", "training",
+         "-o", str(out), "--objective-metric", "val_accuracy", "--range", "learning_rate=1e-4:1e-2:log",
+         "--max-jobs", "4", "--max-parallel-jobs", "2"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "TrainJob.v1alpha1.trainer.kubeflow.org" in proc.stderr
+    runtime, experiment = yaml.safe_load_all(out.read_text())
+    assert runtime["kind"] == "TrainingRuntime" and experiment["kind"] == "Experiment"
+    assert swagger_problems(experiment) == []
+    assert experiment_problems(experiment, KATIB_CONFIG) == []  # Katib's own config, unchanged
+    template = experiment["spec"]["trialTemplate"]
+    assert template["primaryContainerName"] == "node"
+    assert template["primaryPodLabels"] == {
+        "jobset.sigs.k8s.io/replicatedjob-name": "node", "batch.kubernetes.io/job-completion-index": "0",
+    }  # fmt: skip
+    assert template["successCondition"] == 'status.conditions.#(type=="Complete")#|#(status=="True")#'
+    job = substituted(experiment, {"learning_rate": "0.00316"})
+    assert schema_problems(job) == [] and schema_problems(runtime) == []
+    assert trainer_problems([runtime, job]) == []
+    assert job["spec"]["runtimeRef"]["name"] == runtime["metadata"]["name"]
+    trainer = job["spec"]["trainer"]
+    assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 4)
+    argv = shlex.split(trainer["command"][2])
+    assert argv[: len(FORWARD_STOPS) + 2] == [*FORWARD_STOPS, "torchrun", "train_torch.py"], argv
+    pairs = dict(zip(argv[len(FORWARD_STOPS) + 2 :: 2], argv[len(FORWARD_STOPS) + 3 :: 2]))
+    assert pairs["--learning_rate"] == "0.00316" and pairs["--_tuning_objective_metric"] == "val_accuracy"
+    broken = copy.deepcopy(experiment)
+    broken["spec"]["trialTemplate"]["primaryPodLabels"] = {"training.kubeflow.org/job-role": "launcher"}
+    assert any("TrainJob trial's primary container" in p for p in experiment_problems(broken, KATIB_CONFIG))
