@@ -17,13 +17,33 @@ from sagemaker_dist.local.launchers import HOROVODRUN, LAUNCHERS, TOOLKIT_HOST_L
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "local",
-        help="run a Pipe-mode Horovod job on this machine (real FIFOs, real horovodrun ranks)",
+        help="run a Pipe-mode job on this machine (real FIFOs, real Horovod, tf-mwms or torchrun ranks)",
         description=(
             "Run a training job here exactly as SageMaker would run it: an /opt/ml tree per simulated "
-            "host, Pipe-mode FIFOs fed from S3, Horovod ranks, model.tar.gz in the output path. "
+            "host, Pipe-mode FIFOs fed from S3, real ranks, model.tar.gz in the output path. "
             "S3 is an embedded moto server unless --bucket (real S3) or --endpoint-url is given."
         ),
     )
+    _add_job_arguments(p)
+    _add_launcher_arguments(p)
+    add_endpoint_args(p)
+    p.add_argument("--work-dir", type=Path, help="where the per-host /opt/ml trees go (default: a temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the /opt/ml trees after the job")
+    p.add_argument("--timeout", type=float, help="stop the job after this many seconds")
+    p.add_argument(
+        "--interrupt-at",
+        type=float,
+        action="append",
+        metavar="SECONDS",
+        help="a spot interruption: SIGTERM every rank SECONDS after the ranks start, wait up to 120 s, then "
+        "start the job again with its checkpoints restored (repeatable: one per attempt)",
+    )
+    p.set_defaults(func=run_local_command)
+    _register_demo_data(subparsers)
+
+
+def _add_job_arguments(p) -> None:
+    """What job runs: the demo, a request, or a script with its data, hosts and hyperparameters."""
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--demo", action="store_true", help="the CIFAR-10-shaped demo job (writes its data)")
     what.add_argument(
@@ -76,6 +96,10 @@ def register(subparsers) -> None:
         help="hyperparameter for the entry script (repeatable)",
     )
     p.add_argument("--epochs", type=int, help="shorthand for -p epochs=N")
+
+
+def _add_launcher_arguments(p) -> None:
+    """How the ranks start: the launcher, and the image or environment it runs them in."""
     p.add_argument(
         "--launcher",
         choices=LAUNCHERS,
@@ -106,20 +130,9 @@ def register(subparsers) -> None:
         help="the image's sagemaker-training version: the entry script gets its arguments as that toolkit "
         f"passes them (before 5.0 through /bin/sh; default {DEFAULT_TOOLKIT_VERSION}, the TF DLCs')",
     )
-    add_endpoint_args(p)
-    p.add_argument("--work-dir", type=Path, help="where the per-host /opt/ml trees go (default: a temp dir)")
-    p.add_argument("--keep", action="store_true", help="keep the /opt/ml trees after the job")
-    p.add_argument("--timeout", type=float, help="stop the job after this many seconds")
-    p.add_argument(
-        "--interrupt-at",
-        type=float,
-        action="append",
-        metavar="SECONDS",
-        help="a spot interruption: SIGTERM every rank SECONDS after the ranks start, wait up to 120 s, then "
-        "start the job again with its checkpoints restored (repeatable: one per attempt)",
-    )
-    p.set_defaults(func=run_local_command)
 
+
+def _register_demo_data(subparsers) -> None:
     d = subparsers.add_parser(
         "demo-data",
         help="write a small generated CIFAR-10-shaped TFRecord dataset to the S3 endpoint",

@@ -26,6 +26,12 @@ def _add_job_source(p, runs) -> None:
 
 
 def register(subparsers) -> None:
+    _register_pipe_agent(subparsers)
+    _register_k8s(subparsers)
+    _register_slurm(subparsers)
+
+
+def _register_pipe_agent(subparsers) -> None:
     a = subparsers.add_parser(
         "pipe-agent",
         help="feed one node's Pipe-mode FIFOs from S3 (Slurm, Kubernetes, any machine)",
@@ -69,6 +75,8 @@ def register(subparsers) -> None:
     )
     a.set_defaults(func=pipe_agent_command)
 
+
+def _register_k8s(subparsers) -> None:
     k = subparsers.add_parser(
         "k8s",
         help="write the job for Kubernetes: a Kubeflow MPIJob (Horovod) or Trainer TrainJob (torchrun), "
@@ -112,6 +120,8 @@ def register(subparsers) -> None:
     add_endpoint_args(k)
     k.set_defaults(func=k8s_command)
 
+
+def _register_slurm(subparsers) -> None:
     s = subparsers.add_parser(
         "slurm",
         help="write (and submit) an sbatch script: a pipe agent per node, the ranks with srun --mpi=pmix",

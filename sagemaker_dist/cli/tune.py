@@ -259,7 +259,6 @@ def _k8s(args, job, spec) -> int:
         ExperimentOptions,
         KatibError,
         check_experiment_spec,
-        katib_setup_documents,
         plan_experiment,
     )
     from sagemaker_dist.platforms.katib_rules import experiment_problems
@@ -302,7 +301,23 @@ def _k8s(args, job, spec) -> int:
             )
         text = to_yaml_stream(documents)  # a TrainJob's runtime, then the Experiment
         _upload_spec(static, spec_uri)
-    if documents[-1]["spec"]["trialTemplate"]["trialSpec"]["kind"] == "TrainJob":
+    _katib_setup(args, documents[-1])
+    if job.output:
+        _write_atomically(job.output, text)
+        _err(f"wrote {job.output}; the job spec is {spec_uri}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _katib_setup(args, experiment: dict) -> None:
+    """What Katib needs before it runs the trials: nothing for TrainJobs; for v2beta1 MPIJobs its config
+    and RBAC, written with --katib-setup."""
+    from sagemaker_dist.cli.platforms import _write_atomically
+    from sagemaker_dist.platforms.k8s_pods import to_yaml_stream
+    from sagemaker_dist.platforms.katib import katib_setup_documents
+
+    if experiment["spec"]["trialTemplate"]["trialSpec"]["kind"] == "TrainJob":
         _err(
             "Katib v0.19 runs TrainJob trials as installed (its katib-config lists "
             "TrainJob.v1alpha1.trainer.kubeflow.org); apply the TrainingRuntime with the Experiment"
@@ -317,12 +332,6 @@ def _k8s(args, job, spec) -> int:
         )
     else:
         _err("Katib runs MPIJob v2beta1 trials once its config lists them: --katib-setup FILE writes that")
-    if job.output:
-        _write_atomically(job.output, text)
-        _err(f"wrote {job.output}; the job spec is {spec_uri}")
-    else:
-        sys.stdout.write(text)
-    return 0
 
 
 def _spec_uri(request: dict) -> str:
