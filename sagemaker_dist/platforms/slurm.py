@@ -90,20 +90,12 @@ def _q(words) -> str:
     return " ".join(shlex.quote(str(w)) for w in words)
 
 
-def sbatch_script(request: dict, options: SlurmOptions) -> str:
-    """The sbatch script that runs ``request`` on InstanceCount nodes x processes-per-host tasks."""
-    job = JobSpec.from_request(request, toolkit_version=options.toolkit_version)
-    check_slurm_job(job, "the sbatch script")
-    entry = distribution(job.distribution)
-    start = entry.slurm
-    check_tasks(job.processes_per_host, options.gpus_per_node, entry.title)
-    nodes, tasks = job.hosts, job.processes_per_host
-    argv = toolkit.script_argv(job.hyperparameters, options.toolkit_version, {"HOME": "/root"}, None)
-    max_run = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
+def _directives(job: JobSpec, options: SlurmOptions, max_run) -> list[str]:
+    """The ``#SBATCH`` options: the allocation, the output file, the stop signal, the time limit."""
     directives = [
         f"--job-name={job.name}",
-        f"--nodes={nodes}",
-        f"--ntasks-per-node={tasks}",
+        f"--nodes={job.hosts}",
+        f"--ntasks-per-node={job.processes_per_host}",
         f"--output={directive_value('--output', options.output)}",
         f"--signal=TERM@{STOP_WINDOW_S}",  # to the steps' tasks: the ranks stop and checkpoint in time
     ]
@@ -113,6 +105,33 @@ def sbatch_script(request: dict, options: SlurmOptions) -> str:
         directives.append(f"--time={math.ceil(int(max_run) / 60)}")  # minutes: SageMaker's MaxRuntime
     if options.partition:
         directives.append(f"--partition={directive_value('--partition', options.partition)}")
+    return directives
+
+
+def _rendezvous(start) -> str:
+    """torch.distributed's meeting point: the first node's address (as Slurm knows it), a job's port."""
+    if not start.rendezvous:
+        return ""
+    return (
+        "# The ranks meet at the first node of the allocation, on a port of this job's own.\n"
+        'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)\n'
+        'SD_MASTER_ADDR=$(scontrol show node "$first" | grep -o "NodeAddr=[^ ]*" | cut -d= -f2)\n'
+        f'export SD_MASTER_ADDR="${{SD_MASTER_ADDR:-$first}}" SD_MASTER_PORT="{MASTER_PORT}"\n'
+    )
+
+
+def sbatch_script(request: dict, options: SlurmOptions) -> str:
+    """The sbatch script that runs ``request`` on InstanceCount nodes x processes-per-host tasks."""
+    job = JobSpec.from_request(request, toolkit_version=options.toolkit_version)
+    check_slurm_job(job, "the sbatch script")
+    entry = distribution(job.distribution)
+    start = entry.slurm
+    check_tasks(job.processes_per_host, options.gpus_per_node, entry.title)
+    nodes, tasks = job.hosts, job.processes_per_host
+    argv = toolkit.script_argv(job.hyperparameters, options.toolkit_version, {"HOME": "/root"}, None)
+    directives = _directives(
+        job, options, (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
+    )
     per_node = f"--nodes={nodes} --ntasks={nodes} --ntasks-per-node=1"
     exports = f"export AWS_ENDPOINT_URL={shlex.quote(options.endpoint_url)}\n" if options.endpoint_url else ""
     exports += "export FI_PROVIDER=efa  # EFA for NCCL and Open MPI\n" if options.efa else ""
@@ -143,14 +162,7 @@ def sbatch_script(request: dict, options: SlurmOptions) -> str:
         f'export SAGEMAKER_DIST_OPT_ML="$SD_ROOT/node-$SLURM_NODEID" {rank_variables}; '
         'cd "$SAGEMAKER_DIST_OPT_ML/code" && exec "$0" "$@"'
     )
-    rendezvous = ""
-    if start.rendezvous:  # torch.distributed meets at the first node's address (as Slurm knows it)
-        rendezvous = (
-            "# The ranks meet at the first node of the allocation, on a port of this job's own.\n"
-            'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)\n'
-            'SD_MASTER_ADDR=$(scontrol show node "$first" | grep -o "NodeAddr=[^ ]*" | cut -d= -f2)\n'
-            f'export SD_MASTER_ADDR="${{SD_MASTER_ADDR:-$first}}" SD_MASTER_PORT="{MASTER_PORT}"\n'
-        )
+    rendezvous = _rendezvous(start)
     mpi = f" --mpi={start.mpi}" if start.mpi else ""
     failed = "the training step failed with exit code $STATUS; srun's 'task N' lines above name the rank(s)"
     return f"""#!/bin/bash
