@@ -51,15 +51,20 @@ class DlcImage:
     py_version: str
 
 
+# Slurm's view of a rank, in the order of a rank-variable family (rank, local rank, size, local size);
+# ``{tasks}`` is the tasks per node
+SLURM_RANK_VALUES = ("$SLURM_PROCID", "$SLURM_LOCALID", "$SLURM_NTASKS", "{tasks}")
+
+
 @dataclass(frozen=True)
 class SlurmStart:
     """How an sbatch script's ``srun`` starts one task per rank: the MPI plugin it uses (``pmix`` for an
-    MPI-built Horovod, None for none), and each rank's variables taken from Slurm's (shell words:
-    ``$SLURM_PROCID`` and so on; ``{tasks}`` is the tasks per node, ``$SD_MASTER_ADDR`` and
-    ``$SD_MASTER_PORT`` the first node's address and a port of the job's own, where ``rendezvous``)."""
+    MPI-built Horovod, None for none); each rank gets its distribution's first family of rank variables
+    from Slurm's (``SLURM_RANK_VALUES``), plus ``extra`` (shell words; ``$SD_MASTER_ADDR`` and
+    ``$SD_MASTER_PORT`` are the first node's address and a port of the job's own, where ``rendezvous``)."""
 
     mpi: str | None
-    rank_variables: tuple[tuple[str, str], ...]
+    extra: tuple[tuple[str, str], ...] = ()
     rendezvous: bool = False  # the ranks meet at the first node (torch.distributed's env:// store)
 
 
@@ -109,6 +114,14 @@ class Distribution:
     @property
     def default_launcher(self) -> str:
         return self.local_launchers[0]
+
+    def slurm_rank_variables(self, tasks_per_node: int) -> tuple[tuple[str, str], ...]:
+        """Each srun task's rank variables (name, shell word), from Slurm's: its first family's, then
+        the entry's extras."""
+        if self.slurm is None:
+            return ()
+        values = (v.format(tasks=tasks_per_node) for v in SLURM_RANK_VALUES)
+        return (*zip(self.rank_variables[0], values), *self.slurm.extra)
 
     @property
     def rank_markers(self) -> tuple[str, ...]:
@@ -198,15 +211,7 @@ HOROVOD_ENTRY = Distribution(
     rank_variables=RANK_VARIABLES,  # Open MPI's (the toolkit's mpirun), then Horovod's (horovodrun)
     image=None,  # container/Dockerfile: the newest TF DLC with TF <= 2.15, plus Horovod
     local_launchers=(HOROVODRUN, MPIRUN, TOOLKIT, CONTAINER),
-    slurm=SlurmStart(  # the runtime reads mpirun's rank variables; under srun, Slurm's say the same
-        "pmix",
-        (
-            ("OMPI_COMM_WORLD_RANK", "$SLURM_PROCID"),
-            ("OMPI_COMM_WORLD_SIZE", "$SLURM_NTASKS"),
-            ("OMPI_COMM_WORLD_LOCAL_RANK", "$SLURM_LOCALID"),
-            ("OMPI_COMM_WORLD_LOCAL_SIZE", "{tasks}"),
-        ),
-    ),
+    slurm=SlurmStart("pmix"),  # the runtime reads mpirun's rank variables; under srun, Slurm's say the same
     kubernetes=MPIJOB,
     keras_helper="sagemaker_dist.runtime.horovod_keras",
 )
@@ -244,10 +249,6 @@ TORCHRUN_ENTRY = Distribution(
     slurm=SlurmStart(  # one task per rank with torchrun's variables, as torchrun would set them
         None,
         (
-            ("RANK", "$SLURM_PROCID"),
-            ("WORLD_SIZE", "$SLURM_NTASKS"),
-            ("LOCAL_RANK", "$SLURM_LOCALID"),
-            ("LOCAL_WORLD_SIZE", "{tasks}"),
             ("GROUP_RANK", "$SLURM_NODEID"),
             ("MASTER_ADDR", "$SD_MASTER_ADDR"),
             ("MASTER_PORT", "$SD_MASTER_PORT"),

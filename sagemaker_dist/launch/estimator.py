@@ -1,4 +1,4 @@
-"""Launch a data-parallel Pipe-mode training job (Horovod or tf-mwms) on SageMaker in a few lines
+"""Launch a data-parallel Pipe-mode training job (Horovod, tf-mwms, torchrun) on SageMaker in a few lines
 (orchestration only).
 
 ``DistributedEstimator`` holds the job's settings and runs the steps, each of which lives in its own
@@ -355,16 +355,8 @@ class DistributedEstimator:
             request = self._prepare_on_aws(inputs, layout, job_name, package, say, check_job_name, backend)
         return PreparedJob(request, layout, package)
 
-    def _prepare_on_aws(
-        self,
-        inputs: JobInputs,
-        layout: ChannelLayout,
-        job_name: str,
-        package: SourcePackage,
-        say,
-        check,
-        backend,
-    ) -> dict:
+    def _prepare_on_aws(self, inputs: JobInputs, layout: ChannelLayout, job_name: str, package: SourcePackage,
+                        say, check, backend) -> dict:  # fmt: skip
         """The AWS part of ``prepare``: resolve output and role, shard bare prefixes, upload the source.
 
         Every role is listed and planned, and the whole request built and validated from the planned

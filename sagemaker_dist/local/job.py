@@ -122,17 +122,13 @@ def run_local(
         stack.callback(close_feeds, feeds)  # after stop is set (LIFO): the feeders see it and end
         stack.callback(stop.set)
         feeds += open_feeds(job.specs, trees, client, stop, feed_errors.append, echo)
+        source = code_dir if source_dir else None  # the image's hosts get the source dir; else S3's
         if cluster:
-            source = code_dir if source_dir else None
             group = cluster_group(stack, job, trees, source, work, extra_env, echo, image)
-            command = group.command
         elif launcher in TOOLKIT_HOST_LAUNCHERS:
-            group = _toolkit_group(
-                job, trees, code_dir if source_dir else None, work, container, extra_env, echo, image
-            )
+            group = _toolkit_group(job, trees, source, work, container, extra_env, echo, image)
             if job.world == 1 and not _toolkit_each_host(job, launcher):  # no mpirun: one worker, untagged
                 group.untagged_rank = 0
-            command = group.command
         else:
             group = _rank_group(job, trees, code_dir, work, command, extra_env, echo)
         if not cluster:  # the launcher in a network namespace of the job's own (a cluster has its network)
@@ -143,7 +139,7 @@ def run_local(
             f"local job {job.name}: {job.world} rank(s) = {job.hosts} host(s) x {job.processes_per_host}, "
             f"work dir {work}"
         )
-        echo("$ " + " ".join(command))
+        echo("$ " + " ".join(group.command))
         for feed in feeds:
             feed.start()
         launch_time = time.monotonic()

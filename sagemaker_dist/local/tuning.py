@@ -335,7 +335,12 @@ def _run_trial(
         if proc.poll() is None:
             _stop(proc, 0)
     record.seconds = time.monotonic() - started
-    if stopped.is_set():
+    return _trial_outcome(record, code, stopped.is_set(), last_lines, spec, echo)
+
+
+def _trial_outcome(record, code: int, stopped: bool, last_lines: list[str], spec, echo) -> str:
+    """The trial's status from how its job ended: "complete", "pruned" or "failed" (with the reason)."""
+    if stopped:
         record.status, record.objective = "Stopped", (record.epochs[-1][1] if record.epochs else None)
         record.reason = f"stopped early at epoch {record.epochs[-1][0]}" if record.epochs else "stopped early"
         return "pruned"

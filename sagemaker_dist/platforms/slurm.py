@@ -157,7 +157,7 @@ def sbatch_script(request: dict, options: SlurmOptions) -> str:
         f'echo "node $SLURM_NODEID: its pipe agent was not ready after {options.agent_ready_seconds} s" >&2; '
         "exit 1"
     )
-    rank_variables = " ".join(f'{name}="{value.format(tasks=tasks)}"' for name, value in start.rank_variables)
+    rank_variables = " ".join(f'{name}="{value}"' for name, value in entry.slurm_rank_variables(tasks))
     in_tree = (  # each task: its node's tree, its rank's variables from Slurm's (the registry's)
         f'export SAGEMAKER_DIST_OPT_ML="$SD_ROOT/node-$SLURM_NODEID" {rank_variables}; '
         'cd "$SAGEMAKER_DIST_OPT_ML/code" && exec "$0" "$@"'
