@@ -2,12 +2,14 @@
 # Build the sagemaker-dist training image (container/Dockerfile) and push it to Amazon ECR.
 #
 # Usage: container/build_and_push.sh [--region REGION] [--account ID] [--repo NAME] [--tag TAG]
-#                                    [--tf-version VERSION] [--dry-run]
+#                                    [--tf-version VERSION] [--pytorch [--pytorch-version V]] [--dry-run]
 #   --region      AWS region (default: $AWS_REGION, $AWS_DEFAULT_REGION, then `aws configure get region`)
 #   --account     12-digit account that owns the repository (default: the caller's, from STS)
-#   --repo        ECR repository, created if missing (default: sagemaker-dist)
+#   --repo        ECR repository, created if missing (default: sagemaker-dist, sagemaker-dist-pytorch)
 #   --tag         image tag (default: the package version in sagemaker_dist/__init__.py)
 #   --tf-version  TensorFlow of the AWS DLC base image (default: 2.14.1)
+#   --pytorch     the PyTorch image (distribution torchrun): FROM the AWS PyTorch training DLC
+#   --pytorch-version  its PyTorch (default: 2.8.0, with Python 3.12 and CUDA 12.9 on Ubuntu 22.04)
 #   --dry-run     print the commands instead of running them (needs --region and --account)
 # Prints the pushed image URI last (commands are echoed to stderr); sagemaker_dist.launch.images.container_image_uri() builds the same URI.
 set -euo pipefail
@@ -16,14 +18,16 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(dirname "$here")"
 region="${AWS_REGION:-${AWS_DEFAULT_REGION:-}}"
 account=""
-repo="sagemaker-dist"
+repo=""
 tag=""
 tf_version="2.14.1"
+pytorch=0
+pytorch_version="2.8.0"
 dlc_account="763104351884"
 dry_run=0
 
 usage() {
-  sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 die() {
@@ -38,6 +42,8 @@ while [ $# -gt 0 ]; do
     --repo) repo="${2:?--repo needs a value}"; shift 2 ;;
     --tag) tag="${2:?--tag needs a value}"; shift 2 ;;
     --tf-version) tf_version="${2:?--tf-version needs a value}"; shift 2 ;;
+    --pytorch) pytorch=1; shift ;;
+    --pytorch-version) pytorch_version="${2:?--pytorch-version needs a value}"; shift 2 ;;
     --dry-run) dry_run=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument: $1" ;;
@@ -58,6 +64,11 @@ ecr_login() {
   fi
 }
 
+if [ -z "$repo" ]; then
+  repo="sagemaker-dist"
+  [ "$pytorch" = 0 ] || repo="sagemaker-dist-pytorch"
+fi
+[[ "$pytorch_version" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "PyTorch version '$pytorch_version' is not X.Y.Z"
 if [ -z "$tag" ]; then
   tag="$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$root/sagemaker_dist/__init__.py")"
   [ -n "$tag" ] || die "could not read __version__ from sagemaker_dist/__init__.py; pass --tag"
@@ -89,8 +100,13 @@ if [ "$dry_run" -eq 1 ] || ! aws ecr describe-repositories --region "$region" \
 fi
 ecr_login "$dlc_account.dkr.ecr.$region.$domain"
 ecr_login "$registry"
+framework_args=(--build-arg "TF_VERSION=$tf_version")
+if [ "$pytorch" = 1 ]; then
+  base="$dlc_account.dkr.ecr.$region.$domain/pytorch-training:$pytorch_version-gpu-py312-cu129-ubuntu22.04-sagemaker"
+  framework_args=(--build-arg FRAMEWORK=torch --build-arg WITH_HOROVOD=0 --build-arg "BASE_IMAGE=$base")
+fi
 run docker build --platform linux/amd64 -f "$here/Dockerfile" --build-arg "REGION=$region" \
-  --build-arg "TF_VERSION=$tf_version" -t "$repo:$tag" "$root"
+  "${framework_args[@]}" -t "$repo:$tag" "$root"
 run docker tag "$repo:$tag" "$image"
 run docker push "$image"
 echo "$image"

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Build the training image (container/Dockerfile, unchanged but for build args) on a stand-in for the
-# AWS TensorFlow DLC, then run jobs in it the way SageMaker does: `podman run <image> train` with the
-# host's /opt/ml tree bind-mounted, Pipe FIFOs fed from S3 by local mode, 2 MPI ranks started by the
-# image's own toolkit (tests/container/test_container_image.py); and on 2 hosts, one container each on
-# a private network, mpirun over SSH between them (test_cluster_image.py). Idempotent; prints each
-# step's time.
+# AWS TensorFlow DLC, and its PyTorch form on a stand-in for the PyTorch DLC, then run jobs in them the
+# way SageMaker does: `podman run <image> train` with the host's /opt/ml tree bind-mounted, Pipe FIFOs
+# fed from S3 by local mode, 2 MPI ranks started by the image's own toolkit
+# (tests/container/test_container_image.py); and on 2 hosts, one container each on a private network,
+# mpirun over SSH between them, or torchrun on each host (test_cluster_image.py). Idempotent; prints
+# each step's time.
 #
 # Usage: scripts/container-test.sh [--base IMAGE] [--build-only] [-- pytest args]
 #        eval "$(scripts/container-test.sh --env)"
@@ -27,6 +28,7 @@ cd "$(dirname "$0")/.."
 . scripts/lib/podman-env.sh
 IMAGE=${SAGEMAKER_DIST_TEST_IMAGE:-localhost/sagemaker-dist:test}
 MWMS_IMAGE=${IMAGE}-mwms  # the same Dockerfile with WITH_HOROVOD=0
+TORCH_IMAGE=${IMAGE}-pytorch  # the same Dockerfile with FRAMEWORK=torch, FROM the PyTorch stand-in
 STANDIN_REPO=localhost/sagemaker-dist-standin
 CACHE_ROOT=$SAGEMAKER_DIST_CACHE_ROOT
 
@@ -46,7 +48,7 @@ while [ $# -gt 0 ]; do
     --build-only) build_only=1; shift ;;
     --env)
       podman_env_lines "$CACHE_ROOT/podman"
-      echo "# images: $IMAGE (Horovod), $MWMS_IMAGE (tf-mwms)"
+      echo "# images: $IMAGE (Horovod), $MWMS_IMAGE (tf-mwms), $TORCH_IMAGE (torchrun)"
       exit 0 ;;
     -h | --help) usage; exit 0 ;;
     --) shift; break ;;
@@ -70,20 +72,45 @@ build() {
   podman build --format docker --layers "$@"
 }
 
-if [ -z "$base" ]; then
-  # 2. The stand-in for the DLC, tagged with a hash of its Dockerfile (older ones are removed).
-  standin_key=$(sha256sum container/standin-base/Dockerfile | cut -c1-16)
-  base="$STANDIN_REPO:$standin_key"
-  if ! podman image exists "$base"; then
-    step "building the stand-in DLC $base (apt, TensorFlow, the toolkit)"
-    build --volume "$CA_BUNDLE:$CA_BUNDLE:ro" --build-arg "ROOTFS_IMAGE=$ROOTFS_IMAGE" -t "$base" \
-      -f container/standin-base/Dockerfile container/standin-base >"$RUN_DIR/standin-build.log" \
-      || { tail -30 "$RUN_DIR/standin-build.log" >&2; die "building the stand-in failed"; }
+# The PyTorch stand-in's build args (container/standin-base/Dockerfile): torch's CPU build, which pip
+# finds in PIP_FIND_LINKS on a machine of this kind (mounted read-only at the same path), else on PyPI.
+TORCH_STANDIN_ARGS=(--build-arg "FRAMEWORK_PIP=torch==2.13.0 numpy==1.26.4"
+  --build-arg ENTRY_PIP=sagemaker-pytorch-training==2.9.0
+  --build-arg TRAINING_MODULE=sagemaker_pytorch_container.training:main
+  --build-arg "CHECK_IMPORTS=sagemaker_pytorch_container.training, torch.distributed.run")
+find_links_args=()
+for links in ${PIP_FIND_LINKS:-}; do
+  [ -d "$links" ] && find_links_args+=(--volume "$links:$links:ro")
+done
+[ -n "${PIP_FIND_LINKS:-}" ] && find_links_args+=(--build-arg "PIP_FIND_LINKS=$PIP_FIND_LINKS")
+
+# standin NAME ARGS...: the stand-in DLC tagged NAME-<hash of its Dockerfile and ARGS>, built if missing;
+# older ones of NAME are removed. Sets $standin.
+standin() {
+  local name=$1 key log
+  shift
+  key=$(printf '%s\n' "$(cat container/standin-base/Dockerfile)" "$@" | sha256sum | cut -c1-16)
+  standin="$STANDIN_REPO:$name-$key"
+  log="$RUN_DIR/standin-$name-build.log"
+  if ! podman image exists "$standin"; then
+    step "building the stand-in $name DLC $standin (apt, the framework, the toolkit)"
+    build --volume "$CA_BUNDLE:$CA_BUNDLE:ro" --build-arg "ROOTFS_IMAGE=$ROOTFS_IMAGE" "$@" -t "$standin" \
+      -f container/standin-base/Dockerfile container/standin-base >"$log" \
+      || { tail -30 "$log" >&2; die "building the stand-in $name DLC failed"; }
     step_done
   fi
   podman images --format '{{.Repository}}:{{.Tag}}' --filter "reference=$STANDIN_REPO" \
-    | { grep -vxF "$base" || true; } | xargs -r podman rmi >/dev/null 2>&1 || true
+    | { grep "^$STANDIN_REPO:$name-" || true; } | { grep -vxF "$standin" || true; } \
+    | xargs -r podman rmi >/dev/null 2>&1 || true
+}
+
+# 2. The stand-ins for the DLCs (TensorFlow unless --base names one; PyTorch always).
+if [ -z "$base" ]; then
+  standin tensorflow
+  base=$standin
 fi
+standin pytorch "${TORCH_STANDIN_ARGS[@]}" "${find_links_args[@]}"
+torch_base=$standin
 
 # 3. The project image FROM the base. A GPU DLC keeps the defaults (NCCL); a CPU base does not.
 wheel_args=()
@@ -117,13 +144,21 @@ build --volume "$CA_BUNDLE:$CA_BUNDLE:ro" --ignorefile container/Dockerfile.dock
   --build-arg WITH_HOROVOD=0 -t "$MWMS_IMAGE" -f container/Dockerfile . >"$RUN_DIR/mwms-image-build.log" \
   || { tail -30 "$RUN_DIR/mwms-image-build.log" >&2; die "building $MWMS_IMAGE failed"; }
 step_done
+step "building $TORCH_IMAGE (FRAMEWORK=torch, for distribution torchrun) FROM $torch_base"
+build --volume "$CA_BUNDLE:$CA_BUNDLE:ro" --ignorefile container/Dockerfile.dockerignore \
+  --build-arg "BASE_IMAGE=$torch_base" --build-arg FRAMEWORK=torch --build-arg WITH_HOROVOD=0 \
+  -t "$TORCH_IMAGE" -f container/Dockerfile . >"$RUN_DIR/torch-image-build.log" \
+  || { tail -30 "$RUN_DIR/torch-image-build.log" >&2; die "building $TORCH_IMAGE failed"; }
+step_done
 [ "$build_only" = 1 ] && exit 0
 
 # 4. Jobs in the image: the demo on 2 MPI ranks, a failing rank, a job stopped at its time limit; then
 # several hosts, one container each on a private network (test_cluster_image.py: the 2 x 2 demo, tf-mwms
-# on 2 hosts, a dead worker, a rank raising on algo-2, no SSH key, the time limit, Ctrl-C). The tests
-# marked `image` (deselected in the main suite, where no image is configured).
+# on 2 hosts, torchrun 2 x 2, a dead worker, a rank raising on algo-2 (Horovod and torchrun), no SSH
+# key, the time limit, Ctrl-C). The tests marked `image` (deselected in the main suite, where no image is
+# configured).
 step "jobs in $IMAGE (tests/container/ -m image)"
-SAGEMAKER_DIST_TEST_IMAGE="$IMAGE" SAGEMAKER_DIST_TEST_MWMS_IMAGE="$MWMS_IMAGE" .venv/bin/python -m pytest -q -p no:cacheprovider \
+SAGEMAKER_DIST_TEST_IMAGE="$IMAGE" SAGEMAKER_DIST_TEST_MWMS_IMAGE="$MWMS_IMAGE" \
+  SAGEMAKER_DIST_TEST_TORCH_IMAGE="$TORCH_IMAGE" .venv/bin/python -m pytest -q -p no:cacheprovider \
   -m image --durations=0 tests/container/test_container_image.py tests/container/test_cluster_image.py "$@"
 step_done

@@ -172,6 +172,7 @@ def test_existing_repo_is_reused_and_tag_defaults_to_package_version(fake_path):
         (["--bogus"], "unknown argument: --bogus"),
         (["--region"], "--region needs a value"),
         (["--region", "us-east-1", "--dry-run"], "--dry-run needs --account"),
+        (["--region", "us-east-1", "--pytorch-version", "2.8"], "is not X.Y.Z"),
     ],
 )
 def test_bad_arguments_fail_before_any_aws_or_docker_call(fake_path, args, message):
@@ -190,6 +191,22 @@ def test_dry_run_prints_the_commands_and_runs_none(fake_path):
         == f"123456789012.dkr.ecr.cn-north-1.amazonaws.com.cn/sagemaker-dist:{__version__}"
     )
     assert "+ docker push 123456789012.dkr.ecr.cn-north-1.amazonaws.com.cn/sagemaker-dist:" in done.stderr
+    assert not calls.exists()
+
+
+def test_the_pytorch_image_builds_from_the_pytorch_dlc_into_a_repository_of_its_own(fake_path):
+    env, calls = fake_path
+    done = _run(env, "--region", "us-west-2", "--account", "123456789012", "--pytorch", "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert (
+        done.stdout.strip()
+        == f"123456789012.dkr.ecr.us-west-2.amazonaws.com/sagemaker-dist-pytorch:{__version__}"
+    )
+    dlc = "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:"
+    dlc += "2.8.0-gpu-py312-cu129-ubuntu22.04-sagemaker"
+    assert (
+        f"--build-arg FRAMEWORK=torch --build-arg WITH_HOROVOD=0 --build-arg BASE_IMAGE={dlc} " in done.stderr
+    )
     assert not calls.exists()
 
 

@@ -245,7 +245,7 @@ TORCHRUN_ENTRY = Distribution(
     mpi=False,
     rank_variables=(TORCHRUN_VARIABLES,),
     image=DlcImage("pytorch", "2.8", "py312"),  # the PyTorch 2.8 training DLC (Ubuntu 22.04), GPU or CPU
-    local_launchers=(TORCHRUN, TOOLKIT),
+    local_launchers=(TORCHRUN, TOOLKIT, CONTAINER),
     slurm=SlurmStart(  # one task per rank with torchrun's variables, as torchrun would set them
         None,
         (

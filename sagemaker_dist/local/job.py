@@ -45,6 +45,7 @@ from sagemaker_dist.local.launchers.container import (
     check_container_image,
     container_environment,
     sshd_stub,
+    toolkit_host_env,
 )
 from sagemaker_dist.local.launchers.mpi import (
     RankGroup,
@@ -292,24 +293,31 @@ def _toolkit_group(
     if image is not None:
         pid_dir = work / "ranks"  # stays empty, as below
         pid_dir.mkdir()
-        env = container_environment(os.environ, job.name, job.request.get("Environment"), extra_env)
+        env = container_environment(
+            os.environ,
+            job.name,
+            job.request.get("Environment"),
+            toolkit_host_env(job.distribution, extra_env),
+        )
         show = _rank_echo(trees, job.processes_per_host, echo)
         # S3 off this machine's loopback: the container shares this machine's network (private_net),
         # so its sshd, which would listen there as root, is a stub
         _, off_loopback = loopback_endpoint({**os.environ, **env})
         stub = sshd_stub(work) if off_loopback else None
-        return ContainerGroup(
+        group = ContainerGroup(
             image, tree.root, [t.name for t in trees], job.name, env, pid_dir, job.world, show, stub
         )
+        if registered(job.distribution).toolkit_starts_each_host:  # the toolkit's torchrun, --tee 3
+            group.tee_first_rank = 0
+        return group
     entry = registered(job.distribution)
     state = work / "namespace"
     env = toolkit_environment(
         dict(os.environ), python, job.name, job.request.get("Environment"), entry.toolkit_training_module
     )
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env.update(extra_env or {})
+    env.update(toolkit_host_env(job.distribution, extra_env))
     if entry.toolkit_starts_each_host:  # a toolkit host per simulated host, under our host supervisor
-        env.update(dict(entry.local_toolkit_env))
         env[JOB_ENV] = str(work / "job.json")
         hosts = [{"name": t.name, "tree": str(t.root)} for t in trees]
         description = {"processes_per_host": job.processes_per_host, "hosts": hosts}

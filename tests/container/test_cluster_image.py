@@ -1,7 +1,7 @@
 """Several hosts in the training image, as SageMaker runs a multi-instance job: one container per host on
 a private --internal podman network, the image's own toolkit starting sshd and mpirun across hosts (or
-TF_CONFIG for tf-mwms), Pipe FIFOs of every host fed from this machine, the moto S3 server on this
-machine's loopback relayed into each host.
+TF_CONFIG for tf-mwms, or torchrun on each host in the PyTorch image), Pipe FIFOs of every host fed from
+this machine, the moto S3 server on this machine's loopback relayed into each host.
 
 Marked ``image``: scripts/container-test.sh builds the images and runs these. A job that succeeds pays
 the toolkit's own 30 s sleeps after mpirun (the master's and the workers'); the faults do not.
@@ -32,6 +32,7 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 BIN = Path(sys.executable).parent
 IMAGE = os.environ.get("SAGEMAKER_DIST_TEST_IMAGE")
 MWMS_IMAGE = os.environ.get("SAGEMAKER_DIST_TEST_MWMS_IMAGE")
+TORCH_IMAGE = os.environ.get("SAGEMAKER_DIST_TEST_TORCH_IMAGE")
 NO_KEYS_IMAGE = "localhost/sagemaker-dist:test-no-ssh-keys"
 
 pytestmark = pytest.mark.image
@@ -140,6 +141,63 @@ def test_tf_mwms_on_two_hosts(s3, bucket, tmp_path):
     for name in ("algo-1", "algo-2"):
         assert (Path(result.work_dir) / "hosts" / name / "output" / "success").is_file()
     print(f"2-host tf-mwms in containers: {took:.0f} s")
+
+
+def test_torchrun_on_two_hosts_of_two_ranks_trains_the_torch_demo(s3, bucket, tmp_path):
+    """The PyTorch image: each host's toolkit (sagemaker-pytorch-training) runs torchrun against
+    algo-1:7777, Gloo across the hosts' network, each rank on its own FIFO."""
+    hps = {"epochs": 1, "batch_size": 16}
+    request = _request(s3, bucket, DEMO_JOB_DIR, "train_torch.py", 2, 2, hps, distribution="torchrun")
+    lines: list[str] = []
+    started = time.monotonic()
+    result = run_local(request, launcher="container", image=TORCH_IMAGE, work_dir=tmp_path, echo=lines.append,
+                       keep_work_dir=True, timeout=400)  # fmt: skip
+    took = time.monotonic() - started
+    out = "\n".join(lines)
+    for node in range(2):  # the toolkit's own command on each host, as in the PyTorch DLC
+        shown = (
+            "torchrun --nnodes 2 --nproc_per_node 2 --master_addr algo-1 --master_port 7777 "
+            f"--node_rank {node} train_torch.py"
+        )
+        assert any(line.startswith(f"[toolkit algo-{node + 1}] ") and shown in line for line in lines), out[
+            -4000:
+        ]
+    assert "mpirun" not in out and _apart(lines) == []
+    for rank in range(4):
+        assert f"[rank {rank} algo-{rank // 2 + 1}] rank {rank}: trained " in out, out[-3000:]
+    fed = {(s.host, s.channel): s.bytes for s in result.feed_stats}
+    for rank in range(4):  # each rank read its own FIFO, on its own host
+        assert fed[f"algo-{rank // 2 + 1}", f"train_{rank}"] > 0, fed
+    assert [(r.rank, r.host) for r in result.ranks] == [
+        (0, "algo-1"),
+        (1, "algo-1"),
+        (2, "algo-2"),
+        (3, "algo-2"),
+    ]
+    assert sum(r.records for r in result.ranks) == 8 * 16, result.ranks  # one epoch, every FIFO to its end
+    assert "val_accuracy" in result.metrics and result.model_uri, out[-3000:]
+    for name in ("algo-1", "algo-2"):
+        assert (Path(result.work_dir) / "hosts" / name / "output" / "success").is_file()
+    assert (Path(result.work_dir) / "hosts" / "algo-1" / "model" / "model.pt").is_file()
+    print(f"2 x 2 torchrun demo in containers: {took:.0f} s")
+
+
+def test_a_torchrun_rank_raising_on_algo_2_is_named_with_its_traceback(s3, bucket, tmp_path):
+    request = _request(s3, bucket, SCRIPTS, "torch_rank.py", 2, 2, {"fail_rank": 3}, distribution="torchrun")
+    lines: list[str] = []
+    with pytest.raises(LocalJobFailed) as failure:
+        run_local(
+            request,
+            launcher="container",
+            image=TORCH_IMAGE,
+            work_dir=tmp_path,
+            echo=lines.append,
+            timeout=300,
+        )
+    message = str(failure.value)
+    # torchrun on algo-2 blames rank 3 (its root cause), not rank 2, which it stopped
+    assert message.startswith("rank 3 (host algo-2) "), message + "\n".join(lines[-40:])
+    assert "ValueError: boom at rank 3" in message, message
 
 
 def test_a_worker_host_that_dies_stops_the_job_naming_it(s3, bucket, tmp_path):

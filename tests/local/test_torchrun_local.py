@@ -104,7 +104,7 @@ def test_the_relay_tags_each_line_with_its_world_rank_and_notes_the_rank_torchru
         "[8]<stdout>:[W socket.cpp] x",
         "algo-3: W1126 torch/distributed/run.py] OMP_NUM_THREADS",
     ]
-    assert (host.failed_rank, host.failed_code) == (7, 3)
+    assert (host.failure.rank, host.failure.code) == (7, 3)
 
 
 def test_a_rank_learns_its_place_from_torchrun_variables(monkeypatch):

@@ -5,7 +5,8 @@ Each host is ``IMAGE train`` with its own tree at /opt/ml, hostname ``algo-N`` a
 an --internal bridge (no route out of this machine), every other host in its /etc/hosts, and
 ``network_interface_name`` = the container's interface in resourceconfig.json. The image's toolkit
 does the rest as on SageMaker: sshd on every host, the master's mpirun over SSH across hosts (or, for
-tf-mwms, ``TF_CONFIG`` and one worker per host), the status file. The S3 endpoint on this machine's
+tf-mwms, ``TF_CONFIG`` and one worker per host; for torchrun, torchrun on each host against
+``algo-1:7777``), the status file. The S3 endpoint on this machine's
 loopback is relayed onto each host's loopback at the same port (``netns_relay``), so
 ``AWS_ENDPOINT_URL`` is the same URL everywhere.
 
@@ -28,7 +29,7 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from sagemaker_dist.contract.distributions import distribution
+from sagemaker_dist.contract.distributions import Distribution, distribution
 from sagemaker_dist.local.launchers.cluster_log import (
     HostProgress,
     hosts_not_reached,
@@ -47,9 +48,11 @@ from sagemaker_dist.local.launchers.container import (
     ContainerLauncherError,
     container_environment,
     stop_containers,
+    toolkit_host_env,
 )
 from sagemaker_dist.local.launchers.mpi import RankGroup, describe_exit, mpi_tagged_lines
 from sagemaker_dist.local.launchers.netns_relay import NetnsRelay, RelayError, listen_in_netns
+from sagemaker_dist.local.launchers.torchrun import TorchrunFailure, tee_tagged
 from sagemaker_dist.local.supervision import rank_failure
 
 SSH_WAIT_S = 90.0  # from the master's "Waiting for MPI workers": every worker's SSH lets it in
@@ -141,12 +144,16 @@ def copy_code(code_dir: Path | None, trees) -> None:
 
 class ClusterGroup(RankGroup):
     """Every host of the job as a running container; the master's output carries the ranks' (mpirun
-    --tag-output), each host's own toolkit lines are kept apart with the host in front."""
+    --tag-output), or each host's its own ranks' (torchrun --tee, one worker per host); each host's own
+    toolkit lines are kept apart with the host in front."""
 
     def __init__(self, plan: ClusterPlan, image: str, trees, container_env: dict[str, str], pid_dir: Path,
-                 per_host: int, mpi: bool, echo):  # fmt: skip
-        # mpi: the master's toolkit starts every rank with mpirun; else each host's toolkit its one worker
-        self.plan, self.trees, self.per_host, self.mpi, self.echo = plan, trees, per_host, mpi, echo
+                 per_host: int, entry: Distribution, echo):  # fmt: skip
+        self.plan, self.trees, self.per_host, self.echo = plan, trees, per_host, echo
+        # the master's toolkit starts every rank with mpirun; or each host's toolkit starts torchrun
+        # (its lines tagged with local ranks), or its one worker (untagged)
+        self.mpi, self.tee = entry.mpi, entry.toolkit_starts_each_host
+        self.torchrun_failures = {h.name: TorchrunFailure() for h in plan.hosts}
         self.creates = [plan.create_args(h, image, t.root, container_env) for h, t in zip(plan.hosts, trees)]
         world = len(plan.hosts) * per_host
         super().__init__(self.creates[0], {**os.environ, **container_env}, pid_dir, world, self._show)
@@ -162,19 +169,31 @@ class ClusterGroup(RankGroup):
         host = self.plan.host_of_rank(rank)
         self.echo(f"[rank {rank} {host.name if host else '?'}] {text}")
 
+    def _ranks_of_line(self, host: ClusterHost, line: str, stdout: bool) -> list[tuple[int, str]]:
+        """The toolkit logs to stderr and ``print``s what it runs to stdout: mpirun's (tagged by rank) on
+        the master, torchrun's (tagged by local rank) on each host, a tf-mwms host's one worker untagged."""
+        if not stdout:
+            return []
+        if self.mpi:
+            return mpi_tagged_lines(line) or []
+        if self.tee:
+            tagged = tee_tagged(line, host.ranks[0])
+            return [tagged] if tagged else []
+        return [(host.ranks[0], line)]
+
     def _host_line(self, host: ClusterHost, line: str, stdout: bool) -> None:
-        """One line of a host's container. The toolkit logs to stderr and ``print``s what it runs to
-        stdout: mpirun's (tagged by rank) on the master, a tf-mwms host's one worker untagged."""
+        """One line of a host's container."""
         with self._lock:
             if host is self.plan.master:
                 self.output.append(line)
-            tagged = mpi_tagged_lines(line) if stdout and self.mpi else None
-            ranks = tagged or ([(host.ranks[0], line)] if stdout and not self.mpi else [])
+            ranks = self._ranks_of_line(host, line, stdout)
             for rank, text in ranks:
                 self.rank_lines.setdefault(rank, []).append(text)
                 self._show(rank, text)
             if ranks:
                 return
+            if self.tee:
+                self.torchrun_failures[host.name].note(line)
             note_line(self.progress[host.name], line, time.monotonic())
             self.host_lines[host.name].append(line)
             if line.strip():
@@ -281,10 +300,12 @@ class ClusterGroup(RankGroup):
     def death(self, host: ClusterHost, code: int, when: str = "while the job ran") -> str:
         """A host's container that ended non-zero on its own (nothing of ours stopped it yet)."""
         failed = bool(self._failure_file(host))
-        if not self.mpi and failed:  # its one worker failed, and the toolkit wrote why
-            what = f"exited with {describe_exit(code)}"
+        if not self.mpi and failed:  # its worker (or the rank torchrun blames) failed; the toolkit says why
+            blamed = self.torchrun_failures[host.name]
+            rank = blamed.rank if blamed.rank in host.ranks else host.ranks[0]
+            what = f"exited with {describe_exit(blamed.code if blamed.rank in host.ranks else code)}"
             said = [] if host is self.plan.master else self._failure_file(host)
-            return "\n".join([rank_failure(self, host.ranks[0], what, self.trees, self.per_host), *said])
+            return "\n".join([rank_failure(self, rank, what, self.trees, self.per_host), *said])
         if failed:
             return self.host_failure(host, f"ended: its toolkit exited with {describe_exit(code)} {when}")
         return self.host_failure(host, f"died: its container exited with {describe_exit(code)} {when}")
@@ -383,12 +404,14 @@ def _master_ended(group: ClusterGroup, workers) -> str | None:
 def cluster_group(stack, job, trees, code_dir: Path | None, work: Path, extra_env, echo, image: str):
     """The job's network (removed when ``stack`` closes, after the containers) and its hosts, not yet
     started."""
-    env = container_environment(os.environ, job.name, job.request.get("Environment"), extra_env)
+    env = container_environment(
+        os.environ, job.name, job.request.get("Environment"), toolkit_host_env(job.distribution, extra_env)
+    )
     port = check_cluster_endpoint(env)
     plan = stack.enter_context(cluster_network(job.name, [t.name for t in trees], job.processes_per_host,
                                                port, echo))  # fmt: skip
     copy_code(code_dir, trees)
     pid_dir = work / "ranks"  # stays empty: the toolkits start the ranks
     pid_dir.mkdir()
-    mpi = distribution(job.distribution).mpi
-    return ClusterGroup(plan, image, trees, env, pid_dir, job.processes_per_host, mpi, echo)
+    entry = distribution(job.distribution)
+    return ClusterGroup(plan, image, trees, env, pid_dir, job.processes_per_host, entry, echo)

@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from sagemaker_dist.contract.distributions import distribution
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.launchers.mpi import RankGroup
 from sagemaker_dist.local.launchers.toolkit_host import SSHD_STUB
@@ -86,6 +87,12 @@ def container_environment(
     env["TRAINING_JOB_NAME"] = job_name
     env.update(extra_env or {})
     return env
+
+
+def toolkit_host_env(distribution_name: str, extra_env: Mapping[str, str] | None) -> dict[str, str]:
+    """What local mode gives a toolkit host beyond SageMaker's environment: the registry's
+    ``local_toolkit_env`` (torchrun tagging each rank's lines), then ``extra_env``."""
+    return {**dict(distribution(distribution_name).local_toolkit_env), **(extra_env or {})}
 
 
 def container_name(job_name: str) -> str:

@@ -24,7 +24,7 @@ from sagemaker_dist.host.processes import descendants
 from sagemaker_dist.local.exit_files import TERMINATED
 from sagemaker_dist.local.launchers import HOROVODRUN, MPIRUN, TF_CONFIG, TORCHRUN
 from sagemaker_dist.local.launchers.private_net import PrivateNet
-from sagemaker_dist.local.launchers.torchrun import host_group_command
+from sagemaker_dist.local.launchers.torchrun import host_group_command, tee_tagged
 from sagemaker_dist.local.rank_entry import JOB_ENV
 
 _PREFIX = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
@@ -222,6 +222,9 @@ class RankGroup:
         # where untagged output counts as a rank's (for its metrics and last lines): the one worker
         # the toolkit starts without mpirun (tf-mwms on one host) prints untagged
         self.untagged_rank: int | None = None
+        # where the ranks' lines carry torchrun's --tee tags ("[default1]:line", a local rank): the host's
+        # first rank (the toolkit's torchrun on one host, in the image); None: no such tags
+        self.tee_first_rank: int | None = None
         # where the launcher runs: a network namespace of the job's own (``private_net``), or None
         # for this machine's network
         self.network: PrivateNet | None = None
@@ -248,8 +251,9 @@ class RankGroup:
             line = raw.rstrip("\n")
             self.output.append(line)
             match = _PREFIX.match(line) or _MPI_TAG.match(line)
-            if match:
-                for rank, text in split_inner_tags(int(match.group(1)), match.group(3)):
+            tee = tee_tagged(line, self.tee_first_rank) if self.tee_first_rank is not None else None
+            if match or tee:
+                for rank, text in split_inner_tags(int(match.group(1)), match.group(3)) if match else [tee]:
                     self.rank_lines.setdefault(rank, []).append(text)
                     self.on_line(rank, text)
             else:

@@ -85,38 +85,50 @@ def host_group_command(
     return [*launcher, *toolkit, "--", *rank_cmd]
 
 
+def tee_tagged(line: str, first_rank: int) -> tuple[int, str] | None:
+    """A line torchrun's ``--tee 3`` tagged with its local rank, as (the job's rank, text), on a host whose
+    first rank is ``first_rank``; None for an untagged line."""
+    tagged = _TEE.match(line)
+    return (first_rank + int(tagged.group(1)), tagged.group(2)) if tagged else None
+
+
+class TorchrunFailure:
+    """The rank torchrun's error summary blames on one host, read line by line (``note``)."""
+
+    def __init__(self):
+        self.rank: int | None = None
+        self.code: int | None = None
+        self.root_cause = False
+
+    def note(self, line: str) -> None:
+        """Its "Root Cause (first observed failure)" wins, which torchrun prints after the ranks it
+        stopped because of it (and the toolkit prints the summary twice)."""
+        if _ROOT_CAUSE in line and not self.root_cause:
+            self.root_cause, self.rank, self.code = True, None, None
+        failed = _FAILED_RANK.match(line)
+        if failed and self.rank is None:
+            self.rank = int(failed.group(1))
+        code = _FAILED_CODE.match(line)
+        if code and self.code is None:
+            self.code = int(code.group(1))
+
+
 class _Host:
     def __init__(self, index: int, per_host: int, proc: subprocess.Popen):
         self.index, self.per_host, self.proc = index, per_host, proc
-        self.failed_rank: int | None = None
-        self.failed_code: int | None = None
-        self.root_cause = False
-
-
-def _note_failure(host: _Host, line: str) -> None:
-    """Note the rank torchrun's error summary blames: its "Root Cause (first observed failure)", which
-    it prints after the ranks it stopped because of it (and the toolkit prints the summary twice)."""
-    if _ROOT_CAUSE in line and not host.root_cause:
-        host.root_cause, host.failed_rank, host.failed_code = True, None, None
-    failed = _FAILED_RANK.match(line)
-    if failed and host.failed_rank is None:
-        host.failed_rank = int(failed.group(1))
-    code = _FAILED_CODE.match(line)
-    if code and host.failed_code is None:
-        host.failed_code = int(code.group(1))
+        self.failure = TorchrunFailure()
 
 
 def _relay(host: _Host, lock: threading.Lock) -> None:
     for raw in host.proc.stdout:
         line = raw.rstrip("\n")
-        tagged = _TEE.match(line)
+        tagged = tee_tagged(line, host.index * host.per_host)
         with lock:
             if tagged:
-                rank = host.index * host.per_host + int(tagged.group(1))
-                sys.stdout.write(f"[{rank}]<stdout>:{tagged.group(2)}\n")
+                sys.stdout.write(f"[{tagged[0]}]<stdout>:{tagged[1]}\n")
             else:
                 sys.stdout.write(f"algo-{host.index + 1}: {line}\n")
-                _note_failure(host, line)
+                host.failure.note(line)
             sys.stdout.flush()
 
 
@@ -149,9 +161,9 @@ def run_hosts(python: str, rank_cmd: list[str], toolkit_state: Path | None = Non
         relays[-1].start()
 
     def failed_name(index: int, code: int) -> tuple[int, int]:  # the rank torchrun blamed, if it said
-        host = running[index]
-        rank = host.failed_rank if host.failed_rank is not None else host.index * per_host
-        return rank, host.failed_code if host.failed_code is not None else code
+        failure = running[index].failure
+        rank = failure.rank if failure.rank is not None else index * per_host
+        return rank, failure.code if failure.code is not None else code
 
     return supervise_workers([host.proc for host in running], relays, STOP_GRACE_S, failed_name)
 
