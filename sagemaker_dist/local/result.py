@@ -5,9 +5,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from sagemaker_dist.contract.metric_line import EPOCH as METRIC_EPOCH
+from sagemaker_dist.contract.metric_line import NUMBER
+from sagemaker_dist.contract.metric_line import PREFIX as METRIC_PREFIX
 from sagemaker_dist.host.feeder import FeedStats
 
 # Keras progress lines: "loss: 2.1 - accuracy: 0.3"; SageMaker applies MetricDefinitions the same way.
+METRIC_PAIR = re.compile(r"([A-Za-z_][A-Za-z0-9_-]*)=" + NUMBER)
 DEFAULT_METRIC = re.compile(r"\b([A-Za-z_][\w]*): (-?[0-9.]+(?:e[-+]?\d+)?|nan|inf)\b")
 
 
@@ -91,8 +95,12 @@ def final_metrics(lines: list[str], definitions: list[dict]) -> dict[str, float]
                     except (ValueError, IndexError):
                         pass
         return metrics
-    for line in lines:  # the last Keras progress line wins, key by key
-        if " - " in line and "loss" in line:
+    for line in lines:  # the last line wins, key by key: the helpers' metric line, or Keras progress
+        if line.startswith(METRIC_PREFIX):  # the Keras and PyTorch helpers' (contract/metric_line.py)
+            for name, value, _ in METRIC_PAIR.findall(line[len(METRIC_PREFIX) :]):
+                if name != METRIC_EPOCH:
+                    metrics[name] = float(value)
+        elif " - " in line and "loss" in line:
             for name, value in DEFAULT_METRIC.findall(line):
                 metrics[name] = float(value)
     return metrics

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from sagemaker_dist import LocalJobFailed, run_local
+from sagemaker_dist import LocalBackend, LocalJobFailed, run_local
 from sagemaker_dist.local.demo import DEMO_JOB_DIR, demo_estimator
 from sagemaker_dist.local.demo_data import write_demo_data
 from sagemaker_dist.local.launchers import cluster
@@ -63,7 +63,7 @@ def _request(s3, bucket, source_dir: Path, entry_point: str, hosts: int, per_hos
         bucket, hosts, per_host, "Pipe", hps, source_dir=source_dir, entry_point=entry_point, **kw
     )
     inputs = {"train": f"s3://{bucket}/data/train/", "validation": f"s3://{bucket}/data/validation/"}
-    return estimator.prepare(inputs, printer=None).request
+    return estimator.prepare(inputs, printer=None, backend=LocalBackend()).request  # CPU types: here
 
 
 def _apart(lines: list[str]) -> list[str]:

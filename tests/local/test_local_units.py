@@ -99,6 +99,13 @@ def test_final_metrics_from_keras_lines_or_metric_definitions():
     assert final_metrics(lines, []) == {"loss": 2.24, "accuracy": 0.12, "val_loss": 2.30}
     definitions = [{"Name": "train:loss", "Regex": r"loss: ([0-9.]+) -"}]
     assert final_metrics(lines, definitions) == {"train:loss": 2.24}
+    # the helpers' metric line (the PyTorch helpers print no Keras progress)
+    torch_lines = [
+        "sagemaker-dist-metrics: epoch=1 accuracy=0.078125 loss=2.3081006 val_loss=2.29",
+        "sagemaker-dist-metrics: epoch=2 accuracy=0.5 loss=1.5e-01 val_loss=2.1",
+        "rank 0: trained 32 record(s)",
+    ]
+    assert final_metrics(torch_lines, []) == {"accuracy": 0.5, "loss": 0.15, "val_loss": 2.1}
 
 
 def test_launcher_commands_and_exit_descriptions():
