@@ -96,8 +96,8 @@ def _register_k8s(subparsers) -> None:
     k.add_argument("--processes-per-host", type=int, help="ranks per worker (default: its GPUs; CPU types)")
     k.add_argument("--epochs", type=int, help="for --demo: -p epochs=N")
     k.add_argument("--image", default=DEFAULT_IMAGE, help=f"the training image (default {DEFAULT_IMAGE}; "
-                   "container/Dockerfile: sshd, mpi4py, Horovod and sagemaker-dist; for torchrun an image "
-                   "with PyTorch and sagemaker-dist)")  # fmt: skip
+                   "container/Dockerfile: sshd, mpi4py, Horovod and sagemaker-dist; for torchrun pass the "
+                   "PyTorch image, container/build_and_push.sh --pytorch)")  # fmt: skip
     k.add_argument("--namespace", default="default")
     k.add_argument(
         "--service-account", default="sagemaker-dist", help="the pods' service account (S3 access)"
