@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sagemaker_dist import run_local
+from sagemaker_dist import LocalBackend, run_local
 from sagemaker_dist.contract.metric_line import PREFIX, metric_definitions, read_metrics
 from sagemaker_dist.launch.tuning import TuningSpec, render_tuning_request, trial_training_request
 from sagemaker_dist.local.demo import demo_estimator
@@ -29,26 +29,29 @@ METRICS = ["loss", "accuracy", "val_loss", "val_accuracy"]
 TAGS = {
     "toolkit": re.compile(r"^\[1,mpirank:0,algo-1\]<stdout>:"),  # what CloudWatch holds on SageMaker
     "horovodrun": re.compile(r"^\[0\]<stdout>:"),
+    "torchrun": re.compile(r"^\[0\]<stdout>:"),  # torchrun --tee 3's local rank, as the job's rank
 }
 
 
-def _tuning_request(s3, bucket, per_host: int, hosts: int, spec: TuningSpec) -> dict:
+def _tuning_request(s3, bucket, per_host: int, hosts: int, spec: TuningSpec, **kw) -> dict:
     write_demo_data(f"s3://{bucket}/data/", files=4, records_per_file=16, validation_files=2, client=s3)
-    est = demo_estimator(bucket, hosts, per_host, "Pipe", {"epochs": 2, "batch_size": 8})
+    est = demo_estimator(bucket, hosts, per_host, "Pipe", {"epochs": 2, "batch_size": 8}, **kw)
     inputs = {"train": f"s3://{bucket}/data/train/", "validation": f"s3://{bucket}/data/validation/"}
-    training = est.prepare(inputs, printer=None).request
+    training = est.prepare(inputs, printer=None, backend=LocalBackend()).request
     return render_tuning_request(training, spec, "regex-check")[0]
 
 
-@pytest.mark.parametrize("launcher", ["toolkit", "horovodrun"])
+@pytest.mark.parametrize("launcher", ["toolkit", "horovodrun", "torchrun"])
 def test_metric_definitions_match_the_real_tagged_output_of_a_trial(s3, bucket, tmp_path, launcher):
     """A trial's request (as SageMaker would create it) run here; every regex of its MetricDefinitions
-    finds its metric in the raw launcher output, behind the launcher's tag, once per epoch."""
+    finds its metric in the raw launcher output, behind the launcher's tag, once per epoch (torchrun:
+    the PyTorch helpers' metric line)."""
     spec = TuningSpec.build(
         objective_metric="val_accuracy", ranges={"learning_rate": "1e-4:1e-2:log"}, max_jobs=2
     )
     hosts, per_host = (1, 2) if launcher == "toolkit" else (2, 1)
-    tuning = _tuning_request(s3, bucket, per_host, hosts, spec)
+    torch = {"distribution": "torchrun", "entry_point": "train_torch.py"} if launcher == "torchrun" else {}
+    tuning = _tuning_request(s3, bucket, per_host, hosts, spec, **torch)
     request = trial_training_request(tuning, "regex-check-001-00000000", {"learning_rate": "0.003"})
     extra = {"container_python": CONTAINER_PYTHON} if launcher == "toolkit" else {}
     result = run_local(request, None, launcher=launcher, work_dir=tmp_path, echo=lambda _l: None,
