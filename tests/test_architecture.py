@@ -3,7 +3,10 @@ at run time (what importing each module loads).
 
 - ``errors`` imports nothing of ours; ``contract`` imports only ``errors`` and itself (stdlib only);
 - ``runtime`` imports only ``contract``, ``errors`` and itself (it ships into the container);
-- ``launch`` imports neither ``local`` nor ``runtime`` nor ``cli``;
+- ``aws`` (the AWS schema every side uses: instance types, S3 objects, the request's and the tuning
+  job's rules) imports only ``contract`` and ``errors``;
+- ``launch`` (the laptop's SageMaker I/O) imports neither ``local`` nor ``runtime`` nor ``cli``, and
+  neither ``host`` nor ``platforms`` imports ``launch``;
 - ``host`` (what a host does around the ranks) serves ``local`` and ``platforms``, and imports neither;
 - nothing but ``cli`` imports ``local`` (and ``local`` itself): the platforms run on ``host``;
 - the SDK side never loads TensorFlow/Horovod, the runtime never loads the SageMaker SDK;
@@ -22,17 +25,18 @@ from pathlib import Path
 import sagemaker_dist
 
 PACKAGE = Path(sagemaker_dist.__file__).parent
-WINGS = ("errors", "contract", "launch", "host", "local", "runtime", "platforms", "cli")
+WINGS = ("errors", "contract", "aws", "launch", "host", "local", "runtime", "platforms", "cli")
 # wing -> the wings of ours it may import
 ALLOWED = {
     "errors": set(),
     "contract": {"errors"},
     "runtime": {"errors", "contract"},
-    "launch": {"errors", "contract"},
-    "host": {"errors", "contract", "launch", "runtime"},
-    "local": {"errors", "contract", "launch", "runtime", "host"},
-    "platforms": {"errors", "contract", "launch", "host"},
-    "cli": {"errors", "contract", "launch", "host", "local", "platforms"},
+    "aws": {"errors", "contract"},
+    "launch": {"errors", "contract", "aws"},
+    "host": {"errors", "contract", "aws", "runtime"},
+    "local": {"errors", "contract", "aws", "launch", "runtime", "host"},
+    "platforms": {"errors", "contract", "aws", "host"},
+    "cli": {"errors", "contract", "aws", "launch", "host", "local", "platforms"},
 }
 THIRD_PARTY_OK_IN_CONTRACT = {"crc32c"}  # stdlib only, but TFRecord's checksum (record_formats)
 

@@ -182,7 +182,7 @@ def endpoint_for(args):
 def ensure_bucket(bucket: str) -> None:
     """On a local endpoint the output bucket may not exist yet; create it. Only called with an
     embedded or explicit endpoint: buckets on real S3 are never created."""
-    from sagemaker_dist.launch.s3_objects import s3_client
+    from sagemaker_dist.aws.s3_objects import s3_client
 
     client = s3_client()
     try:

@@ -169,8 +169,8 @@ def _register_slurm(subparsers) -> None:
 
 
 def pipe_agent_command(args) -> int:
+    from sagemaker_dist.aws.s3_objects import s3_client
     from sagemaker_dist.host.opt_ml import fresh_private_root
-    from sagemaker_dist.launch.s3_objects import s3_client
     from sagemaker_dist.platforms.node_plan import parse_ranks, plan_node
     from sagemaker_dist.platforms.pipe_agent import load_job_spec, run_agent, stop_on_signals
 
@@ -267,7 +267,7 @@ def _upload_spec(request: dict, spec_uri: str) -> None:
 
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from sagemaker_dist.launch.s3_objects import describe_client_error, s3_client, unreachable
+    from sagemaker_dist.aws.s3_objects import describe_client_error, s3_client, unreachable
 
     bucket, _, key = spec_uri.removeprefix("s3://").partition("/")
     action = f"upload the job spec to {spec_uri}"

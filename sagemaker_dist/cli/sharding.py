@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+from sagemaker_dist.aws.instances import processes_per_host
+from sagemaker_dist.aws.s3_objects import list_objects
 from sagemaker_dist.cli import add_distribution_argument
 from sagemaker_dist.contract.distributions import distribution
 from sagemaker_dist.contract.layout import (
@@ -21,8 +23,6 @@ from sagemaker_dist.contract.layout import (
 )
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.launch.instances import processes_per_host
-from sagemaker_dist.launch.s3_objects import list_objects
 from sagemaker_dist.launch.shard_writer import MANIFEST, MODES, check_output_outside_source, write_shards
 from sagemaker_dist.launch.sharding import ShardPlan, check_host_split, plan_shards
 

@@ -84,9 +84,9 @@ def _mode_args(mode: str, extra: list[str]) -> argparse.Namespace:
 
 
 def _spec(args, drop_metrics: bool = False):
+    from sagemaker_dist.aws.tuning import TuningSpec
+    from sagemaker_dist.aws.tuning_ranges import parse_range_option
     from sagemaker_dist.contract.metric_line import DEFAULT_METRICS
-    from sagemaker_dist.launch.tuning import TuningSpec
-    from sagemaker_dist.launch.tuning_ranges import parse_range_option
 
     warm = {"parents": args.warm_start, "type": args.warm_start_type} if args.warm_start else None
     return TuningSpec.build(
@@ -169,6 +169,11 @@ def _drop_demo_defaults(request: dict, spec, given: dict) -> None:
 
 def _local(args, job, spec) -> int:
     from sagemaker_dist import LocalBackend
+    from sagemaker_dist.aws.tuning import (
+        default_tuning_job_name,
+        render_tuning_request,
+    )
+    from sagemaker_dist.aws.tuning_validation import validate_tuning_request
     from sagemaker_dist.cli.local import (
         _ENTRY_POINT_ONLY,
         _check_request_options,
@@ -180,11 +185,6 @@ def _local(args, job, spec) -> int:
         local_job_shape,
         read_request,
     )
-    from sagemaker_dist.launch.tuning import (
-        default_tuning_job_name,
-        render_tuning_request,
-    )
-    from sagemaker_dist.launch.tuning_validation import validate_tuning_request
     from sagemaker_dist.local.demo import DEMO_BUCKET, DEMO_JOB_DIR, prepare_demo_job
     from sagemaker_dist.local.tuning import _optuna
 
@@ -242,6 +242,11 @@ def _local(args, job, spec) -> int:
 
 
 def _k8s(args, job, spec) -> int:
+    from sagemaker_dist.aws.tuning import (
+        render_tuning_request,
+        trial_training_request,
+    )
+    from sagemaker_dist.aws.tuning_validation import validate_tuning_request
     from sagemaker_dist.cli.local import read_request
     from sagemaker_dist.cli.platforms import (
         _refuse_with_request,
@@ -249,11 +254,6 @@ def _k8s(args, job, spec) -> int:
         _upload_spec,
         _write_atomically,
     )
-    from sagemaker_dist.launch.tuning import (
-        render_tuning_request,
-        trial_training_request,
-    )
-    from sagemaker_dist.launch.tuning_validation import validate_tuning_request
     from sagemaker_dist.platforms.k8s_pods import K8sJobOptions, to_yaml_stream
     from sagemaker_dist.platforms.katib import (
         ExperimentOptions,

@@ -14,10 +14,10 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from sagemaker_dist.aws.s3_objects import list_objects
 from sagemaker_dist.contract.paths import contained_name, contained_path
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.errors import DataError
-from sagemaker_dist.launch.s3_objects import list_objects
 
 
 class FeedError(DataError):

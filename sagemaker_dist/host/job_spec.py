@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sagemaker_dist.aws.request_validation import validate_request
 from sagemaker_dist.contract import distributions, toolkit
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, ChannelLayout
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.host.channel_objects import ChannelSpec
-from sagemaker_dist.launch.request_validation import validate_request
 
 
 class JobSpecError(ConfigurationError):

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract.distributions import distribution as registered
 from sagemaker_dist.contract.layout import ChannelLayout
-from sagemaker_dist.launch.aws import create_training_job, with_sdk_config_defaults
+from sagemaker_dist.launch.account import create_training_job, with_sdk_config_defaults
 from sagemaker_dist.launch.source_package import SourcePackage
 from sagemaker_dist.launch.training_job import TrainingJobHandle
 

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import boto3
 
+from sagemaker_dist.aws.instances import normalize_instance_type, processes_per_host
+from sagemaker_dist.aws.request_validation import validate_request
+from sagemaker_dist.aws.s3_objects import s3_client
 from sagemaker_dist.contract.distributions import DEFAULT as DEFAULT_DISTRIBUTION
 from sagemaker_dist.contract.distributions import DistributionError
 from sagemaker_dist.contract.distributions import distribution as registered
@@ -36,7 +39,7 @@ from sagemaker_dist.contract.toolkit import (
     ToolkitArgumentWarning,
     changed_hyperparameters,
 )
-from sagemaker_dist.launch.aws import check_job_name_free, role_arn
+from sagemaker_dist.launch.account import check_job_name_free, role_arn
 from sagemaker_dist.launch.backends import PreparedJob, SageMakerBackend, TrainingBackend
 from sagemaker_dist.launch.images import distribution_image_uri
 from sagemaker_dist.launch.inputs import (
@@ -46,7 +49,6 @@ from sagemaker_dist.launch.inputs import (
     check_s3_uri,
     parse_inputs,
 )
-from sagemaker_dist.launch.instances import normalize_instance_type, processes_per_host
 from sagemaker_dist.launch.request import (
     DEFAULT_MPI_OPTIONS,
     ResolvedNames,
@@ -58,8 +60,6 @@ from sagemaker_dist.launch.request import (
     tags_list,
     user_hyperparameters,
 )
-from sagemaker_dist.launch.request_validation import validate_request
-from sagemaker_dist.launch.s3_objects import s3_client
 from sagemaker_dist.launch.source_package import (
     MAX_SOURCE_BYTES,
     TARBALL_NAME,
@@ -428,7 +428,7 @@ class DistributedEstimator:
         """A tuning job over this job's very request (sharded once, checked before any AWS call): on
         SageMaker, a ``TuningJobHandle``; with ``backend=LocalBackend()``, every trial here and a
         ``LocalTuningResult``. ``ranges`` and ``metrics``: see ``TuningSpec.build``."""
-        from sagemaker_dist.launch.tuning import TuningSpec
+        from sagemaker_dist.aws.tuning import TuningSpec
         from sagemaker_dist.launch.tuning_job import launch_tuning
 
         spec = TuningSpec.build(

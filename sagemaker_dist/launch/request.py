@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
+from sagemaker_dist.aws.request_validation import MAX_JOB_NAME
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract.distributions import distribution as registered
 from sagemaker_dist.contract.distributions import names_where
@@ -27,7 +28,6 @@ from sagemaker_dist.contract.paths import (
 )
 from sagemaker_dist.contract.s3_uri import join_s3
 from sagemaker_dist.launch.inputs import ChannelSource, EstimatorError, JobInputs
-from sagemaker_dist.launch.request_validation import MAX_JOB_NAME
 from sagemaker_dist.launch.source_package import TARBALL_NAME
 
 if TYPE_CHECKING:

@@ -19,16 +19,16 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 
-from sagemaker_dist.contract.layout import check_channel_name
-from sagemaker_dist.contract.s3_uri import parse_s3_uri, s3_uri
-from sagemaker_dist.errors import AwsError, ConfigurationError, DataError
-from sagemaker_dist.launch.progress import progress_bar
-from sagemaker_dist.launch.s3_objects import (
+from sagemaker_dist.aws.progress import progress_bar
+from sagemaker_dist.aws.s3_objects import (
     S3AccessError,
     describe_client_error,
     make_client,
     unreachable,
 )
+from sagemaker_dist.contract.layout import check_channel_name
+from sagemaker_dist.contract.s3_uri import parse_s3_uri, s3_uri
+from sagemaker_dist.errors import AwsError, ConfigurationError, DataError
 from sagemaker_dist.launch.sharding import ShardPlan
 
 MANIFEST = "manifest"

@@ -18,10 +18,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from sagemaker_dist.aws.s3_objects import s3_client
 from sagemaker_dist.contract.paths import contained_path
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.launch.s3_objects import s3_client
 
 TARBALL_NAME = "sourcedir.tar.gz"
 MAX_SOURCE_BYTES = 500 * 1024 * 1024  # 500 MiB: more than this is data or a virtualenv, not code

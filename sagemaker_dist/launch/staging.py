@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sagemaker_dist.aws.s3_objects import list_objects
 from sagemaker_dist.contract.layout import PER_WORKER, ChannelLayout
 from sagemaker_dist.launch.inputs import ChannelSource, JobInputs
-from sagemaker_dist.launch.s3_objects import list_objects
 from sagemaker_dist.launch.shard_writer import MANIFEST, plan_shard_set, write_shards
 from sagemaker_dist.launch.sharding import ShardPlan, check_host_split, plan_shards
 

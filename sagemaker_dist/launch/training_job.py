@@ -8,8 +8,8 @@ from collections.abc import Callable
 import boto3
 from botocore.exceptions import ClientError
 
+from sagemaker_dist.aws.progress import progress_bar
 from sagemaker_dist.errors import JobFailedError
-from sagemaker_dist.launch.progress import progress_bar
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 TERMINAL_STATUSES = ("Completed", "Failed", "Stopped")

@@ -14,19 +14,19 @@ from typing import TYPE_CHECKING
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
-from sagemaker_dist.errors import JobFailedError
-from sagemaker_dist.launch.aws import aws_error, create_with_sdk, existing
-from sagemaker_dist.launch.backends import SageMakerBackend
-from sagemaker_dist.launch.progress import progress_bar
-from sagemaker_dist.launch.source_package import resolve_entry_point
-from sagemaker_dist.launch.tuning import (
+from sagemaker_dist.aws.progress import progress_bar
+from sagemaker_dist.aws.tuning import (
     TuningSpec,
     check_tuning_job_name,
     default_tuning_job_name,
     render_tuning_request,
 )
-from sagemaker_dist.launch.tuning_ranges import TuningError
-from sagemaker_dist.launch.tuning_validation import validate_tuning_request
+from sagemaker_dist.aws.tuning_ranges import TuningError
+from sagemaker_dist.aws.tuning_validation import validate_tuning_request
+from sagemaker_dist.errors import JobFailedError
+from sagemaker_dist.launch.account import aws_error, create_with_sdk, existing
+from sagemaker_dist.launch.backends import SageMakerBackend
+from sagemaker_dist.launch.source_package import resolve_entry_point
 
 if TYPE_CHECKING:
     from sagemaker_dist.launch.estimator import DistributedEstimator

@@ -13,10 +13,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sagemaker_dist.aws.s3_objects import s3_client
 from sagemaker_dist.contract.distributions import DEFAULT as DEFAULT_DISTRIBUTION
 from sagemaker_dist.contract.distributions import distribution as registered
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
-from sagemaker_dist.launch.s3_objects import s3_client
 from sagemaker_dist.local.backend import LocalBackend
 from sagemaker_dist.local.defaults import LOCAL_INSTANCE_TYPE, LOCAL_ROLE
 from sagemaker_dist.local.demo_data import DATASET_FILE, GENERATOR, DemoDataset, write_demo_data

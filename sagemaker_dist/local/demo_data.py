@@ -15,10 +15,10 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sagemaker_dist.aws.s3_objects import s3_client
 from sagemaker_dist.contract.record_formats import encode_tfrecord
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.launch.s3_objects import s3_client
 
 IMAGE_SHAPE = (32, 32, 3)
 NUM_CLASSES = 10

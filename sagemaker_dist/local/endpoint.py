@@ -18,9 +18,9 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from sagemaker_dist.aws.s3_objects import s3_client
 from sagemaker_dist.contract.paths import UnsafePathError, contained_path
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.launch.s3_objects import s3_client
 
 _CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
 DEFAULT_STATE_DIR = _CACHE / "sagemaker-dist" / "local-s3"

@@ -20,6 +20,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import sagemaker_dist
+from sagemaker_dist.aws.s3_objects import s3_client
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract import toolkit
 from sagemaker_dist.contract.distributions import DistributionError
@@ -31,7 +32,6 @@ from sagemaker_dist.host.job_spec import JobSpec
 from sagemaker_dist.host.opt_ml import host_trees_for
 from sagemaker_dist.host.outputs import CheckpointSync, pack_and_upload
 from sagemaker_dist.host.source_dir import fetch_source_dir
-from sagemaker_dist.launch.s3_objects import s3_client
 from sagemaker_dist.local.launchers import (
     CONTAINER,
     HOROVODRUN,

@@ -29,10 +29,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from sagemaker_dist.aws.tuning import TuningSpec, trial_training_request
+from sagemaker_dist.aws.tuning_ranges import CATEGORICAL, INTEGER, format_number
 from sagemaker_dist.contract.metric_line import read_metrics
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.launch.tuning import TuningSpec, trial_training_request
-from sagemaker_dist.launch.tuning_ranges import CATEGORICAL, INTEGER, format_number
 
 RANK0_PREFIX = "[rank 0 "  # local mode prints each rank's line as "[rank 0 algo-1] text"
 STOP_GRACE_S = 30.0  # after SIGTERM: time a stopped trial's job gets to clean up before SIGKILL
@@ -267,7 +267,7 @@ def _tell(study, trial, value=None, state=None) -> None:
 
 
 def _epochs(definition: Mapping) -> int | None:
-    from sagemaker_dist.launch.tuning import epochs_of
+    from sagemaker_dist.aws.tuning import epochs_of
 
     return epochs_of(definition.get("StaticHyperParameters") or {})
 

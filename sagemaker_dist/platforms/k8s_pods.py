@@ -15,10 +15,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from sagemaker_dist.aws.instances import normalize_instance_type
 from sagemaker_dist.contract import toolkit
 from sagemaker_dist.contract.paths import DEFAULT_ROOT
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.launch.instances import normalize_instance_type
 from sagemaker_dist.platforms.node_plan import efa_interfaces, ranks_per_node
 from sagemaker_dist.platforms.pipe_agent import READY_FILE
 

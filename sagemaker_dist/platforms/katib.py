@@ -25,11 +25,11 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from sagemaker_dist.aws.tuning import TuningSpec, trial_training_request
+from sagemaker_dist.aws.tuning_ranges import CATEGORICAL, INTEGER, format_number
 from sagemaker_dist.contract.distributions import MPIJOB, TRAINJOB, distribution
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.host.job_spec import JobSpec
-from sagemaker_dist.launch.tuning import TuningSpec, trial_training_request
-from sagemaker_dist.launch.tuning_ranges import CATEGORICAL, INTEGER, format_number
 from sagemaker_dist.platforms.k8s_mpijob import plan_mpijob
 from sagemaker_dist.platforms.k8s_pods import K8sJobOptions, to_yaml
 from sagemaker_dist.platforms.k8s_trainjob import NODE, plan_training_runtime, plan_trainjob, pod_name

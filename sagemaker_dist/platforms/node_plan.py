@@ -11,18 +11,18 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from sagemaker_dist.aws.instances import (
+    ProcessesPerHostError,
+    UnknownInstanceTypeError,
+    gpus_per_instance,
+    normalize_instance_type,
+)
 from sagemaker_dist.contract.distributions import MPIJOB, TRAINJOB, distribution, names_where
 from sagemaker_dist.contract.rank_slots import RankSlot, rank_slots
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.host.channel_objects import ChannelSpec
 from sagemaker_dist.host.job_spec import JobSpec
 from sagemaker_dist.host.opt_ml import host_names
-from sagemaker_dist.launch.instances import (
-    ProcessesPerHostError,
-    UnknownInstanceTypeError,
-    gpus_per_instance,
-    normalize_instance_type,
-)
 
 # EFA interfaces per instance type (AWS's EFA "supported instance types"); what the EFA device plugin
 # offers as vpc.amazonaws.com/efa. Types missing here get no EFA request.

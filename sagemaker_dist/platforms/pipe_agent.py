@@ -21,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+from sagemaker_dist.aws.s3_objects import S3AccessError
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.errors import ConfigurationError, DataError
@@ -31,7 +32,6 @@ from sagemaker_dist.host.job_spec import JobSpecError
 from sagemaker_dist.host.opt_ml import HostTree, host_trees_for
 from sagemaker_dist.host.outputs import CheckpointSync, pack_and_upload
 from sagemaker_dist.host.source_dir import fetch_source_dir
-from sagemaker_dist.launch.s3_objects import S3AccessError
 from sagemaker_dist.platforms.node_plan import NodePlan
 
 READY_FILE = "pipe_agent_ready"  # in the node's root once config, code and FIFOs are in place

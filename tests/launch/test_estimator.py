@@ -11,14 +11,14 @@ import boto3
 import pytest
 from helpers.scripted_handle import ScriptedHandle
 
+from sagemaker_dist.aws.instances import ProcessesPerHostError, UnknownInstanceTypeError
+from sagemaker_dist.aws.request_validation import RequestValidationError
 from sagemaker_dist.contract.layout import ChannelLayout, LayoutError
-from sagemaker_dist.launch.aws import role_arn, sdk_channels, with_sdk_config_defaults
+from sagemaker_dist.launch.account import role_arn, sdk_channels, with_sdk_config_defaults
 from sagemaker_dist.launch.estimator import DistributedEstimator
 from sagemaker_dist.launch.images import ImageError, container_image_uri, dlc_tensorflow_image_uri
 from sagemaker_dist.launch.inputs import ChannelSource, EstimatorError
-from sagemaker_dist.launch.instances import ProcessesPerHostError, UnknownInstanceTypeError
 from sagemaker_dist.launch.request import DEFAULT_MPI_OPTIONS, default_job_name
-from sagemaker_dist.launch.request_validation import RequestValidationError
 from sagemaker_dist.launch.sharding import NotEnoughObjectsError
 from sagemaker_dist.launch.source_package import SourcePackageError
 from sagemaker_dist.launch.training_job import TrainingJobFailed
@@ -591,7 +591,7 @@ def test_wait_returns_the_status_on_timeout():
 
 
 def test_a_shard_set_written_earlier_is_reused_as_is(session, sagemaker, s3, bucket, source_dir):
-    from sagemaker_dist.launch.s3_objects import list_objects
+    from sagemaker_dist.aws.s3_objects import list_objects
     from sagemaker_dist.launch.shard_writer import read_shard_set, write_shards
     from sagemaker_dist.launch.sharding import plan_shards
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sagemaker_dist.launch.instances import (
+from sagemaker_dist.aws.instances import (
     GPU_INSTANCE_TYPES,
     ProcessesPerHostError,
     UnknownInstanceTypeError,

@@ -9,7 +9,7 @@ import io
 from helpers.scripted_handle import ScriptedHandle
 
 from sagemaker_dist import list_objects, plan_shards, write_shards
-from sagemaker_dist.launch.progress import in_notebook, progress_bar, watched
+from sagemaker_dist.aws.progress import in_notebook, progress_bar, watched
 
 
 class Terminal(io.StringIO):

@@ -6,13 +6,13 @@ import copy
 
 import pytest
 
-from sagemaker_dist.contract.layout import plan_layout
-from sagemaker_dist.launch.request_validation import (
+from sagemaker_dist.aws.request_validation import (
     RequestValidationError,
     limit_problems,
     service_model_problems,
     validate_request,
 )
+from sagemaker_dist.contract.layout import plan_layout
 
 BASE = {
     "TrainingJobName": "horovod-pipe-1",

@@ -1,7 +1,7 @@
 """Every S3 client of ours is built with contract's one retry and timeout policy (``s3_client_settings``).
 
 Checked twice: each factory's client carries the policy, and no ``client("s3")`` in the package is
-built outside the two factories (the SDK side's and the container's, which may not import ``launch``).
+built outside the two factories (the SDK and host side's, and the container's, which may not import ``aws``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from sagemaker_dist.contract.s3_uri import S3_CONNECT_TIMEOUT_S, S3_READ_TIMEOUT
 
 PACKAGE = Path(sagemaker_dist.__file__).parent
 # (path under sagemaker_dist/, function): the only places an S3 client is built
-FACTORIES = {("launch/s3_objects.py", "s3_client"), ("runtime/s3_mirror.py", "s3_client")}
+FACTORIES = {("aws/s3_objects.py", "s3_client"), ("runtime/s3_mirror.py", "s3_client")}
 
 
 def _policy_retries() -> dict:
@@ -28,7 +28,7 @@ def _policy_retries() -> dict:
 
 
 def _launch_client():
-    from sagemaker_dist.launch.s3_objects import s3_client
+    from sagemaker_dist.aws.s3_objects import s3_client
 
     return s3_client()
 
@@ -67,7 +67,7 @@ def test_each_factory_builds_its_clients_with_the_policy(factory, aws_env, tmp_p
 
 
 def test_the_copy_client_tunes_the_policy_without_leaving_it(aws_env):
-    from sagemaker_dist.launch.s3_objects import make_client
+    from sagemaker_dist.aws.s3_objects import make_client
 
     config = make_client(max_pool_connections=40).meta.config
     assert config.retries["mode"] == "standard" and config.retries["total_max_attempts"] == 11
@@ -79,7 +79,7 @@ def test_the_copy_client_tunes_the_policy_without_leaving_it(aws_env):
 
 
 def test_the_factory_honours_a_session_and_an_endpoint(aws_env, moto_server, bucket):
-    from sagemaker_dist.launch.s3_objects import s3_client
+    from sagemaker_dist.aws.s3_objects import s3_client
 
     session = boto3.session.Session(region_name="eu-west-1")
     client = s3_client(session=session, endpoint_url=moto_server)

@@ -7,7 +7,7 @@ import uuid
 import pytest
 from helpers.s3_data import ODD_NAMES, body_of, dataset, filled_bucket
 
-from sagemaker_dist.launch.s3_objects import (
+from sagemaker_dist.aws.s3_objects import (
     EmptyPrefixError,
     MissingBucketError,
     S3AccessError,

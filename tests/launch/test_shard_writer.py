@@ -10,8 +10,8 @@ from boto3.s3.transfer import TransferConfig
 from helpers.fault_proxy import fault_proxy
 from helpers.s3_data import ODD_NAMES, all_keys, dataset, filled_bucket, put_objects
 
+from sagemaker_dist.aws.s3_objects import MissingBucketError, list_objects, parse_s3_uri
 from sagemaker_dist.contract.layout import LayoutError
-from sagemaker_dist.launch.s3_objects import MissingBucketError, list_objects, parse_s3_uri
 from sagemaker_dist.launch.shard_writer import (
     COMPLETE_MARKER,
     IncompleteShardsError,

@@ -10,13 +10,13 @@ import json
 import pytest
 
 from sagemaker_dist import DistributedEstimator, validate_request
+from sagemaker_dist.aws.request_validation import service_model_problems
 from sagemaker_dist.cli import main
 from sagemaker_dist.contract.distributions import DistributionError
 from sagemaker_dist.contract.layout import ChannelLayout, LayoutError
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.launch.backends import SageMakerBackend
 from sagemaker_dist.launch.inputs import ChannelSource, EstimatorError
-from sagemaker_dist.launch.request_validation import service_model_problems
 
 ROLE_ARN = "arn:aws:iam::123456789012:role/SageMakerRole"
 DLC = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.8-{}-py312"

@@ -12,6 +12,16 @@ import sys
 import boto3
 import pytest
 
+from sagemaker_dist.aws.request_validation import service_model_problems, validate_request
+from sagemaker_dist.aws.tuning import (
+    TUNING_OBJECTIVE_HYPERPARAMETER,
+    TuningSpec,
+    default_tuning_job_name,
+    render_tuning_request,
+    trial_training_request,
+)
+from sagemaker_dist.aws.tuning_ranges import TuningError, parse_range_option, to_range
+from sagemaker_dist.aws.tuning_validation import TuningRequestError, validate_tuning_request
 from sagemaker_dist.contract.metric_line import (
     PREFIX,
     metric_definitions,
@@ -19,22 +29,12 @@ from sagemaker_dist.contract.metric_line import (
     read_metrics,
 )
 from sagemaker_dist.launch.estimator import DistributedEstimator
-from sagemaker_dist.launch.request_validation import service_model_problems, validate_request
-from sagemaker_dist.launch.tuning import (
-    TUNING_OBJECTIVE_HYPERPARAMETER,
-    TuningSpec,
-    default_tuning_job_name,
-    render_tuning_request,
-    trial_training_request,
-)
 from sagemaker_dist.launch.tuning_job import (
     TrialSummary,
     TuningJobHandle,
     draft_tuning_request,
     trial_table,
 )
-from sagemaker_dist.launch.tuning_ranges import TuningError, parse_range_option, to_range
-from sagemaker_dist.launch.tuning_validation import TuningRequestError, validate_tuning_request
 
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/sagemaker-dist:0.1.0"
 ROLE_ARN = "arn:aws:iam::123456789012:role/SageMakerRole"

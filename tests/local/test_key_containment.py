@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from sagemaker_dist.aws.request_validation import RequestValidationError
+from sagemaker_dist.aws.s3_objects import s3_client
 from sagemaker_dist.contract.paths import UnsafePathError
 from sagemaker_dist.host.channel_objects import (
     ChannelSpec,
@@ -22,8 +24,6 @@ from sagemaker_dist.host.channel_objects import (
 )
 from sagemaker_dist.host.feeds import download_channel
 from sagemaker_dist.host.outputs import CheckpointSync
-from sagemaker_dist.launch.request_validation import RequestValidationError
-from sagemaker_dist.launch.s3_objects import s3_client
 from sagemaker_dist.local.job import run_local
 
 CLIMBING_KEY = "data/train/../../../../x"
@@ -190,7 +190,7 @@ def test_checkpoint_upload_does_not_follow_a_linked_folder_out_of_the_dir(s3, bu
 
 EMBEDDED = """
 import sys
-from sagemaker_dist.launch.s3_objects import s3_client
+from sagemaker_dist.aws.s3_objects import s3_client
 from sagemaker_dist.local.endpoint import embedded_s3
 state, bucket = sys.argv[1], sys.argv[2]
 with embedded_s3(state) as url:

@@ -10,7 +10,7 @@ from sagemaker_dist.cli import main
 
 PUT = """
 from sagemaker_dist import embedded_s3
-from sagemaker_dist.launch.s3_objects import s3_client
+from sagemaker_dist.aws.s3_objects import s3_client
 with embedded_s3({state!r}):
     c = s3_client()
     c.create_bucket(Bucket="kept-bucket")
@@ -18,7 +18,7 @@ with embedded_s3({state!r}):
 """
 GET = """
 from sagemaker_dist import embedded_s3
-from sagemaker_dist.launch.s3_objects import s3_client
+from sagemaker_dist.aws.s3_objects import s3_client
 with embedded_s3({state!r}):
     print(s3_client().get_object(Bucket="kept-bucket", Key="a/b.txt")["Body"].read().decode())
 """

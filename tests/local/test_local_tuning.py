@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from sagemaker_dist import LocalBackend, run_local
+from sagemaker_dist.aws.tuning import TuningSpec, render_tuning_request, trial_training_request
 from sagemaker_dist.contract.metric_line import PREFIX, metric_definitions, read_metrics
-from sagemaker_dist.launch.tuning import TuningSpec, render_tuning_request, trial_training_request
 from sagemaker_dist.local.demo import demo_estimator
 from sagemaker_dist.local.demo_data import write_demo_data
 from sagemaker_dist.local.tuning import TrialRunner, run_local_tuning

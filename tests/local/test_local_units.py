@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from sagemaker_dist import JobSpecError, LocalJobError, run_local
+from sagemaker_dist.aws.request_validation import RequestValidationError
 from sagemaker_dist.contract.hyperparameters import encode_all
 from sagemaker_dist.contract.layout import plan_layout
 from sagemaker_dist.contract.rank_slots import rank_slots, slot_environment
 from sagemaker_dist.contract.toolkit import script_argv
 from sagemaker_dist.host.opt_ml import build_host_trees
-from sagemaker_dist.launch.request_validation import RequestValidationError
 from sagemaker_dist.local.demo_data import encode_example, generate_examples, tfrecord_file
 from sagemaker_dist.local.launchers.mpi import LaunchError, describe_exit, rank_command
 from sagemaker_dist.local.result import final_metrics
@@ -154,8 +154,8 @@ def test_source_comes_from_the_submit_directory_tarball_without_a_source_dir(s3,
     import io
     import tarfile
 
+    from sagemaker_dist.aws.s3_objects import s3_client
     from sagemaker_dist.host.source_dir import SourceDirError, fetch_source_dir
-    from sagemaker_dist.launch.s3_objects import s3_client
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:

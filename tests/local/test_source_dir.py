@@ -9,8 +9,8 @@ import tarfile
 
 import pytest
 
+from sagemaker_dist.aws.s3_objects import s3_client
 from sagemaker_dist.host.source_dir import SourceDirError, fetch_source_dir
-from sagemaker_dist.launch.s3_objects import s3_client
 
 
 def _package(*members: tarfile.TarInfo, body: bytes = b"print('hi')\n") -> bytes:

@@ -25,8 +25,8 @@ import pytest
 import yaml
 from helpers.k8s_schemas import strict_schema
 
+from sagemaker_dist.aws.tuning import TuningSpec
 from sagemaker_dist.contract.metric_line import metric_line
-from sagemaker_dist.launch.tuning import TuningSpec
 from sagemaker_dist.platforms.k8s_pods import FORWARD_STOPS
 from sagemaker_dist.platforms.katib import (
     DEFAULT_KATIB_CONFIG,

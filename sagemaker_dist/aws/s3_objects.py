@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sagemaker_dist.aws.progress import progress_bar
 from sagemaker_dist.contract.s3_uri import (  # noqa: F401 - S3UriError re-exported
     S3_MAX_ATTEMPTS,
     S3UriError,
@@ -17,7 +18,6 @@ from sagemaker_dist.contract.s3_uri import (  # noqa: F401 - S3UriError re-expor
     s3_client_settings,
 )
 from sagemaker_dist.errors import AwsError, DataError
-from sagemaker_dist.launch.progress import progress_bar
 
 
 class S3AccessError(AwsError):

@@ -21,17 +21,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from itertools import product
 
-from sagemaker_dist.contract import hyperparameters as hp
-from sagemaker_dist.contract.metric_line import (
-    DEFAULT_METRICS,
-    MAX_METRIC_DEFINITIONS,
-    check_metric_name,
-    metric_definitions,
-)
-from sagemaker_dist.launch.request_validation import (
+from sagemaker_dist.aws.request_validation import (
     MAX_HYPERPARAMETERS,
 )
-from sagemaker_dist.launch.tuning_ranges import (
+from sagemaker_dist.aws.tuning_ranges import (
     CATEGORICAL,
     CONTINUOUS,
     INTEGER,
@@ -39,6 +32,13 @@ from sagemaker_dist.launch.tuning_ranges import (
     TuningError,
     format_number,
     to_range,
+)
+from sagemaker_dist.contract import hyperparameters as hp
+from sagemaker_dist.contract.metric_line import (
+    DEFAULT_METRICS,
+    MAX_METRIC_DEFINITIONS,
+    check_metric_name,
+    metric_definitions,
 )
 
 OPERATION = "CreateHyperParameterTuningJob"

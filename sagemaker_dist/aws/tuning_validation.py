@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sagemaker_dist.launch.request_validation import (
+from sagemaker_dist.aws.request_validation import (
     MAX_HYPERPARAMETERS,
     limit_problems,
     service_model_problems,
 )
-from sagemaker_dist.launch.tuning import (
+from sagemaker_dist.aws.tuning import (
     MAX_SEARCHED,
     MAX_TUNING_JOB_NAME,
     OPERATION,
@@ -23,7 +23,7 @@ from sagemaker_dist.launch.tuning import (
     sample_values,
     trial_training_request,
 )
-from sagemaker_dist.launch.tuning_ranges import TuningError
+from sagemaker_dist.aws.tuning_ranges import TuningError
 
 
 class TuningRequestError(TuningError):
