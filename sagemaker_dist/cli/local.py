@@ -38,6 +38,13 @@ def register(subparsers) -> None:
         help="a spot interruption: SIGTERM every rank SECONDS after the ranks start, wait up to 120 s, then "
         "start the job again with its checkpoints restored (repeatable: one per attempt)",
     )
+    p.add_argument(
+        "--metrics-file",
+        type=Path,
+        metavar="PATH",
+        help="append each epoch's metrics of rank 0 (its metric line, read with the request's "
+        "MetricDefinitions) to PATH as JSON lines, as they come (what tune --local reads of a trial)",
+    )
     p.set_defaults(func=run_local_command)
     _register_demo_data(subparsers)
 
@@ -272,6 +279,7 @@ def local_job_shape(args) -> tuple[int, int]:
 def run_local_command(args) -> int:
     from sagemaker_dist import LocalBackend, run_local
     from sagemaker_dist.local.demo import DEMO_BUCKET, prepare_demo_job
+    from sagemaker_dist.local.trial_metrics import EpochMetricsWriter
 
     request = None
     if args.demo:
@@ -328,9 +336,11 @@ def run_local_command(args) -> int:
             def run(request, source_dir, **kwargs):
                 return run_interrupted(request, source_dir, args.interrupt_at, run=run_local, **kwargs)
 
+        metrics = EpochMetricsWriter(args.metrics_file, request) if args.metrics_file else None
         run(
             request,
             source_dir,
+            on_rank_line=metrics,
             launcher=args.launcher,
             work_dir=args.work_dir,
             keep_work_dir=args.keep,

@@ -88,6 +88,7 @@ def run_local(
     container_python: str | os.PathLike | None = None,
     image: str | None = None,
     on_started=None,
+    on_rank_line=None,
 ) -> LocalJobResult:
     """Run the CreateTrainingJob ``request`` (as the estimator builds it) here, with real Horovod ranks.
 
@@ -100,7 +101,8 @@ def run_local(
     With ``launcher="toolkit"`` the toolkit itself (in ``container_python``'s environment) starts the
     ranks, as in the DLC; with ``launcher="container"`` the training ``image`` itself runs the host
     (``podman run <image> train``), as on SageMaker. ``on_started(group)`` is called once the ranks'
-    launcher has started (``local/spot.py`` interrupts the job from there).
+    launcher has started (``local/spot.py`` interrupts the job from there). ``on_rank_line(rank, text)``
+    gets each line a rank printed, before it is shown (``trial_metrics`` records rank 0's metrics).
     """
     started = time.monotonic()
     job = JobSpec.from_request(request, timeout, toolkit_version)
@@ -134,6 +136,8 @@ def run_local(
             group = _rank_group(job, trees, code_dir, work, command, extra_env, echo)
         if not cluster:  # the launcher in a network namespace of the job's own (a cluster has its network)
             group.network = PrivateNet(group.env, echo)
+        if on_rank_line is not None:
+            group.on_line = _also_to(on_rank_line, group.on_line)
         stack.callback(group.kill)
         stack.callback(guard.hold)  # runs first on the way out: a second Ctrl-C cannot cut it short
         echo(
@@ -210,6 +214,17 @@ def _launcher_for(job: JobSpec, launcher: str) -> str:
         return registered(job.distribution).local_launcher(launcher)
     except DistributionError as exc:
         raise LocalJobError(str(exc)) from None
+
+
+def _also_to(on_rank_line, show):
+    """A group's line handler that hands each rank's line to ``on_rank_line`` first, then shows it."""
+
+    def on_line(rank, text):
+        if rank is not None:
+            on_rank_line(rank, text)
+        show(rank, text)
+
+    return on_line
 
 
 def _work_dir(stack: ExitStack, work_dir, job_name: str, keep: bool) -> Path:

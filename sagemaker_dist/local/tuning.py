@@ -1,11 +1,12 @@
 """Hyperparameter tuning on this machine: each trial a full local job, the search Optuna's.
 
 The trials are the CreateTrainingJob requests SageMaker would make from the tuning request
-(``launch.tuning.trial_training_request``): the static hyperparameters, the trial's values and
+(``aws.tuning.trial_training_request``): the static hyperparameters, the trial's values and
 ``_tuning_objective_metric``. Each runs as ``sagemaker-dist local --request`` in a process of its own,
-one at a time by default; the objective is read from rank 0's output with the request's own
-MetricDefinitions, as SageMaker reads CloudWatch, and the last value of a finished trial is its
-objective (SageMaker's final objective metric).
+one at a time by default. Its job reads rank 0's metric line with the request's own MetricDefinitions,
+as SageMaker reads CloudWatch, and hands each epoch's values to the tuner as data (``--metrics-file``,
+``trial_metrics``); the last value of a finished trial is its objective (SageMaker's final objective
+metric).
 
 Search: Optuna's TPE sampler for Bayesian, its random and grid samplers, its Hyperband pruner for
 Hyperband; early stopping Auto is Optuna's median pruner (SageMaker's rule: stop a trial whose
@@ -31,10 +32,9 @@ from pathlib import Path
 
 from sagemaker_dist.aws.tuning import TuningSpec, trial_training_request
 from sagemaker_dist.aws.tuning_ranges import CATEGORICAL, INTEGER, format_number
-from sagemaker_dist.contract.metric_line import read_metrics
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.local.trial_metrics import EpochMetricsReader
 
-RANK0_PREFIX = "[rank 0 "  # local mode prints each rank's line as "[rank 0 algo-1] text"
 STOP_GRACE_S = 30.0  # after SIGTERM: time a stopped trial's job gets to clean up before SIGKILL
 DEFAULT_TRIAL_TIMEOUT_S = 24 * 3600.0  # the request's MaxRuntimeInSeconds when it has none
 OPTUNA_PIN = "optuna==5.0.0"
@@ -137,11 +137,12 @@ class TrialRunner:
     options: tuple[str, ...] = ()  # --launcher, --endpoint-url / --bucket, --container-python, ...
     python: str = sys.executable
 
-    def command(self, request_file: Path, timeout: float) -> list[str]:
+    def command(self, request_file: Path, timeout: float, metrics_file: Path) -> list[str]:
+        """The trial's job, its per-epoch metrics written to ``metrics_file`` (``local/trial_metrics``)."""
         cmd = [self.python, "-u", "-m", "sagemaker_dist.cli", "local", "--request", str(request_file)]
         if self.source_dir:
             cmd += ["--source-dir", str(self.source_dir)]
-        return [*cmd, *self.options, "--timeout", f"{timeout:g}"]
+        return [*cmd, *self.options, "--timeout", f"{timeout:g}", "--metrics-file", str(metrics_file)]
 
 
 def _optuna():
@@ -215,7 +216,6 @@ def run_local_tuning(
     started = time.monotonic()
     name = tuning_request["HyperParameterTuningJobName"]
     definition = tuning_request["TrainingJobDefinition"]
-    definitions = definition["AlgorithmSpecification"].get("MetricDefinitions") or []
     stopping = definition.get("StoppingCondition") or {}
     timeout = trial_timeout or float(stopping.get("MaxRuntimeInSeconds") or DEFAULT_TRIAL_TIMEOUT_S)
     study = make_study(spec, _epochs(definition))
@@ -236,8 +236,7 @@ def run_local_tuning(
                 record = LocalTrial(number, trial_job_name(name, number, values), values)
                 trials.append(record)
             request = trial_training_request(tuning_request, record.job_name, values)
-            state = _run_trial(record, request, trial, runner, work, definitions, spec, timeout, stop_grace,
-                               lock, echo)  # fmt: skip
+            state = _run_trial(record, request, trial, runner, work, spec, timeout, stop_grace, lock, echo)
             with lock:
                 if state == "complete":
                     _tell(study, trial, record.objective)
@@ -272,20 +271,19 @@ def _epochs(definition: Mapping) -> int | None:
     return epochs_of(definition.get("StaticHyperParameters") or {})
 
 
-def _run_trial(
-    record, request, trial, runner, work, definitions, spec, timeout, stop_grace, lock, echo
-) -> str:
+def _run_trial(record, request, trial, runner, work, spec, timeout, stop_grace, lock, echo) -> str:
     """Run one trial's job; report each epoch's objective to Optuna and stop the job when it prunes.
     Returns "complete", "pruned" or "failed"."""
     request_file = work / f"{record.job_name}.json"
     request_file.write_text(json.dumps(request, indent=1))
     log_path = work / f"{record.job_name}.log"
     record.log = str(log_path)
+    metrics = EpochMetricsReader(work / f"{record.job_name}.metrics.jsonl")
     shown = ", ".join(f"{k}={v}" for k, v in record.hyperparameters.items())
     echo(f"trial {record.number}/{spec.n_trials} {record.job_name}: {shown}")
     started = time.monotonic()
     proc = subprocess.Popen(
-        runner.command(request_file, timeout),
+        runner.command(request_file, timeout, metrics.path),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -301,30 +299,11 @@ def _run_trial(
     last_lines: list[str] = []
     try:
         with log_path.open("w") as log:
-            for raw in proc.stdout:
-                line = raw.rstrip("\n")
+            for raw in proc.stdout:  # the log; the metrics come as data, each record before its line
                 log.write(raw)
-                last_lines = (last_lines + [line])[-20:]
-                if not line.startswith(RANK0_PREFIX) or stopped.is_set():
-                    continue
-                epoch, values = read_metrics(line, definitions)
-                if not values:
-                    continue
-                record.metrics.update(values)
-                value = values.get(spec.objective_metric)
-                if value is None or epoch is None or not math.isfinite(value):
-                    continue
-                record.epochs.append((epoch, value))
-                with lock:
-                    trial.report(value, epoch)
-                    prune = trial.should_prune()
-                echo(f"  {record.job_name} epoch {epoch}: {spec.objective_metric}={value:.6g}")
-                if prune:
-                    stopped.set()
-                    echo(
-                        f"  {record.job_name}: early stopping at epoch {epoch}; stopping its job (all ranks)"
-                    )
-                    threading.Thread(target=_stop, args=(proc, stop_grace), daemon=True).start()
+                last_lines = (last_lines + [raw.rstrip("\n")])[-20:]
+                _report_epochs(metrics.read(), record, trial, spec, lock, stopped, proc, stop_grace, echo)
+            _report_epochs(metrics.read(), record, trial, spec, lock, stopped, proc, stop_grace, echo)
         try:
             code = proc.wait(timeout=stop_grace + 5)
         except subprocess.TimeoutExpired:  # output closed but the process lingers: stop it
@@ -336,6 +315,26 @@ def _run_trial(
             _stop(proc, 0)
     record.seconds = time.monotonic() - started
     return _trial_outcome(record, code, stopped.is_set(), last_lines, spec, echo)
+
+
+def _report_epochs(epochs, record, trial, spec, lock, stopped, proc, stop_grace, echo) -> None:
+    """Report each new epoch's objective to Optuna; stop the trial's job (every rank) when it prunes."""
+    for epoch, values in epochs:
+        if stopped.is_set():
+            return
+        record.metrics.update(values)
+        value = values.get(spec.objective_metric)
+        if value is None or epoch is None or not math.isfinite(value):
+            continue
+        record.epochs.append((epoch, value))
+        with lock:
+            trial.report(value, epoch)
+            prune = trial.should_prune()
+        echo(f"  {record.job_name} epoch {epoch}: {spec.objective_metric}={value:.6g}")
+        if prune:
+            stopped.set()
+            echo(f"  {record.job_name}: early stopping at epoch {epoch}; stopping its job (all ranks)")
+            threading.Thread(target=_stop, args=(proc, stop_grace), daemon=True).start()
 
 
 def _trial_outcome(record, code: int, stopped: bool, last_lines: list[str], spec, echo) -> str:

@@ -105,24 +105,36 @@ FAKE_JOB = textwrap.dedent(
     """
     import json, signal, sys, time
     request = json.load(open(sys.argv[sys.argv.index("--request") + 1]))
+    metrics_file = sys.argv[sys.argv.index("--metrics-file") + 1]
     hps = request["HyperParameters"]
     score = float(hps["score"])
     if hps.get("stubborn") == "yes":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a job that will not stop: SIGKILL ends it
     for epoch in (1, 2, 3):
+        with open(metrics_file, "a") as out:  # what local mode records of rank 0's metric line
+            out.write(json.dumps({"epoch": epoch, "metrics": {"val_accuracy": score}}) + "\\n")
         print(f"[rank 0 algo-1] {PREFIX} epoch={epoch} val_accuracy={score}", flush=True)
-        print(f"[rank 1 algo-2] some other rank's line", flush=True)
+        print(f"[rank 1 algo-2] {PREFIX} epoch={epoch} val_accuracy=0.0", flush=True)  # not read
         time.sleep(0.2 if score > 0.5 else 30)
     """
 ).replace("{PREFIX}", PREFIX)
 
 
 class FakeJobRunner(TrialRunner):
-    """Each trial runs a small script in place of ``sagemaker-dist local``: it prints rank 0's metric
-    line as local mode does, and sleeps long after a bad first epoch (a job worth stopping)."""
+    """Each trial runs a small script in place of ``sagemaker-dist local``: it records rank 0's metrics
+    as local mode does (``--metrics-file``), and sleeps long after a bad first epoch (a job worth
+    stopping)."""
 
-    def command(self, request_file, timeout):
-        return [sys.executable, "-c", FAKE_JOB, "--request", str(request_file)]
+    def command(self, request_file, timeout, metrics_file):
+        return [
+            sys.executable,
+            "-c",
+            FAKE_JOB,
+            "--request",
+            str(request_file),
+            "--metrics-file",
+            str(metrics_file),
+        ]
 
 
 def test_early_stopping_stops_the_whole_trial_job(tmp_path):
@@ -154,7 +166,7 @@ def test_early_stopping_stops_the_whole_trial_job(tmp_path):
     # the same surface as a SageMaker tuning job's handle
     assert [t.status for t in result.training_jobs()] == ["Completed", "Completed", "Stopped"]
     assert result.best_training_job().name == result.best.job_name
-    assert [e for e, _ in result.trials[0].epochs] == [1, 2, 3]  # rank 1's lines are not read
+    assert [e for e, _ in result.trials[0].epochs] == [1, 2, 3]
 
 
 @pytest.mark.slow

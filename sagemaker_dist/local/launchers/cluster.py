@@ -189,7 +189,7 @@ class ClusterGroup(RankGroup):
             ranks = self._ranks_of_line(host, line, stdout)
             for rank, text in ranks:
                 self.rank_lines.setdefault(rank, []).append(text)
-                self._show(rank, text)
+                self.on_line(rank, text)  # _show, unless local mode wrapped it
             if ranks:
                 return
             if self.tee:
