@@ -52,9 +52,9 @@ _EXPORTS = {
     "TuningSpec": "aws.tuning",
     "ParamRange": "aws.tuning_ranges",
     "TuningError": "aws.tuning_ranges",
-    "TuningJobHandle": "launch.tuning_job",
-    "TuningJobFailed": "launch.tuning_job",
-    "TrialSummary": "launch.tuning_job",
+    "TuningJobHandle": "launch.tuning_handle",
+    "TuningJobFailed": "launch.tuning_handle",
+    "TrialSummary": "launch.tuning_handle",
     "run_local_tuning": "local.tuning",
     "LocalTuningResult": "local.tuning",
     # local mode

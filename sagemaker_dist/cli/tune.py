@@ -123,7 +123,8 @@ def tune_command(args) -> int:
 
 def _sagemaker(args, job, spec) -> int:
     from sagemaker_dist.cli.launch import _estimator, _pairs
-    from sagemaker_dist.launch.tuning_job import TuningJobFailed, draft_tuning_request, launch_tuning
+    from sagemaker_dist.launch.tuning_handle import TuningJobFailed
+    from sagemaker_dist.launch.tuning_job import draft_tuning_request, launch_tuning
 
     inputs = {"train": job.train, **_pairs(job.channel, "--channel")}
     for role in ("validation", "eval"):

@@ -114,7 +114,7 @@ class SageMakerBackend:
         self, request, spec, *, source_dir=None, wait=True, poll=60.0, timeout=None, printer=print
     ):
         """Creates the tuning job on SageMaker; returns a ``TuningJobHandle``."""
-        from sagemaker_dist.launch.tuning_job import run_sagemaker_tuning
+        from sagemaker_dist.launch.tuning_handle import run_sagemaker_tuning
 
         return run_sagemaker_tuning(
             request, spec, self.boto_session, wait=wait, poll=poll, timeout=timeout, printer=printer

@@ -51,6 +51,7 @@ from sagemaker_dist.launch.inputs import (
 )
 from sagemaker_dist.launch.request import (
     DEFAULT_MPI_OPTIONS,
+    RequestSettings,
     ResolvedNames,
     check_distribution_options,
     check_mpi_options,
@@ -76,8 +77,7 @@ _PLACEHOLDER_OUTPUT = "s3://output-bucket-not-yet-resolved"
 
 @dataclass
 class DistributedEstimator:
-    """Describe a distributed job once (``distribution``: ``"horovod"``, the default, or ``"tf-mwms"``);
-    ``launch(inputs)`` (alias ``fit``) shards, uploads and runs it.
+    """Describe a distributed job once; ``launch(inputs)`` (alias ``fit``) shards, uploads and runs it.
 
     ``inputs`` maps ``train`` (required), ``validation`` and ``eval`` to S3 prefixes, URI lists or
     ShardSets; other keys become extra channels every rank shares. A bare prefix for a per-worker
@@ -91,9 +91,8 @@ class DistributedEstimator:
     since a Pipe FIFO can have only one reader. ``mpi_options`` extend ``DEFAULT_MPI_OPTIONS``
     (drop those with ``default_mpi_options=False``). ``toolkit_version`` is the image's
     sagemaker-training (the TF DLCs carry 4.8.3): a hyperparameter it would hand the script changed
-    gets a ``ToolkitArgumentWarning`` here, before any AWS call. ``distribution='tf-mwms'`` runs
-    TensorFlow's MultiWorkerMirroredStrategy instead of Horovod: one worker (and one channel) per host,
-    no MPI, the AWS TF 2.21 DLC by default (``runtime.mwms_keras`` in the script).
+    gets a ``ToolkitArgumentWarning`` here, before any AWS call. ``distribution`` is an entry of the
+    registry (``contract/distributions.py``): ``horovod`` (the default), ``tf-mwms`` or ``torchrun``.
     """
 
     entry_point: str
@@ -182,6 +181,11 @@ class DistributedEstimator:
         self.mpi_options = " ".join([*defaults, *extra]).strip()
 
     @property
+    def request_settings(self) -> RequestSettings:
+        """What the request says of these settings, frozen (``render_request`` takes it)."""
+        return RequestSettings.of(self)
+
+    @property
     def world_size(self) -> int:
         """Total ranks (workers): hosts x processes per host."""
         return self.instance_count * self.processes_per_host
@@ -227,18 +231,14 @@ class DistributedEstimator:
         return resolve_entry_point(self.entry_point, self.source_dir)[1]
 
     def _render(self, layout, inputs: JobInputs, sources, names: ResolvedNames, program=None) -> dict:
-        request = render_request(self, layout, inputs, sources, names, program or self._program())
+        request = render_request(
+            self.request_settings, layout, inputs, sources, names, program or self._program()
+        )
         validate_request(request)
         return request
 
-    def build_request(
-        self,
-        inputs,
-        job_name: str | None = None,
-        *,
-        submit_directory: str | None = None,
-        role: str | None = None,
-    ) -> dict:
+    def build_request(self, inputs, job_name: str | None = None, *, submit_directory: str | None = None,
+                      role: str | None = None) -> dict:  # fmt: skip
         """The CreateTrainingJob request for already-sharded inputs, validated; no S3 writes.
 
         Per-worker roles need one URI per channel (a ShardSet or a list). ``role`` overrides the
@@ -370,7 +370,9 @@ class DistributedEstimator:
         staged = plan_role_shards(inputs, layout, join_s3(output_path, job_name, "shards") + "/", client, say)
         submit = self.source_uri(output_path, job_name)
         names = ResolvedNames(job_name, role, output_path, submit, self._image())
-        request = render_request(self, layout, inputs, staged.sources, names, package.entry_point)
+        request = render_request(
+            self.request_settings, layout, inputs, staged.sources, names, package.entry_point
+        )
         request = validate_request(backend.complete_request(request, say))
         staged.write(client)
         upload_source(package, submit, client=client)

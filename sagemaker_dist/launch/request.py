@@ -1,18 +1,17 @@
 """Render the CreateTrainingJob request: one pure function of the job's settings and resolved names.
 
-``render_request`` takes the estimator's settings, the planned layout, each role's channel sources
-and the names that need AWS (role ARN, output path, image); the dry run passes stand-ins for them,
-the real launch the resolved values. It makes no AWS call and reads no clock.
+``render_request`` takes the job's frozen settings (``RequestSettings``), the planned layout, each
+role's channel sources and the names that need AWS (role ARN, output path, image); the dry run passes
+stand-ins for them, the real launch the resolved values. It makes no AWS call and reads no clock.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING
 
 from sagemaker_dist.aws.request_validation import MAX_JOB_NAME
 from sagemaker_dist.contract import hyperparameters as hp
@@ -30,8 +29,49 @@ from sagemaker_dist.contract.s3_uri import join_s3
 from sagemaker_dist.launch.inputs import ChannelSource, EstimatorError, JobInputs
 from sagemaker_dist.launch.source_package import TARBALL_NAME
 
-if TYPE_CHECKING:
-    from sagemaker_dist.launch.estimator import DistributedEstimator
+
+@dataclass(frozen=True)
+class RequestSettings:
+    """What the request says of the job beyond its layout and names: the estimator's settings, checked
+    and normalised (``DistributedEstimator.request_settings()``), frozen so that rendering cannot
+    change them and needs no estimator."""
+
+    instance_type: str
+    instance_count: int
+    input_mode: str
+    shared_channel_input_mode: str
+    hyperparameters: Mapping[str, str]
+    mpi_options: str
+    record_wrapper: str = "None"
+    shuffle_seed: int | None = None
+    content_type: str | None = None
+    checkpoint_s3_uri: str | None = None
+    checkpoints: bool = True
+    tensorboard_s3_uri: str | None = None
+    tensorboard: bool = True
+    max_run: int = 24 * 3600
+    use_spot: bool = False
+    max_wait: int | None = None
+    volume_size: int = 30
+    volume_kms_key: str | None = None
+    output_kms_key: str | None = None
+    subnets: tuple[str, ...] = ()
+    security_group_ids: tuple[str, ...] = ()
+    enable_network_isolation: bool = False
+    encrypt_inter_container_traffic: bool = False
+    tags: tuple[Mapping, ...] = ()
+    environment: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, settings) -> RequestSettings:
+        """The settings of ``settings`` (an object with these attributes: the estimator)."""
+        values = {f.name: getattr(settings, f.name) for f in fields(cls)}
+        for name in ("subnets", "security_group_ids", "tags"):
+            values[name] = tuple(values[name] or ())
+        values["hyperparameters"] = dict(values["hyperparameters"] or {})
+        values["environment"] = dict(values["environment"] or {})
+        return cls(**values)
+
 
 # Added after the toolkit's own mpirun options (NCCL_SOCKET_IFNAME, -bind-to none, -map-by slot).
 DEFAULT_MPI_OPTIONS = (
@@ -144,7 +184,7 @@ def check_sources(layout: ChannelLayout, sources: Mapping[str, ChannelSource | s
             )
 
 
-def _channel(est: DistributedEstimator, name: str, uri: str, data_type: str, distribution: str, mode: str):
+def _channel(est: RequestSettings, name: str, uri: str, data_type: str, distribution: str, mode: str):
     channel = {
         "ChannelName": name,
         "DataSource": {
@@ -162,7 +202,7 @@ def _channel(est: DistributedEstimator, name: str, uri: str, data_type: str, dis
 
 
 def _channels(
-    est: DistributedEstimator, layout: ChannelLayout, sources, extras: Mapping[str, str], source_uri: str
+    est: RequestSettings, layout: ChannelLayout, sources, extras: Mapping[str, str], source_uri: str
 ):
     check_sources(layout, sources)
     channels = []
@@ -195,7 +235,7 @@ def _channels(
 
 
 def render_request(
-    est: DistributedEstimator,
+    est: RequestSettings,
     layout: ChannelLayout,
     inputs: JobInputs,
     sources: Mapping[str, ChannelSource | str],
@@ -230,7 +270,7 @@ def render_request(
     return request
 
 
-def _add_optional(request: dict, est: DistributedEstimator, names: ResolvedNames) -> None:
+def _add_optional(request: dict, est: RequestSettings, names: ResolvedNames) -> None:
     if est.output_kms_key:
         request["OutputDataConfig"]["KmsKeyId"] = est.output_kms_key
     if est.volume_kms_key:

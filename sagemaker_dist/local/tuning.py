@@ -86,7 +86,7 @@ class LocalTuningResult:
 
     def training_jobs(self):
         """Every trial as a ``TrialSummary``, as ``TuningJobHandle.training_jobs()`` lists SageMaker's."""
-        from sagemaker_dist.launch.tuning_job import TrialSummary
+        from sagemaker_dist.launch.tuning_handle import TrialSummary
 
         return [
             TrialSummary(t.job_name, t.status, t.hyperparameters, t.objective, None, t.reason)
@@ -99,7 +99,7 @@ class LocalTuningResult:
         return next((t for t in self.training_jobs() if best and t.name == best.job_name), None)
 
     def table_lines(self) -> list[str]:
-        from sagemaker_dist.launch.tuning_job import trial_table
+        from sagemaker_dist.launch.tuning_handle import trial_table
 
         best = self.best
         lines = trial_table(self.training_jobs(), self.objective_metric, best.job_name if best else None)

@@ -29,12 +29,8 @@ from sagemaker_dist.contract.metric_line import (
     read_metrics,
 )
 from sagemaker_dist.launch.estimator import DistributedEstimator
-from sagemaker_dist.launch.tuning_job import (
-    TrialSummary,
-    TuningJobHandle,
-    draft_tuning_request,
-    trial_table,
-)
+from sagemaker_dist.launch.tuning_handle import TrialSummary, TuningJobHandle, trial_table
+from sagemaker_dist.launch.tuning_job import draft_tuning_request
 
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/sagemaker-dist:0.1.0"
 ROLE_ARN = "arn:aws:iam::123456789012:role/SageMakerRole"

@@ -139,16 +139,6 @@ class AgreedEpochIterator:
 EPOCH_ITERATOR = AgreedEpochIterator()
 
 
-def skip_first_batches(batches, skip, then=None):
-    """``batches`` whose first iteration drops ``skip.take()`` batches (read, not trained): the steps
-    trained before a stop, skipped once after the resume (``stop.ResumeSkip``); later iterations skip 0.
-    ``then(rest, n)``, if given, makes each iteration's dataset of the rest and the count skipped."""
-    import tensorflow as tf
-
-    counts = tf.data.Dataset.range(1).map(lambda _: tf.reshape(tf.py_function(skip.take, [], tf.int64), []))
-    return counts.flat_map(lambda n: then(batches.skip(n), n) if then else batches.skip(n))
-
-
 def agreed_epoch(batches, what: str, hvd, reports: EpochReports, stop=None):
     """``batches`` ended at the step where the first rank runs out, the same step on every rank.
 

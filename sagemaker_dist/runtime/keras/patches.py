@@ -15,6 +15,7 @@ private method that changed would make them misbehave rather than fail.
 
 from __future__ import annotations
 
+import importlib
 import re
 import threading
 from collections.abc import Callable
@@ -50,7 +51,6 @@ class Patch:
 def keras_patches() -> list[Patch]:
     """The replacements for the Keras behind ``tf.keras`` (imports TensorFlow)."""
     from sagemaker_dist.runtime.keras import agreement, keras3_strategy
-    from sagemaker_dist.runtime.keras.preflight import keras_major
 
     if keras_major() >= 3:
         from keras.src.backend.tensorflow import trainer
@@ -62,6 +62,20 @@ def keras_patches() -> list[Patch]:
             Patch(trainer, "reduce_per_replica", keras3_strategy.scalar_means),
         ]
     return [Patch(agreement.keras2_data_handler(), "enumerate_epochs", agreement.keras2_epochs_of_any_length)]
+
+
+def _tf_keras_version(tf) -> str:
+    """The version of the package behind ``tf.keras``: keras (2 or 3) or tf_keras (Keras 2)."""
+    package = importlib.import_module(tf.keras.__name__.split(".", 1)[0])
+    return str(getattr(package, "__version__", "2"))
+
+
+def keras_major() -> int:
+    """The major version behind ``tf.keras`` (imports TensorFlow)."""
+    import tensorflow as tf
+
+    major = _tf_keras_version(tf).split(".", 1)[0]
+    return int(major) if major.isdigit() else 2
 
 
 def supported_keras() -> str:

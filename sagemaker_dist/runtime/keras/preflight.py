@@ -7,7 +7,6 @@ in well under 10 s; ``check_tf_keras`` runs once TensorFlow is imported, before 
 
 from __future__ import annotations
 
-import importlib
 import os
 
 from sagemaker_dist.contract.distributions import distribution
@@ -15,7 +14,7 @@ from sagemaker_dist.contract.layout import HOROVOD, TF_MWMS
 from sagemaker_dist.contract.rank_slots import RANK_VARIABLES, TF_CONFIG
 from sagemaker_dist.runtime.config import ContainerConfig
 from sagemaker_dist.runtime.keras.errors import TrainingSetupError
-from sagemaker_dist.runtime.keras.patches import check_keras_release
+from sagemaker_dist.runtime.keras.patches import _tf_keras_version, check_keras_release
 from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo, check_rank_channels
 
 
@@ -28,20 +27,6 @@ def check_keras_2(keras_version: str) -> None:
             "newer, pip install tf_keras (the same minor version as TensorFlow) and set "
             "TF_USE_LEGACY_KERAS=1 before TensorFlow is imported"
         )
-
-
-def _tf_keras_version(tf) -> str:
-    """The version of the package behind ``tf.keras``: keras (2 or 3) or tf_keras (Keras 2)."""
-    package = importlib.import_module(tf.keras.__name__.split(".", 1)[0])
-    return str(getattr(package, "__version__", "2"))
-
-
-def keras_major() -> int:
-    """The major version behind ``tf.keras`` (imports TensorFlow)."""
-    import tensorflow as tf
-
-    major = _tf_keras_version(tf).split(".", 1)[0]
-    return int(major) if major.isdigit() else 2
 
 
 def check_tf_keras(tf) -> None:

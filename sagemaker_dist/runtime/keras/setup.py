@@ -19,7 +19,7 @@ from typing import Any
 from sagemaker_dist.contract.layout import HOROVOD
 from sagemaker_dist.contract.stop_lines import resumed_line
 from sagemaker_dist.runtime import checkpoints as ckpt
-from sagemaker_dist.runtime.keras.agreement import AGREED, EpochReports, agreed_epoch, skip_first_batches
+from sagemaker_dist.runtime.keras.agreement import AGREED, EpochReports, agreed_epoch
 from sagemaker_dist.runtime.keras.arguments import SetupArguments, check_arguments, check_world
 from sagemaker_dist.runtime.keras.gpu import pin_gpu
 from sagemaker_dist.runtime.keras.optimizer import build_scaled_optimizer
@@ -30,7 +30,7 @@ from sagemaker_dist.runtime.keras.preflight import (
     check_tf_keras,
     launched_world,
 )
-from sagemaker_dist.runtime.keras.steps import agree_on_steps, exact_epoch
+from sagemaker_dist.runtime.keras.steps import agree_on_steps, exact_epoch, skip_first_batches
 from sagemaker_dist.runtime.keras.stop import ResumeSkip, StepSchedule, StopRequest
 from sagemaker_dist.runtime.keras.surface import FitSurface
 from sagemaker_dist.runtime.ranks import check_initialised_horovod

@@ -63,10 +63,18 @@ def exact_epoch(batches, *, steps, counts, what, rank, size, batch_size, skip=No
         f"{what}_records must be the records in this rank's shard. Batches delivered:"
     )
     if skip is not None:
-        from sagemaker_dist.runtime.keras.agreement import skip_first_batches
-
         return skip_first_batches(batches, skip, then=lambda rest, n: cut_to_steps(rest, steps - n, message))
     return cut_to_steps(batches, steps, message)
+
+
+def skip_first_batches(batches, skip, then=None):
+    """``batches`` whose first iteration drops ``skip.take()`` batches (read, not trained): the steps
+    trained before a stop, skipped once after the resume (``stop.ResumeSkip``); later iterations skip 0.
+    ``then(rest, n)``, if given, makes each iteration's dataset of the rest and the count skipped."""
+    import tensorflow as tf
+
+    counts = tf.data.Dataset.range(1).map(lambda _: tf.reshape(tf.py_function(skip.take, [], tf.int64), []))
+    return counts.flat_map(lambda n: then(batches.skip(n), n) if then else batches.skip(n))
 
 
 def blank_like(element_spec):

@@ -18,7 +18,7 @@ from typing import Any
 from sagemaker_dist.contract.layout import TF_MWMS
 from sagemaker_dist.contract.stop_lines import resumed_line
 from sagemaker_dist.runtime import checkpoints as ckpt
-from sagemaker_dist.runtime.keras.agreement import AGREED, skip_first_batches
+from sagemaker_dist.runtime.keras.agreement import AGREED
 from sagemaker_dist.runtime.keras.arguments import SetupArguments, check_arguments
 from sagemaker_dist.runtime.keras.errors import TrainingSetupError
 from sagemaker_dist.runtime.keras.optimizer import build_scaled_optimizer
@@ -28,6 +28,7 @@ from sagemaker_dist.runtime.keras.preflight import (
     check_job_distribution,
     check_tf_keras_release,
 )
+from sagemaker_dist.runtime.keras.steps import skip_first_batches
 from sagemaker_dist.runtime.keras.stop import ResumeSkip, StepSchedule, StopRequest
 from sagemaker_dist.runtime.keras.surface import FitSurface
 from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
