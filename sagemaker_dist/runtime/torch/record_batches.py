@@ -114,6 +114,8 @@ class RecordBatches(PipeBatches):
         compiled: bool | None = None,
         config=None,
     ):
+        if record_bytes is not None and (isinstance(record_bytes, bool) or int(record_bytes) < 1):
+            raise ValueError(f"record_bytes={record_bytes!r}: give a whole number >= 1, or None")
         super().__init__(
             job,
             batch_size,
@@ -127,8 +129,6 @@ class RecordBatches(PipeBatches):
             max_record_bytes=max_record_bytes,
             config=config,
         )
-        if record_bytes is not None and (isinstance(record_bytes, bool) or int(record_bytes) < 1):
-            raise ValueError(f"record_bytes={record_bytes!r}: give a whole number >= 1, or None")
         self.record_bytes = None if record_bytes is None else int(record_bytes)
         if compiled and not compiled_available():
             raise RuntimeError(
