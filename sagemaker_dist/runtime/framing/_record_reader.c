@@ -361,8 +361,7 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kwds) {
     self->eof = self->busy = self->active = 0;
     self->offset = self->records = self->rec_at = self->rec_n = self->rec_got = 0;
     self->scanned = 0;
-    self->header_cache[0] = UINT64_MAX;
-    self->header_cache[1] = 0;
+    self->header_cache[0] = self->header_cache[1] = 0;
     return 0;
 }
 

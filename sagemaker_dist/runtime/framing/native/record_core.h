@@ -208,19 +208,19 @@ static inline uint32_t sd_masked_crc32c(const void *data, size_t n) {
 /* ---- TFRecord: uint64 length, masked CRC32C of it, data, masked CRC32C of the data ---- */
 
 /* The header at h (12 bytes): its length in *n; BAD_HEADER before TOO_LONG (a length whose CRC is
- * wrong is no length at all), TOO_LONG when over max_record. *header_crc_of caches the last length's CRC
- * (pass a pair initialised to {UINT64_MAX, 0}, or NULL). */
+ * wrong is no length at all), TOO_LONG when over max_record. `cache` holds the last length and its CRC
+ * (bit 32 set once it holds one): pass a pair initialised to {0, 0}, or NULL. */
 static inline int sd_tfrecord_header(const unsigned char *h, uint64_t max_record, uint64_t *n,
                                      uint64_t cache[2]) {
     uint64_t length = sd_load_u64(h);
     uint32_t expected;
-    if (cache != NULL && cache[0] == length) {
+    if (cache != NULL && (cache[1] >> 32) && cache[0] == length) {
         expected = (uint32_t)cache[1];
     } else {
         expected = sd_masked_crc32c(h, 8);
         if (cache != NULL) {
             cache[0] = length;
-            cache[1] = expected;
+            cache[1] = expected | ((uint64_t)1 << 32);
         }
     }
     *n = length;

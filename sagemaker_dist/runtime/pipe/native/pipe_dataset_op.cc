@@ -378,7 +378,7 @@ class PipeDataset : public DatasetBase {
     FifoBuffer in_;
     Status pending_ = absl::OkStatus();
     bool done_ = false, after_large_ = false;
-    uint64_t header_cache_[2] = {UINT64_MAX, 0};  // the last TFRecord length and its masked CRC
+    uint64_t header_cache_[2] = {0, 0};  // the last TFRecord length and its masked CRC (record_core.h)
     int64_t epoch_ = 0, calls_ = 0, records_ = 0, skipped_ = 0, bad_in_a_row_ = 0, next_report_ = 0;
     std::chrono::steady_clock::time_point started_;
   };
