@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from sagemaker_dist.runtime.framing.base import DEFAULT_CHUNK, Framer
+from sagemaker_dist.runtime.framing.base import DEFAULT_CHUNK, READ_STEP, Framer
 from sagemaker_dist.runtime.framing.stream import frame_views
 
 _NATIVE_API = 1
@@ -65,8 +65,13 @@ class Batch:
         return self.count >= self.size
 
     def grow(self, need: int, keep: int) -> None:
-        """``data`` at least ``need`` bytes, its first ``keep`` kept (twice ``keep`` at least: what came)."""
-        holder, data = self._allocate(max(need, 2 * keep))
+        """``data`` at least ``need`` bytes, its first ``keep`` kept: twice ``keep`` (what came), or room for
+        the records still to come at the size of those that came, up to READ_STEP more."""
+        size = max(need, 2 * keep)
+        if self.count:
+            estimate = keep // self.count * self.size + keep // 8
+            size = max(size, min(estimate, keep + READ_STEP))
+        holder, data = self._allocate(size)
         data[:keep] = self.data[:keep]
         self.holder, self.data = holder, data
 
