@@ -56,6 +56,7 @@ setup(
     package_data={
         "sagemaker_dist.local": ["demo_job/*.py"],
         "sagemaker_dist.runtime.pipe": ["native/*.cc", "native/*.h"],
+        "sagemaker_dist.runtime.framing": ["native/*.h"],  # the framing core the op includes too
     },
     # the console command (plan, shard) works with these alone; launch needs [sdk], training [tensorflow]
     install_requires=["boto3>=1.34,<2", "numpy>=1.23,<3", "tqdm>=4.66,<5"],
@@ -72,14 +73,18 @@ setup(
         "test": TEST,
     },
     entry_points={"console_scripts": ["sagemaker-dist=sagemaker_dist.cli:main"]},
-    # The TFRecord framer's scan in C (length fields and both CRCs, the GIL released). Optional: where
-    # no C compiler is, the install goes on and the runtime uses its numpy path.
+    # The TFRecord framer's scan in C (length fields and both CRCs, the GIL released), and the batch
+    # reader that frames a FIFO straight into a caller's buffer (runtime.torch's RecordBatches); both on
+    # the framing core framing/native/record_core.h. Optional: where no C compiler is, the install goes
+    # on and the runtime uses its numpy and Python paths.
     ext_modules=[
         Extension(
-            "sagemaker_dist.runtime.framing._tfrecord_scan",
-            ["sagemaker_dist/runtime/framing/_tfrecord_scan.c"],
+            f"sagemaker_dist.runtime.framing.{name}",
+            [f"sagemaker_dist/runtime/framing/{name}.c"],
+            depends=["sagemaker_dist/runtime/framing/native/record_core.h"],
             extra_compile_args=["-O3"],
             optional=True,
         )
+        for name in ("_tfrecord_scan", "_record_reader")
     ],
 )

@@ -26,7 +26,9 @@ if [ ! -x .venv/bin/sagemaker-dist ]; then
   echo "tf-latest-check: run scripts/setup.sh first (the SDK side runs in .venv)" >&2
   exit 2
 fi
-if ! "$VENV/bin/python" -c 'import tensorflow, tensorboard, pytest, sagemaker_dist.runtime.framing._tfrecord_scan' \
+NEEDED="tensorflow, tensorboard, pytest, sagemaker_dist.runtime.framing._tfrecord_scan"
+NEEDED="$NEEDED, sagemaker_dist.runtime.framing._record_reader"
+if ! "$VENV/bin/python" -c "import $NEEDED" \
   2>/dev/null; then
   "$TF_LATEST_PYTHON" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade "pip>=24"

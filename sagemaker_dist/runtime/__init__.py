@@ -25,6 +25,8 @@ _LAZY = {
     "DdpJob": "sagemaker_dist.runtime.torch.process_group",
     "ddp_main": "sagemaker_dist.runtime.torch.process_group",
     "PipeBatches": "sagemaker_dist.runtime.torch.batches",
+    "RecordBatches": "sagemaker_dist.runtime.torch.record_batches",
+    "RaggedBatch": "sagemaker_dist.runtime.torch.record_batches",
     "agreed_batches": "sagemaker_dist.runtime.torch.epochs",
     "PipeTraining": "sagemaker_dist.runtime.torch.training",
     "save_torch_checkpoint": "sagemaker_dist.runtime.torch.checkpointing",

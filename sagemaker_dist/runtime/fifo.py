@@ -81,6 +81,9 @@ class FifoReader:
             with contextlib.suppress(OSError):  # best effort: the limit is /proc/sys/fs/pipe-max-size
                 fcntl.fcntl(self._fd, F_SETPIPE_SZ, PIPE_BUFFER_BYTES)
 
+    def fileno(self) -> int:
+        return self._fd
+
     def readinto(self, buffer) -> int:
         n = os.readv(self._fd, [buffer])
         self.bytes_read += n

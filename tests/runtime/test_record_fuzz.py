@@ -6,9 +6,10 @@ through NULL), a claimed 1 GiB record in a 1 KB stream (which must not be alloca
 is no defence (anyone computes it), so the streams here carry valid ones too.
 
 In this process, with many examples: the Python framers (TFRecord through both scans, RecordIO,
-TextLine) and the C scan itself. In a child process, with few: PipeModeDataset on both readers, the
-compiled op included, from regular files and real FIFOs; a crash there is a negative return code, and
-the child runs under an address-space limit and reports its peak RSS.
+TextLine), the C scan itself, and the compiled batch reader against the Python framers. In a child
+process, with few: PipeModeDataset on both readers, the compiled op included, from regular files and
+real FIFOs; a crash there is a negative return code, and the child runs under an address-space limit
+and reports its peak RSS.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import tracemalloc
@@ -218,6 +220,79 @@ def test_text_lines_over_the_limit_are_refused(data, limit, chunk):
         assert records == lines[: len(records)]
         assert len(lines[len(records)]) > (limit or MAX_RECORD_BYTES)
         assert error.offset == sum(len(line) + 1 for line in raw[: len(records)])
+
+
+# The compiled batch reader (framing.batch_fill, runtime.torch's RecordBatches) on the same streams: the
+# records the Python framer reads, and its error, word for word (text lines: the same offset; whether a
+# line over the limit is "at least" that long depends on how the bytes came).
+
+
+def fill_compiled(data: bytes, record_format: str, limit: int | None, batch: int):
+    """(records, error) of the compiled batch reader over ``data`` (from a file), ``batch`` at a time."""
+    from sagemaker_dist.runtime.framing.batch_fill import Batch, StreamFill
+
+    framer = make_framer(record_format, "fuzz_0", 7, max_record_bytes=limit)
+    records, error = [], None
+    with tempfile.TemporaryFile() as f:
+        f.write(data)
+        f.seek(0)
+        fill = StreamFill(f, framer, compiled=True)
+        try:
+            while True:
+                b = Batch(batch, 64)
+                more = fill.fill(b)
+                records += [b.data[b.offsets[i] : b.offsets[i + 1]].tobytes() for i in range(b.count)]
+                if not more:
+                    break
+        except RecordFormatError as err:
+            assert (err.channel, err.epoch) == ("fuzz_0", 7) and 0 <= err.offset <= len(data), err
+            error = err
+    assert all(len(r) <= framer.max_record for r in records)
+    return records, error
+
+
+def same_as_the_python_framer(data: bytes, record_format: str, limit: int | None, batch: int) -> None:
+    records, error = fill_compiled(data, record_format, limit, batch)
+    expected, expected_error = frame_all(data, record_format, limit, 1 << 20, 1 << 20, False)
+    if expected_error is None:
+        assert error is None and records == expected
+        return
+    assert error is not None, expected_error
+    # the records before the error, less a batch it did not fill
+    assert records == expected[: len(records)] and len(expected) - len(records) < batch
+    assert error.offset == expected_error.offset
+    if record_format == "TextLine":
+        assert "is longer than max_record_bytes" in str(error) and "is longer" in str(expected_error)
+    else:
+        assert str(error) == str(expected_error)
+
+
+batches = st.sampled_from([1, 2, 5])
+
+
+@pytest.mark.usefixtures("tfrecord_scan")
+@fuzz
+@given(data=tfrecord_streams(), limit=limits, batch=batches)
+def test_the_compiled_batch_reader_reads_crafted_tfrecord_streams_as_the_framer_does(data, limit, batch):
+    same_as_the_python_framer(data, "TFRecord", limit, batch)
+
+
+@fuzz
+@given(data=st.binary(max_size=2000), limit=limits, batch=batches)
+def test_the_compiled_batch_reader_on_random_bytes(data, limit, batch):
+    same_as_the_python_framer(data, "TFRecord", limit, batch)
+
+
+@fuzz
+@given(data=recordio_streams(), limit=limits, batch=batches)
+def test_the_compiled_batch_reader_reads_crafted_recordio_streams_as_the_framer_does(data, limit, batch):
+    same_as_the_python_framer(data, "RecordIO", limit, batch)
+
+
+@fuzz
+@given(data=text_streams(), limit=st.one_of(st.none(), st.integers(1, 500)), batch=batches)
+def test_the_compiled_batch_reader_reads_text_lines_as_the_framer_does(data, limit, batch):
+    same_as_the_python_framer(data, "TextLine", limit, batch)
 
 
 @pytest.mark.scans("compiled")

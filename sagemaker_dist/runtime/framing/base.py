@@ -93,6 +93,14 @@ class Framer:
             pos,
         )
 
+    def wrong_size(self, length: int, record_bytes: int, pos: int) -> RecordFormatError:
+        """The error for a record of ``length`` bytes in a stream read as records of ``record_bytes`` each."""
+        return self.error(
+            f"a record of {length} bytes where every record is to be record_bytes={record_bytes} long "
+            "(leave record_bytes out for records of varying length)",
+            pos,
+        )
+
     def corrupted(self, message: str, pos: int) -> None:
         """Skip a corrupted record if the limit allows it (as AWS's reader does), else raise."""
         self._bad_in_a_row += 1

@@ -12,7 +12,7 @@ from sagemaker_dist.contract.record_formats import (
     RECORDIO_START,
     RECORDIO_WHOLE,
 )
-from sagemaker_dist.runtime.framing.base import Framer
+from sagemaker_dist.runtime.framing.base import Framer, RecordFormatError
 
 _unpack_from = struct.unpack_from
 
@@ -57,6 +57,20 @@ class RecordIOFramer(Framer):
         starts = [s if s >= 0 else pos + (-1 - s) for s in starts]
         return starts, lengths, pos, extra
 
+    def bad_magic(self, magic: int, pos: int) -> RecordFormatError:
+        return self.error(
+            f"bad magic number 0x{magic:08X} (expected 0x{RECORDIO_MAGIC:08X}); the stream "
+            "is corrupt or not RecordIO (check record_format and RecordWrapperType)",
+            pos,
+        )
+
+    def bad_flag(self, flag: int, expect_first: bool, pos: int) -> RecordFormatError:
+        return self.error(
+            f"multipart flag {flag} out of sequence "
+            f"({'a record must start with flag 0 or 1' if expect_first else 'expected 2 or 3'})",
+            pos,
+        )
+
     def _record_parts(self, buf, record_start: int, end: int):
         """The parts of the record at ``record_start``: ``(parts, scan, complete, bad)``.
 
@@ -71,30 +85,12 @@ class RecordIOFramer(Framer):
         while scan + 8 <= end:
             magic, word = unpack("<II", buf, scan)
             if magic != RECORDIO_MAGIC:
-                return (
-                    parts,
-                    scan,
-                    False,
-                    self.error(
-                        f"bad magic number 0x{magic:08X} (expected 0x{RECORDIO_MAGIC:08X}); the stream "
-                        "is corrupt or not RecordIO (check record_format and RecordWrapperType)",
-                        scan,
-                    ),
-                )
+                return parts, scan, False, self.bad_magic(magic, scan)
             flag = word >> RECORDIO_LENGTH_BITS
             n = word & RECORDIO_LENGTH_MASK
             expect_first = not parts
             if flag > RECORDIO_END or (flag in (RECORDIO_WHOLE, RECORDIO_START)) != expect_first:
-                return (
-                    parts,
-                    scan,
-                    False,
-                    self.error(
-                        f"multipart flag {flag} out of sequence "
-                        f"({'a record must start with flag 0 or 1' if expect_first else 'expected 2 or 3'})",
-                        scan,
-                    ),
-                )
+                return parts, scan, False, self.bad_flag(flag, expect_first, scan)
             size += n
             if size > self.max_record:  # the parts so far: the record is at least this long
                 at_least = bool(parts) or flag != RECORDIO_WHOLE

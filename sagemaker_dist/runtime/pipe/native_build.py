@@ -34,6 +34,8 @@ READER_ENV = "SAGEMAKER_DIST_READER"
 READERS = ("auto", "compiled", "python")
 CACHE_ENV = "SAGEMAKER_DIST_CACHE"
 SOURCE = Path(__file__).resolve().parent / "native" / "pipe_dataset_op.cc"  # includes native/*.h
+# the framing core (CRC32C, frame rules) it shares with the Python extensions: record_core.h
+CORE = Path(__file__).resolve().parent.parent / "framing" / "native"
 LIBRARY = "pipe_dataset_op.so"
 FAILED = "build-failed.txt"  # in the key's folder: auto mode does not retry a failed build
 BUILD_TIMEOUT = 300.0  # seconds for the compiler (about 40 s on 2 busy cores), and for the lock
@@ -92,9 +94,9 @@ def build_plan(tf) -> tuple[list[str], Path]:
     if not compiler:
         raise _Unavailable("no C++ compiler: install g++ (Debian: build-essential), or set CXX")
     flags = [*tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
-    command = [compiler, "-std=c++17", "-shared", "-fPIC", "-O2", str(SOURCE), *flags]
+    command = [compiler, "-std=c++17", "-shared", "-fPIC", "-O2", f"-I{CORE}", str(SOURCE), *flags]
     key = hashlib.sha256("\0".join([tf.__version__, __version__, os.uname().machine, *command]).encode())
-    for source in sorted(SOURCE.parent.glob("*.[ch]*")):
+    for source in [*sorted(SOURCE.parent.glob("*.[ch]*")), *sorted(CORE.glob("*.h"))]:
         key.update(source.read_bytes())
     key = key.hexdigest()[:16]
     return command, cache_root() / "ops" / f"tf{tf.__version__}-{key}" / LIBRARY
@@ -104,8 +106,9 @@ def _load(force: bool):
     """(op module, how it came) — loaded from the cache, else built first; _Unavailable says why not."""
     import tensorflow as tf
 
-    if not SOURCE.is_file():
-        raise _Unavailable(f"its source {SOURCE} is not installed")
+    for source in (SOURCE, CORE / "record_core.h"):
+        if not source.is_file():
+            raise _Unavailable(f"its source {source} is not installed")
     command, library = build_plan(tf)
     how = f"TensorFlow {tf.__version__}, {library}"
     if not library.is_file():

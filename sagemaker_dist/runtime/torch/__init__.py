@@ -4,6 +4,8 @@
   FIFO, starts the process group from torchrun's environment (NCCL on GPUs, Gloo on CPU) and returns
   the ``DdpJob``; ``ddp_main`` names the failing rank with its traceback;
 - ``batches``: ``PipeBatches``, the rank's channel as batches of tensors from a reader thread;
+- ``record_batches``: ``RecordBatches``, the same channel as batches of raw records framed in compiled
+  code straight into (pinned) uint8 tensors: ``[n, record_bytes]``, or a ``RaggedBatch`` of offsets;
 - ``epochs``: ``agreed_batches``, epochs that end on the same step on every rank (no record counts);
 - ``stop``: SIGTERM (a stop, a spot interruption) as a request the ranks agree on at a step;
 - ``checkpointing``: rank-0 checkpoints of model, optimizer, scheduler, epoch and step, restored on

@@ -4,7 +4,8 @@
 // never outlives its TensorFlow as AWS's prebuilt op did. Each iterator is one iteration: it takes
 // the channel's next epoch (<state_dir>/<channel> under flock, shared with the Python reader),
 // waits for <pipe_dir>/<channel>_<epoch>, and frames TFRecord (both CRC32Cs, as TFRecordDataset
-// checks them, with the CPU's CRC32C instruction in three lanes: pipe_support.h), RecordIO or text
+// checks them, with the CPU's CRC32C instruction in three lanes: framing/native/record_core.h, the
+// framing core the Python extensions share, as are its frame rules), RecordIO or text
 // lines with large non-blocking reads into a 1 MiB buffer. Large TFRecords are read by the kernel
 // straight into their output tensor, with the CRC and the next header in the same read. Errors name
 // the channel, epoch and byte offset, in the Python reader's words (tests run the same checks on
@@ -242,16 +243,15 @@ class PipeDataset : public DatasetBase {
         if (have == 0) return *eof = true, absl::OkStatus();
         return Truncated(have, 0, in_.offset);
       }
-      const char* h = in_.data();
-      uint64_t n = U64(h);
-      if (U32(h + 8) != MaskedCrc(h, 8))
+      uint64_t n, at = in_.offset;
+      int header = sd_tfrecord_header(Bytes(in_.data()), c_.max_record, &n, header_cache_);
+      if (header == SD_FRAME_BAD_HEADER)
         return Error(absl::StrCat("length CRC mismatch (length field ", n,
                                   "); the stream is corrupt or not TFRecord (check record_format and "
                                   "RecordWrapperType)"),
-                     in_.offset);
-      uint64_t at = in_.offset;
+                     at);
       // Before any arithmetic on n (n + 16 wraps near 2**64) and before anything is allocated for it.
-      if (n > c_.max_record) return TooLong(n, at);
+      if (header == SD_FRAME_TOO_LONG) return TooLong(n, at);
       if (n >= kLargeRecord && have < n + 16) {  // the kernel's copy is the record
         after_large_ = true;
         in_.Consume(12);
@@ -291,7 +291,7 @@ class PipeDataset : public DatasetBase {
       have = in_.size();
       if (have < n + 16) return Truncated(have, n + 16, at);
       const char* data = in_.data() + 12;
-      if (U32(data + n) != MaskedCrc(data, n)) {
+      if (!sd_tfrecord_data_ok(Bytes(data), n)) {
         in_.Consume(n + 16);
         *skipped = true;
         return Corrupted(absl::StrCat("data CRC mismatch in a ", n, "-byte record"), at);
@@ -314,30 +314,29 @@ class PipeDataset : public DatasetBase {
           if (have == 0 && first) return *eof = true, absl::OkStatus();
           return Truncated(in_.offset - start + have, 0, start);
         }
-        const char* h = in_.data();
-        uint32_t magic = U32(h), word = U32(h + 4);
-        if (magic != kRecordIOMagic) {
+        uint32_t magic, flag, n;
+        int header = sd_recordio_header(Bytes(in_.data()), first, &magic, &flag, &n);
+        if (header == SD_FRAME_BAD_MAGIC) {
           char text[128];
           snprintf(text, sizeof(text), "bad magic number 0x%08X (expected 0x%08X)", magic, kRecordIOMagic);
           return Error(absl::StrCat(text, "; the stream is corrupt or not RecordIO (check record_format "
                                           "and RecordWrapperType)"),
                        in_.offset);
         }
-        uint32_t flag = word >> 29, n = word & ((1u << 29) - 1);
-        if (flag > 3 || (flag <= 1) != first)
+        if (header == SD_FRAME_BAD_FLAG)
           return Error(absl::StrCat("multipart flag ", flag, " out of sequence (",
                                     first ? "a record must start with flag 0 or 1" : "expected 2 or 3", ")"),
                        in_.offset);
         uint64_t size = out->size() + uint64_t{n};  // the parts so far: the record is at least this long
         if (size > c_.max_record) return TooLong(size, start, !first || flag != 0);
-        size_t padded = 8 + n + ((4 - n % 4) % 4);
+        size_t padded = sd_recordio_frame(n);
         TF_RETURN_IF_ERROR(in_.Fill(ctx, padded, true));
         have = in_.size();
         if (have < padded) return Truncated(in_.offset - start + have, in_.offset - start + padded, start);
         out->append(in_.data() + 8, n);
         in_.Consume(padded);
         first = false;
-        if (flag == 0 || flag == 3) return absl::OkStatus();
+        if (sd_recordio_last(flag)) return absl::OkStatus();
       }
     }
 
@@ -350,8 +349,7 @@ class PipeDataset : public DatasetBase {
         const char* nl = static_cast<const char*>(memchr(start + scanned, '\n', have - scanned));
         if (nl != nullptr || (in_.eof && have > 0)) {
           size_t len = nl != nullptr ? nl - start : have;
-          size_t line = len;
-          if (line > 0 && start[line - 1] == '\r') --line;
+          size_t line = sd_line_length(Bytes(start), len);
           if (line > c_.max_record) return TooLong(line, in_.offset);
           out->assign(start, line);
           in_.Consume(nl != nullptr ? len + 1 : len);
@@ -359,7 +357,7 @@ class PipeDataset : public DatasetBase {
         }
         if (in_.eof) return *eof = true, absl::OkStatus();
         // No newline yet: the line so far, less a '\r' that a newline may follow, is its least length.
-        size_t so_far = have - (have > 0 && start[have - 1] == '\r');
+        size_t so_far = sd_line_length(Bytes(start), have);
         if (so_far > c_.max_record) return TooLong(so_far, in_.offset, true);
         scanned = have;
         TF_RETURN_IF_ERROR(in_.Fill(ctx, have + 1, true));
@@ -380,6 +378,7 @@ class PipeDataset : public DatasetBase {
     FifoBuffer in_;
     Status pending_ = absl::OkStatus();
     bool done_ = false, after_large_ = false;
+    uint64_t header_cache_[2] = {0, 0};  // the last TFRecord length and its masked CRC (record_core.h)
     int64_t epoch_ = 0, calls_ = 0, records_ = 0, skipped_ = 0, bad_in_a_row_ = 0, next_report_ = 0;
     std::chrono::steady_clock::time_point started_;
   };
@@ -398,7 +397,7 @@ Status Scalar(OpKernelContext* ctx, const char* name, T* out) {
 
 class PipeDatasetOp : public DatasetOpKernel {
  public:
-  explicit PipeDatasetOp(OpKernelConstruction* ctx) : DatasetOpKernel(ctx) {}
+  explicit PipeDatasetOp(OpKernelConstruction* ctx) : DatasetOpKernel(ctx) { sd_crc32c_init(); }
   void MakeDataset(OpKernelContext* ctx, DatasetBase** output) override {
     Config c;
     tstring channel, format, state_dir, pipe_dir;

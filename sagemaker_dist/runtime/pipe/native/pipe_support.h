@@ -1,4 +1,5 @@
-// What the compiled Pipe-mode reader (pipe_dataset_op.cc) stands on: CRC32C, the epoch counter
+// What the compiled Pipe-mode reader (pipe_dataset_op.cc) stands on: the framing core (CRC32C and the
+// frame rules, framing/native/record_core.h, shared with the Python extensions), the epoch counter
 // shared with the Python reader (pipe/epochs.py), and the FIFO read with non-blocking large reads.
 #ifndef SAGEMAKER_DIST_PIPE_SUPPORT_H_
 #define SAGEMAKER_DIST_PIPE_SUPPORT_H_
@@ -24,11 +25,8 @@
 #include <thread>
 #include <vector>
 
-#if defined(__x86_64__)
-#include <nmmintrin.h>
-#endif
-
 #include "absl/strings/str_cat.h"
+#include "record_core.h"
 #include "tensorflow/core/framework/dataset.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
@@ -53,128 +51,14 @@ constexpr uint64_t kLargeRecord = 32 << 10;  // TFRecords this large are read in
 constexpr size_t kReadStep = 64 << 20;
 // The highest max_record_bytes (contract/record_formats.py's ceiling): a length up to it plus a
 // frame's few bytes never wraps 64 bits.
-constexpr uint64_t kMaxRecordCeiling = uint64_t{1} << 62;
-constexpr uint32_t kRecordIOMagic = 0xCED7230A;
+constexpr uint64_t kMaxRecordCeiling = SD_MAX_RECORD_CEILING;
+constexpr uint32_t kRecordIOMagic = SD_RECORDIO_MAGIC;
 constexpr int kPollMs = 50;  // how often a blocked read looks for cancellation or a newer iterator
 
-// ---- CRC32C (Castagnoli), masked as TFRecord stores it ----
-struct CrcTable {
-  uint32_t t[8][256];
-  CrcTable() {
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c >> 1) ^ ((c & 1) ? 0x82F63B78u : 0);
-      t[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; ++i)
-      for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
-  }
-};
-inline const CrcTable& Table() {
-  static const CrcTable* table = new CrcTable();
-  return *table;
-}
+// ---- CRC32C and the frame rules: the framing core the Python extensions share (-I framing/native) ----
+inline uint32_t MaskedCrc(const char* p, size_t n) { return sd_masked_crc32c(p, n); }
 
-inline uint32_t Crc32cSoftware(const char* p, size_t n) {
-  const auto& t = Table().t;
-  uint32_t c = 0xFFFFFFFFu;
-  while (n >= 8) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-    v ^= c;
-    c = t[7][v & 0xFF] ^ t[6][(v >> 8) & 0xFF] ^ t[5][(v >> 16) & 0xFF] ^ t[4][(v >> 24) & 0xFF] ^
-        t[3][(v >> 32) & 0xFF] ^ t[2][(v >> 40) & 0xFF] ^ t[1][(v >> 48) & 0xFF] ^ t[0][v >> 56];
-    p += 8;
-    n -= 8;
-  }
-  while (n--) c = (c >> 8) ^ t[0][(c ^ static_cast<uint8_t>(*p++)) & 0xFF];
-  return ~c;
-}
-
-#if defined(__x86_64__)
-// The CPU's CRC32C instruction takes 3 cycles and can start one a cycle, so one stream of it runs at
-// a third of its speed (about 8 GB/s here, as costly as the kernel's copy out of the pipe; TF 2.21's
-// absl::ExtendCrc32c measured 2-4 GB/s). Three lanes of a block run at once, and their CRCs are
-// joined by shifting the running one past the next lane: a linear map, applied with 4 tables.
-
-// a * b modulo the CRC32C polynomial, bit-reflected as the register holds it (bit 31 is x^0).
-inline uint32_t MultiplyModP(uint32_t a, uint32_t b) {
-  uint32_t product = 0;
-  for (uint32_t bit = 1u << 31; bit != 0; bit >>= 1) {
-    if (a & bit) product ^= b;
-    b = (b & 1) ? (b >> 1) ^ 0x82F63B78u : b >> 1;  // b * x
-  }
-  return product;
-}
-
-template <size_t kLane>
-struct CrcShift {  // t[k][v]: the register v << 8k after kLane zero bytes, (v << 8k) * x^(8 kLane)
-  uint32_t t[4][256];
-  // Made with one multiplication an entry, not by running the zero bytes through the instruction for
-  // each: 21 us for the 4 KiB lane against 0.8 ms, which a job's first batch used to pay.
-  __attribute__((target("sse4.2"))) CrcShift() {
-    uint64_t power = 1u << 31;  // x^0, then x^(8 kLane): the register after kLane zero bytes
-    for (size_t i = 0; i < kLane; i += 8) power = _mm_crc32_u64(power, 0);
-    for (int k = 0; k < 4; ++k)
-      for (uint32_t v = 0; v < 256; ++v) t[k][v] = MultiplyModP(v << (8 * k), static_cast<uint32_t>(power));
-  }
-  uint32_t operator()(uint32_t c) const {
-    return t[0][c & 0xFF] ^ t[1][(c >> 8) & 0xFF] ^ t[2][(c >> 16) & 0xFF] ^ t[3][c >> 24];
-  }
-};
-
-template <size_t kLane>
-__attribute__((target("sse4.2"))) inline uint64_t Crc32cLanes(uint64_t c, const char*& p, size_t& n) {
-  if (n < 3 * kLane) return c;
-  static const CrcShift<kLane>* shift = new CrcShift<kLane>();  // made by the first record this long
-  while (n >= 3 * kLane) {
-    uint64_t c1 = 0, c2 = 0;
-    for (size_t i = 0; i < kLane; i += 8) {
-      uint64_t v0, v1, v2;
-      memcpy(&v0, p + i, 8);
-      memcpy(&v1, p + kLane + i, 8);
-      memcpy(&v2, p + 2 * kLane + i, 8);
-      c = _mm_crc32_u64(c, v0);
-      c1 = _mm_crc32_u64(c1, v1);
-      c2 = _mm_crc32_u64(c2, v2);
-    }
-    uint32_t joined = (*shift)(static_cast<uint32_t>(c)) ^ static_cast<uint32_t>(c1);
-    c = (*shift)(joined) ^ static_cast<uint32_t>(c2);
-    p += 3 * kLane;
-    n -= 3 * kLane;
-  }
-  return c;
-}
-
-__attribute__((target("sse4.2"))) inline uint32_t Crc32cHardware(const char* p, size_t n) {
-  uint64_t c = 0xFFFFFFFFu;
-  c = Crc32cLanes<4096>(c, p, n);
-  c = Crc32cLanes<256>(c, p, n);
-  while (n >= 8) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-    c = _mm_crc32_u64(c, v);
-    p += 8;
-    n -= 8;
-  }
-  uint32_t c32 = static_cast<uint32_t>(c);
-  while (n--) c32 = _mm_crc32_u8(c32, static_cast<uint8_t>(*p++));
-  return ~c32;
-}
-inline const bool kHardwareCrc = __builtin_cpu_supports("sse4.2");
-#endif
-
-inline uint32_t Crc32c(const char* p, size_t n) {
-#if defined(__x86_64__)
-  if (kHardwareCrc) return Crc32cHardware(p, n);
-#endif
-  return Crc32cSoftware(p, n);
-}
-
-inline uint32_t MaskedCrc(const char* p, size_t n) {
-  uint32_t c = Crc32c(p, n);
-  return ((c >> 15) | (c << 17)) + 0xA282EAD8u;
-}
+inline const unsigned char* Bytes(const char* p) { return reinterpret_cast<const unsigned char*>(p); }
 
 inline uint32_t U32(const char* p) {
   uint32_t v;

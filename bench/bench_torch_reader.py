@@ -1,0 +1,152 @@
+"""PyTorch batch reader throughput: RecordBatches on a FIFO against the raw pipe, a fresh process per run.
+
+For each record size, the same TFRecord bytes are streamed through a FIFO by a separate writer process
+(``bench_pipe_reader.py``'s: 1 MiB writes, up before the clock starts) and read in a new Python process
+by (a) ``RecordBatches(..., record_bytes=size)``: the compiled reader framing the FIFO into
+``[256, size]`` uint8 tensors (``ours``), (b) the same with ``record_bytes=None``: a ``RaggedBatch``
+of data and offsets per batch (``ragged``), (c) only ``os.readv`` into one preallocated 1 MiB buffer
+(the compiled reader's read size) with the same 1 MiB pipe buffer, no framing (``raw``); ``--py`` adds
+``RecordBatches(..., compiled=False)``, the Python framing fallback (``py``). PyTorch is imported
+before the clock (every training script has it); the clock covers building the reader, ``iter()`` to
+the first batch and the rest of one epoch. The consumer only counts records. Arms run interleaved
+(the order rotated each round), one process each per round; "x raw" is the median over rounds of raw's
+time over the arm's in the same round (the arm's throughput as a share of the raw pipe's).
+
+    .venv/bin/python bench/bench_torch_reader.py [--mb 1024] [--repeats 3] [--sizes 1000,150000] [--py]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_pipe_reader import make_file, start_writer  # noqa: E402
+
+BATCH = 256
+CHUNK = 1 << 20  # the compiled reader's read size (its buffer), and so the raw arm's
+
+# One run of one arm. argv: arm, opt_ml root, fifo, record size, batch size.
+CHILD = """
+import fcntl, json, os, sys, time
+arm, root, fifo, size, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+from sagemaker_dist.runtime.fifo import F_SETPIPE_SZ, PIPE_BUFFER_BYTES
+if arm != "raw":
+    import torch  # not timed: every PyTorch script imports it
+cpu = time.process_time()
+start = time.perf_counter()
+if arm == "raw":
+    buf = bytearray(CHUNK_BYTES)
+    fd = os.open(fifo, os.O_RDONLY)
+    fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BUFFER_BYTES)
+    n = os.readv(fd, [buf])
+    first = time.perf_counter()
+    while True:
+        got = os.readv(fd, [buf])
+        if not got:
+            break
+        n += got
+    os.close(fd)
+    compiled = None
+else:
+    from sagemaker_dist.runtime import RecordBatches
+    from sagemaker_dist.runtime.config import ContainerConfig
+
+    config = ContainerConfig.load(root, {})
+    fixed = size if arm in ("ours", "py") else None
+    batches = RecordBatches("bench", batch, record_bytes=fixed, compiled=arm != "py", config=config)
+    compiled = batches.compiled
+    count = (lambda b: int(b.shape[0])) if fixed else (lambda b: int(b.offsets.shape[0]) - 1)
+    iterator = iter(batches)
+    n = count(next(iterator))
+    first = time.perf_counter()
+    for b in iterator:
+        n += count(b)
+end = time.perf_counter()
+print(json.dumps({"cpu": time.process_time() - cpu, "first": first - start, "total": end - start, "n": n,
+                  "compiled": compiled, "torch": getattr(sys.modules.get("torch"), "__version__", "-")}))
+""".replace("CHUNK_BYTES", str(CHUNK))
+
+
+def run_child(arm: str, root: Path, fifo: Path, size: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-c", CHILD, arm, str(root), str(fifo), str(size), str(BATCH)]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise SystemExit(f"{arm} run failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mb", type=int, default=1024, help="stream size per record size (MiB)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per arm; medians are reported")
+    parser.add_argument("--sizes", default="1000,150000", help="record sizes in bytes")
+    parser.add_argument("--py", action="store_true", help="add the Python framing fallback as an arm")
+    args = parser.parse_args()
+    arms = ["ours", "ragged", "raw"] + (["py"] if args.py else [])
+    # As pip does at install: byte-compiled modules, so that no run compiles them on import.
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "sagemaker_dist")], check=True)
+    print(
+        f"fresh processes, {os.cpu_count()} CPU(s), {args.mb} MiB epochs of TFRecords through a FIFO, "
+        f"batches of {BATCH}, median of {args.repeats} interleaved runs"
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-torch-reader-") as tmp:
+        root = Path(tmp)
+        data = root / "input" / "data"
+        data.mkdir(parents=True)
+        (root / "input" / "config").mkdir(parents=True)
+        (root / "input" / "config" / "inputdataconfig.json").write_text(
+            json.dumps({"bench": {"TrainingInputMode": "Pipe", "RecordWrapperType": "None"}})
+        )
+        epoch = raw_epoch = 0
+        for size in [int(s) for s in args.sizes.split(",")]:
+            src = root / f"records-{size}.tfrecord"
+            records = make_file(src, size, args.mb << 20)
+            nbytes = src.stat().st_size
+            runs: dict[str, list[dict]] = {arm: [] for arm in arms}
+            for round_ in range(args.repeats):
+                for arm in arms[round_ % len(arms) :] + arms[: round_ % len(arms)]:
+                    if arm == "raw":
+                        fifo, raw_epoch = data / f"raw_{raw_epoch}", raw_epoch + 1
+                    else:  # RecordBatches takes the channel's next epoch: bench_0, bench_1, ...
+                        fifo, epoch = data / f"bench_{epoch}", epoch + 1
+                    writer = start_writer(src, fifo)
+                    result = run_child(arm, root, fifo, size)
+                    writer.wait()
+                    expected = nbytes if arm == "raw" else records
+                    assert result["n"] == expected, f"{arm} read {result['n']}, expected {expected}"
+                    assert result["compiled"] in (None, arm != "py"), result
+                    runs[arm].append(result)
+            report(size, nbytes, runs, arms)
+            src.unlink()
+        print(f"torch {next(r['torch'] for r in runs['ours'])}, Python {sys.version.split()[0]}")
+    return 0
+
+
+def report(size: int, nbytes: int, runs: dict, arms: list[str]) -> None:
+    print(f"-- {size} B records, {nbytes / 1e6:.0f} MB, load average {os.getloadavg()[0]:.1f} after")
+    print(f"{'arm':>7} {'MB/s':>7} {'x raw':>6} {'1st batch ms':>12} {'cpu s/GB':>9}   per-run MB/s")
+    for arm in arms:
+        total = statistics.median(r["total"] for r in runs[arm])
+        ratio = statistics.median(raw["total"] / r["total"] for r, raw in zip(runs[arm], runs["raw"]))
+        first = 1000 * statistics.median(r["first"] for r in runs[arm])
+        cpu = statistics.median(r["cpu"] for r in runs[arm]) / (nbytes / 1e9)
+        each = " ".join(f"{nbytes / r['total'] / 1e6:.0f}" for r in runs[arm])
+        print(
+            f"{arm:>7} {nbytes / total / 1e6:>7.0f} {ratio:>6.2f} {first:>12.1f} {cpu:>9.2f}   {each}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

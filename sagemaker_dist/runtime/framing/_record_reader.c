@@ -1,0 +1,506 @@
+/* The batch reader in C: reads a file descriptor (a Pipe-mode FIFO or a file) and frames its records
+ * straight into a caller's buffer, with the GIL released while it reads, frames and checks CRCs.
+ *
+ * Optional at install, like _tfrecord_scan (setup.py builds it where a C compiler is; framing/batch_fill.py
+ * falls back to the Python framers without it). The frame rules and CRC32C are native/record_core.h's,
+ * shared with the TFRecord scan and the TensorFlow op.
+ *
+ * Reader(fd, record_format, max_record_bytes): one stream. The caller owns fd (and closes it).
+ * fill(data, offsets, count, nbytes, batch, record_bytes) -> (status, count, nbytes, offset, a, b)
+ *   data: a writable buffer of bytes; records are copied into it one after another, from data[nbytes];
+ *   offsets: a writable int64 buffer of at least batch + 1 entries; record i is data[offsets[i]:offsets[i+1]]
+ *   (offsets[0] is the caller's); count: records in the batch so far; record_bytes: 0, or the one length
+ *   every record must have. Fills until `batch` records are there, the stream ends, or a record needs
+ *   something the caller must do:
+ *   FULL: batch records; END: the stream ended cleanly (count may be below batch);
+ *   ROOM: data is too small: make it at least `a` bytes, keeping its first `b` (a record in progress),
+ *   and call again;
+ *   CORRUPT: a TFRecord whose data CRC does not match, at stream offset `offset`, `a` bytes long; it
+ *   was consumed: skip it (call again) or fail;
+ *   the others are errors at `offset`: BAD_HEADER (TFRecord length CRC; a: the length field),
+ *   TOO_LONG (a: the length, b: 1 when it is at least that), BAD_MAGIC (a: the magic), BAD_FLAG
+ *   (a: the flag, b: 1 when it was to start a record), TRUNCATED (a: bytes after the last complete
+ *   record, b: the frame's size when known, else 0), WRONG_SIZE (a: the record's length).
+ * Lengths are checked against max_record_bytes before any arithmetic on them or any allocation; the
+ * internal buffer (1 MiB) grows only as bytes come (to at most twice what came, or READ_STEP), and a
+ * ROOM request asks for no more than the bytes that came plus READ_STEP of a record's claimed length.
+ * TFRecords of LARGE_RECORD bytes or more are read by the kernel straight into data, with their CRC
+ * and the next header in the same read: their bytes are copied once.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "native/record_core.h"
+
+#define API 1
+#define BUFFER_BYTES ((size_t)1 << 20) /* the internal buffer at first, and so the largest read */
+#define LARGE_RECORD ((uint64_t)32 << 10) /* framing/base.py's LARGE_RECORD_BYTES */
+#define READ_STEP ((uint64_t)64 << 20)    /* framing/base.py's READ_STEP */
+
+enum { FMT_TFRECORD, FMT_RECORDIO, FMT_TEXTLINE };
+
+enum {
+    ST_FULL = 0,
+    ST_END = 1,
+    ST_ROOM = 2,
+    ST_CORRUPT = 3,
+    ST_BAD_HEADER = 4,
+    ST_TOO_LONG = 5,
+    ST_BAD_MAGIC = 6,
+    ST_BAD_FLAG = 7,
+    ST_TRUNCATED = 8,
+    ST_WRONG_SIZE = 9,
+    /* inside this file only */
+    ST_NEXT = 100, /* a record was added */
+    ST_OS_ERROR,
+    ST_NO_MEMORY,
+    ST_SIGNAL,
+};
+
+typedef struct {
+    PyObject_HEAD int fd, format, busy, eof, err;
+    uint64_t max_record;
+    unsigned char *buf;
+    size_t cap, begin, end; /* buf[begin:end] holds the stream's next bytes */
+    uint64_t offset;        /* the stream offset of buf[begin] */
+    uint64_t records;       /* complete records handed out */
+    uint64_t header_cache[2];
+    /* the record in progress (TFRecord read straight into data, RecordIO parts): its bytes so far are in
+     * data at the fill call's nbytes */
+    int active;
+    uint64_t rec_at, rec_n, rec_got;
+    size_t scanned; /* TextLine: bytes of the line at buf[begin] already searched for its newline */
+    uint64_t e_offset, e_a, e_b;
+} Reader;
+
+typedef struct {
+    unsigned char *data;
+    uint64_t cap, nbytes, fixed;
+    int64_t *offsets;
+    Py_ssize_t count;
+} Batch;
+
+static int fail(Reader *r, int status, uint64_t offset, uint64_t a, uint64_t b) {
+    r->e_offset = offset;
+    r->e_a = a;
+    r->e_b = b;
+    return status;
+}
+
+static int room(Reader *r, uint64_t need, uint64_t keep) { return fail(r, ST_ROOM, 0, need, keep); }
+
+static inline void consume(Reader *r, size_t n) {
+    r->begin += n;
+    r->offset += n;
+}
+
+static inline void add_record(Reader *r, Batch *b, uint64_t n) {
+    b->nbytes += n;
+    b->count++;
+    b->offsets[b->count] = (int64_t)b->nbytes;
+    r->records++;
+}
+
+/* One read into `parts`: 0 at the end of the stream, else the bytes read; -1 with r->err on a failure,
+ * -2 on EINTR (the caller looks at Python's signals). */
+static ssize_t read_some(Reader *r, struct iovec *parts, int count) {
+    for (;;) {
+        ssize_t got = count == 1 ? read(r->fd, parts[0].iov_base, parts[0].iov_len) : readv(r->fd, parts, count);
+        if (got >= 0) return got;
+        if (errno == EINTR) return -2;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) { /* a non-blocking descriptor: wait for bytes */
+            struct pollfd p = {r->fd, POLLIN, 0};
+            if (poll(&p, 1, -1) < 0 && errno == EINTR) return -2;
+            continue;
+        }
+        r->err = errno;
+        return -1;
+    }
+}
+
+/* At least `need` bytes in buf[begin:end], fewer only at the end of the stream; reads take what the
+ * buffer has room for. The buffer grows to at most twice the bytes in it, or READ_STEP: `need` may be a
+ * length the stream only claims. */
+static int fill(Reader *r, uint64_t need) {
+    while (r->end - r->begin < need && !r->eof) {
+        size_t have = r->end - r->begin;
+        if (r->cap - r->begin < need || r->end == r->cap) {
+            memmove(r->buf, r->buf + r->begin, have);
+            r->begin = 0;
+            r->end = have;
+            if (r->cap < need) {
+                uint64_t size = need > 2 * (uint64_t)r->cap ? need : 2 * (uint64_t)r->cap;
+                uint64_t bound = 2 * (uint64_t)have > READ_STEP ? 2 * (uint64_t)have : READ_STEP;
+                if (size > bound) size = bound;
+                if (size > r->cap) {
+                    unsigned char *bigger = realloc(r->buf, (size_t)size);
+                    if (bigger == NULL) return ST_NO_MEMORY;
+                    r->buf = bigger;
+                    r->cap = (size_t)size;
+                }
+            }
+        }
+        struct iovec part = {r->buf + r->end, r->cap - r->end};
+        ssize_t got = read_some(r, &part, 1);
+        if (got == -1) return ST_OS_ERROR;
+        if (got == -2) return ST_SIGNAL;
+        if (got == 0) r->eof = 1;
+        r->end += (size_t)got;
+    }
+    return 0;
+}
+
+/* The end of the stream inside a record: `so_far` bytes after the last complete one, of a `frame`-byte
+ * frame (0: not known). */
+static int truncated(Reader *r, uint64_t at, uint64_t so_far, uint64_t frame) {
+    return fail(r, ST_TRUNCATED, at, so_far, frame);
+}
+
+/* ---- TFRecord ---- */
+
+/* The rest of a large record, read straight into data, then its CRC. */
+static int tfrecord_large(Reader *r, Batch *b) {
+    while (r->rec_got < r->rec_n) { /* the buffer is empty: its bytes went into data */
+        uint64_t left = b->cap - b->nbytes - r->rec_got;
+        uint64_t rest = r->rec_n - r->rec_got;
+        if (left == 0) {
+            uint64_t step = r->rec_got > READ_STEP ? r->rec_got : READ_STEP;
+            return room(r, b->nbytes + r->rec_got + (rest < step ? rest : step), b->nbytes + r->rec_got);
+        }
+        uint64_t want = rest < left ? rest : left;
+        struct iovec parts[2] = {{b->data + b->nbytes + r->rec_got, (size_t)want}, {r->buf, 16}};
+        ssize_t got = read_some(r, parts, want == rest ? 2 : 1); /* the CRC and the next header too */
+        if (got == -1) return ST_OS_ERROR;
+        if (got == -2) return ST_SIGNAL;
+        if (got == 0) {
+            r->eof = 1;
+            return truncated(r, r->rec_at, SD_TFRECORD_HEADER + r->rec_got, r->rec_n + SD_TFRECORD_OVERHEAD);
+        }
+        uint64_t into = (uint64_t)got < want ? (uint64_t)got : want;
+        r->rec_got += into;
+        r->offset += into;
+        r->begin = 0;
+        r->end = (size_t)((uint64_t)got - into);
+    }
+    int s = fill(r, 4);
+    if (s) return s;
+    size_t have = r->end - r->begin;
+    if (have < 4) return truncated(r, r->rec_at, SD_TFRECORD_HEADER + r->rec_n + have, r->rec_n + 16);
+    uint32_t stored = sd_load_u32(r->buf + r->begin);
+    consume(r, 4);
+    r->active = 0;
+    if (stored != sd_masked_crc32c(b->data + b->nbytes, (size_t)r->rec_n)) return fail(r, ST_CORRUPT, r->rec_at, r->rec_n, 0);
+    add_record(r, b, r->rec_n);
+    return ST_NEXT;
+}
+
+static int tfrecord_next(Reader *r, Batch *b) {
+    if (r->active) return tfrecord_large(r, b);
+    int s = fill(r, SD_TFRECORD_HEADER);
+    if (s) return s;
+    size_t have = r->end - r->begin;
+    if (have < SD_TFRECORD_HEADER) return have ? truncated(r, r->offset, have, 0) : ST_END;
+    uint64_t n;
+    switch (sd_tfrecord_header(r->buf + r->begin, r->max_record, &n, r->header_cache)) {
+    case SD_FRAME_BAD_HEADER:
+        return fail(r, ST_BAD_HEADER, r->offset, n, 0);
+    case SD_FRAME_TOO_LONG:
+        return fail(r, ST_TOO_LONG, r->offset, n, 0);
+    }
+    /* n <= max_record <= 2**62: no sum below wraps */
+    if (b->fixed && n != b->fixed) return fail(r, ST_WRONG_SIZE, r->offset, n, 0);
+    if (have < n + SD_TFRECORD_OVERHEAD && n >= LARGE_RECORD) { /* the kernel's copy is the record's */
+        uint64_t buffered = have - SD_TFRECORD_HEADER < n ? have - SD_TFRECORD_HEADER : n;
+        uint64_t first = buffered > READ_STEP ? buffered : READ_STEP;
+        if (first > n) first = n;
+        if (b->cap - b->nbytes < first) return room(r, b->nbytes + first, b->nbytes);
+        r->active = 1;
+        r->rec_at = r->offset;
+        r->rec_n = n;
+        consume(r, SD_TFRECORD_HEADER);
+        memcpy(b->data + b->nbytes, r->buf + r->begin, (size_t)buffered);
+        consume(r, (size_t)buffered);
+        r->rec_got = buffered;
+        return tfrecord_large(r, b);
+    }
+    if ((s = fill(r, n + SD_TFRECORD_OVERHEAD))) return s;
+    have = r->end - r->begin;
+    if (have < n + SD_TFRECORD_OVERHEAD) return truncated(r, r->offset, have, n + SD_TFRECORD_OVERHEAD);
+    const unsigned char *data = r->buf + r->begin + SD_TFRECORD_HEADER;
+    if (!sd_tfrecord_data_ok(data, n)) {
+        uint64_t at = r->offset;
+        consume(r, (size_t)(n + SD_TFRECORD_OVERHEAD));
+        return fail(r, ST_CORRUPT, at, n, 0);
+    }
+    if (b->cap - b->nbytes < n) return room(r, b->nbytes + n, b->nbytes);
+    memcpy(b->data + b->nbytes, data, (size_t)n);
+    consume(r, (size_t)(n + SD_TFRECORD_OVERHEAD));
+    add_record(r, b, n);
+    return ST_NEXT;
+}
+
+/* ---- RecordIO: a record's parts are copied into data as they come ---- */
+
+static int recordio_next(Reader *r, Batch *b) {
+    for (;;) {
+        int s = fill(r, SD_RECORDIO_HEADER);
+        if (s) return s;
+        size_t have = r->end - r->begin;
+        uint64_t start = r->active ? r->rec_at : r->offset;
+        uint64_t before = r->offset - start; /* the record's bytes already consumed (its parts so far) */
+        if (have < SD_RECORDIO_HEADER) {
+            if (!have && !r->active) return ST_END;
+            return truncated(r, start, before + have, r->active ? before + SD_RECORDIO_HEADER : 0);
+        }
+        uint32_t magic, flag, n;
+        switch (sd_recordio_header(r->buf + r->begin, !r->active, &magic, &flag, &n)) {
+        case SD_FRAME_BAD_MAGIC:
+            return fail(r, ST_BAD_MAGIC, r->offset, magic, 0);
+        case SD_FRAME_BAD_FLAG:
+            return fail(r, ST_BAD_FLAG, r->offset, flag, !r->active);
+        }
+        uint64_t size = r->rec_got + n; /* the parts so far: the record is at least this long */
+        if (size > r->max_record)
+            return fail(r, ST_TOO_LONG, start, size, r->active || flag != SD_RECORDIO_WHOLE);
+        if (b->fixed && size > b->fixed) return fail(r, ST_WRONG_SIZE, start, size, 0);
+        uint64_t frame = sd_recordio_frame(n);
+        if ((s = fill(r, frame))) return s;
+        have = r->end - r->begin;
+        if (have < frame) return truncated(r, start, before + have, before + frame);
+        if (b->cap - b->nbytes < size) return room(r, b->nbytes + size, b->nbytes + r->rec_got);
+        memcpy(b->data + b->nbytes + r->rec_got, r->buf + r->begin + SD_RECORDIO_HEADER, n);
+        if (!r->active) {
+            r->active = 1;
+            r->rec_at = r->offset;
+        }
+        r->rec_got = size;
+        consume(r, (size_t)frame);
+        if (sd_recordio_last(flag)) {
+            r->active = 0;
+            r->rec_got = 0;
+            if (b->fixed && size != b->fixed) return fail(r, ST_WRONG_SIZE, start, size, 0);
+            add_record(r, b, size);
+            return ST_NEXT;
+        }
+    }
+}
+
+/* ---- text lines ---- */
+
+static int line_out(Reader *r, Batch *b, size_t len, size_t used) {
+    size_t line = sd_line_length(r->buf + r->begin, len);
+    if (line > r->max_record) return fail(r, ST_TOO_LONG, r->offset, line, 0);
+    if (b->fixed && line != b->fixed) return fail(r, ST_WRONG_SIZE, r->offset, line, 0);
+    if (b->cap - b->nbytes < line) return room(r, b->nbytes + line, b->nbytes);
+    memcpy(b->data + b->nbytes, r->buf + r->begin, line);
+    consume(r, used);
+    r->scanned = 0;
+    add_record(r, b, line);
+    return ST_NEXT;
+}
+
+static int textline_next(Reader *r, Batch *b) {
+    for (;;) {
+        const unsigned char *start = r->buf + r->begin;
+        size_t have = r->end - r->begin;
+        const unsigned char *nl =
+            have > r->scanned ? memchr(start + r->scanned, '\n', have - r->scanned) : NULL;
+        if (nl != NULL) return line_out(r, b, (size_t)(nl - start), (size_t)(nl - start) + 1);
+        if (r->eof) return have ? line_out(r, b, have, have) : ST_END;
+        size_t so_far = sd_line_length(start, have); /* less a '\r' that a newline may follow */
+        if (so_far > r->max_record) return fail(r, ST_TOO_LONG, r->offset, so_far, 1);
+        r->scanned = have;
+        int s = fill(r, (uint64_t)have + 1);
+        if (s) return s;
+    }
+}
+
+/* ---- the Python type ---- */
+
+static int Reader_init(Reader *self, PyObject *args, PyObject *kwds) {
+    static char *names[] = {"fd", "record_format", "max_record_bytes", NULL};
+    int fd;
+    const char *format;
+    unsigned long long max_record;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "isK", names, &fd, &format, &max_record)) return -1;
+    if (max_record < 1 || max_record > SD_MAX_RECORD_CEILING) {
+        PyErr_Format(PyExc_ValueError, "max_record_bytes %llu is not from 1 to 2**62", max_record);
+        return -1;
+    }
+    if (strcmp(format, "TFRecord") == 0) {
+        self->format = FMT_TFRECORD;
+    } else if (strcmp(format, "RecordIO") == 0) {
+        self->format = FMT_RECORDIO;
+    } else if (strcmp(format, "TextLine") == 0) {
+        self->format = FMT_TEXTLINE;
+    } else {
+        PyErr_Format(PyExc_ValueError, "record_format %s is not one of TFRecord, RecordIO, TextLine", format);
+        return -1;
+    }
+    if (fd < 0) {
+        PyErr_SetString(PyExc_ValueError, "fd is negative");
+        return -1;
+    }
+    free(self->buf);
+    self->buf = malloc(BUFFER_BYTES);
+    if (self->buf == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->fd = fd;
+    self->max_record = max_record;
+    self->cap = BUFFER_BYTES;
+    self->begin = self->end = 0;
+    self->eof = self->busy = self->active = 0;
+    self->offset = self->records = self->rec_at = self->rec_n = self->rec_got = 0;
+    self->scanned = 0;
+    self->header_cache[0] = self->header_cache[1] = 0;
+    return 0;
+}
+
+static void Reader_dealloc(Reader *self) {
+    free(self->buf);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Reader_fill(Reader *self, PyObject *args) {
+    PyObject *data_obj, *offsets_obj;
+    Py_ssize_t count, batch;
+    unsigned long long nbytes, fixed;
+    if (!PyArg_ParseTuple(args, "OOnKnK", &data_obj, &offsets_obj, &count, &nbytes, &batch, &fixed)) return NULL;
+    if (self->buf == NULL) return PyErr_Format(PyExc_RuntimeError, "Reader.__init__ was not called");
+    if (batch < 1 || count < 0 || count > batch)
+        return PyErr_Format(PyExc_ValueError, "count %zd and batch %zd: need 0 <= count <= batch, 1 <= batch", count,
+                            batch);
+    Py_buffer data, offsets;
+    if (PyObject_GetBuffer(data_obj, &data, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(offsets_obj, &offsets, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    if (offsets.len < (batch + 1) * 8 || nbytes > (unsigned long long)data.len) {
+        PyBuffer_Release(&data);
+        PyBuffer_Release(&offsets);
+        return PyErr_Format(PyExc_ValueError,
+                            "offsets holds %zd bytes for %zd entries, data %zd bytes from byte %llu", offsets.len,
+                            batch + 1, data.len, nbytes);
+    }
+    if (self->busy) {
+        PyBuffer_Release(&data);
+        PyBuffer_Release(&offsets);
+        return PyErr_Format(PyExc_RuntimeError, "Reader.fill is running in another thread");
+    }
+    self->busy = 1;
+    Batch b = {data.buf, (uint64_t)data.len, nbytes, fixed, offsets.buf, count};
+    int s = ST_FULL, raised = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    for (;;) {
+        s = ST_FULL;
+        while (b.count < batch) {
+            s = self->format == FMT_TFRECORD   ? tfrecord_next(self, &b)
+                : self->format == FMT_RECORDIO ? recordio_next(self, &b)
+                                               : textline_next(self, &b);
+            if (s != ST_NEXT) break;
+            s = ST_FULL;
+        }
+        if (s != ST_SIGNAL) break;
+        Py_BLOCK_THREADS;
+        raised = PyErr_CheckSignals() < 0;
+        Py_UNBLOCK_THREADS;
+        if (raised) break;
+    }
+    Py_END_ALLOW_THREADS;
+    self->busy = 0;
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&offsets);
+    if (raised) return NULL;
+    if (s == ST_OS_ERROR) {
+        errno = self->err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (s == ST_NO_MEMORY) return PyErr_NoMemory();
+    return Py_BuildValue("inKKKK", s, b.count, (unsigned long long)b.nbytes, (unsigned long long)self->e_offset,
+                         (unsigned long long)self->e_a, (unsigned long long)self->e_b);
+}
+
+static PyObject *Reader_get_records(Reader *self, void *closure) { return PyLong_FromUnsignedLongLong(self->records); }
+static PyObject *Reader_get_offset(Reader *self, void *closure) { return PyLong_FromUnsignedLongLong(self->offset); }
+
+static PyMethodDef Reader_methods[] = {
+    {"fill", (PyCFunction)Reader_fill, METH_VARARGS,
+     "fill(data, offsets, count, nbytes, batch, record_bytes) -> (status, count, nbytes, offset, a, b)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Reader_getset[] = {
+    {"records", (getter)Reader_get_records, NULL, "complete records handed out", NULL},
+    {"offset", (getter)Reader_get_offset, NULL, "the stream offset of the next unread byte", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ReaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sagemaker_dist.runtime.framing._record_reader.Reader",
+    .tp_basicsize = sizeof(Reader),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Reader(fd, record_format, max_record_bytes): batches of records from a file descriptor",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Reader_init,
+    .tp_dealloc = (destructor)Reader_dealloc,
+    .tp_methods = Reader_methods,
+    .tp_getset = Reader_getset,
+};
+
+static PyObject *masked_crc32c(PyObject *self, PyObject *arg) {
+    Py_buffer data;
+    if (PyObject_GetBuffer(arg, &data, PyBUF_SIMPLE) < 0) return NULL;
+    uint32_t value = sd_masked_crc32c(data.buf, (size_t)data.len);
+    PyBuffer_Release(&data);
+    return PyLong_FromUnsignedLong(value);
+}
+
+static PyMethodDef methods[] = {
+    {"masked_crc32c", masked_crc32c, METH_O, "The masked CRC32C TFRecord stores, of a buffer."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_record_reader", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__record_reader(void) {
+    int hardware = sd_crc32c_init();
+    if (PyType_Ready(&ReaderType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&ReaderType);
+    if (PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0) {
+        Py_DECREF(&ReaderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    static const struct {
+        const char *name;
+        int value;
+    } constants[] = {
+        {"API", API},           {"FULL", ST_FULL},
+        {"END", ST_END},        {"ROOM", ST_ROOM},        {"CORRUPT", ST_CORRUPT},
+        {"BAD_HEADER", ST_BAD_HEADER}, {"TOO_LONG", ST_TOO_LONG}, {"BAD_MAGIC", ST_BAD_MAGIC},
+        {"BAD_FLAG", ST_BAD_FLAG}, {"TRUNCATED", ST_TRUNCATED}, {"WRONG_SIZE", ST_WRONG_SIZE},
+    };
+    for (size_t i = 0; i < sizeof(constants) / sizeof(constants[0]); i++) {
+        if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
+    }
+    if (PyModule_AddIntConstant(m, "HARDWARE_CRC", hardware) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

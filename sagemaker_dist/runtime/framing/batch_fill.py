@@ -1,0 +1,188 @@
+"""Records framed straight into a caller's buffers, a batch at a time: in C where it is built, else Python.
+
+A ``Batch`` is one buffer of bytes (records one after another) and the offsets of its records; a
+``StreamFill`` per stream (a FIFO, a file) fills batches from it. The compiled path
+(``_record_reader``, built at install where a C compiler is) reads the descriptor, frames and checks
+both TFRecord CRCs with the GIL released and copies each record once into the batch (TFRecords of
+``LARGE_RECORD_BYTES`` or more: the kernel's copy out of the pipe is the record's). The Python path
+(``frame_views`` and a copy per record) keeps the same contract. Both refuse a record over
+``max_record_bytes`` before allocating for it, grow a batch only for bytes that came (a length the
+stream claims is trusted up to ``READ_STEP``), and raise the framers' own ``RecordFormatError``\\ s.
+No PyTorch here: the caller's ``allocate(nbytes)`` makes the buffers (``runtime.torch.record_batches``
+makes tensors, pinned where CUDA is).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from sagemaker_dist.runtime.framing.base import DEFAULT_CHUNK, READ_STEP, Framer
+from sagemaker_dist.runtime.framing.stream import frame_views
+
+_NATIVE_API = 1
+try:  # the compiled reader (setup.py builds it where it can); StreamFill falls back to Python without it
+    from sagemaker_dist.runtime.framing import _record_reader as _native
+except ImportError:  # pragma: no cover - depends on the install
+    _native = None
+if _native is not None and getattr(_native, "API", 0) != _NATIVE_API:  # pragma: no cover - a stale build
+    _native = None  # rebuilt by pip install -e . (scripts/setup.sh)
+
+_HEADER_BYTES = {"TFRecord": 12, "RecordIO": 8, "TextLine": 0}  # from a frame's start to its data
+
+# allocate(nbytes) -> (holder, a writable uint8 numpy array of nbytes over the holder's memory)
+Allocate = Callable[[int], tuple[Any, np.ndarray]]
+
+
+def compiled_available() -> bool:
+    """Whether the compiled batch reader is built here."""
+    return _native is not None
+
+
+def _numpy_allocate(nbytes: int) -> tuple[np.ndarray, np.ndarray]:
+    array = np.empty(nbytes, dtype=np.uint8)
+    return array, array
+
+
+class Batch:
+    """One batch being filled: ``count`` records, ``nbytes`` bytes of ``data`` (``holder`` owns it);
+    record i is ``data[offsets[i]:offsets[i + 1]]``. ``size`` records make it full."""
+
+    def __init__(self, size: int, capacity: int, allocate: Allocate = _numpy_allocate):
+        self.size = int(size)
+        self._allocate = allocate
+        self.holder, self.data = allocate(max(int(capacity), 1))
+        self.offsets_holder, offsets = allocate(8 * (self.size + 1))
+        self.offsets = offsets.view(np.int64)
+        self.offsets[0] = 0
+        self.count = 0
+        self.nbytes = 0
+
+    @property
+    def full(self) -> bool:
+        return self.count >= self.size
+
+    def grow(self, need: int, keep: int) -> None:
+        """``data`` at least ``need`` bytes, its first ``keep`` kept: twice ``keep`` (what came), or room for
+        the records still to come at the size of those that came, up to READ_STEP more."""
+        size = max(need, 2 * keep)
+        if self.count:
+            estimate = keep // self.count * self.size + keep // 8
+            size = max(size, min(estimate, keep + READ_STEP))
+        holder, data = self._allocate(size)
+        data[:keep] = self.data[:keep]
+        self.holder, self.data = holder, data
+
+
+class StreamFill:
+    """Fills batches from one stream: ``reader`` has ``fileno()`` (the compiled path) and ``readinto``
+    (the Python path); ``framer`` names the format, the limit and the channel, epoch and offsets errors
+    report, and keeps ``records`` and ``offset`` as the read goes. ``record_bytes`` (0: any) is the one
+    length every record must have. ``compiled``: None uses the compiled reader where it is built."""
+
+    def __init__(
+        self,
+        reader,
+        framer: Framer,
+        record_bytes: int = 0,
+        compiled: bool | None = None,
+        chunk_size: int = DEFAULT_CHUNK,
+    ):
+        self.framer = framer
+        self.record_bytes = int(record_bytes or 0)
+        if compiled is None:
+            compiled = _native is not None
+        elif compiled and _native is None:
+            raise RuntimeError(
+                "the compiled batch reader (sagemaker_dist.runtime.framing._record_reader) is not built: "
+                "pip install -e . needs a C compiler"
+            )
+        self.compiled = bool(compiled)
+        if self.compiled:
+            self._reader = _native.Reader(reader.fileno(), framer.format_name, framer.max_record)
+        else:
+            ready = getattr(reader, "ready", None)
+            self._items = frame_views(reader.readinto, framer, chunk_size, ready=ready)
+            self._blob = b""
+            self._starts: list[int] = []
+            self._lengths: list[int] = []
+            self._next = 0
+            self._base = 0
+
+    def fill(self, batch: Batch) -> bool:
+        """Add records to ``batch`` until it is full (True) or the stream ends (False)."""
+        return self._fill_compiled(batch) if self.compiled else self._fill_python(batch)
+
+    def close(self) -> None:
+        if not self.compiled:
+            self._items.close()
+
+    def _fill_compiled(self, batch: Batch) -> bool:
+        native, framer = _native, self.framer
+        while True:
+            before = batch.count
+            status, batch.count, batch.nbytes, offset, a, b = self._reader.fill(
+                batch.data, batch.offsets, batch.count, batch.nbytes, batch.size, self.record_bytes
+            )
+            framer.records = self._reader.records
+            if batch.count > before:
+                framer._bad_in_a_row = 0  # good records since the last corrupted one
+            if status == native.FULL:
+                return True
+            if status == native.END:
+                framer.offset = self._reader.offset
+                return False
+            if status == native.ROOM:
+                batch.grow(a, b)
+                continue
+            framer.offset = offset  # the errors below name the record's offset (pos 0 from it)
+            if status == native.CORRUPT:
+                framer.corrupted(f"data CRC mismatch in a {a}-byte record", 0)  # raises, or skips it
+                continue
+            raise self._error(status, a, b)
+
+    def _error(self, status: int, a: int, b: int):
+        native, framer = _native, self.framer
+        if status == native.BAD_HEADER:
+            return framer._bad_header(a, 0)
+        if status == native.TOO_LONG:
+            return framer.too_long(a, 0, at_least=bool(b))
+        if status == native.BAD_MAGIC:
+            return framer.bad_magic(a, 0)
+        if status == native.BAD_FLAG:
+            return framer.bad_flag(a, bool(b), 0)
+        if status == native.TRUNCATED:
+            framer.need = b
+            return framer.truncated(a)
+        if status == native.WRONG_SIZE:
+            return framer.wrong_size(a, self.record_bytes, 0)
+        return RuntimeError(f"the compiled batch reader returned status {status}")  # pragma: no cover
+
+    def _fill_python(self, batch: Batch) -> bool:
+        framer, fixed = self.framer, self.record_bytes
+        while not batch.full:
+            if self._next == len(self._starts):
+                item = next(self._items, None)
+                if item is None:
+                    return False
+                view, starts, lengths, extra = item
+                self._base = framer.offset  # the stream offset of view[0] (the framer advances after)
+                self._blob = view.tobytes() + b"".join(extra) if extra else view.tobytes()
+                view.release()
+                self._starts, self._lengths, self._next = starts.tolist(), lengths.tolist(), 0
+            start, n = self._starts[self._next], self._lengths[self._next]
+            if fixed and n != fixed:
+                framer.offset = self._base + max(start - _HEADER_BYTES[framer.format_name], 0)
+                raise framer.wrong_size(n, fixed, 0)
+            end = batch.nbytes + n
+            if end > len(batch.data):
+                batch.grow(end, batch.nbytes)
+            if n:
+                batch.data[batch.nbytes : end] = np.frombuffer(self._blob, np.uint8, n, start)
+            batch.nbytes = end
+            batch.count += 1
+            batch.offsets[batch.count] = end
+            self._next += 1
+        return True

@@ -1,0 +1,263 @@
+/* The record framing core every compiled reader shares: CRC32C and the frame rules of TFRecord,
+ * SageMaker RecordIO (RecordWrapperType RecordIO) and text lines.
+ *
+ * Header only, C99 and C++17: the TFRecord scan (framing/_tfrecord_scan.c), the PyTorch batch reader
+ * (framing/_record_reader.c) and the TensorFlow op (pipe/native/pipe_dataset_op.cc) include it, so the
+ * three check the same CRCs and refuse the same frames. Each holds its own copy of the tables (static);
+ * call sd_crc32c_init() once before the first CRC (it may be called again, from any thread).
+ *
+ * CRC32C: on x86-64 with SSE 4.2, the CPU's CRC32C instruction in three lanes. It takes 3 cycles and
+ * can start one a cycle, so one stream of it runs at a third of its speed; three lanes of a block run
+ * at once, and their CRCs are joined by shifting the running one past the next lane (a linear map,
+ * applied with 4 tables made by one carry-less multiplication an entry). On ARMv8 with the CRC
+ * extension, its instructions in one lane; elsewhere slicing-by-8 tables.
+ *
+ * A length field is only the stream's claim: every check here compares it with the caller's limit
+ * (at most SD_MAX_RECORD_CEILING, so a length plus a frame's few bytes never wraps 64 bits) before
+ * any arithmetic on it.
+ */
+#ifndef SAGEMAKER_DIST_RECORD_CORE_H_
+#define SAGEMAKER_DIST_RECORD_CORE_H_
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define SD_MASK_DELTA 0xa282ead8u
+#define SD_CRC_POLY 0x82f63b78u /* CRC32C (Castagnoli), bit-reflected */
+#define SD_MAX_RECORD_CEILING (((uint64_t)1) << 62)
+#define SD_TFRECORD_HEADER 12   /* uint64 length, uint32 masked CRC32C of it */
+#define SD_TFRECORD_OVERHEAD 16 /* the header and the data's masked CRC32C */
+#define SD_RECORDIO_MAGIC 0xced7230au
+#define SD_RECORDIO_HEADER 8 /* magic, then 29-bit length and 3-bit multipart flag */
+#define SD_RECORDIO_LENGTH_BITS 29
+#define SD_RECORDIO_WHOLE 0u
+#define SD_RECORDIO_START 1u
+#define SD_RECORDIO_MIDDLE 2u
+#define SD_RECORDIO_END 3u
+
+/* What a header check found. */
+enum sd_frame_status {
+    SD_FRAME_OK = 0,
+    SD_FRAME_BAD_HEADER = 1, /* TFRecord: the length's CRC does not match */
+    SD_FRAME_TOO_LONG = 2,   /* the length is over the caller's limit */
+    SD_FRAME_BAD_MAGIC = 3,  /* RecordIO: not the magic number */
+    SD_FRAME_BAD_FLAG = 4,   /* RecordIO: a multipart flag out of sequence */
+};
+
+static inline uint64_t sd_load_u64(const unsigned char *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v; /* the formats are little endian, as are the CPUs this builds for */
+}
+
+static inline uint32_t sd_load_u32(const unsigned char *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* ---- CRC32C ---- */
+
+static uint32_t sd_crc_table[8][256];
+static int sd_crc_hw;
+static pthread_once_t sd_crc_once = PTHREAD_ONCE_INIT;
+
+static uint32_t sd_crc32c_sw(uint32_t crc, const unsigned char *p, size_t n) {
+    while (n >= 8) {
+        uint64_t v = sd_load_u64(p) ^ crc;
+        crc = sd_crc_table[7][v & 0xff] ^ sd_crc_table[6][(v >> 8) & 0xff] ^ sd_crc_table[5][(v >> 16) & 0xff] ^
+              sd_crc_table[4][(v >> 24) & 0xff] ^ sd_crc_table[3][(v >> 32) & 0xff] ^
+              sd_crc_table[2][(v >> 40) & 0xff] ^ sd_crc_table[1][(v >> 48) & 0xff] ^ sd_crc_table[0][v >> 56];
+        p += 8;
+        n -= 8;
+    }
+    while (n--) crc = sd_crc_table[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
+    return crc;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <nmmintrin.h>
+#define SD_CRC_X86 1
+#define SD_LANE_LONG 4096
+#define SD_LANE_SHORT 256
+
+/* t[k][v]: the register v << 8k after a lane of zero bytes, i.e. (v << 8k) * x^(8 lane). */
+static uint32_t sd_shift_long[4][256], sd_shift_short[4][256];
+
+/* a * b modulo the CRC32C polynomial, bit-reflected as the register holds it (bit 31 is x^0). */
+static uint32_t sd_multiply_mod_p(uint32_t a, uint32_t b) {
+    uint32_t product = 0;
+    for (uint32_t bit = 1u << 31; bit != 0; bit >>= 1) {
+        if (a & bit) product ^= b;
+        b = (b & 1) ? (b >> 1) ^ SD_CRC_POLY : b >> 1; /* b * x */
+    }
+    return product;
+}
+
+__attribute__((target("sse4.2"))) static void sd_make_shift(uint32_t t[4][256], size_t lane) {
+    uint64_t power = 1u << 31; /* x^0, then x^(8 lane): the register after `lane` zero bytes */
+    for (size_t i = 0; i < lane; i += 8) power = _mm_crc32_u64(power, 0);
+    for (int k = 0; k < 4; k++)
+        for (uint32_t v = 0; v < 256; v++) t[k][v] = sd_multiply_mod_p(v << (8 * k), (uint32_t)power);
+}
+
+static inline uint32_t sd_shift(uint32_t t[4][256], uint32_t c) {
+    return t[0][c & 0xff] ^ t[1][(c >> 8) & 0xff] ^ t[2][(c >> 16) & 0xff] ^ t[3][c >> 24];
+}
+
+__attribute__((target("sse4.2"))) static inline uint64_t sd_crc_lanes(uint64_t c, const unsigned char **pp,
+                                                                        size_t *np, size_t lane,
+                                                                        uint32_t t[4][256]) {
+    const unsigned char *p = *pp;
+    size_t n = *np;
+    while (n >= 3 * lane) {
+        uint64_t c1 = 0, c2 = 0;
+        for (size_t i = 0; i < lane; i += 8) {
+            c = _mm_crc32_u64(c, sd_load_u64(p + i));
+            c1 = _mm_crc32_u64(c1, sd_load_u64(p + lane + i));
+            c2 = _mm_crc32_u64(c2, sd_load_u64(p + 2 * lane + i));
+        }
+        uint32_t joined = sd_shift(t, (uint32_t)c) ^ (uint32_t)c1;
+        c = sd_shift(t, joined) ^ (uint32_t)c2;
+        p += 3 * lane;
+        n -= 3 * lane;
+    }
+    *pp = p;
+    *np = n;
+    return c;
+}
+
+__attribute__((target("sse4.2"))) static uint32_t sd_crc32c_hw(uint32_t crc, const unsigned char *p, size_t n) {
+    uint64_t c = crc;
+    c = sd_crc_lanes(c, &p, &n, SD_LANE_LONG, sd_shift_long);
+    c = sd_crc_lanes(c, &p, &n, SD_LANE_SHORT, sd_shift_short);
+    while (n >= 8) {
+        c = _mm_crc32_u64(c, sd_load_u64(p));
+        p += 8;
+        n -= 8;
+    }
+    uint32_t c32 = (uint32_t)c;
+    while (n--) c32 = _mm_crc32_u8(c32, *p++);
+    return c32;
+}
+
+static int sd_have_hw(void) { return __builtin_cpu_supports("sse4.2") != 0; }
+
+#elif defined(__aarch64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#include <arm_acle.h>
+#include <sys/auxv.h>
+#ifndef HWCAP_CRC32
+#define HWCAP_CRC32 (1 << 7)
+#endif
+
+__attribute__((target("+crc"))) static uint32_t sd_crc32c_hw(uint32_t crc, const unsigned char *p, size_t n) {
+    while (n >= 8) {
+        crc = __crc32cd(crc, sd_load_u64(p));
+        p += 8;
+        n -= 8;
+    }
+    while (n--) crc = __crc32cb(crc, *p++);
+    return crc;
+}
+
+static int sd_have_hw(void) { return (getauxval(AT_HWCAP) & HWCAP_CRC32) != 0; }
+
+#else
+static uint32_t sd_crc32c_hw(uint32_t crc, const unsigned char *p, size_t n) { return sd_crc32c_sw(crc, p, n); }
+static int sd_have_hw(void) { return 0; }
+#endif
+
+static void sd_crc32c_make(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ SD_CRC_POLY : c >> 1;
+        sd_crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++)
+            sd_crc_table[t][i] = (sd_crc_table[t - 1][i] >> 8) ^ sd_crc_table[0][sd_crc_table[t - 1][i] & 0xff];
+    sd_crc_hw = sd_have_hw();
+#ifdef SD_CRC_X86
+    if (sd_crc_hw) { /* about 20 us each */
+        sd_make_shift(sd_shift_long, SD_LANE_LONG);
+        sd_make_shift(sd_shift_short, SD_LANE_SHORT);
+    }
+#endif
+}
+
+/* Makes the tables once; returns whether the CPU's CRC32C instructions are used. */
+static inline int sd_crc32c_init(void) {
+    pthread_once(&sd_crc_once, sd_crc32c_make);
+    return sd_crc_hw;
+}
+
+/* The CRC32C of n bytes (sd_crc32c_init() first). */
+static inline uint32_t sd_crc32c(const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    return ~(sd_crc_hw ? sd_crc32c_hw(0xffffffffu, p, n) : sd_crc32c_sw(0xffffffffu, p, n));
+}
+
+/* The masked CRC32C TFRecord stores. */
+static inline uint32_t sd_masked_crc32c(const void *data, size_t n) {
+    uint32_t crc = sd_crc32c(data, n);
+    return ((crc >> 15) | (crc << 17)) + SD_MASK_DELTA;
+}
+
+/* ---- TFRecord: uint64 length, masked CRC32C of it, data, masked CRC32C of the data ---- */
+
+/* The header at h (12 bytes): its length in *n; BAD_HEADER before TOO_LONG (a length whose CRC is
+ * wrong is no length at all), TOO_LONG when over max_record. `cache` holds the last length and its CRC
+ * (bit 32 set once it holds one): pass a pair initialised to {0, 0}, or NULL. */
+static inline int sd_tfrecord_header(const unsigned char *h, uint64_t max_record, uint64_t *n,
+                                     uint64_t cache[2]) {
+    uint64_t length = sd_load_u64(h);
+    uint32_t expected;
+    if (cache != NULL && (cache[1] >> 32) && cache[0] == length) {
+        expected = (uint32_t)cache[1];
+    } else {
+        expected = sd_masked_crc32c(h, 8);
+        if (cache != NULL) {
+            cache[0] = length;
+            cache[1] = expected | ((uint64_t)1 << 32);
+        }
+    }
+    *n = length;
+    if (sd_load_u32(h + 8) != expected) return SD_FRAME_BAD_HEADER;
+    if (length > max_record) return SD_FRAME_TOO_LONG;
+    return SD_FRAME_OK;
+}
+
+/* Whether n bytes of data match the masked CRC stored after them (at data + n). */
+static inline int sd_tfrecord_data_ok(const unsigned char *data, uint64_t n) {
+    return sd_load_u32(data + n) == sd_masked_crc32c(data, (size_t)n);
+}
+
+/* ---- RecordIO: magic, 29-bit length + 3-bit multipart flag, payload, padding to 4 bytes ---- */
+
+/* The part header at h (8 bytes): *flag and *n; `first` says whether it starts a record. */
+static inline int sd_recordio_header(const unsigned char *h, int first, uint32_t *magic, uint32_t *flag,
+                                     uint32_t *n) {
+    uint32_t word = sd_load_u32(h + 4);
+    *magic = sd_load_u32(h);
+    *flag = word >> SD_RECORDIO_LENGTH_BITS;
+    *n = word & ((1u << SD_RECORDIO_LENGTH_BITS) - 1);
+    if (*magic != SD_RECORDIO_MAGIC) return SD_FRAME_BAD_MAGIC;
+    if (*flag > SD_RECORDIO_END || (*flag <= SD_RECORDIO_START) != (first != 0)) return SD_FRAME_BAD_FLAG;
+    return SD_FRAME_OK;
+}
+
+/* A part's frame: its header, payload and padding to a multiple of 4. */
+static inline uint64_t sd_recordio_frame(uint32_t n) { return SD_RECORDIO_HEADER + (uint64_t)n + ((4 - n % 4) % 4); }
+
+static inline int sd_recordio_last(uint32_t flag) { return flag == SD_RECORDIO_WHOLE || flag == SD_RECORDIO_END; }
+
+/* ---- text lines: one record per b"\n"; a trailing b"\r" is not part of the line ---- */
+
+/* The length of the line of `len` bytes at p (its newline excluded), less a trailing '\r'. */
+static inline size_t sd_line_length(const unsigned char *p, size_t len) {
+    return len > 0 && p[len - 1] == '\r' ? len - 1 : len;
+}
+
+#endif /* SAGEMAKER_DIST_RECORD_CORE_H_ */

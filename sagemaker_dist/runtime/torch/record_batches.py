@@ -1,0 +1,215 @@
+"""This rank's channel as batches of raw records in ``torch.uint8`` tensors, framed in compiled code.
+
+``RecordBatches`` is ``PipeBatches`` without a Python object per record: the reader thread hands the
+epoch's FIFO (or a File channel's files) to the compiled batch reader (``framing._record_reader``),
+which reads, frames (TFRecord, RecordIO, text lines) and checks both TFRecord CRCs with the GIL
+released, and copies each record once into the batch's tensor, allocated in pinned memory where
+CUDA is. Records of one size (``record_bytes=``) come as a ``[n, record_bytes]`` tensor; records of
+any size as a ``RaggedBatch``: one data tensor and int64 offsets (``.padded()`` makes a padded
+``[n, longest]`` tensor of it). Where the extension is not built, the Python framers fill the same
+tensors. Unpinned buffers are reused once no tensor holds them (a batch kept by the script stays as
+it is), so an epoch does not fault in fresh pages for every batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from typing import Any, NamedTuple
+
+from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT
+from sagemaker_dist.runtime.framing.batch_fill import Batch, StreamFill, compiled_available
+from sagemaker_dist.runtime.torch.batches import DEFAULT_PREFETCH, PipeBatches
+
+FIRST_BATCH_BYTES = 1 << 20  # a ragged batch's first buffer; later ones start at the last one's size
+POOL_EXTRA = 4  # unpinned buffers kept for reuse past the batches in flight
+# Batches the reader thread hands to the loop at once, up to this many bytes, while the stream has bytes
+# waiting: each handoff wakes the other thread and moves the GIL, once per group instead of per batch.
+GROUP_BYTES = 4 << 20
+
+
+class RaggedBatch(NamedTuple):
+    """Records of any length: record i is ``data[offsets[i]:offsets[i + 1]]`` (``offsets``: n + 1 int64)."""
+
+    data: Any
+    offsets: Any
+
+    @property
+    def lengths(self):
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def record(self, i: int):
+        return self.data[int(self.offsets[i]) : int(self.offsets[i + 1])]
+
+    def padded(self, value: int = 0, length: int | None = None):
+        """A ``[n, length]`` uint8 tensor of the records, each followed by ``value`` up to ``length``
+        (default: the longest record's)."""
+        import torch
+
+        lengths = self.lengths
+        longest = int(lengths.max()) if len(lengths) else 0
+        length = longest if length is None else int(length)
+        if length < longest:
+            raise ValueError(f"length={length} is shorter than the longest record ({longest} bytes)")
+        out = torch.full((len(lengths), length), value, dtype=torch.uint8, device=self.data.device)
+        out[torch.arange(length, device=self.data.device) < lengths[:, None].to(self.data.device)] = self.data
+        return out
+
+    def to(self, *args, **kwargs) -> RaggedBatch:
+        return RaggedBatch(self.data.to(*args, **kwargs), self.offsets.to(*args, **kwargs))
+
+
+class _Buffers:
+    """Allocates the batches' tensors: pinned (torch's caching host allocator reuses them), or from a
+    pool of arrays reused once no tensor uses them any more (no fresh pages to fault in per batch)."""
+
+    def __init__(self, pinned: bool, keep: int):
+        import torch
+
+        self.torch = torch
+        self.pinned = pinned
+        self.keep = keep
+        self.pool: list = []
+        self.lock = threading.Lock()  # an epoch left early may still be filling while the next one starts
+
+    def __call__(self, nbytes: int):
+        torch = self.torch
+        if self.pinned:
+            tensor = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+            return tensor, tensor.numpy()
+        with self.lock:
+            return self._from_pool(nbytes)
+
+    def _from_pool(self, nbytes: int):
+        import numpy as np
+
+        torch = self.torch
+        for array in self.pool:
+            # 3: the pool's list, this loop's name and getrefcount's argument: no tensor holds it
+            if sys.getrefcount(array) == 3 and nbytes <= len(array) <= 2 * nbytes:
+                break
+        else:
+            array = np.empty(nbytes, dtype=np.uint8)
+            self.pool.append(array)
+            if len(self.pool) > self.keep:
+                self.pool.pop(0)
+        array = array[:nbytes]  # a view: while it lives, the array is in use
+        return torch.from_numpy(array), array
+
+
+class RecordBatches(PipeBatches):
+    """Iterable over batches of raw records of one channel; every ``iter()`` reads the next epoch.
+
+    ``job``, ``role``, ``record_format``, ``drop_last``, ``prefetch``, ``pin_memory``, ``timeout``,
+    ``max_corrupted_records_to_skip``, ``max_record_bytes`` and ``config`` are ``PipeBatches``'.
+    ``record_bytes``: every record is this long, and batches are ``[n, record_bytes]`` uint8 tensors
+    (a record of another length is a ``RecordFormatError``); None: ``RaggedBatch(data, offsets)``.
+    ``compiled``: None uses the compiled reader where it is built (``compiled_available()``), False the
+    Python framers, True requires the compiled reader.
+    """
+
+    def __init__(
+        self,
+        job,
+        batch_size: int,
+        *,
+        record_bytes: int | None = None,
+        role: str = "train",
+        record_format: str | None = None,
+        drop_last: bool = False,
+        prefetch: int = DEFAULT_PREFETCH,
+        pin_memory: bool | None = None,
+        timeout: float = DEFAULT_FIFO_TIMEOUT,
+        max_corrupted_records_to_skip: int = 0,
+        max_record_bytes: int | None = None,
+        compiled: bool | None = None,
+        config=None,
+    ):
+        if record_bytes is not None and (isinstance(record_bytes, bool) or int(record_bytes) < 1):
+            raise ValueError(f"record_bytes={record_bytes!r}: give a whole number >= 1, or None")
+        super().__init__(
+            job,
+            batch_size,
+            role=role,
+            record_format=record_format,
+            drop_last=drop_last,
+            prefetch=prefetch,
+            pin_memory=pin_memory,
+            timeout=timeout,
+            max_corrupted_records_to_skip=max_corrupted_records_to_skip,
+            max_record_bytes=max_record_bytes,
+            config=config,
+        )
+        self.record_bytes = None if record_bytes is None else int(record_bytes)
+        if compiled and not compiled_available():
+            raise RuntimeError(
+                "compiled=True, but the compiled batch reader (sagemaker_dist.runtime.framing."
+                "_record_reader) is not built: pip install -e . needs a C compiler"
+            )
+        self.compiled = compiled_available() if compiled is None else bool(compiled)
+        self._buffers: dict[bool, _Buffers] = {}  # pinned or not -> the buffers, kept over epochs
+
+    def __iter__(self):
+        # The reader thread hands over groups of (batch, records) pairs; the loop gets them one by one.
+        with contextlib.closing(super().__iter__()) as groups:
+            for group in groups:
+                self.records -= sum(count for _, count in group)  # PipeBatches counted the whole group
+                for batch, count in group:
+                    self.records += count
+                    yield batch
+
+    def _batches(self, epoch: int, streams: list):
+        """``(group, records in it)`` of one epoch's streams, made in the reader thread: a group is a list
+        of ``(batch, records in it)``, the epoch's first batch alone, then up to GROUP_BYTES while the
+        stream has bytes waiting; a batch may span two files."""
+        import torch
+
+        from sagemaker_dist.runtime.framing import make_framer
+
+        pinned = torch.cuda.is_available() if self.pin_memory is None else bool(self.pin_memory)
+        fixed = self.record_bytes or 0
+        capacity = self.batch_size * fixed if fixed else FIRST_BATCH_BYTES
+        allocate = self._buffers.get(pinned)
+        if allocate is None:  # data and offsets per batch, for the groups in flight
+            keep = 2 * (self.prefetch + POOL_EXTRA) * max(1, GROUP_BYTES // max(capacity, 1))
+            allocate = self._buffers[pinned] = _Buffers(pinned, min(keep, 256))
+        group: list = []
+        group_bytes, first = 0, True
+        batch = None
+        for stream in streams:
+            limit = self.max_record_bytes
+            framer = make_framer(self.record_format, self.channel, epoch, self.max_skip, limit)
+            with stream() as reader:
+                fill = StreamFill(reader, framer, fixed, compiled=self.compiled, chunk_size=self.chunk_size)
+                ready = getattr(reader, "ready", None)  # a FIFO's; a file always has its bytes
+                try:
+                    while True:
+                        if group and (first or group_bytes >= GROUP_BYTES or (ready and not ready(0))):
+                            yield group, sum(count for _, count in group)
+                            group, group_bytes, first = [], 0, False
+                        if batch is None:
+                            batch = Batch(self.batch_size, capacity, allocate)
+                        if not fill.fill(batch):
+                            break
+                        if not fixed:
+                            capacity = batch.nbytes + batch.nbytes // 8
+                        group.append((self._tensors(batch), batch.count))
+                        group_bytes += batch.nbytes
+                        batch = None
+                finally:
+                    fill.close()
+            framer.warn_skipped()
+        if batch is not None and batch.count and not self.drop_last:
+            group.append((self._tensors(batch), batch.count))
+        if group:
+            yield group, sum(count for _, count in group)
+
+    def _tensors(self, batch: Batch):
+        """The batch as a [n, record_bytes] tensor, or a RaggedBatch, over its own buffers (no copy)."""
+        if self.record_bytes:
+            return batch.holder[: batch.nbytes].view(batch.count, self.record_bytes)
+        import torch
+
+        offsets = batch.offsets_holder[: 8 * (batch.count + 1)].view(torch.int64)
+        return RaggedBatch(batch.holder[: batch.nbytes], offsets)

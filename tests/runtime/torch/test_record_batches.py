@@ -1,0 +1,116 @@
+"""RecordBatches over real FIFOs and File channels: uint8 batches from the compiled reader and from the
+Python framers, fixed-size and ragged, epochs, batches kept while later ones are read."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from helpers.runtime_helpers import FifoFeeder, write_opt_ml
+
+from sagemaker_dist.contract.layout import plan_layout
+from sagemaker_dist.contract.record_formats import encode_recordio, encode_tfrecord
+from sagemaker_dist.runtime.framing.base import RecordFormatError
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.torch
+
+PATHS = [True, False]  # compiled, Python
+
+
+def pipe_channel(tmp_path, epochs: list[bytes], wrapper: str = "None"):
+    from sagemaker_dist.runtime.config import ContainerConfig
+
+    root = write_opt_ml(tmp_path / "opt_ml", ["train_0"], plan_layout(1, 1), wrapper=wrapper)
+    feeder = FifoFeeder(root / "input" / "data", "train_0", epochs)
+    feeder.start()
+    return ContainerConfig.load(root, {}), feeder
+
+
+@pytest.mark.parametrize("compiled", PATHS)
+def test_records_of_one_size_come_as_uint8_batches_and_stay_valid_while_more_are_read(tmp_path, compiled):
+    from sagemaker_dist.runtime import RecordBatches
+
+    records = [os.urandom(1000) for _ in range(50)]
+    stream = b"".join(encode_tfrecord(r) for r in records)
+    config, feeder = pipe_channel(tmp_path, [stream, stream])
+    batches = RecordBatches(
+        "train_0", 8, record_bytes=1000, compiled=compiled, config=config, pin_memory=False
+    )
+    kept = list(batches)  # every batch held while the next ones are filled: no buffer is reused under it
+    assert [tuple(b.shape) for b in kept] == [(8, 1000)] * 6 + [(2, 1000)]
+    assert all(b.dtype == torch.uint8 for b in kept)
+    assert [bytes(row.numpy()) for b in kept for row in b] == records
+    again = [bytes(row.numpy()) for b in batches for row in b]  # the next epoch: the next FIFO
+    assert again == records and batches.records == 100 and batches.epochs_opened == 2
+    feeder.join(10)
+    assert feeder.error is None
+
+
+@pytest.mark.parametrize("compiled", PATHS)
+def test_records_of_any_size_come_as_data_and_offsets_and_pad(tmp_path, compiled):
+    from sagemaker_dist.runtime import RaggedBatch, RecordBatches
+
+    records = [os.urandom(n) for n in (3, 0, 70_000, 5, 200_000, 12, 1, 40_000)]
+    stream = b"".join(encode_recordio(r, max_part=30_000) for r in records)
+    config, feeder = pipe_channel(tmp_path, [stream], wrapper="RecordIO")
+    batches = RecordBatches("train_0", 3, compiled=compiled, config=config, pin_memory=False)
+    assert batches.record_format == "RecordIO"  # the channel's RecordWrapperType
+    kept = list(batches)
+    assert all(isinstance(b, RaggedBatch) for b in kept) and [len(b.lengths) for b in kept] == [3, 3, 2]
+    assert [bytes(b.record(i).numpy()) for b in kept for i in range(len(b.lengths))] == records
+    assert kept[0].offsets.dtype == torch.int64 and kept[0].offsets.tolist() == [0, 3, 3, 70_003]
+    padded = kept[2].padded(value=7)
+    assert padded.shape == (2, 40_000)
+    assert bytes(padded[0, :1].numpy()) == records[6] and padded[0, 1:].eq(7).all()
+    assert bytes(padded[1].numpy()) == records[7]
+    with pytest.raises(ValueError, match="shorter than the longest record"):
+        kept[2].padded(length=10)
+    feeder.join(10)
+
+
+@pytest.mark.parametrize("compiled", PATHS)
+def test_a_file_channel_batch_spans_two_files_and_a_bad_record_fails_the_epoch(tmp_path, compiled):
+    from sagemaker_dist.runtime import RecordBatches
+    from sagemaker_dist.runtime.config import ContainerConfig
+
+    root = write_opt_ml(tmp_path / "opt_ml", {"train_0": "File"}, plan_layout(1, 1, input_mode="File"))
+    channel = root / "input" / "data" / "train_0"
+    channel.mkdir(parents=True)
+    lines = [f"line {i}".encode() for i in range(7)]
+    (channel / "a").write_bytes(b"\n".join(lines[:3]) + b"\n")
+    (channel / "b").write_bytes(b"\r\n".join(lines[3:]))  # CRLF, and no newline at the end
+    config = ContainerConfig.load(root, {})
+    batches = RecordBatches(
+        "train_0", 2, record_format="TextLine", record_bytes=6, compiled=compiled, config=config
+    )
+    got = [[bytes(r.numpy()) for r in b] for b in batches]
+    assert got == [lines[0:2], lines[2:4], lines[4:6], lines[6:]]
+    (channel / "b").write_bytes(b"too long\n")
+    with pytest.raises(
+        RecordFormatError, match="a record of 8 bytes where every record is to be record_bytes=6"
+    ):
+        list(batches)
+
+
+def test_an_iteration_left_early_closes_the_fifo_and_the_next_reads_the_next_one(tmp_path):
+    from sagemaker_dist.runtime import RecordBatches
+
+    stream = b"".join(encode_tfrecord(bytes([i]) * 100_000) for i in range(40))  # more than the pipe holds
+    config, feeder = pipe_channel(tmp_path, [stream, stream])
+    batches = RecordBatches("train_0", 4, record_bytes=100_000, config=config, prefetch=1)
+    for batch in batches:
+        assert batch[0, 0] == 0
+        break
+    assert batches.records == 4  # the batches handed out, not those the reader thread made ahead
+    assert sum(len(b) for b in batches) == 40 and batches.records == 44
+    feeder.join(10)
+    assert feeder.served == 2 and feeder.error is None
+
+
+def test_record_bytes_and_compiled_are_checked():
+    from sagemaker_dist.runtime import RecordBatches
+
+    with pytest.raises(ValueError, match="record_bytes=0"):
+        RecordBatches("train_0", 4, record_bytes=0, config=object())
