@@ -37,25 +37,16 @@ CHUNK = 1 << 20  # the compiled reader's read size (its buffer), and so the raw 
 
 # One run of one arm. argv: arm, opt_ml root, fifo, record size, batch size.
 CHILD = """
-import fcntl, json, os, sys, time
+import json, sys, time
 arm, root, fifo, size, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-from sagemaker_dist.runtime.fifo import F_SETPIPE_SZ, PIPE_BUFFER_BYTES
+sys.path.insert(0, BENCH_DIR)
+from raw_pipe import read_to_end
 if arm != "raw":
     import torch  # not timed: every PyTorch script imports it
 cpu = time.process_time()
 start = time.perf_counter()
 if arm == "raw":
-    buf = bytearray(CHUNK_BYTES)
-    fd = os.open(fifo, os.O_RDONLY)
-    fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BUFFER_BYTES)
-    n = os.readv(fd, [buf])
-    first = time.perf_counter()
-    while True:
-        got = os.readv(fd, [buf])
-        if not got:
-            break
-        n += got
-    os.close(fd)
+    n, first = read_to_end(fifo, CHUNK_BYTES)
     compiled = None
 else:
     from sagemaker_dist.runtime import RecordBatches
@@ -74,7 +65,7 @@ else:
 end = time.perf_counter()
 print(json.dumps({"cpu": time.process_time() - cpu, "first": first - start, "total": end - start, "n": n,
                   "compiled": compiled, "torch": getattr(sys.modules.get("torch"), "__version__", "-")}))
-""".replace("CHUNK_BYTES", str(CHUNK))
+""".replace("CHUNK_BYTES", str(CHUNK)).replace("BENCH_DIR", repr(str(Path(__file__).resolve().parent)))
 
 
 def run_child(arm: str, root: Path, fifo: Path, size: int) -> dict:

@@ -27,13 +27,14 @@ BATCH = 256
 
 # One run of one arm. argv: arm, source file, root, fifo (or "-"), batch size.
 CHILD = """
-import fcntl, json, os, sys, time
+import json, os, sys, time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 arm, src, root, fifo, batch = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 if arm != "raw":
     import tensorflow as tf
 else:  # the pipe buffer ours asks for
-    from sagemaker_dist.runtime.fifo import F_SETPIPE_SZ, PIPE_BUFFER_BYTES
+    sys.path.insert(0, BENCH_DIR)
+    from raw_pipe import read_to_end
 start = time.perf_counter()
 cpu = time.process_time()
 dirs = dict(pipe_dir=os.path.join(root, "input", "data"), config_dir=os.path.join(root, "input", "config"))
@@ -48,17 +49,7 @@ elif arm == "file":
     ds = tf.data.TFRecordDataset(src).batch(batch)
 built = time.perf_counter()
 if arm == "raw":
-    buf = bytearray(1 << 20)
-    fd = os.open(fifo, os.O_RDONLY)
-    fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BUFFER_BYTES)
-    n = os.readv(fd, [buf])
-    first = time.perf_counter()
-    while True:
-        got = os.readv(fd, [buf])
-        if not got:
-            break
-        n += got
-    os.close(fd)
+    n, first = read_to_end(fifo)
     version = "-"
 else:
     iterator = iter(ds)
@@ -71,7 +62,7 @@ end = time.perf_counter()
 cpu = time.process_time() - cpu
 print(json.dumps({"cpu": cpu, "build": built - start, "first": first - built, "rest": end - first,
                   "total": end - start, "n": n, "tf": version, "python": sys.version.split()[0]}))
-"""
+""".replace("BENCH_DIR", repr(str(Path(__file__).resolve().parent)))
 
 
 def run_child(python: str, arm: str, src: Path, root: Path, fifo: Path | None) -> dict:
