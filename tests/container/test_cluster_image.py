@@ -74,6 +74,21 @@ def _apart(lines: list[str]) -> list[str]:
     return [line for line in lines[started:ended] if not line.startswith(keep)]
 
 
+def _each_of_four_ranks_read_its_own_fifo(result, epochs: int) -> None:
+    """2 hosts x 2 ranks: each rank read its own FIFO on its own host, every FIFO to its end (the demo
+    data of ``_request``: 8 files of 16 records)."""
+    fed = {(s.host, s.channel): s.bytes for s in result.feed_stats}
+    for rank in range(4):
+        assert fed[f"algo-{rank // 2 + 1}", f"train_{rank}"] > 0, fed
+    assert [(r.rank, r.host) for r in result.ranks] == [
+        (0, "algo-1"),
+        (1, "algo-1"),
+        (2, "algo-2"),
+        (3, "algo-2"),
+    ]
+    assert sum(r.records for r in result.ranks) == epochs * 8 * 16, result.ranks
+
+
 def test_two_hosts_of_two_ranks_train_the_demo(s3, bucket, tmp_path):
     request = _request(s3, bucket, DEMO_JOB_DIR, "train_cifar10.py", 2, 2, {"epochs": 2, "batch_size": 16})
     lines: list[str] = []
@@ -98,16 +113,7 @@ def test_two_hosts_of_two_ranks_train_the_demo(s3, bucket, tmp_path):
     ends = [line for line in lines if "train epoch ended for every rank" in line]
     assert len(ends) == 2 and all(e.startswith("[rank 0 algo-1] ") for e in ends), out[-3000:]
     assert all("Records read per rank: [" in e for e in ends)
-    fed = {(s.host, s.channel): s.bytes for s in result.feed_stats}
-    for rank in range(4):  # each rank read its own FIFO, on its own host
-        assert fed[f"algo-{rank // 2 + 1}", f"train_{rank}"] > 0, fed
-    assert [(r.rank, r.host) for r in result.ranks] == [
-        (0, "algo-1"),
-        (1, "algo-1"),
-        (2, "algo-2"),
-        (3, "algo-2"),
-    ]
-    assert sum(r.records for r in result.ranks) == 2 * 8 * 16, result.ranks  # 2 epochs, every FIFO to its end
+    _each_of_four_ranks_read_its_own_fifo(result, epochs=2)
     assert "loss" in result.metrics and result.model_uri, out[-3000:]
     assert s3.head_object(Bucket=bucket, Key=result.model_uri.split("/", 3)[3])["ContentLength"] > 0
     hosts = Path(result.work_dir) / "hosts"
@@ -165,16 +171,7 @@ def test_torchrun_on_two_hosts_of_two_ranks_trains_the_torch_demo(s3, bucket, tm
     assert "mpirun" not in out and _apart(lines) == []
     for rank in range(4):
         assert f"[rank {rank} algo-{rank // 2 + 1}] rank {rank}: trained " in out, out[-3000:]
-    fed = {(s.host, s.channel): s.bytes for s in result.feed_stats}
-    for rank in range(4):  # each rank read its own FIFO, on its own host
-        assert fed[f"algo-{rank // 2 + 1}", f"train_{rank}"] > 0, fed
-    assert [(r.rank, r.host) for r in result.ranks] == [
-        (0, "algo-1"),
-        (1, "algo-1"),
-        (2, "algo-2"),
-        (3, "algo-2"),
-    ]
-    assert sum(r.records for r in result.ranks) == 8 * 16, result.ranks  # one epoch, every FIFO to its end
+    _each_of_four_ranks_read_its_own_fifo(result, epochs=1)
     assert "val_accuracy" in result.metrics and result.model_uri, out[-3000:]
     for name in ("algo-1", "algo-2"):
         assert (Path(result.work_dir) / "hosts" / name / "output" / "success").is_file()
