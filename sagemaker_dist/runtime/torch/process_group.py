@@ -165,13 +165,17 @@ class DdpJob:
             dist.barrier(group=self.agreement_group)
 
     def close(self) -> None:
-        """Leave the process group and release the channel claims (at the end of the script)."""
+        """Leave the process group and release the channel claims (at the end of the script). Every rank
+        leaves together (a barrier first): a rank that tore its group down and exited while a peer still
+        used it (rank 0 writing the last checkpoint) was seen to abort in C++ at interpreter exit
+        ("terminate called without an active exception")."""
         import torch.distributed as dist
 
         if dist.is_initialized():
+            dist.barrier(group=self.agreement_group)
             dist.destroy_process_group()
-        for claim in self.claims:
-            claim.release()
+        while self.claims:
+            self.claims.pop().release()
 
 
 def setup_ddp(

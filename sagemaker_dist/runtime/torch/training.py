@@ -158,6 +158,7 @@ class PipeTraining:
             since = since_request(self.stop.received_at if self.stop is not None else None)
             print(stopped_line(self.epoch + 1, self.step, agreed.exhausted) + where + since, flush=True)
         self._finish()
+        self.job.close()  # the job ends here: every rank leaves the process group together, as at its end
         raise TrainingStopped(epoch, step, checkpoint)
 
     def _save(self, epoch: int, step: int):
