@@ -50,20 +50,21 @@ from sagemaker_dist.runtime.fifo import F_SETPIPE_SZ, PIPE_BUFFER_BYTES  # noqa:
 tf = PipeModeDataset = None  # imported in main(): the --fresh parent runs without TensorFlow
 
 BATCH = 256
-# The writer: a separate process that copies a file into the FIFO in 1 MiB writes.
+# The writer: a separate process that copies a file into the FIFO in 1 MiB writes (``repeats`` times).
 WRITER = """
 import os, sys
-src, dst = sys.argv[1], sys.argv[2]
+src, dst, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3])
 print("ready", flush=True)
 out = os.open(dst, os.O_WRONLY)
-with open(src, "rb", buffering=0) as f:
-    while True:
-        block = f.read(1 << 20)
-        if not block:
-            break
-        view = memoryview(block)
-        while view:
-            view = view[os.write(out, view):]
+for _ in range(repeats):
+    with open(src, "rb", buffering=0) as f:
+        while True:
+            block = f.read(1 << 20)
+            if not block:
+                break
+            view = memoryview(block)
+            while view:
+                view = view[os.write(out, view):]
 os.close(out)
 """
 
@@ -93,11 +94,13 @@ def make_file(path: Path, record_size: int, total_bytes: int, vary: bool = False
     return repeats * len(distinct)
 
 
-def start_writer(src: Path, fifo: Path) -> subprocess.Popen:
-    """The writer, up and about to open the FIFO (its start-up is not timed: SageMaker's is running)."""
+def start_writer(src: Path, fifo: Path, repeats: int = 1) -> subprocess.Popen:
+    """The writer of ``src`` (``repeats`` times), up and about to open the FIFO (its start-up is not
+    timed: SageMaker's is running)."""
     if not fifo.exists():
         os.mkfifo(fifo)
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(src), str(fifo)], stdout=subprocess.PIPE)
+    argv = [sys.executable, "-c", WRITER, str(src), str(fifo), str(repeats)]
+    writer = subprocess.Popen(argv, stdout=subprocess.PIPE)
     assert writer.stdout.readline() == b"ready\n"
     return writer
 

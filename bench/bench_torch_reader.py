@@ -35,15 +35,22 @@ from bench_pipe_reader import make_file, start_writer  # noqa: E402
 BATCH = 256
 CHUNK = 1 << 20  # the compiled reader's read size (its buffer), and so the raw arm's
 
-# One run of one arm. argv: arm, opt_ml root, fifo, record size, batch size.
+# One run of one arm. argv: arm, opt_ml root, fifo, record size, batch size, and "go" to print "ready" and
+# wait for a line on stdin before the clock starts (several ranks started together).
 CHILD = """
 import json, sys, time
 arm, root, fifo, size, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 sys.path.insert(0, BENCH_DIR)
 from raw_pipe import read_to_end
 if arm != "raw":
-    import torch  # not timed: every PyTorch script imports it
+    import torch  # not timed: every PyTorch script imports it, and a GPU job has CUDA up before its data
+    if torch.cuda.is_available():
+        torch.empty(1, pin_memory=True)
+if sys.argv[6:] == ["go"]:
+    print("ready", flush=True)
+    sys.stdin.readline()
 cpu = time.process_time()
+began = time.monotonic()
 start = time.perf_counter()
 if arm == "raw":
     n, first = read_to_end(fifo, CHUNK_BYTES)
@@ -64,17 +71,29 @@ else:
         n += count(b)
 end = time.perf_counter()
 print(json.dumps({"cpu": time.process_time() - cpu, "first": first - start, "total": end - start, "n": n,
+                  "began": began, "ended": time.monotonic(),
                   "compiled": compiled, "torch": getattr(sys.modules.get("torch"), "__version__", "-")}))
 """.replace("CHUNK_BYTES", str(CHUNK)).replace("BENCH_DIR", repr(str(Path(__file__).resolve().parent)))
 
 
+def start_child(arm: str, root: Path, fifo: Path, size: int, go: bool = False) -> subprocess.Popen:
+    """One run of ``arm`` in a new process; with ``go``, it prints "ready" once set up and starts its clock
+    at the line written to its stdin."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
+    argv = [sys.executable, "-c", CHILD, arm, str(root), str(fifo), str(size), str(BATCH)] + ["go"] * go
+    return subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def child_result(arm: str, child: subprocess.Popen) -> dict:
+    out, _ = child.communicate(timeout=600)
+    if child.returncode != 0:
+        raise SystemExit(f"{arm} run failed ({child.returncode})")
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def run_child(arm: str, root: Path, fifo: Path, size: int) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    argv = [sys.executable, "-c", CHILD, arm, str(root), str(fifo), str(size), str(BATCH)]
-    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        raise SystemExit(f"{arm} run failed ({out.returncode}):\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return child_result(arm, start_child(arm, root, fifo, size))
 
 
 def main() -> int:

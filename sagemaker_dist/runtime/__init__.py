@@ -27,6 +27,8 @@ _LAZY = {
     "PipeBatches": "sagemaker_dist.runtime.torch.batches",
     "RecordBatches": "sagemaker_dist.runtime.torch.record_batches",
     "RaggedBatch": "sagemaker_dist.runtime.torch.record_batches",
+    "decode_jpeg_batch": "sagemaker_dist.runtime.torch.images",
+    "ImageDecodeError": "sagemaker_dist.runtime.torch.images",
     "agreed_batches": "sagemaker_dist.runtime.torch.epochs",
     "PipeTraining": "sagemaker_dist.runtime.torch.training",
     "save_torch_checkpoint": "sagemaker_dist.runtime.torch.checkpointing",

@@ -6,6 +6,8 @@
 - ``batches``: ``PipeBatches``, the rank's channel as batches of tensors from a reader thread;
 - ``record_batches``: ``RecordBatches``, the same channel as batches of raw records framed in compiled
   code straight into (pinned) uint8 tensors: ``[n, record_bytes]``, or a ``RaggedBatch`` of offsets;
+- ``images``: ``decode_jpeg_batch``, a ragged batch of JPEG records decoded at once on the GPU
+  (nvJPEG through torchvision), or on the CPU where no GPU is;
 - ``epochs``: ``agreed_batches``, epochs that end on the same step on every rank (no record counts);
 - ``stop``: SIGTERM (a stop, a spot interruption) as a request the ranks agree on at a step;
 - ``checkpointing``: rank-0 checkpoints of model, optimizer, scheduler, epoch and step, restored on
