@@ -18,7 +18,9 @@ from sagemaker_dist.contract.rank_slots import rank_slots, slot_environment
 from sagemaker_dist.contract.toolkit import script_argv
 from sagemaker_dist.host.opt_ml import build_host_trees
 from sagemaker_dist.local.demo_data import encode_example, generate_examples, tfrecord_file
-from sagemaker_dist.local.launchers.mpi import LaunchError, describe_exit, rank_command
+from sagemaker_dist.local.launchers.base import describe_exit
+from sagemaker_dist.local.launchers.mpi import LaunchError
+from sagemaker_dist.local.launchers.table import IMPLEMENTATIONS, launcher_class
 from sagemaker_dist.local.result import final_metrics
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "helpers" / "local_scripts"
@@ -109,13 +111,27 @@ def test_final_metrics_from_keras_lines_or_metric_definitions():
 
 
 def test_launcher_commands_and_exit_descriptions():
-    cmd = rank_command("horovodrun", 4)
+    cmd = launcher_class("horovodrun").rank_command(4, sys.executable)
     assert cmd[1:6] == ["--gloo", "-np", "4", "-H", "localhost:4"]
     assert cmd[-2:] == ["-m", "sagemaker_dist.local.rank_entry"]
     with pytest.raises(LaunchError, match="one of"):
-        rank_command("srun", 2)
+        launcher_class("srun")
     assert describe_exit(137) == "code 137 (killed by SIGKILL)"
     assert describe_exit(-15) == "code -15 (killed by SIGTERM)"
+
+
+def test_every_registered_launcher_has_one_implementation_of_the_protocol():
+    """The table holds each launcher the registry names (and no other), each under its own name."""
+    from sagemaker_dist.contract.distributions import REGISTRY, USER_LAUNCHERS
+    from sagemaker_dist.local.launchers.base import Launcher
+
+    registered = set(USER_LAUNCHERS) | {name for d in REGISTRY.values() for name in d.local_launchers}
+    assert set(IMPLEMENTATIONS) == registered
+    for name, implementation in IMPLEMENTATIONS.items():
+        assert issubclass(implementation, Launcher) and implementation.name == name
+        assert not getattr(implementation, "__abstractmethods__", None), name
+    # the toolkit's and the image's hosts start the ranks: the CLI simulates one host by default
+    assert {n for n, cls in IMPLEMENTATIONS.items() if cls.defaults_to_one_host} == {"toolkit", "container"}
 
 
 def _request(**hps):
