@@ -11,6 +11,8 @@ at run time (what importing each module loads).
 - nothing but ``cli`` imports ``local`` (and ``local`` itself): the platforms run on ``host``;
 - the SDK side never loads TensorFlow/Horovod, the runtime never loads the SageMaker SDK;
 - only the registry of distributions (``contract/distributions.py``) compares a distribution's name.
+- only the registry and local mode's launcher table (``local/launchers/table.py``) compare a launcher's
+  name.
 """
 
 from __future__ import annotations
@@ -219,20 +221,22 @@ def _name_constants() -> set[str]:
     return found
 
 
-def _distribution_name_comparisons(path: Path, names: tuple[str, ...], constants: set[str]) -> list[str]:
+def _distribution_name_comparisons(
+    path: Path, names: tuple[str, ...], constants: set[str], name_modules: tuple[str, ...] = NAME_MODULES
+) -> list[str]:
     """Each comparison (==, !=, in, not in, is, match) in ``path`` with an operand that is a
-    distribution's name: a string literal equal to one (alone or in a tuple, list or set literal), or a
-    constant of the registry or the layout that holds one (imported by name, read off the module, or the
-    file's own)."""
+    distribution's name (or another family of ``names``): a string literal equal to one (alone or in a
+    tuple, list or set literal), or a constant of ``name_modules`` that holds one (imported by name,
+    read off the module, or the file's own)."""
     tree = ast.parse(path.read_text())
     imported, modules = set(), set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module in NAME_MODULES:
+        if isinstance(node, ast.ImportFrom) and node.module in name_modules:
             imported |= {a.asname or a.name for a in node.names if a.name in constants}
-        elif isinstance(node, ast.ImportFrom) and node.module == "sagemaker_dist.contract":
-            modules |= {a.asname or a.name for a in node.names if f"{node.module}.{a.name}" in NAME_MODULES}
+        elif isinstance(node, ast.ImportFrom):
+            modules |= {a.asname or a.name for a in node.names if f"{node.module}.{a.name}" in name_modules}
         elif isinstance(node, ast.Import):
-            modules |= {a.asname or a.name for a in node.names if a.name in NAME_MODULES}
+            modules |= {a.asname or a.name for a in node.names if a.name in name_modules}
 
     def is_name(operand) -> bool:
         if isinstance(operand, ast.Constant):
@@ -305,3 +309,66 @@ def test_the_registry_rule_catches_a_comparison(tmp_path):
     )
     hits = _distribution_name_comparisons(bad, NAMES, _name_constants())
     assert [h.split(":")[0] for h in hits] == ["4", "5", "6", "7", "8", "9", "11", "16"], hits
+
+
+LAUNCHER_TABLE_MODULE = "sagemaker_dist.local.launchers.table"
+# where the launchers' names live: the registry, and the launchers' package that re-exports them
+LAUNCHER_NAME_MODULES = (REGISTRY_MODULE, "sagemaker_dist.local.launchers")
+
+
+def _launcher_names() -> tuple[str, ...]:
+    from sagemaker_dist.contract.distributions import REGISTRY, USER_LAUNCHERS
+
+    return tuple(sorted(set(USER_LAUNCHERS) | {n for d in REGISTRY.values() for n in d.local_launchers}))
+
+
+def _launcher_name_constants() -> set[str]:
+    """Module-level names of the registry and the launchers' package bound to a launcher's name or to
+    a tuple of them."""
+    import importlib
+
+    names = _launcher_names()
+    found = set()
+    for module in LAUNCHER_NAME_MODULES:
+        for key, value in vars(importlib.import_module(module)).items():
+            if (isinstance(value, str) and value in names) or (
+                isinstance(value, tuple) and value and all(isinstance(v, str) and v in names for v in value)
+            ):
+                found.add(key)
+    return found
+
+
+def test_only_the_registry_and_the_launcher_table_compare_launcher_names():
+    """Local mode turns a launcher's name into code in one place, ``local/launchers/table.py`` (name ->
+    implementation of ``launchers/base.Launcher``); the registry says which launchers run a
+    distribution. No other module compares a launcher's name: a new launcher is one class and one row."""
+    constants = _launcher_name_constants()
+    assert {"HOROVODRUN", "TOOLKIT", "CONTAINER", "TF_CONFIG", "USER_LAUNCHERS", "LAUNCHERS"} <= constants
+    hits = []
+    for module, path in _sources():
+        if module not in (REGISTRY_MODULE, LAUNCHER_TABLE_MODULE):
+            rel = path.relative_to(PACKAGE.parent)
+            found = _distribution_name_comparisons(path, _launcher_names(), constants, LAUNCHER_NAME_MODULES)
+            hits += [f"{rel}:{hit}" for hit in found]
+    assert hits == []
+
+
+def test_the_launcher_rule_catches_a_comparison(tmp_path):
+    """The checker itself: a launcher's name compared as a literal, an imported constant or one read
+    off the package is reported; asking the table is not."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from sagemaker_dist.local.launchers import CONTAINER, LAUNCHERS as L\n"
+        "from sagemaker_dist.local import launchers\n"
+        "from sagemaker_dist.contract.distributions import TF_CONFIG_LAUNCHER\n"
+        "a = launcher == 'toolkit'\n"
+        "b = x != CONTAINER\n"
+        "c = y in L\n"
+        "d = z == launchers.HOROVODRUN\n"
+        "e = w is TF_CONFIG_LAUNCHER\n"
+        "ok = launcher_class(name).defaults_to_one_host and name == 'toolkits'\n"
+    )
+    found = _distribution_name_comparisons(
+        bad, _launcher_names(), _launcher_name_constants(), LAUNCHER_NAME_MODULES
+    )
+    assert [h.split(":")[0] for h in found] == ["4", "5", "6", "7", "8"], found

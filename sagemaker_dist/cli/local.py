@@ -11,7 +11,7 @@ from sagemaker_dist.contract.distributions import distribution
 from sagemaker_dist.contract.toolkit import DEFAULT_TOOLKIT_VERSION
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.defaults import LOCAL_INSTANCE_TYPE, LOCAL_ROLE
-from sagemaker_dist.local.launchers import HOROVODRUN, LAUNCHERS, TOOLKIT_HOST_LAUNCHERS
+from sagemaker_dist.local.launchers import HOROVODRUN, LAUNCHERS
 
 
 def register(subparsers) -> None:
@@ -268,7 +268,9 @@ def local_job_shape(args) -> tuple[int, int]:
     """Hosts and processes per host of a local job (``local`` and ``tune --local``): the toolkit and
     container launchers default to one host, so its ranks are processes of that host; a distribution
     with one worker per host (its registry entry) has one process per host unless ``-P`` says."""
-    one_host = args.launcher in TOOLKIT_HOST_LAUNCHERS
+    from sagemaker_dist.local.launchers.table import launcher_class
+
+    one_host = launcher_class(args.launcher).defaults_to_one_host
     default_hosts, default_per_host = (1, 2) if one_host else (2, 1)
     default_per_host = distribution(args.distribution).default_processes_per_host() or default_per_host
     hosts = default_hosts if args.hosts is None else args.hosts

@@ -9,7 +9,7 @@ import threading
 import time
 from contextlib import contextmanager
 
-from sagemaker_dist.local.launchers.mpi import RankGroup, describe_exit
+from sagemaker_dist.local.launchers.base import RankGroup, describe_exit
 
 LAUNCHER_GRACE_S = 3.0  # after a rank fails: time the launcher gets to stop the others and relay output
 

@@ -18,7 +18,9 @@ from sagemaker_dist.contract.rank_slots import rank_slots, slot_environment
 from sagemaker_dist.contract.toolkit import script_argv
 from sagemaker_dist.host.opt_ml import build_host_trees
 from sagemaker_dist.local.demo_data import encode_example, generate_examples, tfrecord_file
-from sagemaker_dist.local.launchers.mpi import LaunchError, describe_exit, rank_command
+from sagemaker_dist.local.launchers.base import describe_exit
+from sagemaker_dist.local.launchers.mpi import LaunchError
+from sagemaker_dist.local.launchers.table import IMPLEMENTATIONS, launcher_class
 from sagemaker_dist.local.result import final_metrics
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "helpers" / "local_scripts"
@@ -109,13 +111,27 @@ def test_final_metrics_from_keras_lines_or_metric_definitions():
 
 
 def test_launcher_commands_and_exit_descriptions():
-    cmd = rank_command("horovodrun", 4)
+    cmd = launcher_class("horovodrun").rank_command(4, sys.executable)
     assert cmd[1:6] == ["--gloo", "-np", "4", "-H", "localhost:4"]
     assert cmd[-2:] == ["-m", "sagemaker_dist.local.rank_entry"]
     with pytest.raises(LaunchError, match="one of"):
-        rank_command("srun", 2)
+        launcher_class("srun")
     assert describe_exit(137) == "code 137 (killed by SIGKILL)"
     assert describe_exit(-15) == "code -15 (killed by SIGTERM)"
+
+
+def test_every_registered_launcher_has_one_implementation_of_the_protocol():
+    """The table holds each launcher the registry names (and no other), each under its own name."""
+    from sagemaker_dist.contract.distributions import REGISTRY, USER_LAUNCHERS
+    from sagemaker_dist.local.launchers.base import Launcher
+
+    registered = set(USER_LAUNCHERS) | {name for d in REGISTRY.values() for name in d.local_launchers}
+    assert set(IMPLEMENTATIONS) == registered
+    for name, implementation in IMPLEMENTATIONS.items():
+        assert issubclass(implementation, Launcher) and implementation.name == name
+        assert not getattr(implementation, "__abstractmethods__", None), name
+    # the toolkit's and the image's hosts start the ranks: the CLI simulates one host by default
+    assert {n for n, cls in IMPLEMENTATIONS.items() if cls.defaults_to_one_host} == {"toolkit", "container"}
 
 
 def _request(**hps):
@@ -355,3 +371,44 @@ def test_demo_data_with_one_count_per_file_writes_files_of_those_sizes(s3, bucke
     sizes = [o["Size"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="d/train/")["Contents"]]
     assert sizes[0] < sizes[1] < sizes[2] and sizes[1] == 5 * sizes[0]  # records of one size each
     assert data.records == 1 + 5 + 9 + 5  # the validation file gets the mean count
+
+
+def test_the_container_launcher_builds_its_host_without_starting_it(tmp_path, monkeypatch):
+    """One host: ``podman run IMAGE train`` in the job's private network, the one worker's lines as rank
+    0's; several hosts: the cluster's interface, and an S3 endpoint its network cannot reach refused in
+    ``check()``. Nothing is started (no image needed)."""
+    from contextlib import ExitStack
+
+    from sagemaker_dist.host.job_spec import JobSpec
+    from sagemaker_dist.host.opt_ml import host_trees_for
+    from sagemaker_dist.local.launchers import toolkit_hosts
+    from sagemaker_dist.local.launchers.base import JobSetup, LaunchOptions
+    from sagemaker_dist.local.launchers.cluster_plan import INTERFACE
+    from sagemaker_dist.local.launchers.container import ContainerGroup, ContainerLauncherError
+    from sagemaker_dist.local.launchers.private_net import PrivateNet
+    from sagemaker_dist.local.launchers.table import launcher_for
+
+    monkeypatch.setattr(toolkit_hosts, "check_container_image", lambda image: image)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    request = {**_request(sagemaker_program="train.py"), "ResourceConfig": {"InstanceCount": 1}}
+    job = JobSpec.from_request(request)
+    launcher = launcher_for(job, "container", LaunchOptions(image="localhost/img:1"))
+    launcher.check()
+    assert launcher.interface == "lo" and job.world == 1
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("")
+    trees = host_trees_for(job, tmp_path / "hosts", launcher.interface)
+    with ExitStack() as stack:
+        setup = JobSetup(job, trees, tmp_path / "code", tmp_path / "code", tmp_path, None, print, stack)
+        group = launcher.group(setup)
+    assert isinstance(group, ContainerGroup) and isinstance(group.network, PrivateNet)
+    assert group.command[:2] == ["podman", "run"] and group.command[-2:] == ["localhost/img:1", "train"]
+    assert group.untagged_rank == 0 and group.proc is None
+    assert (trees[0].root / "code" / "train.py").is_file()  # the given source dir, where the toolkit looks
+
+    two_hosts = JobSpec.from_request({**request, "ResourceConfig": {"InstanceCount": 2}})
+    cluster = launcher_for(two_hosts, "container", LaunchOptions(image="localhost/img:1"))
+    assert cluster.interface == INTERFACE
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://10.1.2.3:9000")
+    with pytest.raises(ContainerLauncherError):
+        cluster.check()

@@ -19,7 +19,7 @@ import pytest
 from sagemaker_dist.local.demo import DEMO_FILES, DEMO_RECORDS_PER_FILE
 from sagemaker_dist.local.launchers import TORCHRUN
 from sagemaker_dist.local.launchers import torchrun as launcher
-from sagemaker_dist.local.launchers.mpi import rank_command
+from sagemaker_dist.local.launchers.table import launcher_class
 from sagemaker_dist.local.rank_entry import world_rank
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
@@ -73,7 +73,7 @@ def _demo(state_dir: Path, launcher: str, hosts: int, per_host: int, work_dir: P
 
 def test_local_mode_starts_our_torchrun_launcher_which_starts_torchrun_once_per_host(tmp_path):
     python = str(tmp_path / "bin" / "python")
-    assert rank_command(TORCHRUN, 4, python=python) == [
+    assert launcher_class(TORCHRUN).rank_command(4, python) == [
         *(python, "-u", "-m", "sagemaker_dist.local.launchers.torchrun", "--python", python, "--"),
         *(python, "-u", "-m", "sagemaker_dist.local.rank_entry"),
     ]

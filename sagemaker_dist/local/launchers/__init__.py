@@ -13,8 +13,11 @@
 Which launchers run a distribution, and its default, is its entry's ``local_launchers`` in
 ``sagemaker_dist.contract.distributions``.
 
-Every launcher runs as a ``RankGroup`` (``mpi``): its own process group, output relayed with the
-rank in front, killed as a whole.
+Each launcher implements one protocol, ``base.Launcher`` (``check``, ``interface``, ``group``,
+``supervise``): ``entry_ranks`` for horovodrun, mpirun, tf-config and torchrun, ``toolkit_hosts`` for the
+toolkit and the container; ``table`` maps each name to its implementation, and ``run_local`` finds the
+job's launcher there. Every launcher's ranks run as a ``RankGroup`` (``base``): its own process
+group, output relayed with the rank in front, killed as a whole.
 """
 
 from __future__ import annotations
@@ -31,7 +34,5 @@ __all__ = [
     "MPIRUN",
     "TF_CONFIG",
     "TOOLKIT",
-    "TOOLKIT_HOST_LAUNCHERS",
     "TORCHRUN",
 ]
-TOOLKIT_HOST_LAUNCHERS = (TOOLKIT, CONTAINER)  # the image's toolkit entry point starts the ranks

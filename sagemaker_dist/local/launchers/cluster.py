@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sagemaker_dist.contract.distributions import Distribution, distribution
+from sagemaker_dist.local.launchers.base import RankGroup, describe_exit
 from sagemaker_dist.local.launchers.cluster_log import (
     HostProgress,
     hosts_not_reached,
@@ -50,7 +51,7 @@ from sagemaker_dist.local.launchers.container import (
     stop_containers,
     toolkit_host_env,
 )
-from sagemaker_dist.local.launchers.mpi import RankGroup, describe_exit, mpi_tagged_lines
+from sagemaker_dist.local.launchers.mpi import mpi_tagged_lines
 from sagemaker_dist.local.launchers.netns_relay import NetnsRelay, RelayError, listen_in_netns
 from sagemaker_dist.local.launchers.torchrun import TorchrunFailure, tee_tagged
 from sagemaker_dist.local.supervision import rank_failure

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from sagemaker_dist.contract.distributions import distribution
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.local.launchers.mpi import RankGroup
+from sagemaker_dist.local.launchers.base import RankGroup
 from sagemaker_dist.local.launchers.toolkit_host import SSHD_STUB
 
 ENGINE = "podman"

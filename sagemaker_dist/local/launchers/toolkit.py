@@ -20,7 +20,8 @@ from pathlib import Path
 from sagemaker_dist.contract.distributions import distribution
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.launchers import TOOLKIT
-from sagemaker_dist.local.launchers.mpi import RankGroup, check_horovod_mpi
+from sagemaker_dist.local.launchers.base import RankGroup
+from sagemaker_dist.local.launchers.mpi import check_horovod_mpi
 from sagemaker_dist.local.launchers.toolkit_preflight import toolkit_host_problem
 from sagemaker_dist.local.supervision import rank_failure
 
