@@ -123,7 +123,7 @@ class TensorBoardSyncer:
     def keras_callback(self, tensorboard=None):
         """A Keras callback: sync at each epoch end (flushing ``tensorboard``'s writers first), stop at
         train end. Pass the ``tf.keras.callbacks.TensorBoard`` instance so epoch scalars reach disk."""
-        from sagemaker_dist.runtime.keras.callbacks import TensorBoardSyncCallback  # loads TensorFlow
+        from sagemaker_dist.runtime.keras.tensorboard_callback import TensorBoardSyncCallback  # loads TF
 
         return TensorBoardSyncCallback(self, tensorboard)
 
