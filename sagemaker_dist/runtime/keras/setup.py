@@ -23,6 +23,7 @@ from sagemaker_dist.runtime.keras.agreement import AGREED, EpochReports, agreed_
 from sagemaker_dist.runtime.keras.arguments import SetupArguments, check_arguments, check_world
 from sagemaker_dist.runtime.keras.checkpoints import resume_position
 from sagemaker_dist.runtime.keras.gpu import pin_gpu
+from sagemaker_dist.runtime.keras.horovod_world import check_initialised_horovod
 from sagemaker_dist.runtime.keras.optimizer import build_scaled_optimizer
 from sagemaker_dist.runtime.keras.patches import FitWindow
 from sagemaker_dist.runtime.keras.preflight import (
@@ -33,7 +34,6 @@ from sagemaker_dist.runtime.keras.preflight import (
 )
 from sagemaker_dist.runtime.keras.steps import agree_on_steps, exact_epoch, skip_first_batches
 from sagemaker_dist.runtime.keras.surface import FitSurface
-from sagemaker_dist.runtime.ranks import check_initialised_horovod
 from sagemaker_dist.runtime.stop import ResumeSkip, StepSchedule, StopRequest
 from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
 

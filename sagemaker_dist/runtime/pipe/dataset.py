@@ -130,7 +130,8 @@ def rank_dataset(
     """
     # Imported here: a plain PipeModeDataset does not need them, and its start-up is timed.
     from sagemaker_dist.runtime.config import ContainerConfig
-    from sagemaker_dist.runtime.ranks import RankInfo, check_rank_channels
+    from sagemaker_dist.runtime.keras.horovod_world import HorovodRankInfo as RankInfo
+    from sagemaker_dist.runtime.ranks import check_rank_channels
 
     config = ContainerConfig.load(root)
     info = rank_info or RankInfo.detect()
