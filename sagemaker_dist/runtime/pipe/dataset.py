@@ -137,7 +137,7 @@ def rank_dataset(
     info = rank_info or RankInfo.detect()
     channel = check_rank_channels(config, info, role, input_modes=("Pipe", "File"))
     if config.input_mode(channel) == "File":
-        from sagemaker_dist.runtime.file_dataset import file_channel_dataset
+        from sagemaker_dist.runtime.keras.file_dataset import file_channel_dataset
 
         return file_channel_dataset(config.data_dir / channel, record_format, channel, **kwargs)
     wrapper = config.record_wrapper(channel)
