@@ -393,6 +393,18 @@ def test_the_core_rule_catches_a_framework_import(tmp_path):
     ], found
 
 
+def test_the_framework_sides_import_the_core_not_each_other():
+    torch_side = "sagemaker_dist.runtime.torch"
+    crossing = []
+    for module, path in _sources():
+        if _on_a_side(module):
+            on_torch = module.startswith(torch_side)
+            for name in _source_imports(path):
+                if _on_a_side(name) and name.startswith(torch_side) != on_torch:
+                    crossing.append(f"{module} imports {name}")
+    assert crossing == [], "one framework's side imports another's:\n" + "\n".join(crossing)
+
+
 def test_importing_the_core_loads_no_framework():
     assert _loaded_after_import(CORE_MODULES, list(FRAMEWORKS)) == {}
 
