@@ -36,7 +36,7 @@ class RankInfo:
     local_rank: int
     size: int
     local_size: int
-    source: str = "default"  # "horovod", the variable family used, or "default" (one process)
+    source: str = "default"  # the variable family used, a framework's world ("horovod"), or "default"
 
     def __post_init__(self):
         if not (0 <= self.rank < self.size and 0 <= self.local_rank < self.local_size <= self.size):

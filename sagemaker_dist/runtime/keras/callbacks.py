@@ -19,7 +19,6 @@ its callbacks; Horovod is imported where it is used.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from pathlib import Path
@@ -37,8 +36,6 @@ from sagemaker_dist.runtime.keras.checkpoints import (
 )
 from sagemaker_dist.runtime.keras.tensorboard_callback import TensorBoardSyncCallback
 from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
-
-log = logging.getLogger(__name__)
 
 
 class KerasPatchesWhileFitting(tf.keras.callbacks.Callback):
