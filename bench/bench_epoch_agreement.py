@@ -113,8 +113,8 @@ def counted_stop_callback(hv, steps: int):
     """What ``setup(train_records=...)`` adds to stop: the ranks' allreduce of their flags after each step
     (never asked to stop here)."""
     from sagemaker_dist.runtime.keras.setup import _any_rank
-    from sagemaker_dist.runtime.keras.stop import StopRequest
     from sagemaker_dist.runtime.keras.stop_callback import StopAtCountedStep
+    from sagemaker_dist.runtime.stop import StopRequest
 
     return StopAtCountedStep(StopRequest(hv.rank), agree=_any_rank, steps=steps, rank=hv.rank)
 

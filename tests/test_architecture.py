@@ -10,9 +10,13 @@ at run time (what importing each module loads).
 - ``host`` (what a host does around the ranks) serves ``local`` and ``platforms``, and imports neither;
 - nothing but ``cli`` imports ``local`` (and ``local`` itself): the platforms run on ``host``;
 - the SDK side never loads TensorFlow/Horovod, the runtime never loads the SageMaker SDK;
-- only the registry of distributions (``contract/distributions.py``) compares a distribution's name.
+- only the registry of distributions (``contract/distributions.py``) compares a distribution's name;
 - only the registry and local mode's launcher table (``local/launchers/table.py``) compare a launcher's
-  name.
+  name;
+- the runtime's framework-neutral core (every runtime module outside ``FRAMEWORK_SIDES``) imports no
+  framework (tensorflow, keras, tf_keras, horovod, torch) at any depth, and a framework's side only
+  inside a function (a convenience constructor), so importing the core loads no framework;
+- no import circle between modules of ``sagemaker_dist`` (lazy imports included).
 """
 
 from __future__ import annotations
@@ -57,17 +61,20 @@ def _wing(module: str) -> str | None:
     return parts[1] if len(parts) > 1 and parts[0] == "sagemaker_dist" and parts[1] in WINGS else None
 
 
+def _node_imports(node: ast.AST, path: Path) -> list[str]:
+    """The modules one statement imports (for ``from m import n``: ``m`` and ``m.n``, which may be one)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        if node.level:
+            raise AssertionError(f"{path}: relative import; write the full sagemaker_dist.* path")
+        return [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+    return []
+
+
 def _source_imports(path: Path) -> list[str]:
     """Every module ``path`` imports, at any depth (function-level imports too)."""
-    names = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                raise AssertionError(f"{path}: relative import; write the full sagemaker_dist.* path")
-            names += [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
-    return names
+    return [name for node in ast.walk(ast.parse(path.read_text())) for name in _node_imports(node, path)]
 
 
 def _sources():
@@ -132,7 +139,8 @@ def test_each_public_name_has_one_import_path():
         module = ".".join(path.parent.relative_to(PACKAGE.parent).parts)
         package = importlib.import_module(module)
         names = set(getattr(package, "__all__", ())) | set(getattr(package, "_EXPORTS", ()))
-        names |= {n for n in public if n in vars(package)}
+        own = vars(package)  # its submodules are attributes too (keras.checkpoints): not re-exports
+        names |= {n for n in public if n in own and getattr(own[n], "__name__", None) != f"{module}.{n}"}
         reexports += [f"{module}.{name}" for name in sorted(names & public)]
     assert reexports == []
 
@@ -158,6 +166,9 @@ def _loaded_after_import(modules: list[str], watched: list[str]) -> dict[str, li
 
 
 def test_module_lists_are_not_empty():
+    assert "sagemaker_dist.runtime.stop" in CORE_MODULES
+    assert "sagemaker_dist.runtime.checkpoint_format" in CORE_MODULES
+    assert "sagemaker_dist.runtime.keras.checkpoints" not in CORE_MODULES
     assert "sagemaker_dist.launch.sharding" in SDK_MODULES
     assert "sagemaker_dist.launch.estimator" in SDK_MODULES
     assert "sagemaker_dist.runtime.ranks" in RUNTIME_MODULES
@@ -372,3 +383,169 @@ def test_the_launcher_rule_catches_a_comparison(tmp_path):
         bad, _launcher_names(), _launcher_name_constants(), LAUNCHER_NAME_MODULES
     )
     assert [h.split(":")[0] for h in found] == ["4", "5", "6", "7", "8"], found
+
+
+FRAMEWORKS = ("tensorflow", "keras", "tf_keras", "horovod", "torch")
+# The runtime's framework sides: TensorFlow/Keras (``keras/``, the tf.data readers in ``pipe/``, the two
+# entry points scripts import, the deprecated paths that re-export from ``keras/``) and PyTorch
+# (``torch/``). Every other runtime module is the framework-neutral core.
+FRAMEWORK_SIDES = (
+    "sagemaker_dist.runtime.keras",
+    "sagemaker_dist.runtime.torch",
+    "sagemaker_dist.runtime.pipe.dataset",
+    "sagemaker_dist.runtime.pipe.tf_bridge",
+    "sagemaker_dist.runtime.pipe.compiled",
+    "sagemaker_dist.runtime.pipe.native_build",
+    "sagemaker_dist.runtime.horovod_keras",
+    "sagemaker_dist.runtime.mwms_keras",
+    "sagemaker_dist.runtime.checkpoints",  # deprecated path
+    "sagemaker_dist.runtime.file_dataset",  # deprecated path
+)
+
+
+def _on_a_side(module: str) -> bool:
+    return any(module == side or module.startswith(side + ".") for side in FRAMEWORK_SIDES)
+
+
+CORE_MODULES = sorted(
+    m for m, _ in _sources() if m.startswith("sagemaker_dist.runtime") and not _on_a_side(m)
+)
+
+
+def _framework_imports(path: Path) -> list[str]:
+    """What ``path`` imports of a framework (at any depth) or, at module level, of a framework's side."""
+    tree = ast.parse(path.read_text())
+    functions = [f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    lazy = {id(node) for function in functions for node in ast.walk(function)}
+    found = []
+    for node in ast.walk(tree):
+        for name in _node_imports(node, path):
+            if name.split(".")[0] in FRAMEWORKS:
+                found.append(f"{name} (line {node.lineno})")
+            elif _on_a_side(name) and id(node) not in lazy:
+                found.append(f"{name} at module level (line {node.lineno})")
+    return found
+
+
+def test_the_runtime_core_imports_no_framework():
+    """The core (config, ranks, FIFO, framing, the epoch reader, the stop agreement, the checkpoint
+    format and its atomic write, S3 mirror and TensorBoard sync, ...) serves every framework's side,
+    so it imports none: a module that needs TensorFlow or PyTorch belongs in ``keras/`` or ``torch/``
+    (or a new framework's package beside them, added to ``FRAMEWORK_SIDES``)."""
+    hits = []
+    for module, path in _sources():
+        if module in CORE_MODULES:
+            hits += [f"{module} imports {name}" for name in _framework_imports(path)]
+    assert hits == [], "the framework-neutral runtime core imports a framework:\n" + "\n".join(hits)
+
+
+def test_the_core_rule_catches_a_framework_import(tmp_path):
+    """The checker itself: a framework imported in a function, or a side at module level, is reported;
+    a side imported inside a function (a convenience constructor) is not."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import numpy\n"
+        "from sagemaker_dist.runtime.keras import callbacks\n"
+        "def f():\n"
+        "    import torch.distributed as dist\n"
+        "    from tf_keras import layers\n"
+        "    from sagemaker_dist.runtime.keras.callbacks import MetricLine\n"
+    )
+    found = _framework_imports(bad)
+    assert [f.split(" ")[0] for f in found] == [
+        "sagemaker_dist.runtime.keras",
+        "sagemaker_dist.runtime.keras.callbacks",
+        "torch.distributed",
+        "tf_keras",
+        "tf_keras.layers",
+    ], found
+
+
+def test_the_framework_sides_import_the_core_not_each_other():
+    torch_side = "sagemaker_dist.runtime.torch"
+    crossing = []
+    for module, path in _sources():
+        if _on_a_side(module):
+            on_torch = module.startswith(torch_side)
+            for name in _source_imports(path):
+                if _on_a_side(name) and name.startswith(torch_side) != on_torch:
+                    crossing.append(f"{module} imports {name}")
+    assert crossing == [], "one framework's side imports another's:\n" + "\n".join(crossing)
+
+
+def test_importing_the_core_loads_no_framework():
+    assert _loaded_after_import(CORE_MODULES, list(FRAMEWORKS)) == {}
+
+
+def _module_names() -> set[str]:
+    """Our modules: the Python sources and the compiled extensions (``framing/_*.c``)."""
+    names = {module for module, _ in _sources()}
+    for source in PACKAGE.rglob("*.c"):
+        names.add(".".join(source.relative_to(PACKAGE.parent).with_suffix("").parts))
+    return names
+
+
+def _import_graph(sources, known: set[str]) -> dict[str, set[str]]:
+    """module -> the modules of ours it imports, lazy imports included. ``from p import n`` is an edge to
+    ``p.n`` where that is a module, else to ``p`` (the package whose name it reads)."""
+    graph = {}
+    for module, path in sources:
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                targets = [f"{node.module}.{a.name}" for a in node.names]
+                edges |= {t if t in known else node.module for t in targets}
+            else:
+                edges |= {name for name in _node_imports(node, path) if name in known}
+        graph[module] = {e for e in edges if e in known and e != module}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: each strongly connected set of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(graph.get(node, ())):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            members = []
+            while not members or members[-1] != node:
+                members.append(stack.pop())
+                on_stack.discard(members[-1])
+            if len(members) > 1:
+                found.append(sorted(members))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle_between_modules():
+    """No module of ours imports, through any chain of imports (lazy ones too), a module that imports it:
+    a convenience constructor on one side imports the other side lazily, in one direction only."""
+    circles = _circles(_import_graph(_sources(), _module_names()))
+    assert circles == [], "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_circle_check_catches_a_circle(tmp_path):
+    """The checker itself: a circle through a lazy import is reported, a one-way chain is not."""
+    files = {
+        "a": "from b import f\n",
+        "b": "import c\ndef f():\n    from a import g\n",
+        "c": "import d\n",
+        "d": "",
+    }
+    sources = []
+    for name, text in files.items():
+        (tmp_path / f"{name}.py").write_text(text)
+        sources.append((name, tmp_path / f"{name}.py"))
+    assert _circles(_import_graph(sources, set(files))) == [["a", "b"]]

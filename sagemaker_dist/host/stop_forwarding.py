@@ -6,7 +6,7 @@ no SIGTERM handler, so it just dies) and the ranks are mpirun's children, or ort
 what reaches them depends on who dies first. Run as the image's entry point, this module starts CMD
 (``train``; the toolkit itself unchanged) and, on SIGTERM, sends SIGTERM to every rank process of the
 container (the Python processes below it whose environment names a rank), and to nothing else: the ranks
-agree on a step, checkpoint it and exit 0 (``runtime/keras/stop.py``), then mpirun and the toolkit end
+agree on a step, checkpoint it and exit 0 (``runtime/stop.py``), then mpirun and the toolkit end
 as after a normal run. CMD's exit status is this process's. As PID 1 it also reaps orphans.
 If CMD has not ended ``grace`` seconds after the signal, it and its processes get SIGKILL (bounded,
 before the platform's own). Local mode's interruptions find the ranks the same way (``rank_processes``).

@@ -10,7 +10,7 @@ The signal goes to each rank process itself (the pids the rank entry writes, or 
 start the ranks themselves, the Python processes below the launcher with a rank's environment), not to
 horovodrun or mpirun: those answer SIGTERM by killing the ranks after a few seconds, whatever the ranks
 were doing. That is what the image's entry point must do on SageMaker too (forward SIGTERM to every
-rank), and what the runtime's stop (``runtime/keras/stop.py``) needs: time to agree and checkpoint.
+rank), and what the runtime's stop (``runtime/stop.py``) needs: time to agree and checkpoint.
 With ``launcher="container"`` the interruption is SageMaker's own, ``podman stop``: SIGTERM to each
 container's PID 1, the image's entry point (``host/stop_forwarding.py``), which forwards it to the ranks.
 """

@@ -18,7 +18,7 @@ _LAZY = {
     "RankChannelError": "sagemaker_dist.runtime.ranks",
     "check_rank_channels": "sagemaker_dist.runtime.ranks",
     "RecordFormatError": "sagemaker_dist.runtime.framing.base",
-    "file_channel_dataset": "sagemaker_dist.runtime.file_dataset",
+    "file_channel_dataset": "sagemaker_dist.runtime.keras.file_dataset",
     "TensorBoardSyncer": "sagemaker_dist.runtime.tensorboard_sync",
     # PyTorch DDP under torchrun (PyTorch loads when these are used, not when they are imported)
     "setup_ddp": "sagemaker_dist.runtime.torch.process_group",

@@ -1,16 +1,16 @@
-"""Which Horovod rank this process is, which channel it reads, and a start-up check that fails fast.
+"""Which rank this process is, which channel it reads, and a start-up check that fails fast.
 
-Reading the wrong number of channels does not crash Horovod: ranks that find no data (or share a
-FIFO) fall out of step and the job loops on "Stalled ranks" for hours. ``check_rank_channels`` runs
-before any collective op and turns that into an immediate error naming the rank, the channel it
-expected and the channels the job actually has. ``check_horovod_world`` catches the other way ranks
-end up alone: a Horovod without MPI under mpirun, where every process is a world of one.
+Reading the wrong number of channels does not crash a collective: ranks that find no data (or share a
+FIFO) fall out of step and the job waits (Horovod's "Stalled ranks") for hours. ``check_rank_channels``
+runs before any collective op and turns that into an immediate error naming the rank, the channel it
+expected and the channels the job actually has. Framework-neutral: ranks come from the launcher's
+variables; the TensorFlow side asks an initialised Horovod first (``keras/horovod_world.py``, which
+also catches a Horovod whose world is not the one mpirun started).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -25,70 +25,9 @@ from sagemaker_dist.contract.rank_slots import RankVariablesError, rank_from_env
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime.config import ContainerConfig
 
-_HOROVOD_MODULES = ("horovod.tensorflow", "horovod.tensorflow.keras", "horovod.keras")
-
 
 class RankChannelError(ConfigurationError):
     """This rank has no usable channel of its own, or the job's channels do not match its ranks."""
-
-
-class HorovodWorldError(ConfigurationError):
-    """Horovod's world is not the one mpirun started: a Horovod without MPI, each process alone."""
-
-
-MPI_WORLD_SIZE = "OMPI_COMM_WORLD_SIZE"
-_GLOO_VARIABLES = ("HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS")
-_REBUILD = (
-    "rebuild Horovod with Open MPI's headers present (Debian: apt-get install libopenmpi-dev), e.g. "
-    "HOROVOD_WITH_MPI=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 pip install --no-build-isolation "
-    "--no-cache-dir --force-reinstall --no-deps horovod==0.28.1, or run scripts/setup.sh, which rebuilds "
-    "a Horovod that lacks MPI; or launch with horovodrun (Gloo) instead of mpirun"
-)
-
-
-def check_horovod_world(
-    environ: Mapping[str, str], size: int, *, mpi_built: bool | None = None, mpi_enabled: bool | None = None
-) -> None:
-    """Raise ``HorovodWorldError`` when mpirun started more (or fewer) processes than Horovod's world
-    holds and Horovod is not running on MPI. A Horovod built without MPI ignores mpirun: every process
-    initialises as rank 0 of 1 and trains alone, and the first check to notice would blame the
-    channel layout. ``mpi_built``/``mpi_enabled`` are Horovod's answers (None: unknown); an MPI
-    Horovod given a smaller communicator on purpose (``mpi_enabled``) passes."""
-    launched = environ.get(MPI_WORLD_SIZE, "").strip()
-    if not launched.isdigit() or int(launched) == size or mpi_enabled:
-        return
-    start = (
-        f"mpirun started {launched} processes ({MPI_WORLD_SIZE}={launched}), but Horovod initialised a "
-        f"world of {size}"
-    )
-    alone = "so under mpirun each process starts a world of its own and trains alone"
-    if mpi_built:  # MPI is there, but Horovod was told to run on Gloo
-        told = [f"{name}={environ[name]}" for name in _GLOO_VARIABLES if name in environ]
-        raise HorovodWorldError(
-            f"{start}: this Horovod has MPI but runs on Gloo ({', '.join(told) or 'MPI not enabled'}), "
-            f"{alone}. Unset {' and '.join(_GLOO_VARIABLES)} to run on MPI, or launch with horovodrun --gloo"
-        )
-    known = " (horovod.tensorflow.mpi_built() is False)" if mpi_built is False else ""
-    raise HorovodWorldError(
-        f"{start}: this Horovod was built without MPI{known}, {alone}. To fix it, {_REBUILD}"
-    )
-
-
-def check_initialised_horovod(hvd, environ: Mapping[str, str] | None = None) -> None:
-    """``check_horovod_world`` for an initialised Horovod module (``horovod.tensorflow`` or the like)."""
-    check_horovod_world(
-        os.environ if environ is None else environ,
-        hvd.size(),
-        mpi_built=_ask(hvd, "mpi_built"),
-        mpi_enabled=_ask(hvd, "mpi_enabled"),
-    )
-
-
-def _ask(hvd, question: str) -> bool | None:
-    try:
-        return bool(getattr(hvd, question)())
-    except Exception:  # an older or partial Horovod: unknown
-        return None
 
 
 @dataclass(frozen=True)
@@ -97,7 +36,7 @@ class RankInfo:
     local_rank: int
     size: int
     local_size: int
-    source: str = "default"  # "horovod", the variable family used, or "default" (one process)
+    source: str = "default"  # the variable family used, a framework's world ("horovod"), or "default"
 
     def __post_init__(self):
         if not (0 <= self.rank < self.size and 0 <= self.local_rank < self.local_size <= self.size):
@@ -108,23 +47,11 @@ class RankInfo:
 
     @classmethod
     def detect(cls, environ: Mapping[str, str] | None = None) -> RankInfo:
-        """From Horovod if it is imported and initialised, else OMPI_COMM_WORLD_* / HOROVOD_*, else 0 of 1.
+        """From the launcher's variables (``OMPI_COMM_WORLD_*``, ``HOROVOD_*``, torchrun's), else 0 of 1.
 
-        Never imports Horovod itself (and so never initialises it). An initialised Horovod whose world
-        is not mpirun's raises ``HorovodWorldError`` (``check_horovod_world``).
+        Starts nothing. A framework whose initialised world can differ from the launcher's asks it
+        first (the TensorFlow side's ``keras.horovod_world.HorovodRankInfo``).
         """
-        for name in _HOROVOD_MODULES:
-            hvd = sys.modules.get(name)
-            if hvd is None:
-                continue
-            try:
-                if not hvd.is_initialized():
-                    continue
-                info = cls(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), "horovod")
-            except (AttributeError, ValueError):
-                continue
-            check_initialised_horovod(hvd, environ)  # mpirun's world, not Horovod's, when they differ
-            return info
         try:
             found = rank_from_environment(os.environ if environ is None else environ)
         except RankVariablesError as exc:

@@ -11,7 +11,20 @@ import json
 import numpy as np
 import pytest
 
-from sagemaker_dist.runtime import checkpoints as ckpt
+from sagemaker_dist.runtime.checkpoint_format import (
+    CheckpointMismatchError,
+    checkpoint_dir,
+    latest_checkpoint,
+    list_checkpoints,
+    remove_stale_temporaries,
+)
+from sagemaker_dist.runtime.keras.callbacks import checkpoint_callback
+from sagemaker_dist.runtime.keras.checkpoints import (
+    restore_checkpoint,
+    resume_point,
+    resume_position,
+    save_checkpoint,
+)
 
 
 def _model(seed=0, units=(2, 1)):
@@ -35,18 +48,18 @@ def _same(a, b):
 
 def test_checkpoint_dir_from_argument_environment_or_default(tmp_path, monkeypatch):
     monkeypatch.delenv("SAGEMAKER_DIST_OPT_ML", raising=False)
-    assert str(ckpt.checkpoint_dir()) == "/opt/ml/checkpoints"
+    assert str(checkpoint_dir()) == "/opt/ml/checkpoints"
     monkeypatch.setenv("SAGEMAKER_DIST_OPT_ML", str(tmp_path / "env"))
-    assert ckpt.checkpoint_dir() == tmp_path / "env" / "checkpoints"
-    assert ckpt.checkpoint_dir(tmp_path / "arg") == tmp_path / "arg" / "checkpoints"
+    assert checkpoint_dir() == tmp_path / "env" / "checkpoints"
+    assert checkpoint_dir(tmp_path / "arg") == tmp_path / "arg" / "checkpoints"
 
 
 def test_save_then_restore_model_and_optimizer_state(tmp_path):
     x, y = _data()
     model = _model(0)
     model.fit(x, y, epochs=2, batch_size=8, verbose=0)
-    saved = ckpt.save_checkpoint(model, tmp_path, 2)
-    assert saved == ckpt.latest_checkpoint(tmp_path)
+    saved = save_checkpoint(model, tmp_path, 2)
+    assert saved == latest_checkpoint(tmp_path)
     meta = json.loads((saved.path / "meta.json").read_text())
     assert (
         meta["epoch"] == 2
@@ -56,7 +69,7 @@ def test_save_then_restore_model_and_optimizer_state(tmp_path):
 
     fresh = _model(1)
     assert not _same(fresh.get_weights(), model.get_weights())
-    restored = ckpt.restore_checkpoint(fresh, saved)
+    restored = restore_checkpoint(fresh, saved)
     assert _same(fresh.get_weights(), model.get_weights())
     # optimizer slots and step count come back when the optimizer creates them (deferred restore)
     model.fit(x, y, epochs=1, batch_size=8, verbose=0, shuffle=False)
@@ -69,37 +82,37 @@ def test_save_then_restore_model_and_optimizer_state(tmp_path):
 
 def test_only_complete_checkpoints_count(tmp_path):
     model = _model()
-    good = ckpt.save_checkpoint(model, tmp_path, 1, keep=None)
-    truncated = ckpt.save_checkpoint(model, tmp_path, 2, keep=None)
+    good = save_checkpoint(model, tmp_path, 1, keep=None)
+    truncated = save_checkpoint(model, tmp_path, 2, keep=None)
     data_file = next(p for p in truncated.path.iterdir() if p.name.startswith("ckpt.data"))
     data_file.write_bytes(data_file.read_bytes()[:-1])  # e.g. a half-synced copy from S3
-    no_meta = ckpt.save_checkpoint(model, tmp_path, 3, keep=None)
+    no_meta = save_checkpoint(model, tmp_path, 3, keep=None)
     (no_meta.path / "meta.json").unlink()
-    wrong_name = ckpt.save_checkpoint(model, tmp_path, 4, keep=None)
+    wrong_name = save_checkpoint(model, tmp_path, 4, keep=None)
     wrong_name.path.rename(tmp_path / "epoch-00005")  # meta says 4: not trusted
     (tmp_path / ".tmp-epoch-00009-abc").mkdir()
     (tmp_path / "notes.txt").write_text("not a checkpoint")
-    assert ckpt.list_checkpoints(tmp_path) == [good]
-    assert ckpt.latest_checkpoint(tmp_path) == good
-    assert ckpt.resume_point(tmp_path, rank=0) == (1, good)
-    assert ckpt.latest_checkpoint(tmp_path / "missing") is None
-    assert ckpt.resume_point(tmp_path / "missing", rank=0) == (0, None)
+    assert list_checkpoints(tmp_path) == [good]
+    assert latest_checkpoint(tmp_path) == good
+    assert resume_point(tmp_path, rank=0) == (1, good)
+    assert latest_checkpoint(tmp_path / "missing") is None
+    assert resume_point(tmp_path / "missing", rank=0) == (0, None)
 
 
 def test_failed_write_leaves_no_trace(tmp_path):
     with pytest.raises(ValueError):
-        ckpt.save_checkpoint(object(), tmp_path, 1)  # not trackable: tf.train.Checkpoint refuses it
+        save_checkpoint(object(), tmp_path, 1)  # not trackable: tf.train.Checkpoint refuses it
     assert list(tmp_path.iterdir()) == []
 
 
 def test_rewriting_an_epoch_replaces_it(tmp_path):
     x, y = _data()
     model = _model()
-    ckpt.save_checkpoint(model, tmp_path, 3)
+    save_checkpoint(model, tmp_path, 3)
     model.fit(x, y, epochs=1, verbose=0)
-    again = ckpt.save_checkpoint(model, tmp_path, 3)
+    again = save_checkpoint(model, tmp_path, 3)
     fresh = _model(5)
-    ckpt.restore_checkpoint(fresh, again)
+    restore_checkpoint(fresh, again)
     assert _same(fresh.get_weights(), model.get_weights())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-00003"]
 
@@ -107,23 +120,23 @@ def test_rewriting_an_epoch_replaces_it(tmp_path):
 def test_callback_writes_on_rank0_only_every_n_epochs_and_prunes(tmp_path):
     x, y = _data()
     rank1_dir, rank0_dir = tmp_path / "r1", tmp_path / "r0"
-    _model().fit(x, y, epochs=3, verbose=0, callbacks=[ckpt.checkpoint_callback(rank1_dir, rank=1)])
+    _model().fit(x, y, epochs=3, verbose=0, callbacks=[checkpoint_callback(rank1_dir, rank=1)])
     assert not rank1_dir.exists()
-    callback = ckpt.checkpoint_callback(rank0_dir, rank=0, keep=2, every=2)
+    callback = checkpoint_callback(rank0_dir, rank=0, keep=2, every=2)
     _model().fit(x, y, epochs=7, verbose=0, callbacks=[callback])
-    assert [c.epoch for c in ckpt.list_checkpoints(rank0_dir)] == [4, 6]
+    assert [c.epoch for c in list_checkpoints(rank0_dir)] == [4, 6]
     with pytest.raises(ValueError, match="every"):
-        ckpt.checkpoint_callback(rank0_dir, rank=0, every=0)
+        checkpoint_callback(rank0_dir, rank=0, every=0)
 
 
 def test_resume_restores_at_train_begin_and_clears_crashed_writes(tmp_path):
     x, y = _data()
     first = _model(0)
-    first.fit(x, y, epochs=2, verbose=0, callbacks=[ckpt.checkpoint_callback(tmp_path, rank=0)])
+    first.fit(x, y, epochs=2, verbose=0, callbacks=[checkpoint_callback(tmp_path, rank=0)])
     (tmp_path / ".tmp-epoch-00003-crashed").mkdir()
-    initial_epoch, found = ckpt.resume_point(tmp_path, rank=0)
+    initial_epoch, found = resume_point(tmp_path, rank=0)
     assert (initial_epoch, found.epoch) == (2, 2)
-    assert ckpt.resume_point(tmp_path, rank=1) == (0, None)  # no Horovod: other ranks never read
+    assert resume_point(tmp_path, rank=1) == (0, None)  # no Horovod: other ranks never read
 
     import tensorflow as tf
 
@@ -137,10 +150,10 @@ def test_resume_restores_at_train_begin_and_clears_crashed_writes(tmp_path):
         def on_epoch_begin(self, epoch, logs=None):
             seen.append(epoch)
 
-    callback = ckpt.checkpoint_callback(tmp_path, rank=0, resume_from=found)
+    callback = checkpoint_callback(tmp_path, rank=0, resume_from=found)
     second.fit(x, y, epochs=3, initial_epoch=initial_epoch, verbose=0, callbacks=[callback, Look()])
     assert seen == [True, 2]
-    assert [c.epoch for c in ckpt.list_checkpoints(tmp_path)] == [1, 2, 3]
+    assert [c.epoch for c in list_checkpoints(tmp_path)] == [1, 2, 3]
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())
 
 
@@ -148,16 +161,16 @@ def test_crash_mid_swap_puts_the_old_copy_back(tmp_path):
     """A writer that died after moving epoch-N aside and before renaming the new one in leaves only
     ``.old-epoch-N-*/epoch-N``: the clean-up restores it instead of deleting the only copy."""
     model = _model()
-    ckpt.save_checkpoint(model, tmp_path, 3)
+    save_checkpoint(model, tmp_path, 3)
     aside = tmp_path / ".old-epoch-00003-crashed"
     aside.mkdir()
     (tmp_path / "epoch-00003").rename(aside / "epoch-00003")
     (tmp_path / ".tmp-epoch-00003-halfwritten").mkdir()  # the new copy never finished
-    ckpt.remove_stale_temporaries(tmp_path)
+    remove_stale_temporaries(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-00003"]
-    found = ckpt.latest_checkpoint(tmp_path)
+    found = latest_checkpoint(tmp_path)
     fresh = _model(7)
-    ckpt.restore_checkpoint(fresh, found)
+    restore_checkpoint(fresh, found)
     assert found.epoch == 3 and _same(fresh.get_weights(), model.get_weights())
 
 
@@ -174,13 +187,13 @@ def test_the_rename_is_fsynced_in_the_checkpoint_directory(tmp_path, monkeypatch
         fsync(fd)
 
     monkeypatch.setattr(os, "fsync", recording_fsync)
-    ckpt.save_checkpoint(_model(), tmp_path, 1)
+    save_checkpoint(_model(), tmp_path, 1)
     assert (str(tmp_path), True) in synced  # the directory, after the rename
     names = [os.path.basename(path) for path, _ in synced]
     assert any(n.startswith(".tmp-epoch-00001-") for n in names)  # the files' names in the temporary one
     assert {"ckpt.index", "meta.json"} <= set(names)  # the files themselves, as before
     synced.clear()
-    ckpt.save_checkpoint(_model(), tmp_path, 1)  # the same epoch again: swapped in, then synced
+    save_checkpoint(_model(), tmp_path, 1)  # the same epoch again: swapped in, then synced
     assert synced[-1] == (str(tmp_path), True)
 
 
@@ -188,7 +201,7 @@ def _saved_after_training(directory):
     x, y = _data()
     model = _model(0)
     model.fit(x, y, epochs=1, batch_size=8, verbose=0)
-    return ckpt.save_checkpoint(model, directory, 1)
+    return save_checkpoint(model, directory, 1)
 
 
 @pytest.mark.parametrize(
@@ -198,8 +211,8 @@ def _saved_after_training(directory):
 )
 def test_a_checkpoint_of_another_model_is_refused_at_restore_naming_it(tmp_path, units, problem):
     saved = _saved_after_training(tmp_path)
-    with pytest.raises(ckpt.CheckpointMismatchError) as refused:
-        ckpt.restore_checkpoint(_model(1, units), saved)
+    with pytest.raises(CheckpointMismatchError) as refused:
+        restore_checkpoint(_model(1, units), saved)
     message = str(refused.value)
     assert f"checkpoint {saved.path} (epoch 1) does not match this model and optimizer" in message
     assert problem in message and "fresh checkpoint location" in message
@@ -211,8 +224,8 @@ def test_a_checkpoint_with_more_than_the_model_fails_after_the_first_step_of_the
     saved = _saved_after_training(tmp_path)
     x, y = _data()
     smaller = _model(1, units=(2,))  # the checkpoint's second layer has nowhere to go
-    callback = ckpt.checkpoint_callback(tmp_path, rank=0, resume_from=saved)
-    with pytest.raises(ckpt.CheckpointMismatchError, match=r"epoch-00001 \(epoch 1\) does not match.*"
+    callback = checkpoint_callback(tmp_path, rank=0, resume_from=saved)
+    with pytest.raises(CheckpointMismatchError, match=r"epoch-00001 \(epoch 1\) does not match.*"
                        r"Unresolved object in checkpoint"):  # fmt: skip
         smaller.fit(x, y, epochs=2, initial_epoch=1, batch_size=8, verbose=0, callbacks=[callback])
     assert int(smaller.optimizer.iterations.numpy()) == 4 + 1  # the checkpoint's 4 steps, then one more
@@ -222,17 +235,17 @@ def test_step_checkpoints_order_after_their_epoch_and_resume_with_the_step(tmp_p
     x, y = _data()
     model = _model(0)
     model.fit(x, y, epochs=1, batch_size=8, verbose=0)
-    ckpt.save_checkpoint(model, tmp_path, 1, keep=None)
-    stop = ckpt.save_checkpoint(
+    save_checkpoint(model, tmp_path, 1, keep=None)
+    stop = save_checkpoint(
         model, tmp_path, 1, step=7, keep=None, extra={"stopped": True, "records_consumed": [56, 56]}
     )
     assert stop.path.name == "epoch-00001-step-000007"
-    found = ckpt.list_checkpoints(tmp_path)
+    found = list_checkpoints(tmp_path)
     assert [c.position for c in found] == [(1, 0), (1, 7)]
     assert found[-1].meta["records_consumed"] == [56, 56] and found[-1].meta["stopped"] is True
-    assert ckpt.resume_position(tmp_path, rank=0) == ((1, 7), found[-1])
-    assert ckpt.resume_point(tmp_path, rank=0) == (1, found[-1])
-    ckpt.save_checkpoint(model, tmp_path, 2, keep=2)  # the epoch's end outranks its steps; pruned to 2
-    assert [c.position for c in ckpt.list_checkpoints(tmp_path)] == [(1, 7), (2, 0)]
+    assert resume_position(tmp_path, rank=0) == ((1, 7), found[-1])
+    assert resume_point(tmp_path, rank=0) == (1, found[-1])
+    save_checkpoint(model, tmp_path, 2, keep=2)  # the epoch's end outranks its steps; pruned to 2
+    assert [c.position for c in list_checkpoints(tmp_path)] == [(1, 7), (2, 0)]
     (tmp_path / "epoch-00002-step-000003").mkdir()  # no meta.json: never resumed from
-    assert ckpt.latest_checkpoint(tmp_path).position == (2, 0)
+    assert latest_checkpoint(tmp_path).position == (2, 0)

@@ -38,7 +38,7 @@ def seed_checkpoint(root: Path) -> dict[str, np.ndarray]:
     import tensorflow as tf
     from helpers.horovod_job import load_example
 
-    from sagemaker_dist.runtime.checkpoints import save_checkpoint
+    from sagemaker_dist.runtime.keras.checkpoints import save_checkpoint
 
     model = load_example().build_model()
     model.compile(tf.keras.optimizers.legacy.SGD(0.01, momentum=0.9), loss="mse")
@@ -196,7 +196,7 @@ def test_metrics_averaged_so_every_rank_logs_the_same(job):
 
 
 def test_checkpoints_written_by_rank0_only_and_atomically(job):
-    from sagemaker_dist.runtime.checkpoints import list_checkpoints
+    from sagemaker_dist.runtime.checkpoint_format import list_checkpoints
 
     directory = job["root"] / "checkpoints"
     complete = list_checkpoints(directory)

@@ -1,4 +1,4 @@
-"""The pure parts of stops (runtime/keras/stop.py): SIGTERM becomes a request, the watchdog, the
+"""The pure parts of stops (runtime/stop.py): SIGTERM becomes a request, the watchdog, the
 one-time resume skip and the step-checkpoint schedule. One process, a real SIGTERM to itself."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 import signal
 import time
 
-from sagemaker_dist.runtime.keras.stop import ResumeSkip, StepSchedule, StopRequest, TrainingStopped
+from sagemaker_dist.runtime.stop import ResumeSkip, StepSchedule, StopRequest, TrainingStopped
 
 
 def test_sigterm_becomes_a_request_and_the_handler_goes_back():

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from helpers.stop_jobs import feed_epochs, write_config
 
-from sagemaker_dist.runtime.checkpoints import list_checkpoints
+from sagemaker_dist.runtime.checkpoint_format import list_checkpoints
 
 REPO = Path(__file__).resolve().parents[2]
 WORLD, EPOCHS, BATCH, PER_RANK = 2, 3, 4, 64  # 16 steps an epoch

@@ -24,7 +24,7 @@ from sagemaker_dist.runtime.framing.stream import frame_views
 
 _NATIVE_API = 1
 try:  # the compiled reader (setup.py builds it where it can); StreamFill falls back to Python without it
-    from sagemaker_dist.runtime.framing import _record_reader as _native
+    import sagemaker_dist.runtime.framing._record_reader as _native
 except ImportError:  # pragma: no cover - depends on the install
     _native = None
 if _native is not None and getattr(_native, "API", 0) != _NATIVE_API:  # pragma: no cover - a stale build

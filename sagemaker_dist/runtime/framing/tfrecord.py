@@ -27,7 +27,7 @@ from sagemaker_dist.runtime.framing.base import (
 
 _NATIVE_API = 2  # scan() takes the record length limit (a build from before it is not used)
 try:  # the compiled scan (setup.py builds it where it can); the numpy path below is the same contract
-    from sagemaker_dist.runtime.framing import _tfrecord_scan as _native
+    import sagemaker_dist.runtime.framing._tfrecord_scan as _native
 except ImportError:  # pragma: no cover - depends on the install
     _native = None
 if _native is not None and getattr(_native, "API", 1) != _NATIVE_API:  # pragma: no cover - a stale build

@@ -7,20 +7,18 @@
 3. Horovod's ``BroadcastGlobalVariablesCallback`` (optimizer slots) and ``MetricAverageCallback``
    (train and ``val_*`` metrics averaged over ranks: horovod#600);
 4. learning-rate warm-up;
-5. rank 0's TensorBoard logging and its sync to S3 (``TensorBoardSyncCallback``).
+5. rank 0's TensorBoard logging and its sync to S3 (``tensorboard_callback.TensorBoardSyncCallback``).
 
 ``MetricLine`` (after the averaging, so it prints every rank's mean) prints the chief's one
 machine-readable line per epoch that tuning jobs read (``contract/metric_line.py``).
 
 This module imports TensorFlow when loaded (its classes subclass ``tf.keras.callbacks.Callback``), so
-only ``setup()`` loads it, after the Keras 2 check, and the factories that return one of its callbacks
-(``checkpoints.checkpoint_callback``, ``TensorBoardSyncer.keras_callback``); Horovod is imported where
-it is used.
+only ``setup()`` loads it, after the Keras 2 check, and ``checkpoint_callback``, which returns one of
+its callbacks; Horovod is imported where it is used.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from pathlib import Path
@@ -29,10 +27,15 @@ import tensorflow as tf
 
 from sagemaker_dist.contract.metric_line import metric_line
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.runtime import checkpoints as ckpt
+from sagemaker_dist.runtime.checkpoint_format import Checkpoint, remove_stale_temporaries
+from sagemaker_dist.runtime.keras.checkpoints import (
+    Restored,
+    restore_checkpoint,
+    save_checkpoint,
+    writing_dir,
+)
+from sagemaker_dist.runtime.keras.tensorboard_callback import TensorBoardSyncCallback
 from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
-
-log = logging.getLogger(__name__)
 
 
 class KerasPatchesWhileFitting(tf.keras.callbacks.Callback):
@@ -61,7 +64,7 @@ class RankZeroCheckpoint(tf.keras.callbacks.Callback):
         directory: str | os.PathLike,
         *,
         rank: int,
-        resume_from: ckpt.Checkpoint | None = None,
+        resume_from: Checkpoint | None = None,
         keep: int | None = 3,
         every: int = 1,
     ):
@@ -74,23 +77,36 @@ class RankZeroCheckpoint(tf.keras.callbacks.Callback):
         self.keep = keep
         self.every = every
         self.saved: list[int] = []
-        self.restored: ckpt.Restored | None = None  # until its first step has made every variable
+        self.restored: Restored | None = None  # until its first step has made every variable
         self._supports_tf_logs = True  # its batch hook reads no logs: Keras need not convert them
 
     def on_train_begin(self, logs=None):
         if self.rank != 0:
             return
-        ckpt.remove_stale_temporaries(self.directory)
+        remove_stale_temporaries(self.directory)
         if self.resume_from is not None:
-            self.restored = ckpt.restore_checkpoint(self.model, self.resume_from)
+            self.restored = restore_checkpoint(self.model, self.resume_from)
 
     def on_train_batch_end(self, batch, logs=None):
         _check_restore_complete(self)
 
     def on_epoch_end(self, epoch, logs=None):
         if self.rank == 0 and (epoch + 1) % self.every == 0:
-            ckpt.save_checkpoint(self.model, self.directory, epoch + 1, keep=self.keep, rank=self.rank)
+            save_checkpoint(self.model, self.directory, epoch + 1, keep=self.keep, rank=self.rank)
             self.saved.append(epoch + 1)
+
+
+def checkpoint_callback(
+    directory: str | os.PathLike,
+    *,
+    rank: int,
+    resume_from: Checkpoint | None = None,
+    keep: int | None = 3,
+    every: int = 1,
+) -> RankZeroCheckpoint:
+    """A Keras callback that restores ``resume_from`` at train begin and saves every ``every`` epochs,
+    on rank 0 only (on other ranks it does nothing): a ``RankZeroCheckpoint``."""
+    return RankZeroCheckpoint(directory, rank=rank, resume_from=resume_from, keep=keep, every=every)
 
 
 class WorkerCheckpoint(tf.keras.callbacks.Callback):
@@ -105,12 +121,12 @@ class WorkerCheckpoint(tf.keras.callbacks.Callback):
         self.directory, self.chief, self.resume_from = Path(directory), chief, resume_from
         self.keep, self.every = keep, every
         self.saved: list[int] = []
-        self.restored: ckpt.Restored | None = None
+        self.restored: Restored | None = None
         self._supports_tf_logs = True
 
     def on_train_begin(self, logs=None):
         if self.resume_from is not None:
-            self.restored = ckpt.restore_checkpoint(self.model, self.resume_from)
+            self.restored = restore_checkpoint(self.model, self.resume_from)
 
     def on_train_batch_end(self, batch, logs=None):
         _check_restore_complete(self)
@@ -118,8 +134,8 @@ class WorkerCheckpoint(tf.keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every:
             return
-        with ckpt.writing_dir(self.chief, self.directory) as where:
-            ckpt.save_checkpoint(self.model, where, epoch + 1, keep=self.keep, rank=0 if self.chief else -1)
+        with writing_dir(self.chief, self.directory) as where:
+            save_checkpoint(self.model, where, epoch + 1, keep=self.keep, rank=0 if self.chief else -1)
         if self.chief:
             self.saved.append(epoch + 1)
 
@@ -130,33 +146,6 @@ def _check_restore_complete(callback) -> None:
     if callback.restored is not None:
         restored, callback.restored = callback.restored, None
         restored.assert_complete()
-
-
-class TensorBoardSyncCallback(tf.keras.callbacks.Callback):
-    """Ask ``syncer`` for an upload at each epoch end and stop it (final flush) at train end. Flushes
-    ``tensorboard``'s summary writers first: Keras flushes them only at train end, so without this the
-    epoch scalars would reach S3 only then."""
-
-    def __init__(self, syncer: TensorBoardSyncer, tensorboard=None):
-        super().__init__()
-        self.syncer = syncer
-        self.tensorboard = tensorboard
-
-    def on_epoch_end(self, epoch, logs=None):
-        self._flush_writers()
-        self.syncer.sync_now()
-
-    def on_train_end(self, logs=None):
-        self._flush_writers()
-        self.syncer.stop()
-
-    def _flush_writers(self) -> None:
-        writers = getattr(self.tensorboard, "_writers", None) or {}
-        for writer in list(writers.values()):
-            try:
-                writer.flush()
-            except Exception as exc:  # a flush problem must not stop training
-                log.debug("could not flush TensorBoard writer: %s", exc)
 
 
 class MetricLine(tf.keras.callbacks.Callback):
@@ -200,7 +189,7 @@ def horovod_callbacks(
     *,
     rank: int,
     checkpoint_dir,
-    resume_from: ckpt.Checkpoint | None,
+    resume_from: Checkpoint | None,
     keep: int | None,
     every: int,
     warmup_epochs: float,

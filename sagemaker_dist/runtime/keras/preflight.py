@@ -14,6 +14,7 @@ from sagemaker_dist.contract.layout import HOROVOD, TF_MWMS
 from sagemaker_dist.contract.rank_slots import RANK_VARIABLES, TF_CONFIG
 from sagemaker_dist.runtime.config import ContainerConfig
 from sagemaker_dist.runtime.keras.errors import TrainingSetupError
+from sagemaker_dist.runtime.keras.horovod_world import HorovodRankInfo
 from sagemaker_dist.runtime.keras.patches import _tf_keras_version, check_keras_release
 from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo, check_rank_channels
 
@@ -51,7 +52,7 @@ def check_channels_before_collectives(root=None, *, validation: bool = False) ->
     config = ContainerConfig.load(root)
     if config.layout is None:
         return
-    info = RankInfo.detect()
+    info = HorovodRankInfo.detect()
     modes = ("Pipe", "File")  # File mode: every rank reads the channel's files itself
     check_rank_channels(config, info, role="train", input_modes=modes)
     if validation:
@@ -62,7 +63,7 @@ def launched_world() -> RankInfo | None:
     """This process's rank and world size as the launcher set them (Horovod not started yet), so
     checks that depend on the number of ranks can run before ``hvd.init()``; None if they are unclear."""
     try:
-        return RankInfo.detect()
+        return HorovodRankInfo.detect()
     except RankChannelError:  # odd launcher variables: Horovod's own numbers decide after init
         return None
 

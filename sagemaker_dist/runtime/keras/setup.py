@@ -18,10 +18,12 @@ from typing import Any
 
 from sagemaker_dist.contract.layout import HOROVOD
 from sagemaker_dist.contract.stop_lines import resumed_line
-from sagemaker_dist.runtime import checkpoints as ckpt
+from sagemaker_dist.runtime.checkpoint_format import Checkpoint, checkpoint_dir
 from sagemaker_dist.runtime.keras.agreement import AGREED, EpochReports, agreed_epoch
 from sagemaker_dist.runtime.keras.arguments import SetupArguments, check_arguments, check_world
+from sagemaker_dist.runtime.keras.checkpoints import resume_position
 from sagemaker_dist.runtime.keras.gpu import pin_gpu
+from sagemaker_dist.runtime.keras.horovod_world import check_initialised_horovod
 from sagemaker_dist.runtime.keras.optimizer import build_scaled_optimizer
 from sagemaker_dist.runtime.keras.patches import FitWindow
 from sagemaker_dist.runtime.keras.preflight import (
@@ -31,9 +33,8 @@ from sagemaker_dist.runtime.keras.preflight import (
     launched_world,
 )
 from sagemaker_dist.runtime.keras.steps import agree_on_steps, exact_epoch, skip_first_batches
-from sagemaker_dist.runtime.keras.stop import ResumeSkip, StepSchedule, StopRequest
 from sagemaker_dist.runtime.keras.surface import FitSurface
-from sagemaker_dist.runtime.ranks import check_initialised_horovod
+from sagemaker_dist.runtime.stop import ResumeSkip, StepSchedule, StopRequest
 from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class HorovodKeras(FitSurface):
     train_counts: list[int] | None = None  # records in each rank's train shard (allgathered)
     validation_counts: list[int] | None = None
     checkpoint_dir: Path | None = None
-    resume_from: ckpt.Checkpoint | None = None
+    resume_from: Checkpoint | None = None
     tensorboard_syncer: TensorBoardSyncer | None = None
     gpu: str | None = None
     hvd: Any = field(default=None, repr=False)  # horovod.tensorflow, for the per-step agreement
@@ -188,9 +189,9 @@ def _start(args: SetupArguments) -> HorovodKeras:
     steps, train_counts = agree_on_steps(records, args.batch_size, "train", hvd)
     val_steps, val_counts = agree_on_steps(val_records, args.batch_size, "validation", hvd)
 
-    ckpt_dir = ckpt.checkpoint_dir(args.root) if args.checkpoints else None
+    ckpt_dir = checkpoint_dir(args.root) if args.checkpoints else None
     (initial_epoch, resume_step), resume_from = (
-        ckpt.resume_position(ckpt_dir, rank=rank) if ckpt_dir is not None else ((0, 0), None)
+        resume_position(ckpt_dir, rank=rank) if ckpt_dir is not None else ((0, 0), None)
     )
     stop = StopRequest(rank, args.stop_grace).install() if args.stop_on_sigterm else None
     window = FitWindow()
@@ -253,8 +254,8 @@ def _stop_callback(args, stop, rank, ckpt_dir, resume_step, resume_from, tensorb
     (``stop_on_sigterm=False``). TensorBoard's final flush is its last act on a stop. Epochs without
     record counts carry the stop in their per-step agreement; counted epochs (``steps``) have none,
     so the ranks agree after each step in an allreduce of the callback's own."""
-    from sagemaker_dist.runtime.keras.callbacks import TensorBoardSyncCallback
     from sagemaker_dist.runtime.keras.stop_callback import StopAtAgreedStep, StopAtCountedStep
+    from sagemaker_dist.runtime.keras.tensorboard_callback import TensorBoardSyncCallback
 
     sync = [c for c in tensorboard if isinstance(c, TensorBoardSyncCallback)]
     flush = (

@@ -10,8 +10,8 @@ import time
 import tensorflow as tf
 
 from sagemaker_dist.contract.stop_lines import since_request, stopped_line
-from sagemaker_dist.runtime import checkpoints as ckpt
-from sagemaker_dist.runtime.keras.stop import StepSchedule, StopRequest, TrainingStopped
+from sagemaker_dist.runtime.keras.checkpoints import save_checkpoint, writing_dir
+from sagemaker_dist.runtime.stop import StepSchedule, StopRequest, TrainingStopped
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class StopAtAgreedStep(tf.keras.callbacks.Callback):
         """Rank 0's checkpoint of this step (Horovod: the others get its weights by broadcast)."""
         if self.rank != 0 or self.directory is None:
             return None
-        return ckpt.save_checkpoint(
+        return save_checkpoint(
             self.model, self.directory, self._epoch, keep=self.keep, step=step, extra=extra
         )
 
@@ -169,8 +169,8 @@ class StopOnEveryWorker(StopAgreedEachStep):
     def _write(self, step: int, extra: dict | None = None):
         if self.directory is None:
             return None
-        with ckpt.writing_dir(self.chief, self.directory) as where:
-            saved = ckpt.save_checkpoint(
+        with writing_dir(self.chief, self.directory) as where:
+            saved = save_checkpoint(
                 self.model,
                 where,
                 self._epoch,

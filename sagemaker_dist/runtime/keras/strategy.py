@@ -17,7 +17,12 @@ from typing import Any
 
 from sagemaker_dist.contract.layout import TF_MWMS
 from sagemaker_dist.contract.stop_lines import resumed_line
-from sagemaker_dist.runtime import checkpoints as ckpt
+from sagemaker_dist.runtime.checkpoint_format import (
+    Checkpoint,
+    checkpoint_dir,
+    list_checkpoints,
+    remove_stale_temporaries,
+)
 from sagemaker_dist.runtime.keras.agreement import AGREED
 from sagemaker_dist.runtime.keras.arguments import SetupArguments, check_arguments
 from sagemaker_dist.runtime.keras.errors import TrainingSetupError
@@ -29,8 +34,8 @@ from sagemaker_dist.runtime.keras.preflight import (
     check_tf_keras_release,
 )
 from sagemaker_dist.runtime.keras.steps import skip_first_batches
-from sagemaker_dist.runtime.keras.stop import ResumeSkip, StepSchedule, StopRequest
 from sagemaker_dist.runtime.keras.surface import FitSurface
+from sagemaker_dist.runtime.stop import ResumeSkip, StepSchedule, StopRequest
 from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
 
 log = logging.getLogger(__name__)
@@ -51,7 +56,7 @@ class StrategyKeras(FitSurface):
     callbacks: list = field(default_factory=list)
     initial_epoch: int = 0
     checkpoint_dir: Any = None
-    resume_from: ckpt.Checkpoint | None = None
+    resume_from: Checkpoint | None = None
     tensorboard_syncer: TensorBoardSyncer | None = None
     local_rank: int = 0
     local_size: int = 1
@@ -191,7 +196,7 @@ def _start(args: SetupArguments) -> StrategyKeras:
     replicas = int(strategy.num_replicas_in_sync)
     with strategy.scope():
         opt, base_lr, scaled_lr = build_scaled_optimizer(args.optimizer, replicas, args.learning_rate)
-    ckpt_dir = ckpt.checkpoint_dir(args.root) if args.checkpoints else None
+    ckpt_dir = checkpoint_dir(args.root) if args.checkpoints else None
     (initial_epoch, resume_step), resume_from = (
         _agreed_resume_point(strategy, ckpt_dir) if ckpt_dir else ((0, 0), None)
     )
@@ -249,8 +254,8 @@ def _start(args: SetupArguments) -> StrategyKeras:
 
 def _stop_callback(args, stop, strategy, size, rank, ckpt_dir, resume_step, tensorboard):
     """The workers' per-step agreement on a stop and on step checkpoints (``stop_callback.py``)."""
-    from sagemaker_dist.runtime.keras.callbacks import TensorBoardSyncCallback
     from sagemaker_dist.runtime.keras.stop_callback import StopOnEveryWorker
+    from sagemaker_dist.runtime.keras.tensorboard_callback import TensorBoardSyncCallback
 
     sync = [c for c in tensorboard if isinstance(c, TensorBoardSyncCallback)]
     return StopOnEveryWorker(
@@ -282,13 +287,13 @@ def _any_worker(strategy):
 _POSITION = 10**9  # (epoch, step) as one int64, for the workers' min
 
 
-def _agreed_resume_point(strategy, directory) -> tuple[tuple[int, int], ckpt.Checkpoint | None]:
+def _agreed_resume_point(strategy, directory) -> tuple[tuple[int, int], Checkpoint | None]:
     """The newest (epoch, step) every worker holds a complete checkpoint of (SageMaker restores the
     checkpoint prefix onto every host): each worker's newest, gathered, and the smallest taken."""
     import tensorflow as tf
 
-    ckpt.remove_stale_temporaries(directory)
-    found = ckpt.list_checkpoints(directory)
+    remove_stale_temporaries(directory)
+    found = list_checkpoints(directory)
     newest = found[-1].epoch * _POSITION + found[-1].step if found else 0
     if int(strategy.num_replicas_in_sync) > 1:
         mine = strategy.experimental_distribute_values_from_function(

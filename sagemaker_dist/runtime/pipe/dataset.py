@@ -130,13 +130,14 @@ def rank_dataset(
     """
     # Imported here: a plain PipeModeDataset does not need them, and its start-up is timed.
     from sagemaker_dist.runtime.config import ContainerConfig
-    from sagemaker_dist.runtime.ranks import RankInfo, check_rank_channels
+    from sagemaker_dist.runtime.keras.horovod_world import HorovodRankInfo as RankInfo
+    from sagemaker_dist.runtime.ranks import check_rank_channels
 
     config = ContainerConfig.load(root)
     info = rank_info or RankInfo.detect()
     channel = check_rank_channels(config, info, role, input_modes=("Pipe", "File"))
     if config.input_mode(channel) == "File":
-        from sagemaker_dist.runtime.file_dataset import file_channel_dataset
+        from sagemaker_dist.runtime.keras.file_dataset import file_channel_dataset
 
         return file_channel_dataset(config.data_dir / channel, record_format, channel, **kwargs)
     wrapper = config.record_wrapper(channel)

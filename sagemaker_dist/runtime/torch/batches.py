@@ -23,7 +23,7 @@ from typing import Any
 
 from sagemaker_dist.contract.paths import fifo_name
 from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT, FifoReader
-from sagemaker_dist.runtime.file_dataset import FileChannelError, channel_files
+from sagemaker_dist.runtime.file_channel import FileChannelError, channel_files
 from sagemaker_dist.runtime.framing import DEFAULT_CHUNK, frame_views, make_framer
 from sagemaker_dist.runtime.pipe.epochs import next_epoch_fifo
 from sagemaker_dist.runtime.pipe.reader import read_ahead

@@ -3,44 +3,31 @@
 A checkpoint is ``<root>/checkpoints/epoch-NNNNN`` (after NNNNN whole epochs) or
 ``epoch-NNNNN-step-SSSSSS`` (inside epoch NNNNN after SSSSSS steps: a stop), holding ``state.pt``
 (model, optimizer, scheduler, what the script adds) and ``meta.json`` listing every file and its
-size (``runtime.checkpoints``: the same names, the same completeness rule). It is written under a
-``.tmp-*`` name, fsynced and renamed into place: a crash or a half-synced S3 copy never looks
-complete. Only rank 0 writes. At start every rank calls ``restore_torch_checkpoint``: rank 0 loads
-the newest complete checkpoint, and every rank gets its position, the optimizer's and scheduler's
-state (one object broadcast) and the model's tensors (a broadcast each). A checkpoint of another
-model fails on every rank (``CheckpointMismatchError``), never half-loaded.
+size (``runtime/checkpoint_format.py``: the same names, the same completeness rule, the same atomic
+write). It is written under a ``.tmp-*`` name, fsynced and renamed into place: a crash or a
+half-synced S3 copy never looks complete. Only rank 0 writes. At start every rank calls
+``restore_torch_checkpoint``: rank 0 loads the newest complete checkpoint, and every rank gets its
+position, the optimizer's and scheduler's state (one object broadcast) and the model's tensors (a
+broadcast each). A checkpoint of another model fails on every rank (``CheckpointMismatchError``),
+never half-loaded.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import time
-from pathlib import Path
 from typing import Any
 
-from sagemaker_dist.runtime.checkpoints import (
-    META_FILE,
+from sagemaker_dist.runtime.checkpoint_format import (
     Checkpoint,
     CheckpointMismatchError,
-    checkpoint_name,
     latest_checkpoint,
-    list_checkpoints,
     remove_stale_temporaries,
+    write_checkpoint,
 )
 
 STATE_FILE = "state.pt"
 FORMAT = "torch"
-
-
-def _fsync(path: Path) -> None:
-    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if path.is_dir() else 0)
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def unwrapped(model):
@@ -64,53 +51,21 @@ def save_torch_checkpoint(
     keep: int | None = 3,
 ) -> Checkpoint:
     """Write the checkpoint of ``epoch`` whole epochs and ``step`` steps of the next (rank 0 only),
-    atomically; keep the newest ``keep`` (None: all). Returns it."""
+    atomically (``checkpoint_format.write_checkpoint``); keep the newest ``keep`` (None: all). Returns it."""
     import torch
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    name = checkpoint_name(epoch, step)
-    final = directory / name
-    tmp = directory / f".tmp-{name}-{os.getpid()}-{time.monotonic_ns()}"
-    tmp.mkdir()
-    try:
-        state = {
-            "model": unwrapped(model).state_dict(),
-            "optimizer": optimizer.state_dict() if optimizer is not None else None,
-            "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "extra": extra or {},
-            "epoch": int(epoch),
-            "step": int(step),
-        }
-        torch.save(state, tmp / STATE_FILE)
-        _fsync(tmp / STATE_FILE)
-        meta = {
-            "format": FORMAT,
-            "epoch": int(epoch),
-            "step": int(step),
-            "files": {STATE_FILE: (tmp / STATE_FILE).stat().st_size},
-            "written_at": time.time(),
-            "extra": _jsonable(extra or {}),
-        }
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
-        _fsync(tmp / META_FILE)
-        _fsync(tmp)
-        if final.exists():  # the same position again: move the old one aside, then swap
-            aside = directory / f".old-{name}-{os.getpid()}"
-            aside.mkdir()
-            os.rename(final, aside / name)
-            os.rename(tmp, final)
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
-        _fsync(directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if keep:
-        for old in list_checkpoints(directory)[:-keep]:
-            shutil.rmtree(old.path, ignore_errors=True)
-    return Checkpoint(epoch=int(epoch), path=final, step=int(step), meta=meta)
+    state = {
+        "model": unwrapped(model).state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "extra": extra or {},
+        "epoch": int(epoch),
+        "step": int(step),
+    }
+    meta = {"format": FORMAT, "extra": _jsonable(extra or {})}
+    return write_checkpoint(
+        directory, epoch, step, lambda tmp: torch.save(state, tmp / STATE_FILE), meta, keep=keep
+    )
 
 
 def _jsonable(value: Any):

@@ -168,7 +168,7 @@ def agreed_batches(
 ) -> AgreedEpoch:
     """``batches`` (one epoch: a ``PipeBatches`` iteration, or any iterable) ended at the same step on
     every rank: the first step where some rank has no batch, or a stop (``stop``: a
-    ``keras.stop.StopRequest``-like object with ``wanted()``) that any rank asked for. Call it on
+    ``runtime.stop.StopRequest``-like object with ``wanted()``) that any rank asked for. Call it on
     every rank, the same number of times; ``group``: the process group of the agreement (the job's
     ``agreement_group``). ``skip``: batches to read and drop first (a resume inside the epoch).
     ``join``: the ``Joinable`` objects (the DDP model) to train every record with ``Join`` instead.

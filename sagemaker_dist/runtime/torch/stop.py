@@ -2,7 +2,7 @@
 
 SageMaker sends SIGTERM on a stop or a spot interruption and kills the container about 120 s later. A
 rank that just exited would leave the others waiting in their next allreduce; so SIGTERM only sets a
-flag (the framework-neutral ``keras.stop.StopRequest``, which also starts a watchdog that ends a rank
+flag (the framework-neutral ``runtime.stop.StopRequest``, which also starts a watchdog that ends a rank
 stuck in a collective before the SIGKILL), and the flag travels in the per-step agreement
 (``epochs.py``): every rank stops before the same step. Rank 0 then checkpoints the steps trained so
 far, every rank waits for it, and ``TrainingStopped`` (a ``SystemExit`` with code 0) ends each process.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from sagemaker_dist.runtime.keras.stop import DEFAULT_GRACE_S, StopRequest, TrainingStopped
+from sagemaker_dist.runtime.stop import DEFAULT_GRACE_S, StopRequest, TrainingStopped
 
 GRACE_ENV = "SAGEMAKER_DIST_STOP_GRACE"  # seconds from SIGTERM to the watchdog's forced exit
 

@@ -160,7 +160,7 @@ def test_pipe_batches_reads_one_fifo_per_epoch_and_closes_an_epoch_left_early(tm
 def test_pipe_batches_reads_a_file_channel_whole_every_epoch_in_a_stable_order(tmp_path):
     from sagemaker_dist.runtime import PipeBatches, example_decoder
     from sagemaker_dist.runtime.config import ContainerConfig
-    from sagemaker_dist.runtime.file_dataset import FileChannelError
+    from sagemaker_dist.runtime.file_channel import FileChannelError
 
     root = write_opt_ml(tmp_path / "opt_ml", {"train_0": "File"}, plan_layout(1, 1, input_mode="File"))
     channel = root / "input" / "data" / "train_0"
@@ -185,7 +185,7 @@ def test_pipe_batches_reads_a_file_channel_whole_every_epoch_in_a_stable_order(t
 
 def test_checkpoints_restore_the_newest_complete_one_and_refuse_another_model(tmp_path):
     from sagemaker_dist.runtime import restore_torch_checkpoint, save_torch_checkpoint
-    from sagemaker_dist.runtime.checkpoints import CheckpointMismatchError
+    from sagemaker_dist.runtime.checkpoint_format import CheckpointMismatchError
 
     model = torch.nn.Linear(3, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
