@@ -31,6 +31,10 @@ class PipeModeDatasetError(ConfigurationError):
     """A PipeModeDataset that cannot read its channel."""
 
 
+# AWS's name for it (``sagemaker_tensorflow.PipeModeDatasetException``): scripts that catch it keep working.
+PipeModeDatasetException = PipeModeDatasetError
+
+
 def _check_channel(config_dir: Path, channel: str) -> None:
     """Fail at once, naming the file, when ``channel`` is missing or not in Pipe mode (else the
     dataset would wait ``fifo_timeout`` for a FIFO that never comes)."""
