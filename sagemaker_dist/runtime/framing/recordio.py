@@ -66,8 +66,8 @@ class RecordIOFramer(Framer):
 
     def bad_magic(self, magic: int, pos: int) -> NotRecordIOError:
         return NotRecordIOError(
-            f"{self.format_name}: bad magic number 0x{magic:08X} (expected 0x{RECORDIO_MAGIC:08X}); the stream "
-            "is corrupt or not RecordIO (check record_format and RecordWrapperType)",
+            f"{self.format_name}: bad magic number 0x{magic:08X} (expected 0x{RECORDIO_MAGIC:08X}); "
+            "the stream is corrupt or not RecordIO (check record_format and RecordWrapperType)",
             channel=self.channel,
             epoch=self.epoch,
             offset=self.offset + pos,
