@@ -68,7 +68,9 @@ class PipeModeDataset:
     ``max_record_bytes`` is the longest record either reader accepts (default
     ``$SAGEMAKER_DIST_MAX_RECORD_BYTES``, else 2 GiB - 1): a longer one, or a length field that claims
     one, is a ``RecordFormatError`` (``DataLossError`` from the compiled reader) naming the channel,
-    epoch and byte offset, raised before anything is allocated for it.
+    epoch and byte offset, raised before anything is allocated for it. As from AWS's reader, a stream
+    that is not RecordIO is ``tf.errors.InternalError`` and ``benchmark_records_interval=N`` prints an
+    ``Iterator records`` line every N records (docs/tasks/migrating.md).
     """
 
     def __new__(
