@@ -12,6 +12,7 @@ import importlib
 _LAZY = {
     "PipeModeDataset": "sagemaker_dist.runtime.pipe.dataset",
     "PipeModeDatasetError": "sagemaker_dist.runtime.pipe.dataset",
+    "PipeModeDatasetException": "sagemaker_dist.runtime.pipe.dataset",  # AWS's name for the same class
     "rank_dataset": "sagemaker_dist.runtime.pipe.dataset",
     "ContainerConfig": "sagemaker_dist.runtime.config",
     "RankInfo": "sagemaker_dist.runtime.ranks",

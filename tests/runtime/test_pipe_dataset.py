@@ -336,6 +336,15 @@ def test_benchmark_prints_throughput(opt_ml, capfd):
     assert "PipeModeDataset train_0_0 epoch end: 100 records, 2600 bytes" in out
 
 
+def test_benchmark_records_interval_reports_without_benchmark(opt_ml, capfd):
+    """As AWS's reader: the interval's lines with or without ``benchmark``; the epoch's end only with it."""
+    feeder = feed(opt_ml, "train_0", [b"".join(encode_tfrecord(b"z" * 10) for _ in range(100))])
+    assert len(records_of(PipeModeDataset("train_0", "TFRecord", benchmark_records_interval=40))) == 100
+    feeder.join(10)
+    out = capfd.readouterr().out
+    assert "PipeModeDataset train_0_0 Iterator records: " in out and "epoch end" not in out, out
+
+
 def test_constructor_checks_like_aws(opt_ml):
     with pytest.raises(ValueError, match="'CSV' is not one of"):
         PipeModeDataset("train_0", "CSV")
@@ -513,6 +522,6 @@ def test_benchmark_reports_progress_for_large_records_too(opt_ml, capfd):
     out = capfd.readouterr().out
     import re
 
-    progress = [int(n) for n in re.findall(r"train_0_0 progress: (\d+) records", out)]
+    progress = [int(n) for n in re.findall(r"train_0_0 Iterator records: (\d+), ", out)]
     assert len(progress) >= 2 and progress[-1] >= 100, out  # reports at >= 50 and >= 100 records
     assert "PipeModeDataset train_0_0 epoch end: 120 records" in out

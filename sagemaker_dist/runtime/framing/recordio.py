@@ -17,6 +17,13 @@ from sagemaker_dist.runtime.framing.base import Framer, RecordFormatError
 _unpack_from = struct.unpack_from
 
 
+class NotRecordIOError(RecordFormatError):
+    """A frame without RecordIO's magic number: the stream is not RecordIO (or is corrupt there).
+
+    PipeModeDataset raises it as ``tf.errors.InternalError``, the class AWS's reader raises for it.
+    """
+
+
 class RecordIOFramer(Framer):
     """SageMaker/MXNet RecordIO: magic, 29-bit length + 3-bit multipart flag, payload, 4-byte padding.
 
@@ -57,11 +64,13 @@ class RecordIOFramer(Framer):
         starts = [s if s >= 0 else pos + (-1 - s) for s in starts]
         return starts, lengths, pos, extra
 
-    def bad_magic(self, magic: int, pos: int) -> RecordFormatError:
-        return self.error(
-            f"bad magic number 0x{magic:08X} (expected 0x{RECORDIO_MAGIC:08X}); the stream "
-            "is corrupt or not RecordIO (check record_format and RecordWrapperType)",
-            pos,
+    def bad_magic(self, magic: int, pos: int) -> NotRecordIOError:
+        return NotRecordIOError(
+            f"{self.format_name}: bad magic number 0x{magic:08X} (expected 0x{RECORDIO_MAGIC:08X}); "
+            "the stream is corrupt or not RecordIO (check record_format and RecordWrapperType)",
+            channel=self.channel,
+            epoch=self.epoch,
+            offset=self.offset + pos,
         )
 
     def bad_flag(self, flag: int, expect_first: bool, pos: int) -> RecordFormatError:

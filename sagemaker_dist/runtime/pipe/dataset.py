@@ -31,6 +31,10 @@ class PipeModeDatasetError(ConfigurationError):
     """A PipeModeDataset that cannot read its channel."""
 
 
+# AWS's name for it (``sagemaker_tensorflow.PipeModeDatasetException``): scripts that catch it keep working.
+PipeModeDatasetException = PipeModeDatasetError
+
+
 def _check_channel(config_dir: Path, channel: str) -> None:
     """Fail at once, naming the file, when ``channel`` is missing or not in Pipe mode (else the
     dataset would wait ``fifo_timeout`` for a FIFO that never comes)."""
@@ -64,7 +68,9 @@ class PipeModeDataset:
     ``max_record_bytes`` is the longest record either reader accepts (default
     ``$SAGEMAKER_DIST_MAX_RECORD_BYTES``, else 2 GiB - 1): a longer one, or a length field that claims
     one, is a ``RecordFormatError`` (``DataLossError`` from the compiled reader) naming the channel,
-    epoch and byte offset, raised before anything is allocated for it.
+    epoch and byte offset, raised before anything is allocated for it. As from AWS's reader, a stream
+    that is not RecordIO is ``tf.errors.InternalError`` and ``benchmark_records_interval=N`` prints an
+    ``Iterator records`` line every N records (docs/tasks/migrating.md).
     """
 
     def __new__(

@@ -130,25 +130,32 @@ class EpochReader:
         framer = make_framer(self.record_format, self.channel, epoch, self.max_skip, self.max_record_bytes)
         started = time.perf_counter()
         next_report = self.interval
+        records = 0  # handed over so far (the framer counts a chunk once it is taken)
         convert = convert or _as_is
         with FifoReader(path) as reader:
             chunks = frame_views(
                 reader.readinto, framer, self.chunk_size, ready=reader.ready, read=reader.read, group=group
             )
             for chunk in chunks:
+                records += len(chunk) if isinstance(chunk, list) else len(chunk[1])
+                # Reported before the chunk is handed over, as the compiled reader does per record:
+                # the line is out before the records it counts (with or without ``benchmark``, as AWS's).
+                if self.interval and records >= next_report:
+                    self._report(framer.epoch, records, reader, started, progress=True)
+                    next_report = records - records % self.interval + self.interval
                 yield convert(*_as_blob_or_records(chunk))
-                if self.benchmark and self.interval and framer.records >= next_report:
-                    self._report(framer, reader, started, "progress")
-                    next_report = framer.records - framer.records % self.interval + self.interval
             framer.warn_skipped()
             if self.benchmark:
-                self._report(framer, reader, started, "epoch end")
+                self._report(framer.epoch, framer.records, reader, started, progress=False)
 
-    def _report(self, framer, reader, started, what):
+    def _report(self, epoch, records, reader, started, progress: bool):
+        """``<channel>_<epoch> Iterator records: N, ...`` every ``interval`` records (the words AWS's
+        reader prints), ``<channel>_<epoch> epoch end: N records, ...`` at the end with ``benchmark``."""
         seconds = max(time.perf_counter() - started, 1e-9)
+        count = f"Iterator records: {records}" if progress else f"epoch end: {records} records"
         print(
-            f"PipeModeDataset {self.channel}_{framer.epoch} {what}: {framer.records} records, "
-            f"{reader.bytes_read} bytes in {seconds:.3f} s ({framer.records / seconds:.0f} records/s, "
+            f"PipeModeDataset {self.channel}_{epoch} {count}, "
+            f"{reader.bytes_read} bytes in {seconds:.3f} s ({records / seconds:.0f} records/s, "
             f"{reader.bytes_read / seconds / 1e6:.1f} MB/s)",
             flush=True,
         )

@@ -48,6 +48,7 @@ class Handover:
         self._chunks = None
         self._next_index = 0
         self._lock = threading.Lock()
+        self.error: BaseException | None = None  # what the current iteration's reader raised, if anything
         # The reader thread's first eager ops make their kernels (2-4 ms measured on the first chunk):
         # made here, at build, they are not on the way to the first batch.
         self._to_tensor(b"", np.zeros(1, np.int64), np.zeros(1, np.int64), [], in_thread=False)
@@ -59,6 +60,7 @@ class Handover:
     def _take(self, index: int):
         if index == 0:
             self.close()
+            self.error = None
             self._chunks = self._reader(self.group, self._to_tensor)
         elif index != self._next_index or self._chunks is None:
             raise TwoIterationsError(
@@ -73,6 +75,9 @@ class Handover:
         except StopIteration:
             self._chunks = None
             raise  # py_function turns it into OutOfRange: the end of this iteration
+        except BaseException as exc:
+            self.error = exc  # py_function turns it into InvalidArgument (a ValueError) or Unknown
+            raise
         return chunk if not isinstance(chunk, tuple) else self._to_tensor(*chunk, in_thread=False)
 
     def close(self) -> None:
@@ -123,10 +128,55 @@ def records_dataset(reader: EpochReader, batch_size: int | None, drop_remainder:
     chunks = _chunk_dataset(handover)
     if batch_size is not None:
         handover.group = batch_size
-        return _rebatch(chunks, batch_size, drop_remainder)
-    unbatched = _unbatch(chunks)
+        return _records_class()(_rebatch(chunks, batch_size, drop_remainder), handover)
+    unbatched = _records_class()(_unbatch(chunks), handover)
     unbatched.batch = _batch_from_chunks(unbatched, chunks, handover)
     return unbatched
+
+
+_classes: dict = {}
+
+
+def _records_class():
+    """The dataset class returned: the same dataset, whose own iterators raise what AWS's reader does.
+
+    A stream that is not RecordIO (``NotRecordIOError``) is ``tf.errors.InternalError`` from AWS's reader
+    and from the compiled one. An exception in ``py_function`` reaches TensorFlow as InvalidArgument (a
+    ``ValueError``) or Unknown, never Internal, so the class is set here, where the dataset is iterated
+    as returned (``iter(ds)``, ``for`` loops); the message is the reader's. Through a transformation
+    (``.map``, ``.batch``, ...) the error stays ``InvalidArgumentError``.
+    """
+    if "records" not in _classes:
+        import tensorflow as tf
+        from tensorflow.python.data.ops import dataset_ops, iterator_ops
+
+        from sagemaker_dist.runtime.framing.recordio import NotRecordIOError
+
+        class PipeRecordsIterator(iterator_ops.OwnedIterator):
+            def __init__(self, dataset, handover: Handover):
+                self._handover = handover
+                super().__init__(dataset)
+
+            def _next_internal(self):
+                try:
+                    return super()._next_internal()
+                except tf.errors.InvalidArgumentError as exc:
+                    if isinstance(self._handover.error, NotRecordIOError):
+                        raise tf.errors.InternalError(exc.node_def, exc.op, exc.message) from None
+                    raise
+
+        class PipeRecordsDataset(dataset_ops.UnaryUnchangedStructureDataset):
+            def __init__(self, dataset, handover: Handover):
+                self._handover = handover
+                super().__init__(dataset, dataset._variant_tensor)
+
+            def __iter__(self):
+                if tf.executing_eagerly():
+                    return PipeRecordsIterator(self, self._handover)
+                return super().__iter__()
+
+        _classes["records"] = PipeRecordsDataset
+    return _classes["records"]
 
 
 def _unbatch(chunks):

@@ -147,7 +147,7 @@ class PipeDataset : public DatasetBase {
 
     void Close() {
       if (!in_.is_open()) return;
-      if (c_.benchmark) Report("epoch end");
+      if (c_.benchmark) Report(false);
       if (skipped_)
         fprintf(stderr, "WARNING: channel %s, epoch %lld: skipped %lld corrupted record(s), read %lld\n",
                 Quoted(c_.channel).c_str(), (long long)epoch_, (long long)skipped_, (long long)records_);
@@ -177,9 +177,12 @@ class PipeDataset : public DatasetBase {
       return absl::OkStatus();
     }
 
-    Status Error(const std::string& message, uint64_t offset) const {
-      return absl::DataLossError(absl::StrCat("channel ", Quoted(c_.channel), ", epoch ", epoch_,
-                                              ", byte offset ", offset, ": ", c_.format, ": ", message));
+    // A framing error, named (channel, epoch, byte offset): DataLossError, or `code` where AWS's reader
+    // pins another (a stream that is not RecordIO is its InternalError).
+    Status Error(const std::string& message, uint64_t offset,
+                 absl::StatusCode code = absl::StatusCode::kDataLoss) const {
+      return Status(code, absl::StrCat("channel ", Quoted(c_.channel), ", epoch ", epoch_, ", byte offset ",
+                                       offset, ": ", c_.format, ": ", message));
     }
 
     Status Truncated(uint64_t nbytes, uint64_t frame, uint64_t at) const {
@@ -228,8 +231,8 @@ class PipeDataset : public DatasetBase {
         if (!s.ok() || *eof) return s;
         if (skipped) continue;
         ++records_;
-        if (c_.benchmark && c_.interval > 0 && records_ >= next_report_) {
-          Report("progress");
+        if (c_.interval > 0 && records_ >= next_report_) {  // with or without `benchmark`, as AWS's
+          Report(true);
           next_report_ += c_.interval;
         }
         return absl::OkStatus();
@@ -321,7 +324,7 @@ class PipeDataset : public DatasetBase {
           snprintf(text, sizeof(text), "bad magic number 0x%08X (expected 0x%08X)", magic, kRecordIOMagic);
           return Error(absl::StrCat(text, "; the stream is corrupt or not RecordIO (check record_format "
                                           "and RecordWrapperType)"),
-                       in_.offset);
+                       in_.offset, absl::StatusCode::kInternal);
         }
         if (header == SD_FRAME_BAD_FLAG)
           return Error(absl::StrCat("multipart flag ", flag, " out of sequence (",
@@ -364,12 +367,15 @@ class PipeDataset : public DatasetBase {
       }
     }
 
-    void Report(const char* what) {
+    // "<channel>_<epoch> Iterator records: N, ..." every benchmark_records_interval records (the words
+    // AWS's reader prints), "<channel>_<epoch> epoch end: N records, ..." at the end with `benchmark`.
+    void Report(bool progress) {
       double seconds = std::max(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count(), 1e-9);
-      printf("PipeModeDataset %s_%lld %s: %lld records, %lld bytes in %.3f s (%.0f records/s, %.1f MB/s)\n",
-             c_.channel.c_str(), (long long)epoch_, what, (long long)records_, (long long)in_.bytes_read,
-             seconds, records_ / seconds, in_.bytes_read / seconds / 1e6);
+      printf("PipeModeDataset %s_%lld %s%lld%s, %lld bytes in %.3f s (%.0f records/s, %.1f MB/s)\n",
+             c_.channel.c_str(), (long long)epoch_, progress ? "Iterator records: " : "epoch end: ",
+             (long long)records_, progress ? "" : " records", (long long)in_.bytes_read, seconds,
+             records_ / seconds, in_.bytes_read / seconds / 1e6);
       fflush(stdout);
     }
 
