@@ -25,10 +25,9 @@ import time
 from dataclasses import dataclass
 
 from sagemaker_dist.contract.stop_lines import RESUMED, STOPPED
+from sagemaker_dist.contract.stop_window import STOP_WINDOW_S
 from sagemaker_dist.errors import ConfigurationError, JobFailedError
 from sagemaker_dist.host.stop_forwarding import rank_processes
-
-STOP_WINDOW_S = 120.0  # SIGTERM to SIGKILL, as SageMaker gives a stopped or interrupted job
 
 
 def check_interrupts(interrupt_at: list[float], request: dict) -> None:

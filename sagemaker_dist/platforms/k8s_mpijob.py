@@ -22,10 +22,10 @@ from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract import toolkit
 from sagemaker_dist.contract.distributions import MPIJOB
 from sagemaker_dist.contract.paths import DEFAULT_ROOT
+from sagemaker_dist.contract.stop_window import STOP_WINDOW_S
 from sagemaker_dist.host.job_spec import JobSpec
 from sagemaker_dist.platforms.k8s_pods import (
     FORWARD_STOPS,
-    STOP_WINDOW_S,
     K8sJobError,
     K8sJobOptions,
     agent_container,

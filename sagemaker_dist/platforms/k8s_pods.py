@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from sagemaker_dist.aws.instances import normalize_instance_type
 from sagemaker_dist.contract import toolkit
 from sagemaker_dist.contract.paths import DEFAULT_ROOT
+from sagemaker_dist.contract.stop_window import AGENT_DRAIN_S
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.platforms.node_plan import efa_interfaces, ranks_per_node
 from sagemaker_dist.platforms.pipe_agent import READY_FILE
@@ -28,8 +29,6 @@ DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 OPT_ML_VOLUME = "opt-ml"
 SHM_VOLUME = "dshm"
 AGENT_CONTAINER = "pipe-agent"
-STOP_WINDOW_S = 120  # terminationGracePeriodSeconds: SIGTERM to SIGKILL, as SageMaker gives a stop
-AGENT_DRAIN_S = 110  # the pipe agent's life after SIGTERM: the ranks' stop checkpoint reaches S3
 FORWARD_STOPS = ["python", "-m", "sagemaker_dist.host.stop_forwarding"]  # PID 1 in front of the ranks
 NODE_INDEX_ENV = "NODE_INDEX"  # the agent's node index, from the downward API
 

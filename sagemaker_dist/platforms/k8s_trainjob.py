@@ -21,10 +21,10 @@ from __future__ import annotations
 from sagemaker_dist.contract import toolkit
 from sagemaker_dist.contract.distributions import TRAINJOB
 from sagemaker_dist.contract.paths import DEFAULT_ROOT
+from sagemaker_dist.contract.stop_window import STOP_WINDOW_S
 from sagemaker_dist.host.job_spec import JobSpec
 from sagemaker_dist.platforms.k8s_pods import (
     FORWARD_STOPS,
-    STOP_WINDOW_S,
     K8sJobError,
     K8sJobOptions,
     agent_container,

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from sagemaker_dist.contract import toolkit
 from sagemaker_dist.contract.distributions import distribution
+from sagemaker_dist.contract.stop_window import AGENT_DRAIN_S, STOP_WINDOW_S
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.host.job_spec import JobSpec
 from sagemaker_dist.platforms.node_plan import check_slurm_job
@@ -40,8 +41,6 @@ DEFAULT_ROOT_BASE = "${TMPDIR:-/tmp}/sagemaker-dist-$SLURM_JOB_ID"
 # the rendezvous port of a torchrun job: one of 10000 below Linux's ephemeral ports (32768-60999), per
 # job id, so that jobs sharing a node differ
 MASTER_PORT = "$((20000 + SLURM_JOB_ID % 10000))"
-STOP_WINDOW_S = 120  # SIGTERM to the end: SageMaker's window, before the time limit's SIGKILL
-AGENT_DRAIN_S = 110  # an agent's life after its SIGTERM, at most (the script ends it sooner)
 
 
 class SlurmJobError(ConfigurationError):
@@ -120,21 +119,10 @@ def _rendezvous(start) -> str:
     )
 
 
-def sbatch_script(request: dict, options: SlurmOptions) -> str:
-    """The sbatch script that runs ``request`` on InstanceCount nodes x processes-per-host tasks."""
-    job = JobSpec.from_request(request, toolkit_version=options.toolkit_version)
-    check_slurm_job(job, "the sbatch script")
-    entry = distribution(job.distribution)
-    start = entry.slurm
-    check_tasks(job.processes_per_host, options.gpus_per_node, entry.title)
-    nodes, tasks = job.hosts, job.processes_per_host
+def _task_commands(job: JobSpec, options: SlurmOptions, entry) -> tuple[str, str, str, str, str]:
+    """The shell words of each node's pipe agent, how it starts in its node's tree, the wait for it to be
+    ready, how a rank's task enters its tree, and the rank's command."""
     argv = toolkit.script_argv(job.hyperparameters, options.toolkit_version, {"HOME": "/root"}, None)
-    directives = _directives(
-        job, options, (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
-    )
-    per_node = f"--nodes={nodes} --ntasks={nodes} --ntasks-per-node=1"
-    exports = f"export AWS_ENDPOINT_URL={shlex.quote(options.endpoint_url)}\n" if options.endpoint_url else ""
-    exports += "export FI_PROVIDER=efa  # EFA for NCCL and Open MPI\n" if options.efa else ""
     agent = _q(
         [
             options.python,
@@ -157,11 +145,31 @@ def sbatch_script(request: dict, options: SlurmOptions) -> str:
         f'echo "node $SLURM_NODEID: its pipe agent was not ready after {options.agent_ready_seconds} s" >&2; '
         "exit 1"
     )
-    rank_variables = " ".join(f'{name}="{value}"' for name, value in entry.slurm_rank_variables(tasks))
+    rank_variables = " ".join(
+        f'{name}="{value}"' for name, value in entry.slurm_rank_variables(job.processes_per_host)
+    )
     in_tree = (  # each task: its node's tree, its rank's variables from Slurm's (the registry's)
         f'export SAGEMAKER_DIST_OPT_ML="$SD_ROOT/node-$SLURM_NODEID" {rank_variables}; '
         'cd "$SAGEMAKER_DIST_OPT_ML/code" && exec "$0" "$@"'
     )
+    return agent, agent_start, wait_ready, in_tree, ranks
+
+
+def sbatch_script(request: dict, options: SlurmOptions) -> str:
+    """The sbatch script that runs ``request`` on InstanceCount nodes x processes-per-host tasks."""
+    job = JobSpec.from_request(request, toolkit_version=options.toolkit_version)
+    check_slurm_job(job, "the sbatch script")
+    entry = distribution(job.distribution)
+    start = entry.slurm
+    check_tasks(job.processes_per_host, options.gpus_per_node, entry.title)
+    nodes, tasks = job.hosts, job.processes_per_host
+    directives = _directives(
+        job, options, (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
+    )
+    per_node = f"--nodes={nodes} --ntasks={nodes} --ntasks-per-node=1"
+    exports = f"export AWS_ENDPOINT_URL={shlex.quote(options.endpoint_url)}\n" if options.endpoint_url else ""
+    exports += "export FI_PROVIDER=efa  # EFA for NCCL and Open MPI\n" if options.efa else ""
+    agent, agent_start, wait_ready, in_tree, ranks = _task_commands(job, options, entry)
     rendezvous = _rendezvous(start)
     mpi = f" --mpi={start.mpi}" if start.mpi else ""
     failed = "the training step failed with exit code $STATUS; srun's 'task N' lines above name the rank(s)"
