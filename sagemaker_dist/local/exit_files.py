@@ -1,7 +1,7 @@
 """How a local-mode rank tells the supervisor how it ended: ``<pid_dir>/<rank>.exit``.
 
 A file of its own (not in ``rank_entry``) so the launcher can read the protocol without importing
-the module each rank runs with ``python -m`` (which made every rank warn that the module was already
+the module each rank runs with ``python -m`` (which would make every rank warn that the module is already
 in ``sys.modules``).
 """
 

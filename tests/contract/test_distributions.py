@@ -1,5 +1,5 @@
-"""The registry of distributions: each entry's rules, and the names the rest of the package used to
-branch on, now asked of it."""
+"""The registry of distributions: each entry's rules, and the names the rest of the package asks of it
+instead of branching on a distribution's name."""
 
 from __future__ import annotations
 

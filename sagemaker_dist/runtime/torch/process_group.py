@@ -166,8 +166,8 @@ class DdpJob:
 
     def close(self) -> None:
         """Leave the process group and release the channel claims (at the end of the script). Every rank
-        leaves together (a barrier first): a rank that tore its group down and exited while a peer still
-        used it (rank 0 writing the last checkpoint) was seen to abort in C++ at interpreter exit
+        leaves together (a barrier first): a rank that tears its group down and exits while a peer still
+        uses it (rank 0 writing the last checkpoint) can abort in C++ at interpreter exit
         ("terminate called without an active exception")."""
         import torch.distributed as dist
 
