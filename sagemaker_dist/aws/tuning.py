@@ -34,6 +34,8 @@ from sagemaker_dist.aws.tuning_ranges import (
     to_range,
 )
 from sagemaker_dist.contract import hyperparameters as hp
+from sagemaker_dist.contract.distributions import Distribution, distribution
+from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, ChannelLayout
 from sagemaker_dist.contract.metric_line import (
     DEFAULT_METRICS,
     MAX_METRIC_DEFINITIONS,
@@ -295,6 +297,16 @@ _DEFINITION_FIELDS = (  # CreateTrainingJob fields a HyperParameterTrainingJobDe
 )  # fmt: skip
 
 
+def _distribution(hyperparameters: Mapping) -> Distribution:
+    """The distribution a training request's layout names (none: the registry's default, as the
+    toolkit runs a request without ours)."""
+    if LAYOUT_HYPERPARAMETER not in hyperparameters:
+        return distribution(None)
+    return distribution(
+        ChannelLayout.from_json(hp.decode_one(hyperparameters, LAYOUT_HYPERPARAMETER)).distribution
+    )
+
+
 def render_tuning_request(
     training_request: Mapping, spec: TuningSpec, tuning_job_name: str
 ) -> tuple[dict, list[str]]:
@@ -307,6 +319,9 @@ def render_tuning_request(
     check_tuning_job_name(tuning_job_name)
     static = dict(training_request.get("HyperParameters") or {})
     spec.check_static(static)
+    output_path = (training_request.get("OutputDataConfig") or {}).get("S3OutputPath")
+    if _distribution(static).tuning_sets_model_dir and output_path and "model_dir" not in spec.names:
+        static.setdefault("model_dir", output_path.rstrip("/"))  # each trial's: <path>/<trial>/model
     algorithm = training_request.get("AlgorithmSpecification") or {}
     definition = {
         "StaticHyperParameters": static,

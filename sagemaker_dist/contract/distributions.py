@@ -110,6 +110,11 @@ class Distribution:
     # what local mode adds to a toolkit host's environment so that each rank's lines name the rank
     # (torchrun reads its options from PET_* variables: PET_TEE=3 is --tee 3, "[default0]:line")
     local_toolkit_env: tuple[tuple[str, str], ...] = ()
+    # the TF toolkit rewrites a tuning trial's model_dir to "<model_dir>/<job>/model"
+    # (sagemaker_tensorflow_container.training); without one that is "None/<job>/model", a relative
+    # directory the script saves into and the model never leaves. A tuning job then gets the training
+    # request's S3 output path as its model_dir, as the SageMaker SDK's TensorFlow estimator sets one
+    tuning_sets_model_dir: bool = False
 
     @property
     def default_launcher(self) -> str:
@@ -214,6 +219,7 @@ HOROVOD_ENTRY = Distribution(
     slurm=SlurmStart("pmix"),  # the runtime reads mpirun's rank variables; under srun, Slurm's say the same
     kubernetes=MPIJOB,
     keras_helper="sagemaker_dist.runtime.horovod_keras",
+    tuning_sets_model_dir=True,
 )
 TF_MWMS_ENTRY = Distribution(
     name="tf-mwms",
@@ -231,6 +237,7 @@ TF_MWMS_ENTRY = Distribution(
     slurm=None,  # one worker per host with TF_CONFIG: not written for Slurm
     kubernetes=None,  # one worker per host with TF_CONFIG: not written for Kubernetes
     keras_helper="sagemaker_dist.runtime.mwms_keras",
+    tuning_sets_model_dir=True,
 )
 TORCHRUN_ENTRY = Distribution(
     name="torchrun",

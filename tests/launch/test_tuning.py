@@ -166,7 +166,11 @@ def test_tuning_request_is_built_from_the_training_request(tmp_path):
     definition = request["TrainingJobDefinition"]
     # the same channels and manifests, the same static hyperparameters (MPI settings and layout included)
     assert definition["InputDataConfig"] == training["InputDataConfig"]
-    assert definition["StaticHyperParameters"] == training["HyperParameters"]
+    # plus the TF toolkit's model_dir: a trial's becomes <output path>/<trial>/model (see below)
+    assert definition["StaticHyperParameters"] == {
+        **training["HyperParameters"],
+        "model_dir": "s3://out-bucket/jobs",
+    }
     for key in ("RoleArn", "OutputDataConfig", "ResourceConfig", "StoppingCondition"):
         assert definition[key] == training[key]
     assert definition["AlgorithmSpecification"]["TrainingImage"] == IMAGE
@@ -190,6 +194,29 @@ def test_tuning_request_is_built_from_the_training_request(tmp_path):
     assert trial["HyperParameters"]["learning_rate"] == "0.001"
     assert trial["HyperParameters"][TUNING_OBJECTIVE_HYPERPARAMETER] == "val_accuracy"
     assert trial["InputDataConfig"] == training["InputDataConfig"]
+
+
+@pytest.mark.parametrize("distribution", ["horovod", "tf-mwms", "torchrun"])
+def test_a_tensorflow_trial_gets_a_model_dir_the_toolkit_can_extend(tmp_path, distribution):
+    """AWS's TF toolkit sets a tuning trial's model_dir to "<model_dir>/<job>/model"; with none it is
+    "None/<job>/model", a relative directory the model is saved into and never leaves. A TF job's tuning
+    definition carries the output path as model_dir (one the user sets is kept); PyTorch's reads none."""
+    est = estimator(
+        tmp_path, distribution=distribution, processes_per_host=1 if distribution == "tf-mwms" else 2
+    )
+    inputs = {"train": "s3://data/train/", "validation": "s3://data/val/"}
+    training = est.draft_request(inputs, job_name="tune-1")
+    static = render_tuning_request(training, spec(), "tune-1")[0]["TrainingJobDefinition"][
+        "StaticHyperParameters"
+    ]
+    if distribution == "torchrun":
+        assert "model_dir" not in static
+    else:
+        assert static["model_dir"] == "s3://out-bucket/jobs"
+        own = estimator(tmp_path, distribution=distribution, hyperparameters={"model_dir": "s3://mine/m"},
+                        processes_per_host=1 if distribution == "tf-mwms" else 2)  # fmt: skip
+        mine = render_tuning_request(own.draft_request(inputs, job_name="tune-1"), spec(), "tune-1")[0]
+        assert mine["TrainingJobDefinition"]["StaticHyperParameters"]["model_dir"] == "s3://mine/m"
 
 
 def test_hyperband_reads_the_epochs_and_grid_needs_no_max_jobs(tmp_path):

@@ -45,7 +45,8 @@ def _tuning_request(s3, bucket, per_host: int, hosts: int, spec: TuningSpec, **k
 def test_metric_definitions_match_the_real_tagged_output_of_a_trial(s3, bucket, tmp_path, launcher):
     """A trial's request (as SageMaker would create it) run here; every regex of its MetricDefinitions
     finds its metric in the raw launcher output, behind the launcher's tag, once per epoch (torchrun:
-    the PyTorch helpers' metric line)."""
+    the PyTorch helpers' metric line). The toolkit's trial is also the check that the demo's script
+    trains unchanged under AWS's toolkit (one job: each pays the toolkit's 30 s sleep after mpirun)."""
     spec = TuningSpec.build(
         objective_metric="val_accuracy", ranges={"learning_rate": "1e-4:1e-2:log"}, max_jobs=2
     )
@@ -71,6 +72,23 @@ def test_metric_definitions_match_the_real_tagged_output_of_a_trial(s3, bucket, 
     assert read_metrics(raw[-1], definitions)[1] == pytest.approx(
         {k: v for k, v in result.metrics.items() if k in METRICS}, rel=1e-6
     )
+    if launcher == "toolkit":
+        _check_the_demo_trained_unchanged_under_the_toolkit(s3, bucket, result, tmp_path)
+
+
+def _check_the_demo_trained_unchanged_under_the_toolkit(s3, bucket, result, work_dir) -> None:
+    """The trial is the demo's own script on AWS's toolkit (its mpirun, 2 ranks): it trains unchanged,
+    its epochs end together, rank 0 checkpoints under the toolkit's /opt/ml, the model reaches S3, and
+    the host's trees and the namespace's overlays are gone afterwards."""
+    out = "\n".join(result.output)
+    ends = [line for line in result.output if "train epoch ended for every rank" in line]
+    # (the raw output, behind the tags of the toolkit's mpirun --tag-output)
+    assert len(ends) == 2 and all(e.startswith("[1,mpirank:0,algo-1]<stdout>:") for e in ends), out[-3000:]
+    assert "checkpoint for epoch 2 written to /opt/ml/checkpoints/epoch-00002" in out, out[-3000:]
+    assert result.model_uri, out[-3000:]
+    key = result.model_uri.split("/", 3)[3]
+    assert s3.head_object(Bucket=bucket, Key=key)["ContentLength"] > 0
+    assert not list(work_dir.iterdir())
 
 
 def test_tune_local_demo_runs_three_trials_and_picks_the_best(tmp_path):

@@ -92,20 +92,6 @@ def test_each_rank_sees_what_the_dlc_shows_it(s3, bucket, tmp_path):
     assert not Path("/opt/ml").exists() or not (Path("/opt/ml") / "code" / "toolkit_view.py").exists()
 
 
-def test_the_example_script_trains_unchanged_under_the_toolkit(s3, bucket, tmp_path):
-    request = _request(s3, bucket, "train_cifar10.py", {"epochs": 2, "batch_size": 16})
-    lines = []
-    result = _run(request, tmp_path, lines, source_dir=DEMO_JOB_DIR)
-    out = "\n".join(lines)
-    ends = [line for line in lines if "train epoch ended for every rank" in line]
-    assert len(ends) == 2 and all(e.startswith("[rank 0 algo-1] ") for e in ends), out[-3000:]
-    assert "loss" in result.metrics and result.model_uri, out[-3000:]
-    key = result.model_uri.split("/", 3)[3]
-    assert s3.head_object(Bucket=bucket, Key=key)["ContentLength"] > 0
-    assert "checkpoint for epoch 2 written to /opt/ml/checkpoints/epoch-00002" in out
-    assert not list(tmp_path.iterdir())  # the trees and the namespace's overlays are gone
-
-
 def test_a_failing_rank_is_named_with_the_toolkits_failure_file(s3, bucket, tmp_path):
     request = _request(s3, bucket, "fail_rank.py", {"fail_rank": 1})
     lines = []
