@@ -290,12 +290,21 @@ def test_ctrl_c_removes_every_container_and_the_network(s3, bucket, aws_env, tmp
                 pass
         proc.send_signal(signal.SIGINT)
         # the clean-up's own bounds (ClusterGroup.kill, then cluster_network): `podman rm --time 3`
-        # (60 s more for podman itself), each host's podman client 3 s, then the network's forced
-        # removal (podman's 60 s plus 60 s). Two CI runs' clean-ups took over 60 s and over 150 s.
+        # (60 s more for podman itself), each host's podman client 3 s, `podman rm` once more where
+        # podman did not answer (60 s), then the network's forced removal (podman's 60 s plus 60 s).
+        # Two CI runs' clean-ups took over 60 s and over 150 s.
         grace = 3.0
         stop = cluster._STOP_TIMEOUT_S
-        bound = grace + stop + 2 * grace + cluster.PODMAN_TIMEOUT_S + stop
-        code = proc.wait(timeout=bound + 15)
+        bound = grace + stop + 2 * grace + 2 * cluster.PODMAN_TIMEOUT_S + stop
+        try:
+            code = proc.wait(timeout=bound + 15)
+        except subprocess.TimeoutExpired:
+            time.sleep(1)  # what the command printed last, for the reader of the failure
+            while not lines.empty():
+                seen.append(lines.get())
+            raise AssertionError(
+                f"no exit {bound + 15:.0f} s after Ctrl-C:\n" + "".join(seen[-40:])
+            ) from None
     finally:
         if proc.poll() is None:
             proc.kill()

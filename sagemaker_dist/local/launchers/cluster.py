@@ -135,6 +135,18 @@ def cluster_network(job_name: str, host_names: list[str], per_host: int, endpoin
             pass
 
 
+def _remove_containers(names: list[str], grace: float, timeout: float) -> bool:
+    """``podman rm --force`` of ``names`` (SIGKILL after ``grace``); False if podman did not answer."""
+    try:
+        subprocess.run([ENGINE, "rm", "--force", "--ignore", "--time", str(max(0, round(grace))), *names],
+                       capture_output=True, timeout=timeout)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return False
+    except OSError:
+        pass
+    return True
+
+
 def copy_code(code_dir: Path | None, trees) -> None:
     """A source dir given here goes to every host's /opt/ml/code, where its toolkit looks first (each
     host's toolkit downloads ``sagemaker_submit_directory`` from S3 otherwise, as on SageMaker)."""
@@ -260,11 +272,7 @@ class ClusterGroup(RankGroup):
         """Stop and remove every container (SIGTERM, SIGKILL after ``grace``), then the podman clients,
         then the relays: the containers' processes are no children of the clients."""
         names = [h.container for h in self.plan.hosts]
-        try:
-            subprocess.run([ENGINE, "rm", "--force", "--ignore", "--time", str(max(0, round(grace))), *names],
-                           capture_output=True, timeout=grace + _STOP_TIMEOUT_S)  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+        removed = _remove_containers(names, grace, grace + _STOP_TIMEOUT_S)
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.kill()
@@ -272,6 +280,8 @@ class ClusterGroup(RankGroup):
                 proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 pass
+        if not removed:  # podman did not answer in time: once more, its attached clients gone
+            _remove_containers(names, 0, PODMAN_TIMEOUT_S)
         for relay in self.relays:
             relay.close()
 
