@@ -27,6 +27,9 @@ NO_OFFSETS = np.empty(0, dtype=np.int64)
 READ_AHEAD_CHUNKS = 2  # chunks a reader thread frames ahead of TensorFlow (0: frame in TensorFlow's call)
 
 
+STOP_JOIN_S = 5.0  # a consumer that stops early waits this long at most for its reader thread to end
+
+
 def read_ahead(items, depth: int, name: str):
     """Yield ``items``, produced by a thread up to ``depth`` items ahead; its errors are raised here.
 
@@ -79,6 +82,10 @@ def read_ahead(items, depth: int, name: str):
         thread.join()
     finally:
         stop.set()
+        # Wait (bounded) for the thread to end at its next item: a daemon thread still inside PyTorch's
+        # or TensorFlow's C++ when the interpreter exits is stopped there, and that aborts the process
+        # ("terminate called without an active exception"), as after an agreed stop mid-epoch.
+        thread.join(STOP_JOIN_S)
 
 
 class EpochReader:
