@@ -5,7 +5,9 @@ For each record size, the same TFRecord bytes are streamed through a FIFO by a s
 by (a) ``RecordBatches(..., record_bytes=size)``: the compiled reader framing the FIFO into
 ``[256, size]`` uint8 tensors (``ours``), (b) the same with ``record_bytes=None``: a ``RaggedBatch``
 of data and offsets per batch (``ragged``), (c) only ``os.readv`` into one preallocated 1 MiB buffer
-(the compiled reader's read size) with the same 1 MiB pipe buffer, no framing (``raw``); ``--py`` adds
+(the compiled reader's read size) with the same 1 MiB pipe buffer, no framing (``raw``), (d) the same
+reads into four batch-sized buffers of fresh pages in turn (``raw-batches``: the memory any batch reader
+must fill, and the most a reader that hands out such batches can reach); ``--py`` adds
 ``RecordBatches(..., compiled=False)``, the Python framing fallback (``py``). PyTorch is imported
 before the clock (every training script has it); the clock covers building the reader, ``iter()`` to
 the first batch and the rest of one epoch. The consumer only counts records. Arms run interleaved
@@ -41,8 +43,8 @@ CHILD = """
 import json, sys, time
 arm, root, fifo, size, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 sys.path.insert(0, BENCH_DIR)
-from raw_pipe import read_to_end
-if arm != "raw":
+from raw_pipe import read_into_batches, read_to_end
+if not arm.startswith("raw"):
     import torch  # not timed: every PyTorch script imports it, and a GPU job has CUDA up before its data
     if torch.cuda.is_available():
         torch.empty(1, pin_memory=True)
@@ -54,6 +56,9 @@ began = time.monotonic()
 start = time.perf_counter()
 if arm == "raw":
     n, first = read_to_end(fifo, CHUNK_BYTES)
+    compiled = None
+elif arm == "raw-batches":
+    n, first = read_into_batches(fifo, batch * size, 4, CHUNK_BYTES)
     compiled = None
 else:
     from sagemaker_dist.runtime import RecordBatches
@@ -103,7 +108,7 @@ def main() -> int:
     parser.add_argument("--sizes", default="1000,150000", help="record sizes in bytes")
     parser.add_argument("--py", action="store_true", help="add the Python framing fallback as an arm")
     args = parser.parse_args()
-    arms = ["ours", "ragged", "raw"] + (["py"] if args.py else [])
+    arms = ["ours", "ragged", "raw-batches", "raw"] + (["py"] if args.py else [])
     # As pip does at install: byte-compiled modules, so that no run compiles them on import.
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "sagemaker_dist")], check=True)
     print(
@@ -126,14 +131,14 @@ def main() -> int:
             runs: dict[str, list[dict]] = {arm: [] for arm in arms}
             for round_ in range(args.repeats):
                 for arm in arms[round_ % len(arms) :] + arms[: round_ % len(arms)]:
-                    if arm == "raw":
+                    if arm.startswith("raw"):
                         fifo, raw_epoch = data / f"raw_{raw_epoch}", raw_epoch + 1
                     else:  # RecordBatches takes the channel's next epoch: bench_0, bench_1, ...
                         fifo, epoch = data / f"bench_{epoch}", epoch + 1
                     writer = start_writer(src, fifo)
                     result = run_child(arm, root, fifo, size)
                     writer.wait()
-                    expected = nbytes if arm == "raw" else records
+                    expected = nbytes if arm.startswith("raw") else records
                     assert result["n"] == expected, f"{arm} read {result['n']}, expected {expected}"
                     assert result["compiled"] in (None, arm != "py"), result
                     runs[arm].append(result)
@@ -145,7 +150,7 @@ def main() -> int:
 
 def report(size: int, nbytes: int, runs: dict, arms: list[str]) -> None:
     print(f"-- {size} B records, {nbytes / 1e6:.0f} MB, load average {os.getloadavg()[0]:.1f} after")
-    print(f"{'arm':>7} {'MB/s':>7} {'x raw':>6} {'1st batch ms':>12} {'cpu s/GB':>9}   per-run MB/s")
+    print(f"{'arm':>11} {'MB/s':>7} {'x raw':>6} {'1st batch ms':>12} {'cpu s/GB':>9}   per-run MB/s")
     for arm in arms:
         total = statistics.median(r["total"] for r in runs[arm])
         ratio = statistics.median(raw["total"] / r["total"] for r, raw in zip(runs[arm], runs["raw"]))
@@ -153,7 +158,7 @@ def report(size: int, nbytes: int, runs: dict, arms: list[str]) -> None:
         cpu = statistics.median(r["cpu"] for r in runs[arm]) / (nbytes / 1e9)
         each = " ".join(f"{nbytes / r['total'] / 1e6:.0f}" for r in runs[arm])
         print(
-            f"{arm:>7} {nbytes / total / 1e6:>7.0f} {ratio:>6.2f} {first:>12.1f} {cpu:>9.2f}   {each}",
+            f"{arm:>11} {nbytes / total / 1e6:>7.0f} {ratio:>6.2f} {first:>12.1f} {cpu:>9.2f}   {each}",
             flush=True,
         )
 

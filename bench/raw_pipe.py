@@ -5,6 +5,7 @@ faster). The benchmarks' child processes import it."""
 from __future__ import annotations
 
 import fcntl
+import mmap
 import os
 import time
 
@@ -21,6 +22,25 @@ def read_to_end(fifo: str, chunk: int = 1 << 20) -> tuple[int, float]:
         first = time.perf_counter()
         while got := os.readv(fd, [buf]):
             n += got
+    finally:
+        os.close(fd)
+    return n, first
+
+
+def read_into_batches(fifo: str, batch_bytes: int, buffers: int = 4, chunk: int = 1 << 20):
+    """``read_to_end``, but into ``buffers`` batch-sized buffers of fresh plain pages in turn (reads of at
+    most ``chunk``, none past a buffer's end): what any reader that hands out batches of ``batch_bytes``
+    pays for its memory, and no framing. ``RecordBatches``' pool holds about 4 unpinned batches in flight."""
+    views = [memoryview(mmap.mmap(-1, batch_bytes)) for _ in range(buffers)]
+    fd = os.open(fifo, os.O_RDONLY)
+    n, first, at, which = 0, 0.0, 0, 0
+    try:
+        fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BUFFER_BYTES)
+        while got := os.readv(fd, [views[which][at : at + chunk]]):
+            first = first or time.perf_counter()
+            n, at = n + got, at + got
+            if at == batch_bytes:
+                at, which = 0, (which + 1) % buffers
     finally:
         os.close(fd)
     return n, first
