@@ -35,7 +35,7 @@ from sagemaker_dist.aws.tuning_ranges import (
 )
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract.distributions import Distribution, distribution
-from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, ChannelLayout
+from sagemaker_dist.contract.layout import layout_of
 from sagemaker_dist.contract.metric_line import (
     DEFAULT_METRICS,
     MAX_METRIC_DEFINITIONS,
@@ -300,11 +300,8 @@ _DEFINITION_FIELDS = (  # CreateTrainingJob fields a HyperParameterTrainingJobDe
 def _distribution(hyperparameters: Mapping) -> Distribution:
     """The distribution a training request's layout names (none: the registry's default, as the
     toolkit runs a request without ours)."""
-    if LAYOUT_HYPERPARAMETER not in hyperparameters:
-        return distribution(None)
-    return distribution(
-        ChannelLayout.from_json(hp.decode_one(hyperparameters, LAYOUT_HYPERPARAMETER)).distribution
-    )
+    layout = layout_of(hyperparameters)
+    return distribution(None if layout is None else layout.distribution)
 
 
 def render_tuning_request(

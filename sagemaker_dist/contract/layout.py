@@ -237,6 +237,14 @@ class ChannelLayout:
             ) from exc
 
 
+def layout_of(request_hyperparameters) -> ChannelLayout | None:
+    """The layout a request's hyperparameters carry (JSON-encoded, as SageMaker passes them), or None
+    for a request sagemaker-dist did not plan."""
+    if LAYOUT_HYPERPARAMETER not in request_hyperparameters:
+        return None
+    return ChannelLayout.from_json(hyperparameters.decode_one(request_hyperparameters, LAYOUT_HYPERPARAMETER))
+
+
 def _role_count(strategy: str, hosts: int, gpus: int) -> int:
     return hosts * gpus if strategy == PER_RANK else gpus
 

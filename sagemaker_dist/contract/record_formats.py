@@ -43,6 +43,22 @@ def check_record_format(record_format: str) -> str:
     return record_format
 
 
+def check_corrupted_skip(record_format: str, max_corrupted_records_to_skip: int) -> int:
+    """``max_corrupted_records_to_skip`` if a reader of ``record_format`` can honour it, else a
+    ConfigurationError. Only a TFRecord's data CRC tells a corrupted record from a good one, so AWS's
+    PipeModeDataset refuses the option for other formats, and so does every reader here."""
+    if max_corrupted_records_to_skip < 0:
+        raise ConfigurationError(
+            f"max_corrupted_records_to_skip is {max_corrupted_records_to_skip}; use 0 or more"
+        )
+    if max_corrupted_records_to_skip and record_format != "TFRecord":
+        raise ConfigurationError(
+            f"max_corrupted_records_to_skip={max_corrupted_records_to_skip} can only be set for "
+            f"record_format='TFRecord' (got {record_format!r}: it has no CRC to find a corrupted record by)"
+        )
+    return max_corrupted_records_to_skip
+
+
 def max_record_bytes(value: int | None = None) -> int:
     """The record length limit: ``value``, else ``$SAGEMAKER_DIST_MAX_RECORD_BYTES``, else the default.
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from sagemaker_dist.aws.request_validation import validate_request
 from sagemaker_dist.contract import distributions, toolkit
 from sagemaker_dist.contract import hyperparameters as hp
-from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, ChannelLayout
+from sagemaker_dist.contract.layout import ChannelLayout, layout_of
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.host.channel_objects import ChannelSpec
 
@@ -55,7 +55,7 @@ class JobSpec:
         hps = {k: str(v) for k, v in (request.get("HyperParameters") or {}).items()}
         default_mode = (request.get("AlgorithmSpecification") or {}).get("TrainingInputMode", "File")
         hosts = int((request.get("ResourceConfig") or {}).get("InstanceCount", 1))
-        layout = _layout(hps)
+        layout = layout_of(hps)
         per_host = _processes_per_host(hps, layout)
         if layout is not None and (layout.hosts, layout.processes_per_host) != (hosts, per_host):
             raise JobSpecError(
@@ -97,9 +97,3 @@ def _processes_per_host(hps: dict, layout: ChannelLayout | None) -> int:
     if value < 1:
         raise JobSpecError(f"sagemaker_mpi_num_of_processes_per_host is {value}; it must be >= 1")
     return value
-
-
-def _layout(hps: dict) -> ChannelLayout | None:
-    if LAYOUT_HYPERPARAMETER not in hps:
-        return None
-    return ChannelLayout.from_json(hp.decode_one(hps, LAYOUT_HYPERPARAMETER))

@@ -350,6 +350,8 @@ def test_constructor_checks_like_aws(opt_ml):
         PipeModeDataset("train_0", "CSV")
     with pytest.raises(PipeModeDatasetError, match="channel 'nope' is not in .*inputdataconfig.json"):
         PipeModeDataset("nope")
+    with pytest.raises(PipeModeDatasetError, match="can only be set for record_format='TFRecord'"):
+        PipeModeDataset("train_0", "RecordIO", max_corrupted_records_to_skip=2)
     write_opt_ml(opt_ml, {"train_0": "File"})
     with pytest.raises(PipeModeDatasetError, match="channel 'train_0' is in 'File' mode, not Pipe"):
         PipeModeDataset("train_0", "TFRecord")

@@ -184,6 +184,17 @@ def test_unknown_format_and_negative_skip_are_rejected():
         make_framer("TFRecord", max_corrupted_records_to_skip=-1)
 
 
+@pytest.mark.parametrize("record_format", ["RecordIO", "TextLine"])
+def test_a_skip_count_is_refused_for_formats_without_a_crc(record_format):
+    """As AWS's PipeModeDataset: only a TFRecord's data CRC finds a corrupted record to skip."""
+    with pytest.raises(
+        ConfigurationError, match=f"only be set for record_format='TFRecord' .got '{record_format}'"
+    ):
+        make_framer(record_format, max_corrupted_records_to_skip=1)
+    assert make_framer(record_format, max_corrupted_records_to_skip=0).max_skip == 0
+    assert make_framer("TFRecord", max_corrupted_records_to_skip=3).max_skip == 3
+
+
 WRITER_DIES = """
 import os, sys
 out = os.open(sys.argv[1], os.O_WRONLY)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 
-from sagemaker_dist.contract.record_formats import MAX_RECORD_BYTES_ENV
+from sagemaker_dist.contract.record_formats import MAX_RECORD_BYTES_ENV, check_corrupted_skip
 from sagemaker_dist.contract.record_formats import max_record_bytes as _max_record_bytes
-from sagemaker_dist.errors import ConfigurationError, DataError
+from sagemaker_dist.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +64,7 @@ class Framer:
         max_corrupted_records_to_skip: int = 0,
         max_record_bytes: int | None = None,
     ):
-        if max_corrupted_records_to_skip < 0:
-            raise ConfigurationError(
-                f"max_corrupted_records_to_skip is {max_corrupted_records_to_skip}; use 0 or more"
-            )
+        check_corrupted_skip(self.format_name, max_corrupted_records_to_skip)
         self.channel = channel
         self.epoch = epoch
         self.max_skip = max_corrupted_records_to_skip

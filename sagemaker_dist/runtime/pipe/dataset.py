@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sagemaker_dist.contract.paths import opt_ml_root
-from sagemaker_dist.contract.record_formats import check_record_format
+from sagemaker_dist.contract.record_formats import check_corrupted_skip, check_record_format
 from sagemaker_dist.contract.record_formats import max_record_bytes as record_limit
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT
@@ -94,10 +94,10 @@ class PipeModeDataset:
         max_record_bytes = record_limit(max_record_bytes)  # a bad value fails here, naming itself
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise PipeModeDatasetError(f"batch_size is {batch_size!r}; use a whole number >= 1 or None")
-        if max_corrupted_records_to_skip < 0:
-            raise PipeModeDatasetError(
-                f"max_corrupted_records_to_skip is {max_corrupted_records_to_skip}; use 0 or more"
-            )
+        try:
+            check_corrupted_skip(record_format, max_corrupted_records_to_skip)
+        except ConfigurationError as exc:  # AWS's reader raises its own exception type
+            raise PipeModeDatasetError(str(exc)) from None
         root = opt_ml_root()
         state_dir = Path(state_dir) if state_dir is not None else root / "pipe_state"
         pipe_dir = Path(pipe_dir) if pipe_dir is not None else root / "input" / "data"

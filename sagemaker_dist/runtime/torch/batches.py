@@ -112,7 +112,8 @@ class PipeBatches:
                 f"channel {self.channel!r} has RecordWrapperType RecordIO, so its stream is RecordIO frames; "
                 f"pass record_format='RecordIO' (got {self.record_format!r})"
             )
-        make_framer(self.record_format, self.channel)  # an unknown format fails here, not in the thread
+        # an unknown format, or a skip count the format cannot honour, fails here, not in the thread
+        make_framer(self.record_format, self.channel, 0, int(max_corrupted_records_to_skip))
         self.batch_size = int(batch_size)
         self.decode = decode
         self.collate = collate

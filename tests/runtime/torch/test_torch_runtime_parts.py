@@ -157,6 +157,19 @@ def test_pipe_batches_reads_one_fifo_per_epoch_and_closes_an_epoch_left_early(tm
     assert batches.epochs_opened == 2
 
 
+def test_pipe_batches_refuses_a_skip_count_its_format_cannot_honour(tmp_path):
+    from sagemaker_dist.errors import ConfigurationError
+    from sagemaker_dist.runtime import PipeBatches, RecordBatches
+    from sagemaker_dist.runtime.config import ContainerConfig
+
+    root = write_opt_ml(tmp_path / "opt_ml", ["train_0"], plan_layout(1, 1))
+    config = ContainerConfig.load(root, {})
+    for reader in (PipeBatches, RecordBatches):
+        with pytest.raises(ConfigurationError, match="record_format='TFRecord' .got 'TextLine'"):
+            reader("train_0", 4, record_format="TextLine", max_corrupted_records_to_skip=1, config=config)
+        assert reader("train_0", 4, max_corrupted_records_to_skip=1, config=config).max_skip == 1
+
+
 def test_pipe_batches_reads_a_file_channel_whole_every_epoch_in_a_stable_order(tmp_path):
     from sagemaker_dist.runtime import PipeBatches, example_decoder
     from sagemaker_dist.runtime.config import ContainerConfig
