@@ -9,6 +9,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+from sagemaker_dist.contract.distributions import UNNAMED_LAUNCHER
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.contract.toolkit import DEFAULT_TOOLKIT_VERSION
 
@@ -20,7 +21,7 @@ class LocalBackend:
     No SageMaker job is created, so the job name need not be free on SageMaker.
     """
 
-    launcher: str = "horovodrun"
+    launcher: str = UNNAMED_LAUNCHER  # the distribution's own launcher unless another is named
     work_dir: str | None = None
     keep_work_dir: bool = False
     extra_env: dict[str, str] | None = None
