@@ -270,6 +270,22 @@ def test_the_time_limit_removes_every_container_and_the_network(s3, bucket, tmp_
     assert not list(tmp_path.iterdir())
 
 
+def _stuck(proc: subprocess.Popen, lines: queue.Queue, seen: list[str]) -> str:
+    """For the reader of a hang: the podman processes still there, what the command printed last,
+    then its threads' stacks (faulthandler's, on SIGABRT)."""
+    ps = subprocess.run(["ps", "-eo", "pid,ppid,stat,wchan:24,etime,args"], capture_output=True, text=True)
+    podman = [line[:300] for line in ps.stdout.splitlines() if "podman" in line or "conmon" in line]
+    proc.send_signal(signal.SIGABRT)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+    time.sleep(1)
+    while not lines.empty():
+        seen.append(lines.get())
+    return "podman processes:\n" + "\n".join(podman) + "\noutput, then stacks:\n" + "".join(seen[-120:])
+
+
 def test_ctrl_c_removes_every_container_and_the_network(s3, bucket, aws_env, tmp_path):
     """The command line, interrupted as a user does once both hosts are up."""
     write_demo_data(f"s3://{bucket}/data/", files=4, records_per_file=16, validation_files=2, client=s3)
@@ -277,7 +293,14 @@ def test_ctrl_c_removes_every_container_and_the_network(s3, bucket, aws_env, tmp
                str(SCRIPTS), "--train", f"s3://{bucket}/data/train/", "--launcher", "container", "--image",
                IMAGE, "--hosts", "2", "--processes-per-host", "1", "--bucket", bucket, "--work-dir",
                str(tmp_path), "--endpoint-url", aws_env["AWS_ENDPOINT_URL"]]  # fmt: skip
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # faulthandler: on a hang, SIGABRT makes the command print every thread's stack (see _stuck)
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        # as from a terminal: a CI started in the background (nohup, `&`) ignores SIGINT, and so would the
+        # command (Python keeps an inherited SIG_IGN), which then never sees the Ctrl-C
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     seen, deadline = [], time.monotonic() + 240
@@ -292,19 +315,14 @@ def test_ctrl_c_removes_every_container_and_the_network(s3, bucket, aws_env, tmp
         # the clean-up's own bounds (ClusterGroup.kill, then cluster_network): `podman rm --time 3`
         # (60 s more for podman itself), each host's podman client 3 s, `podman rm` once more where
         # podman did not answer (60 s), then the network's forced removal (podman's 60 s plus 60 s).
-        # Two CI runs' clean-ups took over 60 s and over 150 s.
         grace = 3.0
         stop = cluster._STOP_TIMEOUT_S
         bound = grace + stop + 2 * grace + 2 * cluster.PODMAN_TIMEOUT_S + stop
         try:
             code = proc.wait(timeout=bound + 15)
         except subprocess.TimeoutExpired:
-            time.sleep(1)  # what the command printed last, for the reader of the failure
-            while not lines.empty():
-                seen.append(lines.get())
-            raise AssertionError(
-                f"no exit {bound + 15:.0f} s after Ctrl-C:\n" + "".join(seen[-40:])
-            ) from None
+            why = _stuck(proc, lines, seen)
+            raise AssertionError(f"no exit {bound + 15:.0f} s after Ctrl-C:\n{why}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
