@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.runtime_helpers import terminal_sigint
 
 from sagemaker_dist import LocalBackend, LocalJobFailed, run_local
 from sagemaker_dist.local.demo import DEMO_JOB_DIR, demo_estimator
@@ -295,12 +296,8 @@ def test_ctrl_c_removes_every_container_and_the_network(s3, bucket, aws_env, tmp
                str(tmp_path), "--endpoint-url", aws_env["AWS_ENDPOINT_URL"]]  # fmt: skip
     # faulthandler: on a hang, SIGABRT makes the command print every thread's stack (see _stuck)
     env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        # as from a terminal: a CI started in the background (nohup, `&`) ignores SIGINT, and so would the
-        # command (Python keeps an inherited SIG_IGN), which then never sees the Ctrl-C
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            preexec_fn=terminal_sigint)  # fmt: skip
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     seen, deadline = [], time.monotonic() + 240

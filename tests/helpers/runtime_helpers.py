@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -86,3 +87,10 @@ os.close(out)
 def write_in_short_writes(fifo: Path, src: Path) -> subprocess.Popen:
     """A writer process sending ``src``'s bytes into ``fifo`` in 7000-byte writes, as a slow feed does."""
     return subprocess.Popen([sys.executable, "-c", SHORT_WRITES, str(fifo), str(src)])
+
+
+def terminal_sigint() -> None:
+    """A ``preexec_fn`` giving a command SIGINT's default handler, as from a terminal: a test run started in
+    the background (nohup, `&`) ignores SIGINT, and Python keeps an inherited SIG_IGN, so the command
+    would never see a Ctrl-C the test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

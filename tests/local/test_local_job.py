@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from helpers.local_s3_proxy import cutting_proxy
+from helpers.runtime_helpers import terminal_sigint
 
 from sagemaker_dist import LocalBackend, LocalJobFailed, run_local
 from sagemaker_dist.local.demo import DEMO_JOB_DIR, demo_estimator, prepare_demo_job
@@ -247,9 +248,7 @@ def test_ctrl_c_cleans_up_every_process_and_fifo(s3, bucket, tmp_path, aws_env):
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
-        # as from a terminal: a runner started in the background (nohup, `&`) ignores SIGINT, and
-        # Python then keeps ignoring it in its children
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=terminal_sigint,
         # stdout is a pipe here, as under `| tee` or a CI log: the lines must come while the job runs
         env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},
     )
