@@ -81,11 +81,13 @@ print(json.dumps({"cpu": time.process_time() - cpu, "first": first - start, "tot
 """.replace("CHUNK_BYTES", str(CHUNK)).replace("BENCH_DIR", repr(str(Path(__file__).resolve().parent)))
 
 
-def start_child(arm: str, root: Path, fifo: Path, size: int, go: bool = False) -> subprocess.Popen:
-    """One run of ``arm`` in a new process; with ``go``, it prints "ready" once set up and starts its clock
-    at the line written to its stdin."""
+def start_child(
+    arm: str, root: Path, fifo: Path, size: int, go: bool = False, env: dict | None = None
+) -> subprocess.Popen:
+    """One run of ``arm`` in a new process (``env``: variables added to its environment); with ``go``, it
+    prints "ready" once set up and starts its clock at the line written to its stdin."""
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "PYTHONPATH": path}
+    env = {**os.environ, **(env or {}), "PYTHONPATH": path}
     argv = [sys.executable, "-c", CHILD, arm, str(root), str(fifo), str(size), str(BATCH)] + ["go"] * go
     return subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 

@@ -1,14 +1,16 @@
 """Feeding a GPU from the pipe: training speed on batches from ``RecordBatches`` against batches already
 on the GPU, in the same process and run. For a GPU machine (PyTorch and torchvision, no TensorFlow).
 
-Three parts, each printed as a table with the card's name:
+Four parts, each printed as a table with the card's name:
 
 1. ``train``: ResNet-18 and ResNet-50 (torchvision, bf16 autocast, channels_last, SGD, batches of 256
    224x224x3 uint8 images and a label: 150,529-byte TFRecords). ``resident``: the same uint8 batch,
    already on the GPU, every step. ``pipe``: a separate writer process streams the records through a FIFO
    (1 MiB writes, 1 MiB pipe buffer); ``RecordBatches(record_bytes=150529)`` frames them into pinned
-   ``[256, 150529]`` tensors in its reader thread, and each step copies its batch to the GPU
-   (non_blocking) and trains. Both arms convert and normalise on the GPU. Arms alternate, medians of
+   ``[256, 150529]`` tensors in its reader thread; ``pipe, device=``: the reader hands out each batch
+   on the GPU, copied one batch ahead on a side stream (``device=``); ``pipe``: each step copies its
+   pinned batch to the GPU itself (non_blocking, on the loop's stream) and trains. Every arm converts
+   and normalises on the GPU. Arms alternate, medians of
    ``--repeats``; the first ``--warmup`` steps of each run are not timed.
 2. ``feed``: the reader alone at 150 KB records, 1 rank and ``--ranks`` ranks at once (one FIFO and one
    writer each, every rank's clock started together): ``RecordBatches`` into pinned batches against a raw
@@ -18,8 +20,12 @@ Three parts, each printed as a table with the card's name:
    ResNet-50, against ResNet-50 on batches already decoded on the GPU; plus decode-only rates: the GPU
    path, and Pillow on one CPU thread. The GPU's pixels are checked against Pillow's.
 
-    python3 bench/gpu_feed.py [--parts train,feed,jpeg] [--models resnet18,resnet50] [--steps 40]
+    python3 bench/gpu_feed.py [--parts train,feed,jpeg,epochs] [--models resnet18,resnet50] [--steps 40]
         [--warmup 8] [--repeats 3] [--ranks 8] [--feed-mb 1024] [--smoke]
+
+4. ``epochs``: epoch after epoch in one process (``--repeats`` + 1 epochs per arm): ResNet-18 fed
+   from the pipe, the reader with only a copy to the GPU, the same unpinned, ResNet-18 on batches
+   handed out on the GPU (``device=``); images/s per epoch, to see whether later epochs slow down.
 
 ``--smoke`` runs every part tiny on the CPU (a small CNN instead of torchvision's ResNets where
 torchvision is missing) to check the script before a GPU machine's time is spent on it.
@@ -170,30 +176,33 @@ def train_part(args, device, tmp: Path, card: str) -> list[dict]:
     resident = torch.randint(0, 256, (batch, record_bytes), dtype=torch.uint8, device=device)
     resident[:, image_bytes] %= 100
     pipe = Pipe(tmp / "train")
-    reader = pipe.reader(batch, record_bytes=record_bytes, prefetch=args.prefetch)
+    in_loop = pipe.reader(batch, record_bytes=record_bytes, prefetch=args.prefetch)
+    on_device = pipe.reader(batch, record_bytes=record_bytes, prefetch=args.prefetch, device=device)
     rows = []
     for name in args.models.split(","):
         model = Model(name, device, side)
 
-        def to_device(b, model=model):
+        def copied(b, model=model):
             model.step_records(b.to(device, non_blocking=True))
 
-        runs = {"resident": [], "pipe": []}
+        arms = {"resident": None, "pipe, device=": (on_device, model.step_records), "pipe": (in_loop, copied)}
+        runs = {arm: [] for arm in arms}
+        total = args.warmup + args.steps
         for round_ in range(args.repeats):
-            for arm in ["resident", "pipe"] if round_ % 2 == 0 else ["pipe", "resident"]:
-                total = args.warmup + args.steps
+            order = list(arms)[round_ % 3 :] + list(arms)[: round_ % 3]
+            for arm in order:
                 if arm == "resident":
-                    rate = timed_steps(
-                        repeated(resident, total), model.step_records, args.warmup, args.steps, device
-                    )
+                    batches, step = repeated(resident, total), model.step_records
+                    runs[arm].append(timed_steps(batches, step, args.warmup, args.steps, device))
                 else:
                     writer = pipe.feed(src, total)
-                    rate = timed_steps(reader, to_device, args.warmup, args.steps, device)
+                    runs[arm].append(timed_steps(*arms[arm], args.warmup, args.steps, device))
                     assert writer.wait(60) == 0
-                runs[arm].append(rate)
-        row = summary(f"{name} b{batch}", runs, "resident", "pipe", bytes_per_image=record_bytes)
-        rows.append(row)
-        print_row(row, card)
+        for arm in ("pipe, device=", "pipe"):
+            label = f"{name} b{batch}, {'copied on a side stream' if arm != 'pipe' else 'copied in the loop'}"
+            row = summary(label, {k: runs[k] for k in ("resident", arm)}, "resident", arm, record_bytes)
+            rows.append(row)
+            print_row(row, card)
         del model
     return rows
 
@@ -236,31 +245,48 @@ def feed_part(args, device, tmp: Path, card: str) -> list[dict]:
     epochs = [0] * args.ranks
     rows = []
     for ranks in sorted({1, args.ranks}):
-        runs = {"raw": [], "ours": []}
+        runs = {arm: [] for arm in FEED_ARMS}
         for round_ in range(args.repeats):
-            for arm in ["raw", "ours"] if round_ % 2 == 0 else ["ours", "raw"]:
+            order = list(FEED_ARMS)[round_ % len(FEED_ARMS) :] + list(FEED_ARMS)[: round_ % len(FEED_ARMS)]
+            for arm in order:
                 results = run_ranks(arm, ranks, roots, epochs, src, size)
-                if arm == "ours":
+                if not arm.startswith("raw"):
                     epochs[:ranks] = [e + 1 for e in epochs[:ranks]]
-                expected = nbytes if arm == "raw" else records
+                expected = nbytes if arm.startswith("raw") else records
                 assert all(r["n"] == expected for r in results), [r["n"] for r in results]
                 wall = max(r["ended"] for r in results) - min(r["began"] for r in results)
                 runs[arm].append(ranks * nbytes / wall / 1e9)
-        row = summary(f"feed {ranks} rank(s) 150 KB, GB/s in aggregate", runs, "raw", "ours")
-        rows.append(row)
-        print_row(row, card)
+        for arm in FEED_ARMS:
+            if arm != "raw":
+                row = summary(f"feed {ranks} rank(s) 150 KB, GB/s in aggregate", runs, "raw", arm)
+                row["runs"] = {k: row["runs"][k] for k in ("raw", arm)}
+                rows.append(row)
+                print_row(row, card)
     return rows
+
+
+# The feed part's arms: the raw pipe; raw reads into four batch-sized buffers of fresh pages in turn (the
+# memory a batch reader must fill in a fresh process); RecordBatches into pinned batches with torch's
+# defaults, and with the host allocator pinning by cudaHostRegister from 8 threads.
+REGISTER = "pinned_use_cuda_host_register:True,pinned_num_register_threads:8"
+FEED_ARMS = {
+    "raw": {},
+    "raw-batches": {},
+    "ours": {},
+    "ours, host register": {"PYTORCH_CUDA_ALLOC_CONF": REGISTER},
+}
 
 
 def run_ranks(arm: str, ranks: int, roots: list, epochs: list, src: Path, size: int) -> list[dict]:
     """One run of ``arm`` on ``ranks`` FIFOs at once, every clock started together; on a failure the
     other processes are ended (no writer left waiting on its FIFO)."""
     children, writers = [], []
+    child_arm = arm.split(",")[0]
     try:
         for r in range(ranks):
             data = roots[r] / "input" / "data"
-            fifo = data / (f"raw_{epochs[r]}" if arm == "raw" else f"bench_{epochs[r]}")
-            children.append(start_child(arm, roots[r], fifo, size, go=True))
+            fifo = data / (f"raw_{epochs[r]}" if arm.startswith("raw") else f"bench_{epochs[r]}")
+            children.append(start_child(child_arm, roots[r], fifo, size, go=True, env=FEED_ARMS[arm]))
             writers.append(start_writer(src, fifo))
         for child in children:  # every rank up (PyTorch imported, CUDA started) before any clock
             assert child.stdout.readline() == "ready\n", f"{arm} did not start"
@@ -368,9 +394,44 @@ def jpeg_part(args, device, tmp: Path, card: str) -> list[dict]:
     return rows
 
 
+def epochs_part(args, device, tmp: Path, card: str) -> list[dict]:
+    """Epoch after epoch in one process: ResNet-18 fed from the pipe, then the reader alone (a copy to the
+    GPU per batch), then unpinned, then ResNet-18 on batches the reader hands out on the GPU (``device=``);
+    images/s per epoch."""
+    batch, side = args.batch, args.side
+    record_bytes = side * side * 3 + 1
+    src = tmp / "epochs.tfrecord"
+    write_records(src, [os.urandom(record_bytes) for _ in range(batch)])
+    pipe = Pipe(tmp / "epochs")
+    model = Model(args.models.split(",")[0], device, side)
+    total = args.warmup + args.steps
+    rows = []
+    arms = [("model", True, None), ("copy only", True, None), ("unpinned copy", False, None),
+            ("model, device=", True, device), ("model", True, None)]  # fmt: skip
+    for arm, pinned, to in arms:
+        pinned = pinned and device.type == "cuda"
+        reader = pipe.reader(batch, record_bytes=record_bytes, prefetch=args.prefetch, pin_memory=pinned,
+                             device=to)  # fmt: skip
+        if to is not None:
+            step = model.step_records
+        elif arm.startswith("model"):
+            step = lambda b: model.step_records(b.to(device, non_blocking=True))  # noqa: E731
+        else:
+            step = lambda b: b.to(device, non_blocking=True)  # noqa: E731
+        rates = []
+        for _ in range(args.repeats + 1):
+            writer = pipe.feed(src, total)
+            rates.append(timed_steps(reader, step, args.warmup, args.steps, device))
+            assert writer.wait(60) == 0
+        row = {"case": f"epochs: {arm}", "images/s per epoch": [round(r) for r in rates]}
+        print(f"[{card}] {json.dumps(row)}", flush=True)
+        rows.append(row)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", default="train,feed,jpeg")
+    parser.add_argument("--parts", default="train,feed,jpeg,epochs")
     parser.add_argument("--models", default="resnet18,resnet50")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=8)
@@ -398,7 +459,7 @@ def main() -> int:
         flush=True,
     )
     rows = []
-    parts = {"train": train_part, "feed": feed_part, "jpeg": jpeg_part}
+    parts = {"train": train_part, "feed": feed_part, "jpeg": jpeg_part, "epochs": epochs_part}
     with tempfile.TemporaryDirectory(
         prefix="gpu-feed-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None
     ) as tmp:

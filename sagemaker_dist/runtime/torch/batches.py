@@ -43,23 +43,64 @@ def _records(item) -> list[bytes]:
     return [blob[s : s + n] for s, n in zip(starts.tolist(), lengths.tolist())]
 
 
-def pin(batch):
-    """``batch`` with every tensor in pinned memory (nested tuples, lists and dicts kept)."""
+def map_tensors(fn, batch):
+    """``batch`` with ``fn`` applied to every tensor in it (nested tuples, named tuples such as
+    ``RaggedBatch``, lists and dicts kept; anything else as it is)."""
     import torch
 
     if isinstance(batch, torch.Tensor):
-        return batch.pin_memory()
+        return fn(batch)
     if isinstance(batch, tuple):
-        return (
-            type(batch)(*(pin(b) for b in batch))
-            if hasattr(batch, "_fields")
-            else tuple(pin(b) for b in batch)
-        )
+        items = (map_tensors(fn, b) for b in batch)
+        return type(batch)(*items) if hasattr(batch, "_fields") else tuple(items)
     if isinstance(batch, list):
-        return [pin(b) for b in batch]
+        return [map_tensors(fn, b) for b in batch]
     if isinstance(batch, dict):
-        return {k: pin(v) for k, v in batch.items()}
+        return {k: map_tensors(fn, v) for k, v in batch.items()}
     return batch
+
+
+def pin(batch):
+    """``batch`` with every tensor in pinned memory."""
+    return map_tensors(lambda t: t.pin_memory(), batch)
+
+
+def on_device(pairs, device):
+    """``(batch, n)`` pairs with each batch's tensors moved to ``device``. On a CUDA device each copy runs
+    on a side stream, issued one batch ahead, so it overlaps the previous step's kernels instead of
+    queueing before the next step's on the loop's stream (measured on an H200: ResNet-18 at 0.965 of
+    GPU-resident with the copy on the loop's stream). The loop's stream waits for the copy's event when
+    the batch is handed out, and the tensors are recorded on that stream, so neither the pinned source
+    nor the GPU memory is reused before the step that reads it is done."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        for batch, count in pairs:
+            yield map_tensors(lambda t: t.to(device), batch), count
+        return
+    stream = torch.cuda.Stream(device)
+
+    def start(batch):
+        with torch.cuda.stream(stream):
+            moved = map_tensors(lambda t: t.to(device, non_blocking=True), batch)
+        copied = torch.cuda.Event()
+        copied.record(stream)
+        return moved, copied
+
+    def handed_out(moved, copied):
+        loop_stream = torch.cuda.current_stream(device)
+        loop_stream.wait_event(copied)
+        return map_tensors(lambda t: t.record_stream(loop_stream) or t, moved)
+
+    ahead = None
+    for batch, count in pairs:
+        started = start(batch), count
+        if ahead is not None:
+            yield handed_out(*ahead[0]), ahead[1]
+        ahead = started
+    if ahead is not None:
+        yield handed_out(*ahead[0]), ahead[1]
 
 
 class PipeBatches:
@@ -71,7 +112,9 @@ class PipeBatches:
     numbers, or a tuple/dict of them); the default keeps the bytes. ``record_format``: "TFRecord"
     (default; "RecordIO" when the channel's RecordWrapperType is RecordIO), "RecordIO" or "TextLine".
     ``max_record_bytes``: the longest record accepted (refused before anything is allocated for it).
-    ``drop_last`` drops a last, smaller batch. ``pin_memory``: None pins where CUDA is.
+    ``drop_last`` drops a last, smaller batch. ``pin_memory``: None pins where CUDA is. ``device``: None
+    hands out batches in (pinned) host memory; a device (``"cuda"``, ``job.device``) hands them out
+    there, each copied one batch ahead on a side stream (``on_device``).
     ``records`` counts the records this object has handed out in batches, over every epoch.
     """
 
@@ -91,6 +134,7 @@ class PipeBatches:
         max_corrupted_records_to_skip: int = 0,
         chunk_size: int = DEFAULT_CHUNK,
         max_record_bytes: int | None = None,
+        device=None,
         config=None,
     ):
         if isinstance(job, str):
@@ -120,6 +164,7 @@ class PipeBatches:
         self.drop_last = drop_last
         self.prefetch = int(prefetch)
         self.pin_memory = pin_memory
+        self.device = device
         self.timeout = float(timeout)
         self.max_skip = int(max_corrupted_records_to_skip)
         self.chunk_size = int(chunk_size)
@@ -142,6 +187,16 @@ class PipeBatches:
         self.epochs_opened = 0
 
     def __iter__(self):
+        pairs = self._epoch()
+        with contextlib.closing(pairs):
+            if self.device is not None:
+                pairs = on_device(pairs, self.device)
+            for batch, count in pairs:
+                self.records += count
+                yield batch
+
+    def _epoch(self):
+        """``(batch, records in it)`` of the next epoch, from the reader thread, ``prefetch`` ahead."""
         if self.file_mode:  # every iteration the channel's files again, as SageMaker left them
             epoch, name = self.epochs_opened, f"File-mode channel {self.channel}"
             files = channel_files(self.pipe_dir / self.channel)
@@ -152,9 +207,7 @@ class PipeBatches:
         self.epochs_opened += 1
         ahead = read_ahead(source, self.prefetch, name)
         with contextlib.closing(ahead):  # an iteration closed early stops the thread, which closes the FIFO
-            for batch, count in ahead:
-                self.records += count
-                yield batch
+            yield from ahead
 
     def _collate(self):
         if self.collate is not None:

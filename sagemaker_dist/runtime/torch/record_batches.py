@@ -115,8 +115,9 @@ def _plain_array(nbytes: int):
 class RecordBatches(PipeBatches):
     """Iterable over batches of raw records of one channel; every ``iter()`` reads the next epoch.
 
-    ``job``, ``role``, ``record_format``, ``drop_last``, ``prefetch``, ``pin_memory``, ``timeout``,
-    ``max_corrupted_records_to_skip``, ``max_record_bytes`` and ``config`` are ``PipeBatches``'.
+    ``job``, ``role``, ``record_format``, ``drop_last``, ``prefetch``, ``pin_memory``, ``device``,
+    ``timeout``, ``max_corrupted_records_to_skip``, ``max_record_bytes`` and ``config`` are
+    ``PipeBatches``'.
     ``record_bytes``: every record is this long, and batches are ``[n, record_bytes]`` uint8 tensors
     (a record of another length is a ``RecordFormatError``); None: ``RaggedBatch(data, offsets)``.
     ``compiled``: None uses the compiled reader where it is built (``compiled_available()``), False the
@@ -138,6 +139,7 @@ class RecordBatches(PipeBatches):
         max_corrupted_records_to_skip: int = 0,
         max_record_bytes: int | None = None,
         compiled: bool | None = None,
+        device=None,
         config=None,
     ):
         if record_bytes is not None and (isinstance(record_bytes, bool) or int(record_bytes) < 1):
@@ -153,6 +155,7 @@ class RecordBatches(PipeBatches):
             timeout=timeout,
             max_corrupted_records_to_skip=max_corrupted_records_to_skip,
             max_record_bytes=max_record_bytes,
+            device=device,
             config=config,
         )
         self.record_bytes = None if record_bytes is None else int(record_bytes)
@@ -164,14 +167,11 @@ class RecordBatches(PipeBatches):
         self.compiled = compiled_available() if compiled is None else bool(compiled)
         self._buffers: dict[bool, _Buffers] = {}  # pinned or not -> the buffers, kept over epochs
 
-    def __iter__(self):
-        # The reader thread hands over groups of (batch, records) pairs; the loop gets them one by one.
-        with contextlib.closing(super().__iter__()) as groups:
-            for group in groups:
-                self.records -= sum(count for _, count in group)  # PipeBatches counted the whole group
-                for batch, count in group:
-                    self.records += count
-                    yield batch
+    def _epoch(self):
+        # The reader thread hands over groups of (batch, records) pairs; they go on one by one.
+        with contextlib.closing(super()._epoch()) as groups:
+            for group, _ in groups:
+                yield from group
 
     def _batches(self, epoch: int, streams: list):
         """``(group, records in it)`` of one epoch's streams, made in the reader thread: a group is a list

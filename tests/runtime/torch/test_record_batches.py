@@ -153,3 +153,44 @@ def test_record_bytes_and_compiled_are_checked():
 
     with pytest.raises(ValueError, match="record_bytes=0"):
         RecordBatches("train_0", 4, record_bytes=0, config=object())
+
+
+def _device_epoch(tmp_path, device, records, batch_size=8):
+    """One epoch of ``records`` read with ``device=``, the records counted as each batch is handed out."""
+    from sagemaker_dist.runtime import RecordBatches
+
+    stream = b"".join(encode_tfrecord(r) for r in records)
+    config, feeder = pipe_channel(tmp_path, [stream])
+    batches = RecordBatches("train_0", batch_size, record_bytes=len(records[0]), config=config, device=device)
+    seen = []
+    for batch in batches:
+        seen.append((batch, batches.records))
+    feeder.join(10)
+    assert feeder.error is None
+    return seen
+
+
+def test_device_hands_out_each_batch_there_and_counts_records_as_handed_out(tmp_path):
+    records = [os.urandom(300) for _ in range(20)]
+    seen = _device_epoch(tmp_path, "meta", records)
+    # one batch is copied ahead, but ``records`` counts only what the loop has been given
+    assert [(tuple(b.shape), n) for b, n in seen] == [((8, 300), 8), ((8, 300), 16), ((4, 300), 20)]
+    assert all(b.device.type == "meta" for b, _ in seen)
+    cpu = _device_epoch(tmp_path / "cpu", "cpu", records)
+    assert [bytes(row.numpy()) for b, _ in cpu for row in b] == records
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the side-stream copy needs a CUDA device")
+def test_device_copies_on_a_side_stream_and_the_loop_sees_whole_batches(tmp_path):
+    # Each step keeps the loop's stream busy before it reads the batch: a copy the loop's stream did not
+    # wait for, or GPU memory reused under it, would show as wrong sums.
+    records = [os.urandom(1 << 20) for _ in range(24)]
+    expected = [sum(r) for r in records]
+    busy = torch.randn(2048, 2048, device="cuda")
+    sums = []
+    for batch, _ in _device_epoch(tmp_path, "cuda", records, batch_size=4):
+        assert batch.is_cuda
+        for _ in range(20):
+            busy = busy @ busy / 2048
+        sums += batch.sum(dim=1, dtype=torch.int64).tolist()
+    assert sums == expected
