@@ -103,6 +103,19 @@ def on_device(pairs, device):
         yield handed_out(*ahead[0]), ahead[1]
 
 
+def _checked_device(device):
+    """``device`` as a ``torch.device``, refused here (not at the first batch) where it cannot be used."""
+    import torch
+
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device={device!r} is not a device torch knows ({exc}); give job.device") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r}, but CUDA is not available here; give job.device, or None")
+    return device
+
+
 class PipeBatches:
     """Iterable over batches of one channel; every ``iter()`` reads the channel's next epoch (a Pipe
     channel's next FIFO, or a File channel's files again).
@@ -164,7 +177,7 @@ class PipeBatches:
         self.drop_last = drop_last
         self.prefetch = int(prefetch)
         self.pin_memory = pin_memory
-        self.device = device
+        self.device = None if device is None else _checked_device(device)
         self.timeout = float(timeout)
         self.max_skip = int(max_corrupted_records_to_skip)
         self.chunk_size = int(chunk_size)

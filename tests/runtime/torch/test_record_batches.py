@@ -194,3 +194,17 @@ def test_device_copies_on_a_side_stream_and_the_loop_sees_whole_batches(tmp_path
             busy = busy @ busy / 2048
         sums += batch.sum(dim=1, dtype=torch.int64).tolist()
     assert sums == expected
+
+
+def test_a_device_that_cannot_be_used_is_refused_when_the_reader_is_made(tmp_path):
+    from sagemaker_dist.runtime import PipeBatches, RecordBatches
+    from sagemaker_dist.runtime.config import ContainerConfig
+
+    root = write_opt_ml(tmp_path / "opt_ml", ["train_0"], plan_layout(1, 1))
+    config = ContainerConfig.load(root, {})
+    with pytest.raises(ValueError, match="is not a device torch knows.*give job.device"):
+        RecordBatches("train_0", 8, config=config, device="gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available here; give job.device"):
+            PipeBatches("train_0", 8, config=config, device="cuda")
+    assert PipeBatches("train_0", 8, config=config, device="cpu").device == torch.device("cpu")
