@@ -120,11 +120,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, name))
     # Tests of the training image (marker `image`) run under scripts/container-test.sh, which builds the
     # image and names it in SAGEMAKER_DIST_TEST_IMAGE; elsewhere they are deselected, not skipped.
-    if not os.environ.get("SAGEMAKER_DIST_TEST_IMAGE"):
-        image = [item for item in items if item.get_closest_marker("image")]
-        if image:
-            config.hook.pytest_deselected(items=image)
-            items[:] = [item for item in items if not item.get_closest_marker("image")]
+    # Tests marked `gpu` need a CUDA device: they run where SAGEMAKER_DIST_TEST_GPU=1 says one is (CI has
+    # none), and are deselected elsewhere, not skipped.
+    for marker, variable in (("image", "SAGEMAKER_DIST_TEST_IMAGE"), ("gpu", "SAGEMAKER_DIST_TEST_GPU")):
+        if not os.environ.get(variable):
+            chosen = [item for item in items if item.get_closest_marker(marker)]
+            if chosen:
+                config.hook.pytest_deselected(items=chosen)
+                items[:] = [item for item in items if not item.get_closest_marker(marker)]
 
 
 def pytest_generate_tests(metafunc):

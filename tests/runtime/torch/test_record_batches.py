@@ -180,7 +180,7 @@ def test_device_hands_out_each_batch_there_and_counts_records_as_handed_out(tmp_
     assert [bytes(row.numpy()) for b, _ in cpu for row in b] == records
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the side-stream copy needs a CUDA device")
+@pytest.mark.gpu
 def test_device_copies_on_a_side_stream_and_the_loop_sees_whole_batches(tmp_path):
     # Each step keeps the loop's stream busy before it reads the batch: a copy the loop's stream did not
     # wait for, or GPU memory reused under it, would show as wrong sums.
