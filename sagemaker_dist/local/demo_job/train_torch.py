@@ -88,12 +88,10 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     model = DDP(build_model().to(job.device), device_ids=job.device_ids)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.learning_rate * job.world_size)
-    train = PipeBatches(job, args.batch_size, decode=decode, collate=collate)
-    valid = (
-        PipeBatches(job, args.batch_size, role="validation", decode=decode, collate=collate)
-        if validate
-        else None
-    )
+    # batches handed out on this rank's device (on a GPU, copied ahead on a side stream)
+    batches = {"decode": decode, "collate": collate, "device": job.device}
+    train = PipeBatches(job, args.batch_size, **batches)
+    valid = PipeBatches(job, args.batch_size, role="validation", **batches) if validate else None
     training = PipeTraining(
         job, model, optimizer, epochs=args.epochs, tensorboard_s3_uri=args.tensorboard_s3_uri
     )
@@ -101,7 +99,6 @@ def main(argv=None) -> int:
         model.train()
         loss_sum, correct, seen = 0.0, 0, 0
         for images, labels in training.batches(train):
-            images, labels = images.to(job.device), labels.to(job.device)
             optimizer.zero_grad()
             logits = model(images)
             loss = F.cross_entropy(logits, labels)
@@ -116,7 +113,6 @@ def main(argv=None) -> int:
             v_loss, v_correct, v_seen = 0.0, 0, 0
             with torch.no_grad():
                 for images, labels in training.evaluate(valid):
-                    images, labels = images.to(job.device), labels.to(job.device)
                     logits = model(images)
                     v_loss += F.cross_entropy(logits, labels, reduction="sum").item()
                     v_correct += int((logits.argmax(1) == labels).sum())
