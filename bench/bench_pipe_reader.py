@@ -75,6 +75,13 @@ def _tfrecord_scan_is_compiled() -> bool:
     return tfrecord._native is not None
 
 
+def rotated(arms, round_: int) -> list:
+    """``arms`` in round ``round_``'s order: rotated by one each round, so no arm always runs first."""
+    arms = list(arms)
+    shift = round_ % len(arms)
+    return arms[shift:] + arms[:shift]
+
+
 def make_file(path: Path, record_size: int, total_bytes: int, vary: bool = False) -> int:
     """Write about ``total_bytes`` of TFRecords of ``record_size`` bytes; return the record count.
 

@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench_pipe_reader import rotated
 from demo_scripts import demo_module
 
 ARMS = ("fixed", "agreed", "join")
@@ -70,7 +71,7 @@ def timed(args, batches: list, model, optimizer, loss_fn, arms, epochs: int) -> 
     """Step times per arm over ``args.repeats`` rotated repeats of ``epochs`` epochs, the first dropped."""
     times = {arm: [] for arm in arms}
     for repeat in range(args.repeats):
-        for arm in arms[repeat % len(arms) :] + arms[: repeat % len(arms)]:
+        for arm in rotated(arms, repeat):
             for epoch in range(epochs):
                 seconds = epoch_seconds(arm, batches, model, optimizer, loss_fn)
                 if epoch:

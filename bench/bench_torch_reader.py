@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_pipe_reader import make_file, start_writer  # noqa: E402
+from bench_pipe_reader import make_file, rotated, start_writer  # noqa: E402
 
 BATCH = 256
 CHUNK = 1 << 20  # the compiled reader's read size (its buffer), and so the raw arm's
@@ -132,7 +132,7 @@ def main() -> int:
             nbytes = src.stat().st_size
             runs: dict[str, list[dict]] = {arm: [] for arm in arms}
             for round_ in range(args.repeats):
-                for arm in arms[round_ % len(arms) :] + arms[: round_ % len(arms)]:
+                for arm in rotated(arms, round_):
                     if arm.startswith("raw"):
                         fifo, raw_epoch = data / f"raw_{raw_epoch}", raw_epoch + 1
                     else:  # RecordBatches takes the channel's next epoch: bench_0, bench_1, ...

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from bench_pipe_reader import start_writer  # noqa: E402
+from bench_pipe_reader import rotated, start_writer  # noqa: E402
 from bench_torch_reader import child_result, start_child  # noqa: E402
 
 from sagemaker_dist.contract.record_formats import encode_tfrecord  # noqa: E402
@@ -189,8 +189,7 @@ def train_part(args, device, tmp: Path, card: str) -> list[dict]:
         runs = {arm: [] for arm in arms}
         total = args.warmup + args.steps
         for round_ in range(args.repeats):
-            order = list(arms)[round_ % 3 :] + list(arms)[: round_ % 3]
-            for arm in order:
+            for arm in rotated(arms, round_):
                 if arm == "resident":
                     batches, step = repeated(resident, total), model.step_records
                     runs[arm].append(timed_steps(batches, step, args.warmup, args.steps, device))
@@ -247,8 +246,7 @@ def feed_part(args, device, tmp: Path, card: str) -> list[dict]:
     for ranks in sorted({1, args.ranks}):
         runs = {arm: [] for arm in FEED_ARMS}
         for round_ in range(args.repeats):
-            order = list(FEED_ARMS)[round_ % len(FEED_ARMS) :] + list(FEED_ARMS)[: round_ % len(FEED_ARMS)]
-            for arm in order:
+            for arm in rotated(FEED_ARMS, round_):
                 results = run_ranks(arm, ranks, roots, epochs, src, size)
                 if not arm.startswith("raw"):
                     epochs[:ranks] = [e + 1 for e in epochs[:ranks]]
@@ -355,8 +353,7 @@ def jpeg_part(args, device, tmp: Path, card: str) -> list[dict]:
     total = args.warmup + args.steps
     runs = {"decoded": [], "pipe+decode": [], "decode only": []}
     for round_ in range(args.repeats):
-        order = ["decoded", "pipe+decode", "decode only"]
-        for arm in order[round_ % 3 :] + order[: round_ % 3]:
+        for arm in rotated(runs, round_):
             if arm == "decoded":
                 step = lambda images: model.step(images, labels)  # noqa: E731
                 rate = timed_steps(repeated(decoded, total), step, args.warmup, args.steps, device)

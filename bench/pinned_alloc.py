@@ -22,6 +22,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_pipe_reader import rotated  # noqa: E402
 
 CHILD = """
 import json, mmap, sys, time
@@ -86,8 +89,7 @@ def main() -> int:
     nbytes = int(args.mb * (1 << 20))
     runs: dict[str, list[dict]] = {conf: [] for conf in args.conf}
     for round_ in range(args.repeats):
-        order = args.conf[round_ % len(args.conf) :] + args.conf[: round_ % len(args.conf)]
-        for conf in order:
+        for conf in rotated(args.conf, round_):
             env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": conf}
             argv = [sys.executable, "-c", CHILD, str(nbytes), str(args.count)]
             done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=True)
