@@ -15,6 +15,7 @@ and reports its peak RSS.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import json
 import os
@@ -44,7 +45,7 @@ from sagemaker_dist.contract.record_formats import (
 )
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime import RecordFormatError
-from sagemaker_dist.runtime.fifo import FifoReader
+from sagemaker_dist.runtime.fifo import F_SETPIPE_SZ, PIPE_BUFFER_BYTES, FifoReader
 from sagemaker_dist.runtime.framing import LARGE_RECORD_BYTES, frame_views, make_framer
 from sagemaker_dist.runtime.framing.base import READ_STEP
 
@@ -151,11 +152,20 @@ class ShortReads(io.BytesIO):
             return super().readinto(mv[: self.most])
 
 
-def frame_all(data: bytes, record_format: str, limit: int | None, chunk: int, most: int, large_reads: bool):
-    """(records, error) of the framer over ``data``: any failure but a RecordFormatError naming this
-    channel, epoch and an offset inside the stream fails the test; no record is over the limit."""
+def frame_all(
+    data: bytes,
+    record_format: str,
+    limit: int | None,
+    chunk: int,
+    most: int,
+    large_reads: bool,
+    skip: int = 0,
+):
+    """(records, error) of the framer over ``data`` (``skip``: corrupted TFRecords it may skip): any
+    failure but a RecordFormatError naming this channel, epoch and an offset inside the stream fails the
+    test; no record is over the limit."""
     stream = ShortReads(data, most)
-    framer = make_framer(record_format, "fuzz_0", 7, max_record_bytes=limit)
+    framer = make_framer(record_format, "fuzz_0", 7, skip, max_record_bytes=limit)
     read = stream.read if large_reads else None
     records, error = [], None
     try:
@@ -227,19 +237,34 @@ def test_text_lines_over_the_limit_are_refused(data, limit, chunk):
 # line over the limit is "at least" that long depends on how the bytes came).
 
 
-def fill_compiled(data: bytes, record_format: str, limit: int | None, batch: int):
-    """(records, error) of the compiled batch reader over ``data`` (from a file), ``batch`` at a time."""
+def fill_compiled(
+    data: bytes,
+    record_format: str,
+    limit: int | None,
+    batch: int,
+    skip: int = 0,
+    record_bytes: int = 0,
+    capacity: int = 64,
+    writes: int | None = None,
+):
+    """(records, error) of the compiled batch reader over ``data``, ``batch`` records at a time into
+    buffers of ``capacity`` bytes at first: from a file, or with ``writes`` from a pipe a thread fills in
+    writes of that many bytes (reads that end anywhere)."""
     from sagemaker_dist.runtime.framing.batch_fill import Batch, StreamFill
 
-    framer = make_framer(record_format, "fuzz_0", 7, max_record_bytes=limit)
+    framer = make_framer(record_format, "fuzz_0", 7, skip, max_record_bytes=limit)
     records, error = [], None
-    with tempfile.TemporaryFile() as f:
-        f.write(data)
-        f.seek(0)
-        fill = StreamFill(f, framer, compiled=True)
+    with contextlib.ExitStack() as stack:
+        if writes is None:
+            source = stack.enter_context(tempfile.TemporaryFile())
+            source.write(data)
+            source.seek(0)
+        else:
+            source = stack.enter_context(pipe_fed_by_a_thread(data, writes))
+        fill = StreamFill(source, framer, record_bytes, compiled=True)
         try:
             while True:
-                b = Batch(batch, 64)
+                b = Batch(batch, capacity)
                 more = fill.fill(b)
                 records += [b.data[b.offsets[i] : b.offsets[i + 1]].tobytes() for i in range(b.count)]
                 if not more:
@@ -251,9 +276,40 @@ def fill_compiled(data: bytes, record_format: str, limit: int | None, batch: int
     return records, error
 
 
-def same_as_the_python_framer(data: bytes, record_format: str, limit: int | None, batch: int) -> None:
-    records, error = fill_compiled(data, record_format, limit, batch)
-    expected, expected_error = frame_all(data, record_format, limit, 1 << 20, 1 << 20, False)
+@contextlib.contextmanager
+def pipe_fed_by_a_thread(data: bytes, writes: int):
+    """The read end of a pipe (of a FIFO's size) a thread writes ``data`` into, ``writes`` bytes a
+    write, then closes."""
+    read_fd, write_fd = os.pipe()
+    fcntl.fcntl(read_fd, F_SETPIPE_SZ, PIPE_BUFFER_BYTES)
+
+    def feed():
+        try:
+            for at in range(0, len(data), writes):
+                os.write(write_fd, data[at : at + writes])
+        except BrokenPipeError:  # the reader stopped at an error
+            pass
+        finally:
+            os.close(write_fd)
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    reader = os.fdopen(read_fd, "rb", buffering=0)
+    try:
+        yield reader
+    finally:
+        reader.close()
+        writer.join(timeout=10)
+        assert not writer.is_alive(), "the pipe's writer did not finish in 10 s"
+
+
+def same_as_the_python_framer(
+    data: bytes, record_format: str, limit: int | None, batch: int, **kwargs
+) -> None:
+    records, error = fill_compiled(data, record_format, limit, batch, **kwargs)
+    expected, expected_error = frame_all(
+        data, record_format, limit, 1 << 20, 1 << 20, False, kwargs.get("skip", 0)
+    )
     if expected_error is None:
         assert error is None and records == expected
         return
@@ -275,6 +331,77 @@ batches = st.sampled_from([1, 2, 5])
 @given(data=tfrecord_streams(), limit=limits, batch=batches)
 def test_the_compiled_batch_reader_reads_crafted_tfrecord_streams_as_the_framer_does(data, limit, batch):
     same_as_the_python_framer(data, "TFRecord", limit, batch)
+
+
+@st.composite
+def large_record_runs(draw):
+    """(stream, length): runs of large TFRecords of one length (read by the kernel straight into the
+    batch, CRC and next header in the same read), broken by records of another length, corrupted
+    ones, a header with a bad CRC, garbage; perhaps truncated."""
+    size = draw(st.sampled_from([LARGE, LARGE + 3, 3 * LARGE]))
+    kinds = st.sampled_from(["run", "run", "corrupt", "other", "bad header", "garbage"])
+    parts = []
+    for i, kind in enumerate(draw(st.lists(kinds, min_size=1, max_size=8))):
+        if kind == "run":
+            parts += [
+                encode_tfrecord(bytes([i, j]) * (size // 2) + bytes(size % 2))
+                for j in range(draw(st.integers(1, 40)))
+            ]
+        elif kind == "corrupt":
+            record = bytearray(encode_tfrecord(bytes([i]) * size))
+            record[12 + draw(st.integers(0, size - 1))] ^= 1
+            parts.append(bytes(record))
+        elif kind == "other":
+            parts.append(encode_tfrecord(bytes([i]) * draw(st.integers(0, 2 * LARGE))))
+        elif kind == "bad header":
+            parts.append(tfrecord_header(size, crc_ok=False) + bytes(size + 4))
+        else:
+            parts.append(draw(st.binary(min_size=1, max_size=20)))
+    data = b"".join(parts)
+    return (data[: draw(st.integers(0, len(data)))] if draw(st.booleans()) else data), size
+
+
+@fuzz
+@given(
+    stream=large_record_runs(),
+    batch=st.sampled_from([1, 3, 8, 64, 256]),
+    skip=st.sampled_from([0, 2]),
+    room=st.sampled_from(["small", "batch"]),
+    writes=st.sampled_from([None, 4096, 50_000, 1 << 20]),
+)
+def test_the_compiled_batch_reader_reads_runs_of_large_records_from_a_pipe_as_the_framer_does(
+    stream, batch, skip, room, writes
+):
+    data, size = stream
+    capacity = 64 if room == "small" else batch * size
+    same_as_the_python_framer(data, "TFRecord", None, batch, skip=skip, capacity=capacity, writes=writes)
+
+
+@fuzz
+@given(
+    stream=large_record_runs(), batch=st.sampled_from([1, 3, 8, 64]), writes=st.sampled_from([None, 50_000])
+)
+def test_records_of_another_length_are_named_when_record_bytes_is_given(stream, batch, writes):
+    data, size = stream
+    records, error = fill_compiled(
+        data, "TFRecord", None, batch, record_bytes=size, capacity=batch * size, writes=writes
+    )
+    expected, expected_error = frame_all(data, "TFRecord", None, 1 << 20, 1 << 20, False)
+    other = next((i for i, r in enumerate(expected) if len(r) != size), None)
+    if other is None and expected_error is None:
+        assert error is None and records == expected
+        return
+    assert error is not None and records == expected[: len(records)]
+    if other is not None:  # named at that record, before anything after it
+        assert (
+            f"a record of {len(expected[other])} bytes where every record is to be record_bytes={size}"
+            in str(error)
+        )
+        assert other - len(records) < batch
+    else:  # the stream's own error, or a record of another length that the stream cuts short
+        assert str(error) == str(expected_error) or f"where every record is to be record_bytes={size}" in str(
+            error
+        )
 
 
 @fuzz
