@@ -27,11 +27,18 @@ def read_to_end(fifo: str, chunk: int = 1 << 20) -> tuple[int, float]:
     return n, first
 
 
-def read_into_batches(fifo: str, batch_bytes: int, buffers: int = 4, chunk: int = 1 << 20):
-    """``read_to_end``, but into ``buffers`` batch-sized buffers of fresh plain pages in turn (reads of at
-    most ``chunk``, none past a buffer's end): what any reader that hands out batches of ``batch_bytes``
-    pays for its memory, and no framing. ``RecordBatches``' pool holds about 4 unpinned batches in flight."""
-    views = [memoryview(mmap.mmap(-1, batch_bytes)) for _ in range(buffers)]
+def batch_buffers(batch_bytes: int, buffers: int = 4, populated: bool = False) -> list[memoryview]:
+    """``buffers`` batch-sized buffers of fresh plain pages; ``populated``: faulted in and zeroed now
+    (``MAP_POPULATE``), so that reads into them later pay for no fresh memory."""
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (getattr(mmap, "MAP_POPULATE", 0) if populated else 0)
+    return [memoryview(mmap.mmap(-1, batch_bytes, flags=flags)) for _ in range(buffers)]
+
+
+def read_into_batches(fifo: str, views: list[memoryview], chunk: int = 1 << 20):
+    """``read_to_end``, but into ``views`` (``batch_buffers``) in turn, reads of at most ``chunk``, none
+    past a buffer's end: with fresh buffers, what any reader that hands out batches of their size pays
+    for its memory, and no framing. ``RecordBatches``' pool holds about 4 unpinned batches in flight."""
+    batch_bytes = len(views[0])
     fd = os.open(fifo, os.O_RDONLY)
     n, first, at, which = 0, 0.0, 0, 0
     try:
@@ -40,7 +47,7 @@ def read_into_batches(fifo: str, batch_bytes: int, buffers: int = 4, chunk: int 
             first = first or time.perf_counter()
             n, at = n + got, at + got
             if at == batch_bytes:
-                at, which = 0, (which + 1) % buffers
+                at, which = 0, (which + 1) % len(views)
     finally:
         os.close(fd)
     return n, first
