@@ -264,12 +264,14 @@ def feed_part(args, device, tmp: Path, card: str) -> list[dict]:
 
 
 # The feed part's arms: the raw pipe; raw reads into four batch-sized buffers of fresh pages in turn (the
-# memory a batch reader must fill in a fresh process); RecordBatches into pinned batches with torch's
+# memory a batch reader must fill in a fresh process), and into four populated before the clock (that
+# memory without fresh pages); RecordBatches into pinned batches with torch's
 # defaults, and with the host allocator pinning by cudaHostRegister from 8 threads.
 REGISTER = "pinned_use_cuda_host_register:True,pinned_num_register_threads:8"
 FEED_ARMS = {
     "raw": {},
     "raw-batches": {},
+    "raw-warm": {},
     "ours": {},
     "ours, host register": {"PYTORCH_CUDA_ALLOC_CONF": REGISTER},
 }
