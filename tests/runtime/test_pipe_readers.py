@@ -126,13 +126,16 @@ def test_corrupt_large_record_fails_or_is_skipped(opt_ml, caplog, capfd):
 
 
 def test_crcs_of_every_length_and_a_flipped_bit_in_each_lane(opt_ml):
-    # The compiled reader's CRC32C runs three lanes of 4096- and 256-byte blocks and joins them: every
-    # length around those blocks reads back, and a flipped bit in any lane is a mismatch.
+    # The compiled reader's CRC32C folds 256 bytes a step in four registers (from 256 bytes), then runs
+    # three lanes of 4096- and 256-byte blocks and joins them: every length around those blocks reads
+    # back, and a flipped bit in any register or lane is a mismatch.
     sizes = [*range(0, 1100), 3 * 4096 - 1, 3 * 4096, 3 * 4096 + 769, 6 * 4096 + 8, 100_003]
     records = [os.urandom(n) for n in sizes]
     replay(opt_ml, "train_0_0", b"".join(encode_tfrecord(r) for r in records))
     assert [r for b in PipeModeDataset("train_0", "TFRecord", batch_size=64) for r in b.numpy()] == records
-    for epoch, at in enumerate((100, 4096 + 5, 2 * 4096 + 4000, 3 * 4096 + 300, 3 * 4096 + 600), start=1):
+    for epoch, at in enumerate(
+        (100, 200, 4096 + 5, 2 * 4096 + 4000, 3 * 4096 + 300, 3 * 4096 + 600), start=1
+    ):
         data = bytearray(encode_tfrecord(os.urandom(3 * 4096 + 769)))
         data[12 + at] ^= 0x10
         replay(opt_ml, f"train_0_{epoch}", bytes(data))

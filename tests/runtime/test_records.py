@@ -242,6 +242,27 @@ def test_records_of_varying_length_and_one_flipped_bit(sizes, chunk, flip):
 def test_the_compiled_crc_matches_the_crc32c_package():
     from sagemaker_dist.runtime.framing import tfrecord
 
-    for n in (0, 1, 7, 8, 9, 63, 64, 1000, 100_001):
-        data = os.urandom(n)
-        assert tfrecord._native.masked_crc32c(data) == masked_crc32c(data)
+    # around the folded path's edges (from 256 bytes, 256 a step) and the three lanes' (3 x 4096),
+    # at every alignment
+    sizes = [
+        0,
+        1,
+        7,
+        8,
+        9,
+        63,
+        64,
+        1000,
+        *range(250, 300),
+        *range(500, 530),
+        *range(1016, 1040),
+        2048,
+        3 * 4096 + 769,
+        100_001,
+        1 << 20,
+    ]
+    for n in sizes:
+        data = os.urandom(n + 3)
+        for at in range(4):
+            view = memoryview(data)[at : at + n]
+            assert tfrecord._native.masked_crc32c(view) == masked_crc32c(bytes(view)), (n, at)

@@ -9,8 +9,11 @@
  * CRC32C: on x86-64 with SSE 4.2, the CPU's CRC32C instruction in three lanes. It takes 3 cycles and
  * can start one a cycle, so one stream of it runs at a third of its speed; three lanes of a block run
  * at once, and their CRCs are joined by shifting the running one past the next lane (a linear map,
- * applied with 4 tables made by one carry-less multiplication an entry). On ARMv8 with the CRC
- * extension, its instructions in one lane; elsewhere slicing-by-8 tables.
+ * applied with 4 tables made by one carry-less multiplication an entry). Where the CPU also has
+ * AVX-512 and VPCLMULQDQ (Ice Lake and later, Zen 4), runs of 256 bytes or more are first
+ * folded 256 bytes a step with carry-less multiplications (sd_crc32c_fold), which the CRC32C
+ * instruction then reduces. On ARMv8 with the CRC extension, its instructions in one lane; elsewhere
+ * slicing-by-8 tables.
  *
  * A length field is only the stream's claim: every check here compares it with the caller's limit
  * (at most SD_MAX_RECORD_CEILING, so a length plus a frame's few bytes never wraps 64 bits) before
@@ -129,7 +132,81 @@ __attribute__((target("sse4.2"))) static inline uint64_t sd_crc_lanes(uint64_t c
     return c;
 }
 
+/* Folding (sd_crc32c_fold). A block of 16 bytes, loaded as two little-endian words (lo: its first 8
+ * bytes), is a polynomial whose bit k is the coefficient of x^(127-k); moving it d bits further down the
+ * message is multiplying by x^d. A carry-less product of a word (bit i: x^(63-i)) and a 32-bit constant
+ * held reflected (bit j: x^(31-j)) has bit m: x^(94-m), which read as a block is the product times
+ * x^33. So lo * (x^(d+31) mod P) + hi * (x^(d-33) mod P) is the block moved d bits down, modulo P, in
+ * 95 bits of a block: it is added (xor) to the block d bits on, and the last block's CRC32C (the
+ * instruction over its 16 bytes, from 0) is the CRC of all the bytes folded into it. */
+#if (defined(__clang__) && __clang_major__ >= 8) || (!defined(__clang__) && __GNUC__ >= 9)
+#define SD_CRC_FOLD 1 /* compilers that know the vpclmulqdq target and CPU feature */
+#include <immintrin.h>
+#define SD_FOLD_MIN 256
+
+static int sd_crc_fold;
+static uint64_t sd_fold_256[2], sd_fold_64[2], sd_fold_lanes[8]; /* {lo, hi} constants per distance */
+
+/* x^n mod P, held as the register holds it (bit 31 is x^0). */
+static uint32_t sd_xpow_mod_p(unsigned n) {
+    uint32_t v = 1u << 31;
+    while (n--) v = (v & 1) ? (v >> 1) ^ SD_CRC_POLY : v >> 1;
+    return v;
+}
+
+/* The constants that move a block `bits` further down the message (held as the register holds them,
+ * which is the word's form above). */
+static void sd_fold_constants(uint64_t k[2], unsigned bits) {
+    k[0] = sd_xpow_mod_p(bits + 31);
+    k[1] = sd_xpow_mod_p(bits - 33);
+}
+
+__attribute__((target("avx512f,vpclmulqdq"))) static inline __m512i sd_fold(__m512i x, __m512i k, __m512i next) {
+    return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(x, k, 0x00), _mm512_clmulepi64_epi128(x, k, 0x11),
+                                     next, 0x96);
+}
+
+/* The register after the first n - n % 256 bytes at *pp (n >= 256), and *pp, *np past them. */
+__attribute__((target("avx512f,vpclmulqdq,sse4.2"))) static uint32_t sd_crc32c_fold(uint32_t crc,
+                                                                                     const unsigned char **pp,
+                                                                                     size_t *np) {
+    const unsigned char *p = *pp;
+    size_t n = *np;
+    __m512i first = _mm512_inserti32x4(_mm512_setzero_si512(), _mm_cvtsi32_si128((int)crc), 0); /* the register */
+    __m512i x0 = _mm512_xor_si512(_mm512_loadu_si512(p), first);
+    __m512i x1 = _mm512_loadu_si512(p + 64), x2 = _mm512_loadu_si512(p + 128), x3 = _mm512_loadu_si512(p + 192);
+    p += 256;
+    n -= 256;
+    __m512i k = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)sd_fold_256));
+    while (n >= 256) {
+        x0 = sd_fold(x0, k, _mm512_loadu_si512(p));
+        x1 = sd_fold(x1, k, _mm512_loadu_si512(p + 64));
+        x2 = sd_fold(x2, k, _mm512_loadu_si512(p + 128));
+        x3 = sd_fold(x3, k, _mm512_loadu_si512(p + 192));
+        p += 256;
+        n -= 256;
+    }
+    k = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)sd_fold_64));
+    __m512i x = sd_fold(sd_fold(sd_fold(x0, k, x1), k, x2), k, x3);
+    /* its four blocks into the last: the first moved 384 bits, the second 256, the third 128 */
+    __m512i lanes = _mm512_loadu_si512(sd_fold_lanes);
+    __m512i moved = _mm512_xor_si512(_mm512_clmulepi64_epi128(x, lanes, 0x00),
+                                     _mm512_clmulepi64_epi128(x, lanes, 0x11));
+    __m128i last = _mm_xor_si128(
+        _mm_xor_si128(_mm512_extracti32x4_epi32(moved, 0), _mm512_extracti32x4_epi32(moved, 1)),
+        _mm_xor_si128(_mm512_extracti32x4_epi32(moved, 2), _mm512_extracti32x4_epi32(x, 3)));
+    uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(last));
+    c = _mm_crc32_u64(c, (uint64_t)_mm_extract_epi64(last, 1));
+    *pp = p;
+    *np = n;
+    return (uint32_t)c;
+}
+#endif
+
 __attribute__((target("sse4.2"))) static uint32_t sd_crc32c_hw(uint32_t crc, const unsigned char *p, size_t n) {
+#ifdef SD_CRC_FOLD
+    if (sd_crc_fold && n >= SD_FOLD_MIN) crc = sd_crc32c_fold(crc, &p, &n);
+#endif
     uint64_t c = crc;
     c = sd_crc_lanes(c, &p, &n, SD_LANE_LONG, sd_shift_long);
     c = sd_crc_lanes(c, &p, &n, SD_LANE_SHORT, sd_shift_short);
@@ -183,13 +260,23 @@ static void sd_crc32c_make(void) {
     if (sd_crc_hw) { /* about 20 us each */
         sd_make_shift(sd_shift_long, SD_LANE_LONG);
         sd_make_shift(sd_shift_short, SD_LANE_SHORT);
+#ifdef SD_CRC_FOLD
+        sd_fold_constants(sd_fold_256, 2048);
+        sd_fold_constants(sd_fold_64, 512);
+        for (int lane = 0; lane < 3; lane++) sd_fold_constants(sd_fold_lanes + 2 * lane, 128 * (3 - lane));
+        sd_crc_fold = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq");
+#endif
     }
 #endif
 }
 
-/* Makes the tables once; returns whether the CPU's CRC32C instructions are used. */
+/* Makes the tables once; returns 0 for tables, 1 for the CPU's CRC32C instructions, 2 for those after
+ * carry-less folding. */
 static inline int sd_crc32c_init(void) {
     pthread_once(&sd_crc_once, sd_crc32c_make);
+#ifdef SD_CRC_FOLD
+    if (sd_crc_fold) return 2;
+#endif
     return sd_crc_hw;
 }
 
