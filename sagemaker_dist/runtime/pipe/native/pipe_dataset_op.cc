@@ -4,7 +4,7 @@
 // never outlives its TensorFlow as AWS's prebuilt op did. Each iterator is one iteration: it takes
 // the channel's next epoch (<state_dir>/<channel> under flock, shared with the Python reader),
 // waits for <pipe_dir>/<channel>_<epoch>, and frames TFRecord (both CRC32Cs, as TFRecordDataset
-// checks them, with the CPU's CRC32C instruction in three lanes: framing/native/record_core.h, the
+// checks them, with the CPU's CRC32C instructions, folded where it can: framing/native/record_core.h, the
 // framing core the Python extensions share, as are its frame rules), RecordIO or text
 // lines with large non-blocking reads into a 1 MiB buffer. Large TFRecords are read by the kernel
 // straight into their output tensor, with the CRC and the next header in the same read. Errors name
