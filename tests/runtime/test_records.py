@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import platform
 import struct
 import subprocess
 import sys
@@ -238,31 +239,41 @@ def test_records_of_varying_length_and_one_flipped_bit(sizes, chunk, flip):
         read_all(corrupt(data, at), "TFRecord", chunk_size=chunk)
 
 
-@pytest.mark.scans("compiled")  # the numpy scan has no CRC of its own
-def test_the_compiled_crc_matches_the_crc32c_package():
-    from sagemaker_dist.runtime.framing import tfrecord
-
-    # around the folded path's edges (from 256 bytes, 256 a step) and the three lanes' (3 x 4096),
-    # at every alignment
-    sizes = [
-        0,
-        1,
-        7,
-        8,
-        9,
-        63,
-        64,
-        1000,
-        *range(250, 300),
-        *range(500, 530),
-        *range(1016, 1040),
-        2048,
-        3 * 4096 + 769,
-        100_001,
-        1 << 20,
-    ]
-    for n in sizes:
+# Lengths around the folded CRC32C's edges (from 256 bytes, 256 a step) and the three lanes' (3 x 4096).
+CRC_SIZES = [0, 1, 7, 8, 9, 63, 64, 1000, *range(250, 300), *range(500, 530), *range(1016, 1040), 2048]
+CRC_SIZES += [3 * 4096 + 769, 100_001, 1 << 20]
+CRC_CHECK = """
+import os, sys
+from sagemaker_dist.contract.record_formats import masked_crc32c
+from sagemaker_dist.runtime.framing import _record_reader, _tfrecord_scan
+for module in (_record_reader, _tfrecord_scan):
+    for n in map(int, sys.argv[1].split(",")):
         data = os.urandom(n + 3)
-        for at in range(4):
+        for at in range(4):  # every alignment
             view = memoryview(data)[at : at + n]
-            assert tfrecord._native.masked_crc32c(view) == masked_crc32c(bytes(view)), (n, at)
+            assert module.masked_crc32c(view) == masked_crc32c(bytes(view)), (module.__name__, n, at)
+print(_record_reader.HARDWARE_CRC, _tfrecord_scan.HARDWARE_CRC)
+"""
+
+
+def cpu_flags() -> set[str]:
+    with open("/proc/cpuinfo") as f:
+        return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+
+
+@pytest.mark.scans("compiled")  # the numpy scan has no CRC of its own
+@pytest.mark.parametrize("path", ["default", "lanes"])
+def test_the_compiled_crc_matches_the_crc32c_package(path):
+    # each path the CPU can take: folded where it has AVX-512 and VPCLMULQDQ, else (and with
+    # SAGEMAKER_DIST_CRC32C=lanes) the CRC32C instruction in three lanes
+    env = {**os.environ, "SAGEMAKER_DIST_CRC32C": path}
+    argv = [sys.executable, "-c", CRC_CHECK, ",".join(map(str, CRC_SIZES))]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    if platform.machine() != "x86_64":
+        return
+    flags = cpu_flags()
+    expected = "1" if "sse4_2" in flags else "0"
+    if path == "default" and {"avx512f", "vpclmulqdq"} <= flags:
+        expected = "2"
+    assert out.stdout.split() == [expected, expected]

@@ -12,7 +12,7 @@
  * applied with 4 tables made by one carry-less multiplication an entry). Where the CPU also has
  * AVX-512 and VPCLMULQDQ (Ice Lake and later, Zen 4), runs of 256 bytes or more are first
  * folded 256 bytes a step with carry-less multiplications (sd_crc32c_fold), which the CRC32C
- * instruction then reduces. On ARMv8 with the CRC extension, its instructions in one lane; elsewhere
+ * instruction then reduces (SAGEMAKER_DIST_CRC32C=lanes in the environment leaves it out). On ARMv8 with the CRC extension, its instructions in one lane; elsewhere
  * slicing-by-8 tables.
  *
  * A length field is only the stream's claim: every check here compares it with the caller's limit
@@ -25,6 +25,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define SD_MASK_DELTA 0xa282ead8u
@@ -264,7 +265,9 @@ static void sd_crc32c_make(void) {
         sd_fold_constants(sd_fold_256, 2048);
         sd_fold_constants(sd_fold_64, 512);
         for (int lane = 0; lane < 3; lane++) sd_fold_constants(sd_fold_lanes + 2 * lane, 128 * (3 - lane));
-        sd_crc_fold = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq");
+        const char *path = getenv("SAGEMAKER_DIST_CRC32C"); /* "lanes": no folding (the other path's tests) */
+        sd_crc_fold = !(path && strcmp(path, "lanes") == 0) && __builtin_cpu_supports("avx512f") &&
+                      __builtin_cpu_supports("vpclmulqdq");
 #endif
     }
 #endif
