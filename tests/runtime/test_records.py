@@ -240,7 +240,22 @@ def test_records_of_varying_length_and_one_flipped_bit(sizes, chunk, flip):
 
 
 # Lengths around the folded CRC32C's edges (from 256 bytes, 256 a step) and the three lanes' (3 x 4096).
-CRC_SIZES = [0, 1, 7, 8, 9, 63, 64, 1000, *range(250, 300), *range(500, 530), *range(1016, 1040), 2048]
+CRC_SIZES = [
+    0,
+    1,
+    7,
+    8,
+    9,
+    63,
+    64,
+    1000,
+    *range(250, 300),
+    *range(316, 324),
+    *range(500, 530),
+    *range(760, 780),
+    *range(1016, 1040),
+    2048,
+]
 CRC_SIZES += [3 * 4096 + 769, 100_001, 1 << 20]
 CRC_CHECK = """
 import os, sys

@@ -12,9 +12,8 @@
  * applied with 4 tables made by one carry-less multiplication an entry). Where the CPU also has
  * AVX-512 and VPCLMULQDQ (Ice Lake and later, Zen 4), runs of 256 bytes or more are first folded
  * 256 bytes a step with carry-less multiplications (sd_crc32c_fold), which the CRC32C instruction
- * then reduces: 2.7 times the three lanes' speed at 150 KB (SAGEMAKER_DIST_CRC32C=lanes in the
- * environment leaves the folding out). On ARMv8 with the CRC extension, its instructions in one lane;
- * elsewhere slicing-by-8 tables.
+ * then reduces (SAGEMAKER_DIST_CRC32C=lanes in the environment leaves the folding out). On ARMv8 with
+ * the CRC extension, its instructions in one lane; elsewhere slicing-by-8 tables.
  *
  * A length field is only the stream's claim: every check here compares it with the caller's limit
  * (at most SD_MAX_RECORD_CEILING, so a length plus a frame's few bytes never wraps 64 bits) before
@@ -135,19 +134,20 @@ __attribute__((target("sse4.2"))) static inline uint64_t sd_crc_lanes(uint64_t c
 }
 
 /* Folding (sd_crc32c_fold). A block of 16 bytes, loaded as two little-endian words (lo: its first 8
- * bytes), is a polynomial whose bit k is the coefficient of x^(127-k); moving it d bits further down the
- * message is multiplying by x^d. A carry-less product of a word (bit i: x^(63-i)) and a 32-bit constant
- * held reflected (bit j: x^(31-j)) has bit m: x^(94-m), which read as a block is the product times
- * x^33. So lo * (x^(d+31) mod P) + hi * (x^(d-33) mod P) is the block moved d bits down, modulo P, in
- * 95 bits of a block: it is added (xor) to the block d bits on, and the last block's CRC32C (the
- * instruction over its 16 bytes, from 0) is the CRC of all the bytes folded into it. */
-#if (defined(__clang__) && __clang_major__ >= 8) || (!defined(__clang__) && __GNUC__ >= 9)
+ * bytes), is the polynomial lo * x^64 + hi, its bit k the coefficient of x^(127-k); moving it d bits
+ * further down the message is multiplying by x^d. A carry-less product of a word (bit i: x^(63-i)) and
+ * a 32-bit constant held reflected (bit j: x^(31-j)) has bit m: x^(94-m), which read as a block is the
+ * product times x^33. So lo * (x^(d+64-33) mod P) + hi * (x^(d-33) mod P) is the block moved d bits
+ * down, modulo P, in 95 bits of a block: it is added (xor) to the block d bits on, and the last block's
+ * CRC32C (the instruction over its 16 bytes, from 0) is the CRC of all the bytes folded into it. */
+#if (defined(__clang__) && __clang_major__ >= 8 && !defined(__apple_build_version__)) || \
+    (!defined(__clang__) && __GNUC__ >= 9)
 #define SD_CRC_FOLD 1 /* compilers that know the vpclmulqdq target and CPU feature */
 #include <immintrin.h>
 #define SD_FOLD_MIN 256
 
 static int sd_crc_fold;
-static uint64_t sd_fold_256[2], sd_fold_64[2], sd_fold_lanes[8]; /* {lo, hi} constants per distance */
+static uint64_t sd_fold_256[2], sd_fold_64[2], sd_fold_blocks[8]; /* {lo, hi} constants per distance */
 
 /* x^n mod P, held as the register holds it (bit 31 is x^0). */
 static uint32_t sd_xpow_mod_p(unsigned n) {
@@ -168,7 +168,7 @@ __attribute__((target("avx512f,vpclmulqdq"))) static inline __m512i sd_fold(__m5
                                      next, 0x96);
 }
 
-/* The register after the first n - n % 256 bytes at *pp (n >= 256), and *pp, *np past them. */
+/* The register after the first n - n % 64 bytes at *pp (n >= 256), and *pp, *np past them. */
 __attribute__((target("avx512f,vpclmulqdq,sse4.2"))) static uint32_t sd_crc32c_fold(uint32_t crc,
                                                                                      const unsigned char **pp,
                                                                                      size_t *np) {
@@ -179,7 +179,7 @@ __attribute__((target("avx512f,vpclmulqdq,sse4.2"))) static uint32_t sd_crc32c_f
     __m512i x1 = _mm512_loadu_si512(p + 64), x2 = _mm512_loadu_si512(p + 128), x3 = _mm512_loadu_si512(p + 192);
     p += 256;
     n -= 256;
-    __m512i k = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)sd_fold_256));
+    __m512i k = _mm512_broadcast_i32x4(_mm_set_epi64x((long long)sd_fold_256[1], (long long)sd_fold_256[0]));
     while (n >= 256) {
         x0 = sd_fold(x0, k, _mm512_loadu_si512(p));
         x1 = sd_fold(x1, k, _mm512_loadu_si512(p + 64));
@@ -188,14 +188,19 @@ __attribute__((target("avx512f,vpclmulqdq,sse4.2"))) static uint32_t sd_crc32c_f
         p += 256;
         n -= 256;
     }
-    k = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)sd_fold_64));
+    k = _mm512_broadcast_i32x4(_mm_set_epi64x((long long)sd_fold_64[1], (long long)sd_fold_64[0]));
     __m512i x = sd_fold(sd_fold(sd_fold(x0, k, x1), k, x2), k, x3);
+    while (n >= 64) { /* the rest, 64 bytes a step */
+        x = sd_fold(x, k, _mm512_loadu_si512(p));
+        p += 64;
+        n -= 64;
+    }
     /* its four blocks into the last: the first moved 384 bits, the second 256, the third 128 */
-    __m512i lanes = _mm512_loadu_si512(sd_fold_lanes);
-    __m512i moved = _mm512_xor_si512(_mm512_clmulepi64_epi128(x, lanes, 0x00),
-                                     _mm512_clmulepi64_epi128(x, lanes, 0x11));
+    __m512i blocks = _mm512_loadu_si512(sd_fold_blocks);
+    __m512i moved = _mm512_xor_si512(_mm512_clmulepi64_epi128(x, blocks, 0x00),
+                                     _mm512_clmulepi64_epi128(x, blocks, 0x11));
     __m128i last = _mm_xor_si128(
-        _mm_xor_si128(_mm512_extracti32x4_epi32(moved, 0), _mm512_extracti32x4_epi32(moved, 1)),
+        _mm_xor_si128(_mm512_castsi512_si128(moved), _mm512_extracti32x4_epi32(moved, 1)),
         _mm_xor_si128(_mm512_extracti32x4_epi32(moved, 2), _mm512_extracti32x4_epi32(x, 3)));
     uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(last));
     c = _mm_crc32_u64(c, (uint64_t)_mm_extract_epi64(last, 1));
@@ -265,7 +270,7 @@ static void sd_crc32c_make(void) {
 #ifdef SD_CRC_FOLD
         sd_fold_constants(sd_fold_256, 2048);
         sd_fold_constants(sd_fold_64, 512);
-        for (int lane = 0; lane < 3; lane++) sd_fold_constants(sd_fold_lanes + 2 * lane, 128 * (3 - lane));
+        for (int block = 0; block < 3; block++) sd_fold_constants(sd_fold_blocks + 2 * block, 128 * (3 - block));
         const char *path = getenv("SAGEMAKER_DIST_CRC32C"); /* "lanes": no folding (the other path's tests) */
         sd_crc_fold = !(path && strcmp(path, "lanes") == 0) && __builtin_cpu_supports("avx512f") &&
                       __builtin_cpu_supports("vpclmulqdq");
