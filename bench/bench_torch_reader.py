@@ -74,14 +74,14 @@ elif arm.startswith("raw-"):
     n, first = read_into_batches(fifo, views, CHUNK_BYTES)
     compiled = None
 else:
-    from sagemaker_dist.runtime import RecordBatches
-    from sagemaker_dist.runtime.config import ContainerConfig
-
-    config = ContainerConfig.load(root, {})
     fixed = size if arm in ("ours", "ours-2nd", "py") else None
     if arm == "ours-2nd":
         batches = warm
     else:
+        from sagemaker_dist.runtime import RecordBatches
+        from sagemaker_dist.runtime.config import ContainerConfig
+
+        config = ContainerConfig.load(root, {})
         batches = RecordBatches("bench", batch, record_bytes=fixed, compiled=arm != "py", config=config)
     compiled = batches.compiled
     count = (lambda b: int(b.shape[0])) if fixed else (lambda b: int(b.offsets.shape[0]) - 1)
