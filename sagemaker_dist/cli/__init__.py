@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 from sagemaker_dist import errors
 
@@ -23,6 +24,17 @@ def add_distribution_argument(p) -> None:
     from sagemaker_dist.contract.distributions import DEFAULT, HELP, NAMES
 
     p.add_argument("--distribution", default=DEFAULT, choices=NAMES, help=HELP)
+
+
+_python_showwarning = warnings.showwarning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Our warnings as one ``warning: ...`` line (they say what to do); others as Python shows them."""
+    if category.__module__.startswith("sagemaker_dist."):
+        print(f"warning: {message}", file=file or sys.stderr)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     # Python block-buffers stdout there, and a long job would print nothing until it ended.
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)
+    warnings.showwarning = _show_warning
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "takes_extra", False):  # only 'tune' passes options on to another parser

@@ -12,6 +12,7 @@ as two arguments. The TF DLCs carry 4.8.3 (``sagemaker-tensorflow-training`` 20.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Mapping
 
 from sagemaker_dist.contract.hyperparameters import decode_all, user_hyperparameters
@@ -86,6 +87,19 @@ def script_argv(
         ) from None
 
 
+def container_argv(
+    hyperparameters: Mapping[str, str], toolkit_version: str = DEFAULT_TOOLKIT_VERSION
+) -> list[str]:
+    """``script_argv`` in the container (``HOME=/root``), for a platform that renders the command
+    itself (Slurm, Kubernetes): each hyperparameter the toolkit's shell would change or cut (a value
+    with `` #`` drops every later argument) is a ``ToolkitArgumentWarning`` first, as the estimator gives."""
+    env = {"HOME": "/root"}
+    for problem in changed_hyperparameters(hyperparameters, toolkit_version, env):
+        if _BROKEN not in problem:  # a broken line raises below, with the same sentence
+            warnings.warn(problem, ToolkitArgumentWarning, stacklevel=2)
+    return script_argv(hyperparameters, toolkit_version, env, None)
+
+
 def _received_argv(hyperparameters, toolkit_version, environ, cwd) -> list[str]:
     args = toolkit_args(hyperparameters)
     if runs_through_shell(toolkit_version):
@@ -135,4 +149,22 @@ def changed_hyperparameters(
             "list; no spaces, quotes, '$' or '#'; a key of two or more characters), or read it from SM_HPS "
             "or hyperparameters.json in the script"
         )
-    return out
+    return out + _dropped_arguments(hyperparameters, toolkit_version, env)
+
+
+def _dropped_arguments(hyperparameters: Mapping[str, str], toolkit_version: str, env) -> list[str]:
+    """The sentence for arguments the shell never passes at all: a `` #`` in one value starts a comment
+    that swallows every later ``--key value`` of the sorted line."""
+    try:
+        received = set(_received_argv(hyperparameters, toolkit_version, env, None))
+    except ShellSyntaxError:  # each broken value has its own sentence above
+        return []
+    flags = [arg for arg in toolkit_args(hyperparameters)[::2] if arg]
+    dropped = [flag for flag in flags if flag not in received]
+    if not dropped:
+        return []
+    return [
+        f"the script receives no {', '.join(dropped)}: the sagemaker-training toolkit {toolkit_version} "
+        "joins the arguments into one /bin/sh command line, where a value with ' #' starts a comment that "
+        "drops every later argument. Remove the '#' from that value"
+    ]

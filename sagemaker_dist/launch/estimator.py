@@ -93,6 +93,8 @@ class DistributedEstimator:
     sagemaker-training (the TF DLCs carry 4.8.3): a hyperparameter it would hand the script changed
     gets a ``ToolkitArgumentWarning`` here, before any AWS call. ``distribution`` is an entry of the
     registry (``contract/distributions.py``): ``horovod`` (the default), ``tf-mwms`` or ``torchrun``.
+    ``source_exclude`` replaces ``DEFAULT_SOURCE_EXCLUDES``, what is never packed from ``source_dir``
+    (caches, ``.git/``, secrets by convention: ``.env*``, ``.netrc``, ``.aws/``, ``.ssh/``).
     """
 
     entry_point: str
@@ -135,6 +137,7 @@ class DistributedEstimator:
     base_job_name: str = "sagemaker-dist"
     toolkit_version: str = DEFAULT_TOOLKIT_VERSION
     max_source_bytes: int = MAX_SOURCE_BYTES
+    source_exclude: Sequence[str] | None = None
     sagemaker_session: object = field(default=None, repr=False)
 
     def __post_init__(self):
@@ -228,7 +231,7 @@ class DistributedEstimator:
         return join_s3(self.code_location or output_path, job_name, "source", TARBALL_NAME)
 
     def _program(self) -> str:
-        return resolve_entry_point(self.entry_point, self.source_dir)[1]
+        return resolve_entry_point(self.entry_point, self.source_dir, self.source_exclude)[1]
 
     def _render(self, layout, inputs: JobInputs, sources, names: ResolvedNames, program=None) -> dict:
         request = render_request(
@@ -347,8 +350,14 @@ class DistributedEstimator:
         job_name = job_name or default_job_name(self.base_job_name)
         with tempfile.TemporaryDirectory(prefix="sagemaker-dist-src-") as tmp:
             package = pack_source(
-                self.entry_point, self.source_dir, dest_dir=tmp, max_bytes=self.max_source_bytes
+                self.entry_point,
+                self.source_dir,
+                dest_dir=tmp,
+                max_bytes=self.max_source_bytes,
+                exclude=self.source_exclude,
             )
+            if package.left_out_line():
+                say(package.left_out_line())
             self._draft(inputs, layout, job_name)
             for line in layout.explain():
                 say(line)
@@ -399,7 +408,7 @@ class DistributedEstimator:
         """
         backend = backend or SageMakerBackend(self._boto_session())
         prepared = self.prepare(inputs, job_name, printer=printer, backend=backend)
-        source_dir = resolve_entry_point(self.entry_point, self.source_dir)[0]
+        source_dir = resolve_entry_point(self.entry_point, self.source_dir, self.source_exclude)[0]
         return backend.run(
             prepared, source_dir=source_dir, wait=wait, poll=poll, timeout=timeout, printer=printer
         )

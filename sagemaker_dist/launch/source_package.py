@@ -4,17 +4,21 @@ The sagemaker-training toolkit in the container downloads that tarball, unpacks 
 ``sagemaker_program`` from it. Packing is deterministic (sorted names, zeroed times and owners), so
 the same sources give the same bytes and the same digest; every check runs before anything is uploaded.
 Nothing from outside ``source_dir`` goes in: a linked file is packed as its content only if it points
-inside, linked folders are not followed, and ``.env`` / ``.env.*`` files (secrets, by convention) are
-left out.
+inside, a hard link only if every name of its file is inside, and linked folders are not followed.
+``DEFAULT_SOURCE_EXCLUDES`` leaves out caches, version control and the files that hold secrets by
+convention (``.env*``, ``.netrc``, ``.aws/``, ``.ssh/``); the list is applied to what a link points at
+too, so ``settings.txt -> .env`` stays out. ``exclude=`` replaces the list.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import gzip
 import hashlib
 import os
 import tarfile
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -25,8 +29,12 @@ from sagemaker_dist.errors import ConfigurationError
 
 TARBALL_NAME = "sourcedir.tar.gz"
 MAX_SOURCE_BYTES = 500 * 1024 * 1024  # 500 MiB: more than this is data or a virtualenv, not code
-EXCLUDED_DIRS = frozenset({"__pycache__", ".git", ".ipynb_checkpoints", ".mypy_cache", ".pytest_cache"})
-EXCLUDED_SUFFIXES = (".pyc", ".pyo")
+# What is never packed unless ``exclude=`` says otherwise. ``name/``: a folder of that name anywhere;
+# a pattern with no slash: a file name anywhere (fnmatch); ``a/b*``: the path from source_dir's root.
+DEFAULT_SOURCE_EXCLUDES = (
+    "__pycache__/", ".git/", ".ipynb_checkpoints/", ".mypy_cache/", ".pytest_cache/", "*.pyc", "*.pyo",
+    ".env", ".env.*", ".envrc", ".netrc", ".aws/", ".ssh/",
+)  # fmt: skip
 
 
 class SourcePackageError(ConfigurationError):
@@ -42,44 +50,104 @@ class SourcePackage:
     files: tuple[str, ...]
     source_bytes: int
     sha256: str
+    left_out: tuple[str, ...] = ()  # what the exclude list kept out (a folder once, as ``name/``)
+
+    def left_out_line(self) -> str | None:
+        """One line naming what the exclude list kept out of the tarball, or None."""
+        if not self.left_out:
+            return None
+        more = len(self.left_out) - 12
+        shown = ", ".join(self.left_out[:12]) + (f" and {more} more" if more > 0 else "")
+        return (
+            f"source_dir: left out of {TARBALL_NAME} by the exclude list (source_exclude= changes it): "
+            + shown
+        )
 
 
-def _included(rel: PurePosixPath) -> bool:
-    return not (
-        set(rel.parts[:-1]) & EXCLUDED_DIRS
-        or rel.name in EXCLUDED_DIRS
-        or rel.name.endswith(EXCLUDED_SUFFIXES)
-        or _secret(rel.name)
-    )
+def _excluded_by(rel: PurePosixPath, is_dir: bool, patterns: Sequence[str]) -> bool:
+    """Whether ``rel`` (a path inside source_dir) matches an exclude pattern (see DEFAULT_SOURCE_EXCLUDES)."""
+    for pattern in patterns:
+        if pattern.endswith("/"):
+            folders = rel.parts if is_dir else rel.parts[:-1]
+            if any(fnmatch.fnmatchcase(part, pattern[:-1]) for part in folders):
+                return True
+        elif "/" in pattern:
+            if fnmatch.fnmatchcase(rel.as_posix(), pattern.lstrip("/")):
+                return True
+        elif not is_dir and fnmatch.fnmatchcase(rel.name, pattern):
+            return True
+    return False
 
 
-def _secret(name: str) -> bool:
-    """``.env`` and ``.env.*`` hold secrets by convention (python-dotenv, Docker Compose): never packed."""
-    return name == ".env" or name.startswith(".env.")
+def _included(rel: PurePosixPath, exclude: Sequence[str] = DEFAULT_SOURCE_EXCLUDES) -> bool:
+    return not _excluded_by(rel, False, exclude)
 
 
-def collect_source_files(source_dir: Path) -> list[tuple[str, Path]]:
-    """(archive name, path) of every file to pack, sorted by name. A linked file is packed as its
-    content when it points inside ``source_dir``; one that points outside is refused (it would carry a
-    file from elsewhere, credentials say, into the job's S3 and container). Linked folders are not
-    followed; ``.env`` and ``.env.*`` files are left out as secrets."""
-    found = []
+def _names_by_file(source_dir: Path) -> dict[tuple[int, int], list[PurePosixPath]]:
+    """Every name of each regular file under ``source_dir`` (links not followed), by (device, inode)."""
+    names: dict[tuple[int, int], list[PurePosixPath]] = {}
+    for root, _dirs, files in os.walk(source_dir, followlinks=False):
+        for name in files:
+            path = os.path.join(root, name)
+            st = os.lstat(path)
+            if not os.path.islink(path) and os.path.isfile(path):
+                rel = PurePosixPath(Path(path).relative_to(source_dir).as_posix())
+                names.setdefault((st.st_dev, st.st_ino), []).append(rel)
+    return names
+
+
+def collect_source_files(
+    source_dir: Path, exclude: Sequence[str] = DEFAULT_SOURCE_EXCLUDES
+) -> tuple[list[tuple[str, Path]], list[str]]:
+    """``([(archive name, path)], left out)``: every file to pack, sorted by name, and what ``exclude``
+    kept out. A linked file is packed as its content when it points inside ``source_dir`` and what it
+    points at is not excluded; one that points outside is refused (it would carry a file from
+    elsewhere, credentials say, into the job's S3 and container), and so is a hard link with a name
+    outside. Linked folders are not followed."""
+    found, left_out = [], []
     fix = "copy that file into source_dir, or make source_dir a folder that holds it"
+    names = _names_by_file(source_dir)
+    real_root = Path(os.path.realpath(source_dir))
     for root, dirs, files in os.walk(source_dir, followlinks=False):
-        dirs[:] = sorted(d for d in dirs if d not in EXCLUDED_DIRS)
+        kept = []
+        for d in sorted(dirs):
+            rel = PurePosixPath(Path(root, d).relative_to(source_dir).as_posix())
+            if _excluded_by(rel, True, exclude):
+                left_out.append(f"{rel}/")
+            else:
+                kept.append(d)
+        dirs[:] = kept
         for name in files:
             path = Path(root, name)
             rel = PurePosixPath(path.relative_to(source_dir).as_posix())
-            if _included(rel) and path.is_file():
-                if path.is_symlink():
-                    what = f"source_dir {str(source_dir)!r} holds the link"
-                    contained_path(source_dir, str(rel), what, fix=fix, error=SourcePackageError)
+            if _excluded_by(rel, False, exclude):
+                left_out.append(str(rel))
+                continue
+            if not path.is_file():
+                continue
+            if path.is_symlink():
+                what = f"source_dir {str(source_dir)!r} holds the link"
+                contained_path(source_dir, str(rel), what, fix=fix, error=SourcePackageError)
+            st = path.stat()
+            aliases = names.get((st.st_dev, st.st_ino), [])
+            if st.st_nlink > len(aliases):
+                raise SourcePackageError(
+                    f"source_dir {str(source_dir)!r} holds {str(rel)!r}, a hard link whose file has "
+                    f"{st.st_nlink} names, {st.st_nlink - len(aliases)} of them outside source_dir: it "
+                    f"would carry a file from elsewhere into the job; {fix}"
+                )
+            target = PurePosixPath(Path(os.path.realpath(path)).relative_to(real_root).as_posix())
+            if secret := next((n for n in [target, *aliases] if _excluded_by(n, False, exclude)), None):
+                left_out.append(f"{rel} (the same file as {secret})")  # a link to what is excluded
+            else:
                 found.append((str(rel), path))
-    return sorted(found)
+    return sorted(found), sorted(left_out)
 
 
 def resolve_entry_point(
-    entry_point: str | os.PathLike, source_dir: str | os.PathLike | None
+    entry_point: str | os.PathLike,
+    source_dir: str | os.PathLike | None,
+    exclude: Sequence[str] | None = None,
 ) -> tuple[Path, str]:
     """Return (source directory, entry script relative to it); raise if the script is not there.
 
@@ -94,6 +162,7 @@ def resolve_entry_point(
                 "(or source_dir= and the script's path inside it)"
             )
         return entry.resolve().parent, entry.name
+    exclude = DEFAULT_SOURCE_EXCLUDES if exclude is None else tuple(exclude)
     src = Path(source_dir)
     if not src.is_dir():
         raise SourcePackageError(
@@ -109,14 +178,17 @@ def resolve_entry_point(
             ) from None
     rel = PurePosixPath(entry.as_posix())
     if ".." in rel.parts or not (src / rel).is_file():
-        present = [name for name, _ in collect_source_files(src) if name.endswith(".py")][:10]
+        present = [name for name, _ in collect_source_files(src, exclude)[0] if name.endswith(".py")][:10]
         raise SourcePackageError(
             f"entry script {str(rel)!r} does not exist in source_dir {str(src)!r} "
             f"(Python files there: {', '.join(present) or 'none'}); give the script's path relative "
             "to source_dir"
         )
-    if not _included(rel):
-        raise SourcePackageError(f"entry script {str(rel)!r} is in an excluded location; move it")
+    if not _included(rel, exclude):
+        raise SourcePackageError(
+            f"entry script {str(rel)!r} is in an excluded location (the exclude list: {', '.join(exclude)}); "
+            "move it, or pass source_exclude= without the pattern that matches it"
+        )
     return src, str(rel)
 
 
@@ -152,14 +224,19 @@ def pack_source(
     *,
     dest_dir: str | os.PathLike | None = None,
     max_bytes: int = MAX_SOURCE_BYTES,
+    exclude: Sequence[str] | None = None,
 ) -> SourcePackage:
     """Pack ``source_dir`` (or, without one, just the entry script) into ``dest_dir/sourcedir.tar.gz``.
 
-    Checks the entry script and the size first; writes to a temporary name and renames, so a
+    ``exclude``: patterns of what never goes in (default ``DEFAULT_SOURCE_EXCLUDES``). Checks the
+    entry script, links and the size first; writes to a temporary name and renames, so a
     half-written tarball never exists under the final name.
     """
-    src, entry = resolve_entry_point(entry_point, source_dir)
-    files = collect_source_files(src) if source_dir is not None else [(entry, src / entry)]
+    exclude = tuple(DEFAULT_SOURCE_EXCLUDES if exclude is None else exclude)
+    src, entry = resolve_entry_point(entry_point, source_dir, exclude)
+    files, left_out = (
+        collect_source_files(src, exclude) if source_dir is not None else ([(entry, src / entry)], [])
+    )
     total = check_source_size(files, src, max_bytes)
     dest = Path(dest_dir) if dest_dir is not None else Path(tempfile.mkdtemp(prefix="sagemaker-dist-src-"))
     dest.mkdir(parents=True, exist_ok=True)
@@ -178,7 +255,7 @@ def pack_source(
         Path(tmp_name).unlink(missing_ok=True)
         raise
     digest = hashlib.sha256(final.read_bytes()).hexdigest()
-    return SourcePackage(final, entry, tuple(name for name, _ in files), total, digest)
+    return SourcePackage(final, entry, tuple(name for name, _ in files), total, digest, tuple(left_out))
 
 
 def upload_source(package: SourcePackage, s3_uri: str, client=None) -> str:

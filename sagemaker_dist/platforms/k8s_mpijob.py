@@ -71,7 +71,7 @@ def launcher_command(job: JobSpec, world: int, options: K8sJobOptions, efa: bool
     if efa:
         env += ["-x", "FI_PROVIDER=efa"]
     custom = str(hp.decode_one(job.hyperparameters, hp.MPI_CUSTOM_OPTIONS, "") or "")
-    argv = toolkit.script_argv(job.hyperparameters, options.toolkit_version, {"HOME": "/root"}, None)
+    argv = toolkit.container_argv(job.hyperparameters, options.toolkit_version)
     return [
         *FORWARD_STOPS, "mpirun", "--allow-run-as-root", "-np", str(world),
         "-bind-to", "none", "-map-by", "slot", *env, *mpirun_options(custom), "-wdir", f"{DEFAULT_ROOT}/code",

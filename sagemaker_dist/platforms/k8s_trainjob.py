@@ -71,7 +71,7 @@ def runtime_name(job_name: str) -> str:
 def node_command(job: JobSpec, toolkit_version: str) -> list[str]:
     """torchrun (its options from the Torch plugin's ``PET_*``) starting the entry script with the
     toolkit's arguments, under the image's stop-forwarding entry point (SIGTERM to the ranks)."""
-    argv = toolkit.script_argv(job.hyperparameters, toolkit_version, {"HOME": "/root"}, None)
+    argv = toolkit.container_argv(job.hyperparameters, toolkit_version)
     return [*FORWARD_STOPS, "torchrun", job.entry_point, *argv]
 
 

@@ -122,7 +122,7 @@ def _rendezvous(start) -> str:
 def _task_commands(job: JobSpec, options: SlurmOptions, entry) -> tuple[str, str, str, str, str]:
     """The shell words of each node's pipe agent, how it starts in its node's tree, the wait for it to be
     ready, how a rank's task enters its tree, and the rank's command."""
-    argv = toolkit.script_argv(job.hyperparameters, options.toolkit_version, {"HOME": "/root"}, None)
+    argv = toolkit.container_argv(job.hyperparameters, options.toolkit_version)
     agent = _q(
         [
             options.python,

@@ -155,3 +155,52 @@ def test_upload_puts_the_tarball_at_the_given_uri(src, tmp_path, s3, bucket):
         upload_source(package, f"s3://{bucket}/jobs/j1/source/", client=s3)
     with pytest.raises(SourcePackageError, match="could not upload.*no-such-bucket-x.*bucket exists"):
         upload_source(package, f"s3://no-such-bucket-x/j/{TARBALL_NAME}", client=s3)
+
+
+def test_a_hard_link_to_a_file_outside_source_dir_is_refused(src, tmp_path):
+    """A hard link looks like any file: it packed /etc/shadow's content when one pointed there."""
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$hash:19000:0:99999:7:::\n")
+    os.link(secret, src / "pkg" / "table.txt")
+    with pytest.raises(
+        SourcePackageError, match=r"holds 'pkg/table\.txt', a hard link whose file has 2 names, 1 of"
+    ):
+        pack_source("train.py", src, dest_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    os.unlink(secret)  # both names inside now: an ordinary file
+    os.link(src / "pkg" / "table.txt", src / "pkg" / "copy.txt")
+    package = pack_source("train.py", src, dest_dir=tmp_path / "out")
+    assert {"pkg/copy.txt", "pkg/table.txt"} <= set(package.files)
+
+
+def test_links_inside_source_dir_to_excluded_files_and_the_usual_secrets_stay_out(src, tmp_path):
+    (src / ".env").write_text("API_KEY=secret\n")
+    (src / "settings.txt").symlink_to(".env")  # in-tree, but it points at a secret
+    os.link(src / ".env", src / "pkg" / "defaults.cfg")  # a second name of the secret
+    for name in (".envrc", ".netrc", ".aws/credentials", ".ssh/id_ed25519", "pkg/.aws/config"):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_text("secret\n")
+    package = pack_source("train.py", src, dest_dir=tmp_path / "out")
+    assert list(package.files) == ["pkg/__init__.py", "pkg/net.py", "run.sh", "train.py"]
+    with tarfile.open(package.path) as tar:
+        assert all(b"secret" not in tar.extractfile(m).read() for m in tar.getmembers())
+    assert package.left_out == (
+        ".aws/", ".env", ".envrc", ".git/", ".ipynb_checkpoints/", ".netrc", ".ssh/", "__pycache__/",
+        "pkg/.aws/", "pkg/defaults.cfg (the same file as .env)", "pkg/net.pyc",
+        "settings.txt (the same file as .env)",
+    )  # fmt: skip
+    line = package.left_out_line()
+    assert line.startswith("source_dir: left out of sourcedir.tar.gz by the exclude list (source_exclude=")
+    assert "settings.txt (the same file as .env)" in line
+
+
+def test_the_exclude_list_can_be_replaced(src, tmp_path):
+    (src / ".env").write_text("NOT_A_SECRET=1\n")
+    package = pack_source(
+        "train.py", src, dest_dir=tmp_path / "out", exclude=["__pycache__/", "*.pyc", ".ipynb*/"]
+    )
+    assert (
+        ".env" in package.files and ".git/x" in package.files and ".ipynb_checkpoints/x" not in package.files
+    )
+    with pytest.raises(SourcePackageError, match="in an excluded location"):
+        pack_source("train.py", src, dest_dir=tmp_path / "out", exclude=["train.py"])

@@ -185,6 +185,17 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path):
     broken = small_request_file(tmp_path, {"note": "it's"})  # the toolkit's /bin/sh breaks on the quote
     quote = _k8s("--request", broken, "--processes-per-host", 1, env=nowhere)
     assert quote.returncode == 2 and quote.stderr.startswith("error: hyperparameter 'note' = "), quote.stderr
+    cut = _k8s(
+        "--request",
+        small_request_file(tmp_path, {"note": "a #b", "zeta": 1}),
+        "--processes-per-host",
+        1,
+        env=nowhere,
+    )
+    assert cut.stderr.startswith(
+        "warning: hyperparameter 'note' = '\"a #b\"' reaches the script as '--note' 'a'"
+    )
+    assert "warning: the script receives no --zeta: the sagemaker-training toolkit 4.8.3 joins" in cut.stderr
     offline = _k8s("--request", small_request_file(tmp_path, {}), "--processes-per-host", 1, env=nowhere)
     assert (
         offline.returncode == 2 and "upload the job spec to s3://b/out/small/" in offline.stderr

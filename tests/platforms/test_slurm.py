@@ -126,6 +126,13 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path):
     assert (
         quote.startswith("error: hyperparameter 'note' = ") and "broken command line (unterminated" in quote
     )
+    cut = _slurm(
+        "--request", small_request_file(tmp_path, {"note": "a #b", "zeta": 1}), env=env, cwd=tmp_path
+    )
+    assert cut.stderr.startswith(
+        "warning: hyperparameter 'note' = '\"a #b\"' reaches the script as '--note' 'a'"
+    )
+    assert "warning: the script receives no --zeta: the sagemaker-training toolkit 4.8.3 joins" in cut.stderr
     request_flags = _slurm("--request", tmp_path / "r.json", "--nodes", 3, env=env, cwd=tmp_path)
     assert (
         request_flags.returncode == 2 and "--nodes cannot be combined with --request" in request_flags.stderr

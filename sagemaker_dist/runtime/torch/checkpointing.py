@@ -10,6 +10,11 @@ half-synced S3 copy never looks complete. Only rank 0 writes. At start every ran
 position, the optimizer's and scheduler's state (one object broadcast) and the model's tensors (a
 broadcast each). A checkpoint of another model fails on every rank (``CheckpointMismatchError``),
 never half-loaded.
+
+Whoever can write the checkpoint prefix in S3 writes what rank 0 loads, so ``state.pt`` is loaded with
+``weights_only=True``: tensors and plain values only, never an object whose unpickling runs code. A
+file holding anything else is refused, naming it (``UnsafeCheckpointError``), and ``extra`` and the
+scheduler's state are checked for the same at save time, so a job never writes what it cannot resume.
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ from sagemaker_dist.runtime.checkpoint_format import (
 
 STATE_FILE = "state.pt"
 FORMAT = "torch"
+
+
+class UnsafeCheckpointError(CheckpointMismatchError):
+    """A ``state.pt`` holding objects beyond tensors and plain values: loading it would run its code."""
 
 
 def unwrapped(model):
@@ -62,10 +71,54 @@ def save_torch_checkpoint(
         "epoch": int(epoch),
         "step": int(step),
     }
+    _check_loadable(state["extra"], "extra=", "tensors, numbers, strings, lists, tuples and dicts of them")
+    _check_loadable(
+        state["scheduler"], "the scheduler's state_dict()", "a scheduler whose state is plain values"
+    )
     meta = {"format": FORMAT, "extra": _jsonable(extra or {})}
     return write_checkpoint(
         directory, epoch, step, lambda tmp: torch.save(state, tmp / STATE_FILE), meta, keep=keep
     )
+
+
+def _check_loadable(value: Any, what: str, fix: str) -> None:
+    """Refuse at save time what ``weights_only=True`` would refuse at resume (an arbitrary object)."""
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    buffer.seek(0)
+    try:
+        torch.load(buffer, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch's UnpicklingError or what a rebuilt object raised
+        raise UnsafeCheckpointError(
+            f"{what} holds objects a checkpoint cannot carry: it is loaded without running code "
+            f"(weights_only=True), which refuses them ({_first_line(exc)}); pass {fix}"
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _load_state(path):
+    """``state.pt`` loaded as tensors and plain values only; anything else is ``UnsafeCheckpointError``."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise UnsafeCheckpointError(
+            f"checkpoint file {path} holds objects other than tensors and plain values "
+            f"({_first_line(exc)}); it is refused, since loading it would run code from it. It was not "
+            "written by save_torch_checkpoint from tensors and plain values: if you trust it, load it "
+            "yourself; otherwise delete that checkpoint directory, or give the job a fresh checkpoint "
+            "location, and check who can write the checkpoint prefix"
+        ) from None
 
 
 def _jsonable(value: Any):
@@ -107,7 +160,9 @@ def restore_torch_checkpoint(
             try:
                 if found.meta.get("format") != FORMAT:
                     raise ValueError(f"it is a {found.meta.get('format', 'TensorFlow')!r} checkpoint")
-                state = torch.load(found.path / STATE_FILE, map_location="cpu", weights_only=False)
+                state = _load_state(found.path / STATE_FILE)
+                if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+                    raise ValueError(f"{STATE_FILE} is not a dict with the model's state_dict")
                 module.load_state_dict(state["model"])
                 if optimizer is not None and state.get("optimizer") is not None:
                     optimizer.load_state_dict(state["optimizer"])
@@ -118,6 +173,8 @@ def restore_torch_checkpoint(
                     scheduler=state.get("scheduler"),
                     extra=state.get("extra"),
                 )
+            except UnsafeCheckpointError as exc:  # every rank raises below, as for a mismatch
+                payload.update(error=str(exc), unsafe=True)
             except Exception as exc:  # every rank raises below: none waits for a broadcast that never comes
                 payload["error"] = (
                     f"checkpoint {found.path} does not match this job's model and optimizer: {exc}. Resume "
@@ -130,7 +187,7 @@ def restore_torch_checkpoint(
         dist.broadcast_object_list(box, src=0, group=group)
         payload = box[0]
     if payload["error"]:
-        raise CheckpointMismatchError(payload["error"])
+        raise (UnsafeCheckpointError if payload.get("unsafe") else CheckpointMismatchError)(payload["error"])
     if distributed and payload["found"]:
         if rank != 0:
             if optimizer is not None and payload.get("optimizer") is not None:

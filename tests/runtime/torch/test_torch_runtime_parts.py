@@ -219,3 +219,43 @@ def test_checkpoints_restore_the_newest_complete_one_and_refuse_another_model(tm
     assert not (tmp_path / ".tmp-epoch-00002-1-1").exists()
     with pytest.raises(CheckpointMismatchError, match="does not match"):
         restore_torch_checkpoint(tmp_path, model=torch.nn.Linear(5, 1), rank=0)
+
+
+class _RunsCode:
+    """A pickle that runs code when loaded: what a planted ``state.pt`` would carry."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').write('ran')",))
+
+
+def test_a_planted_state_pt_that_runs_code_is_refused_and_never_runs(tmp_path):
+    import json
+
+    from sagemaker_dist.runtime.torch.checkpointing import UnsafeCheckpointError, restore_torch_checkpoint
+
+    marker = tmp_path / "ran-as-the-job"
+    planted = tmp_path / "checkpoints" / "epoch-00002"
+    planted.mkdir(parents=True)
+    torch.save({"model": {}, "payload": _RunsCode(marker)}, planted / "state.pt")
+    size = (planted / "state.pt").stat().st_size
+    meta = {"format": "torch", "epoch": 2, "step": 0, "files": {"state.pt": size}}
+    (planted / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(
+        UnsafeCheckpointError, match=r"epoch-00002/state\.pt holds objects other than tensors"
+    ):
+        restore_torch_checkpoint(planted.parent, model=torch.nn.Linear(3, 1), rank=0)
+    assert not marker.exists()
+
+
+def test_a_checkpoint_refuses_at_save_what_it_could_not_load_at_resume(tmp_path):
+    from sagemaker_dist.runtime.torch.checkpointing import UnsafeCheckpointError, save_torch_checkpoint
+
+    model = torch.nn.Linear(3, 1)
+    with pytest.raises(UnsafeCheckpointError, match="extra= holds objects a checkpoint cannot carry"):
+        save_torch_checkpoint(tmp_path, 1, model=model, extra={"why": _RunsCode(tmp_path / "x")})
+    assert not list(tmp_path.glob("epoch-*"))
+    saved = save_torch_checkpoint(tmp_path, 1, model=model, extra={"seen": torch.arange(3), "ids": [1, "a"]})
+    assert saved.path.name == "epoch-00001"
