@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sagemaker_dist.contract import distributions
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, ChannelLayout
 from sagemaker_dist.contract.paths import (  # noqa: F401 - ROOT_ENV and opt_ml_root are the runtime's API too
@@ -165,3 +166,16 @@ class ContainerConfig:
         """The channel layout the SDK side wrote, or None if the job was not launched by sagemaker-dist."""
         raw = self.hyperparameters.get(LAYOUT_HYPERPARAMETER)
         return None if raw is None else ChannelLayout.from_json(raw)
+
+    @property
+    def distribution(self) -> distributions.Distribution | None:
+        """The registry's entry of the distribution the job was launched as: the layout's, else the one
+        whose toolkit switch (``sagemaker_mpi_enabled``, ...) the hyperparameters set; None where neither
+        says. Raises ``LayoutError`` for a layout it cannot read, as ``layout`` does."""
+        layout = self.layout
+        if layout is not None:
+            return distributions.distribution(layout.distribution)
+        for entry in distributions.REGISTRY.values():
+            if str(self.hyperparameters.get(entry.enabled_hyperparameter, "")).strip().lower() == "true":
+                return entry
+        return None

@@ -26,11 +26,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sagemaker_dist.contract.layout import INPUT_MODES
+from sagemaker_dist.contract import distributions
+from sagemaker_dist.contract.layout import INPUT_MODES, LayoutError
+from sagemaker_dist.contract.rank_slots import TORCHRUN_VARIABLES
 from sagemaker_dist.runtime.config import ContainerConfig
 from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo, check_rank_channels
 
-TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 TIMEOUT_ENV = "SAGEMAKER_DIST_COLLECTIVE_TIMEOUT"  # seconds a collective may wait for its peers
 DEFAULT_TIMEOUT_S = 1800.0  # torch's own default for Gloo and NCCL
 
@@ -53,6 +54,39 @@ def torchrun_rank(environ: Mapping[str, str] | None = None) -> RankInfo:
     except ValueError as exc:
         raise RankChannelError(f"torchrun's rank variables are not whole numbers: {exc}") from exc
     return RankInfo(*values, source="torchrun")
+
+
+def check_launched_for_torchrun(config: ContainerConfig, environ: Mapping[str, str]) -> None:
+    """Refuse, before any channel check, a process of a job launched for another distribution.
+
+    A PyTorch script launched without ``--distribution torchrun`` runs as the default distribution's
+    job (Horovod: mpirun or horovodrun, no torchrun variables), so each process sees itself as rank 0 of
+    1 and the channel check would blame the processes per host. The job's distribution (the layout's,
+    else the toolkit switch in its hyperparameters) says what was launched: one whose processes do not
+    get torchrun's variables, with this process started by its launcher (one of its rank variables
+    set) or planned for several ranks, is named here with the distribution to launch it with. A process
+    that torchrun started (its variables set) passes, and so does a plain ``python train.py`` of a
+    one-rank job."""
+    if any(name in environ for name in TORCHRUN_VARIABLES):
+        return
+    try:
+        launched, layout = config.distribution, config.layout
+    except LayoutError:
+        return  # check_rank_channels names a layout it cannot read
+    if launched is None or TORCHRUN_VARIABLES in launched.rank_variables:
+        return
+    markers = [name for name in launched.rank_markers if name in environ]
+    if not markers and (layout is None or layout.world_size <= 1):
+        return
+    wanted = next(d for d in distributions.REGISTRY.values() if TORCHRUN_VARIABLES in d.rank_variables)
+    seen = f"{markers[0]} is set, torchrun's RANK is not" if markers else "torchrun's RANK is not set"
+    planned = f" for {layout.world_size} {launched.workers}" if layout is not None else ""
+    raise RankChannelError(
+        f"this job was launched as a {launched.title} job (distribution {launched.name!r}: {launched.runs})"
+        f"{planned}, but this script sets up {wanted.title} ranks, which only torchrun starts ({seen}). "
+        f"Launch it with --distribution {wanted.name} (distribution={wanted.name!r} on the "
+        "DistributedEstimator)"
+    )
 
 
 def collective_timeout(environ: Mapping[str, str] | None = None) -> float:
@@ -199,6 +233,7 @@ def setup_ddp(
     env = dict(os.environ if environ is None else environ)
     info = torchrun_rank(env)
     config = ContainerConfig.load(root, env)
+    check_launched_for_torchrun(config, env)
     channels = {role: check_rank_channels(config, info, role, input_modes) for role in roles}
     who = f"rank {info.rank} (local rank {info.local_rank} of {info.local_size}, {info.size} rank(s))"
     claims: list[ChannelClaim] = []

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from helpers.runtime_helpers import FifoFeeder, write_opt_ml
 
-from sagemaker_dist.contract.layout import plan_layout
+from sagemaker_dist.contract.distributions import TORCHRUN_ENTRY
+from sagemaker_dist.contract.layout import HOROVOD, TF_MWMS, plan_layout
 from sagemaker_dist.contract.record_formats import encode_tfrecord
 from sagemaker_dist.local.demo_data import encode_example
 from sagemaker_dist.runtime.framing.base import RecordFormatError
@@ -132,6 +133,69 @@ def test_a_pipe_channel_every_rank_would_read_fails_before_the_process_group(tmp
         setup_ddp(("train", "validation"), environ=_rank_env(root, 0))
     assert time.monotonic() - started < 0.5
     assert not dist.is_initialized()
+
+
+def _launched_env(root, **variables: str) -> dict[str, str]:
+    return {"SAGEMAKER_DIST_OPT_ML": str(root), **variables}
+
+
+@pytest.mark.parametrize(
+    "distribution, variables, title",
+    [
+        # launched without --distribution torchrun: the default, Horovod under horovodrun (local mode)
+        (HOROVOD, {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2"}, "Horovod"),
+        # ... or under the toolkit's mpirun, and a tf-mwms job's worker under TF_CONFIG
+        (HOROVOD, {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}, "Horovod"),
+        (TF_MWMS, {"TF_CONFIG": '{"task": {"type": "worker", "index": 1}}'}, "MultiWorkerMirroredStrategy"),
+        (HOROVOD, {}, "Horovod"),  # no rank variables at all, but the layout has 2 ranks
+    ],
+)
+def test_a_job_launched_for_another_distribution_is_named_with_the_distribution_to_use(
+    tmp_path, distribution, variables, title
+):
+    """Issue 49: a PyTorch script launched without --distribution torchrun failed with the channel
+    check's Horovod-worded hint about processes per host; the check names the distribution instead."""
+    import torch.distributed as dist
+
+    from sagemaker_dist.contract.distributions import distribution as entry
+    from sagemaker_dist.runtime import setup_ddp
+
+    layout = plan_layout(2, 1, distribution=distribution)
+    root = write_opt_ml(tmp_path / "opt_ml", layout.channel_names, layout, hosts=("algo-1", "algo-2"))
+    with pytest.raises(RankChannelError) as raised:
+        setup_ddp(environ=_launched_env(root, **variables))
+    message = str(raised.value)
+    assert f"launched as a {title} job (distribution {entry(distribution).name!r}" in message
+    assert (
+        "Launch it with --distribution torchrun (distribution='torchrun' on the DistributedEstimator)"
+        in message
+    )
+    assert "sagemaker_mpi_num_of_processes_per_host" not in message
+    assert not dist.is_initialized()
+
+
+def test_a_job_without_a_layout_is_named_by_its_toolkit_switch(tmp_path):
+    from sagemaker_dist.contract.hyperparameters import MPI_ENABLED
+    from sagemaker_dist.runtime import setup_ddp
+
+    root = write_opt_ml(tmp_path / "opt_ml", ["train_0"], hyperparameters={MPI_ENABLED: True})
+    with pytest.raises(RankChannelError, match=r"launched as a Horovod job .*--distribution torchrun"):
+        setup_ddp(environ=_launched_env(root, OMPI_COMM_WORLD_RANK="0"))
+
+
+def test_torchrun_ranks_and_a_plain_run_of_a_one_rank_job_pass_the_distribution_check(tmp_path):
+    from sagemaker_dist.runtime.config import ContainerConfig
+    from sagemaker_dist.runtime.torch.process_group import check_launched_for_torchrun
+
+    layout = plan_layout(1, 2)  # the default distribution's layout, but torchrun started the ranks
+    root = write_opt_ml(tmp_path / "a" / "opt_ml", layout.channel_names, layout)
+    check_launched_for_torchrun(ContainerConfig.load(root, {}), _rank_env(root, 1))
+    single = plan_layout(1, 1)
+    root = write_opt_ml(tmp_path / "b" / "opt_ml", single.channel_names, single)
+    check_launched_for_torchrun(ContainerConfig.load(root, {}), _launched_env(root))  # python train.py
+    torch_layout = plan_layout(2, 1, distribution=TORCHRUN_ENTRY.name)
+    root = write_opt_ml(tmp_path / "c" / "opt_ml", torch_layout.channel_names, torch_layout)
+    check_launched_for_torchrun(ContainerConfig.load(root, {}), _launched_env(root))
 
 
 # --- PipeBatches over a real FIFO ---
