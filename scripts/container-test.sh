@@ -124,6 +124,7 @@ else
     'python -c "import sys; print(\"%d.%d\" % sys.version_info[:2])" | tr -d "\n"; echo " mpi-$(mpicc --showme:version 2>/dev/null | head -n1 | tr -cd "[:alnum:].")"')
   key=$(printf '%s|%s|%s|%s|%s' "tensorflow-cpu==2.15.1" "horovod==0.28.1" "$pyver" "$(uname -m)" "$mpi" \
     | sha256sum | cut -c1-16)
+  if [ -e "$CACHE_ROOT/horovod-$key" ]; then trusted_cache_dir "$CACHE_ROOT" "$CACHE_ROOT/horovod-$key"; fi
   wheel=$(find "$CACHE_ROOT/horovod-$key" -maxdepth 1 -name 'horovod-*.whl' 2>/dev/null | head -n1)
   if [ -n "$wheel" ]; then
     echo "   installing the Horovod wheel scripts/setup.sh built: $wheel"

@@ -11,6 +11,7 @@ VENV=${VENV:-.venv}
 TF_PIN="tensorflow-cpu==2.15.1"
 HOROVOD_PIN="horovod==0.28.1"
 CACHE_ROOT=${SAGEMAKER_DIST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sagemaker-dist}
+. scripts/lib/trusted-cache.sh  # trusted_cache_dir: a cache no other user can have written
 
 die() {
   echo "setup.sh: $*" >&2
@@ -100,6 +101,8 @@ install_training_stack() {
   # TensorFlow first: Horovod's build links against the installed framework.
   "$py" -m pip install -q "$TF_PIN" "numpy==1.26.4"
   if ! horovod_matches "$1"; then
+    trusted_cache_dir "$CACHE_ROOT"  # the wheels are installed: nobody else may have put them there
+    if [ -e "$WHEELS" ] || [ -L "$WHEELS" ]; then trusted_cache_dir "$CACHE_ROOT" "$WHEELS"; fi
     if ! ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1; then
       echo "Building $HOROVOD_PIN ($MPI; about 7 minutes on 2 cores; cached in $WHEELS)"
       tmp=$(mktemp -d)

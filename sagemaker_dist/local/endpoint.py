@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import socket
+import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,9 +22,11 @@ from pathlib import Path
 from sagemaker_dist.aws.s3_objects import s3_client
 from sagemaker_dist.contract.paths import UnsafePathError, contained_path
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.runtime.trusted_cache import UntrustedCacheError, check_path, open_trusted, trusted_dir
 
 _CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
 DEFAULT_STATE_DIR = _CACHE / "sagemaker-dist" / "local-s3"
+STATE_HINT = "give this command a state dir of your own (--s3-state-dir)"
 FAKE_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "local",
     "AWS_SECRET_ACCESS_KEY": "local",
@@ -48,6 +51,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _trusted_state_dir(state_dir: Path) -> Path:
+    """``state_dir`` with the links in its path resolved, its parent made (0700) where missing; refused
+    (``UntrustedCacheError``) where another user could have written it or its parent (unless that is
+    sticky, as /tmp is): what it holds goes into the buckets jobs read (checkpoints, code)."""
+    state_dir = Path(os.path.abspath(state_dir))
+    state_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return trusted_dir(state_dir, create=False, hint=STATE_HINT)
+
+
+def _ours(path: Path) -> bool:
+    """Whether ``path`` is a file or folder of ours that only we can write (not a link)."""
+    try:
+        return check_path(path, "dir" if path.is_dir() and not path.is_symlink() else "file") is not None
+    except UntrustedCacheError:
+        return False
+
+
+def _drop_others_write(tree: Path) -> None:
+    """No folder or file under ``tree`` writable by group or others, whatever the umask made them."""
+    for folder, _, files in os.walk(tree):
+        for path in [folder, *(os.path.join(folder, f) for f in files)]:
+            mode = os.lstat(path).st_mode
+            if mode & 0o022 and not stat.S_ISLNK(mode):
+                os.chmod(path, stat.S_IMODE(mode) & ~0o022)
+
+
 def _old_state(state_dir: Path) -> Path:
     """Where the previous state waits while a new one is swapped in."""
     return state_dir.with_name(state_dir.name + ".old")
@@ -57,24 +86,33 @@ def _recover_state(state_dir: Path) -> None:
     """Undo what a crash during ``_save_state`` left (under the state lock, so no save is running):
     the previous state put back if the swap stopped half-way, leftover temporary dirs removed."""
     old = _old_state(state_dir)
-    if not state_dir.exists() and old.is_dir():
+    if not os.path.lexists(state_dir) and check_path(old, "dir", hint=STATE_HINT):  # refused if not ours
         old.rename(state_dir)
     if state_dir.parent.is_dir():
         for leftover in state_dir.parent.glob(f".{state_dir.name}.saving-*"):
-            shutil.rmtree(leftover, ignore_errors=True)
+            if _ours(leftover):  # another user's (a sticky parent as /tmp) is theirs to remove
+                shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _load_state(client, state_dir: Path) -> None:
-    """Put every file of ``state_dir`` into the server (links are skipped: only what we saved)."""
+    """Put every file of ``state_dir`` into the server (links are skipped: only what we saved); a
+    folder or file there that another user could have written is refused (``UntrustedCacheError``)."""
     _recover_state(state_dir)
+    trusted_dir(state_dir, create=False, hint=STATE_HINT)
     if not state_dir.is_dir():
         return
     for bucket_dir in sorted(
         p for p in state_dir.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")
     ):
+        check_path(bucket_dir, "dir", hint=STATE_HINT)
         client.create_bucket(Bucket=bucket_dir.name)
         for path in sorted(bucket_dir.rglob("*")):
-            if path.is_file() and not path.is_symlink():
+            if path.is_symlink():
+                continue
+            if path.is_dir():
+                check_path(path, "dir", hint=STATE_HINT)
+            elif path.is_file():
+                check_path(path, "file", hint=STATE_HINT)
                 client.upload_file(str(path), bucket_dir.name, path.relative_to(bucket_dir).as_posix())
 
 
@@ -82,7 +120,7 @@ def _save_state(client, state_dir: Path) -> None:
     """Mirror every bucket into ``state_dir``: written to a temporary dir, then swapped in by two
     renames (the previous state to ``<state dir>.old``, the new one into place), so that a crash leaves
     either state whole (``_recover_state`` puts the previous one back), never none or half of one."""
-    state_dir.parent.mkdir(parents=True, exist_ok=True)
+    state_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     _recover_state(state_dir)
     tmp = Path(tempfile.mkdtemp(prefix=f".{state_dir.name}.saving-", dir=state_dir.parent))
     left_out = []
@@ -104,6 +142,7 @@ def _save_state(client, state_dir: Path) -> None:
                         continue
                     target.parent.mkdir(parents=True, exist_ok=True)
                     client.download_file(name, obj["Key"], str(target))
+        _drop_others_write(tmp)  # the next load refuses what others could write
         old = _old_state(state_dir)
         shutil.rmtree(old, ignore_errors=True)  # a previous swap's leftover; state_dir is whole
         if state_dir.exists():
@@ -118,10 +157,11 @@ def _save_state(client, state_dir: Path) -> None:
 
 @contextmanager
 def _state_lock(state_dir: Path):
-    """One command at a time per state dir: two would each load it and the last to save would win."""
-    state_dir.parent.mkdir(parents=True, exist_ok=True)
+    """One command at a time per state dir: two would each load it and the last to save would win. The
+    lock file is opened without following a link and must be ours (a sticky parent may hold others')."""
+    state_dir = _trusted_state_dir(state_dir)
     lock_path = state_dir.with_name(state_dir.name + ".lock")
-    with open(lock_path, "a+") as lock:
+    with os.fdopen(open_trusted(lock_path, os.O_RDWR | os.O_CREAT, 0o600, hint=STATE_HINT), "r+") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -151,14 +191,15 @@ def embedded_s3(state_dir: str | Path | None = DEFAULT_STATE_DIR, set_env: bool 
     from moto.server import ThreadedMotoServer
 
     if state_dir is not None:
-        with _state_lock(Path(state_dir)), embedded_s3(None, set_env) as url:
+        state_dir = _trusted_state_dir(Path(state_dir))
+        with _state_lock(state_dir), embedded_s3(None, set_env) as url:
             client = _local_client(url)
-            _load_state(client, Path(state_dir))
+            _load_state(client, state_dir)
             try:
                 yield url
             finally:  # also after a failed or interrupted job: a rerun resumes from its checkpoints
                 try:
-                    _save_state(client, Path(state_dir))
+                    _save_state(client, state_dir)
                 except Exception as exc:  # noqa: BLE001 - report, never mask the job's own error
                     print(f"warning: could not save the embedded S3 state to {state_dir}: {exc}")
         return

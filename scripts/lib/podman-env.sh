@@ -9,6 +9,9 @@
 # podman leaves outside its own dirs is removed at exit.
 
 SAGEMAKER_DIST_CACHE_ROOT=${SAGEMAKER_DIST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sagemaker-dist}
+# trusted_cache_dir: what is imported and run from the cache, no other user can have written
+# shellcheck source=scripts/lib/trusted-cache.sh
+. "$(dirname "${BASH_SOURCE[0]}")/trusted-cache.sh"
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # shellcheck disable=SC2034  # used by the scripts that source this
 CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
@@ -44,12 +47,13 @@ podman_tools() {
   fi
 }
 
-# podman_paths DIR: PODMAN_HOME (DIR, where the storage lives) and RUN_DIR (podman's run-time state, a
-# private dir under /run keyed by the storage). Every user of one storage must give podman the same
-# run-time paths: podman records them in its database and refuses others.
+# podman_paths DIR: PODMAN_HOME (DIR, where the storage lives, under $SAGEMAKER_DIST_CACHE_ROOT:
+# checked by trusted_cache_dir) and RUN_DIR (podman's run-time state, a private dir under /run keyed by
+# the storage). Every user of one storage must give podman the same run-time paths: podman records
+# them in its database and refuses others.
 podman_paths() {
   PODMAN_HOME=$1
-  mkdir -p "$PODMAN_HOME"
+  trusted_cache_dir "$SAGEMAKER_DIST_CACHE_ROOT" "$PODMAN_HOME"
   PODMAN_HOME=$(cd "$PODMAN_HOME" && pwd)
   RUN_DIR="/run/sagemaker-dist-podman-$(printf '%s' "$PODMAN_HOME" | sha256sum | cut -c1-12)"
 }
@@ -142,9 +146,9 @@ podman_cleanup() {
 # builds and containers mount this machine's CA bundle over it, which no step may then install).
 podman_rootfs_image() {
   podman image exists "$ROOTFS_IMAGE" && return 0
+  trusted_cache_dir "$SAGEMAKER_DIST_CACHE_ROOT" "$(dirname "$ROOTFS_TARBALL")"
   if [ ! -f "$ROOTFS_TARBALL" ]; then
     step "debootstrap --variant=minbase bookworm ($DEBIAN_MIRROR)"
-    mkdir -p "$(dirname "$ROOTFS_TARBALL")"
     local rootfs="$RUN_DIR/rootfs"
     rm -rf "$rootfs"
     timeout 1200 debootstrap --variant=minbase --include=ca-certificates bookworm "$rootfs" "$DEBIAN_MIRROR" \

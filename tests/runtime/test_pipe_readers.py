@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import shutil
 import subprocess
 import threading
 import time
@@ -289,3 +290,43 @@ def test_concurrent_builds_compile_once_and_the_library_appears_whole(fresh_choi
     # The key changes with TensorFlow's flags (its ABI) and our version.
     monkeypatch.setattr(native_build, "__version__", "9.9.9")
     assert native_build.build_plan(tf)[1] != library
+
+
+PLANTED_SO = """
+#include <fcntl.h>
+#include <unistd.h>
+__attribute__((constructor)) static void planted() {
+  int fd = open("%s", O_CREAT | O_WRONLY, 0644);
+  if (fd >= 0) close(fd);
+}
+"""
+
+
+def test_a_library_another_user_planted_in_the_cache_is_never_loaded(fresh_choice, monkeypatch, caplog):
+    """A .so of another user's at the path this TensorFlow's key names would run its code
+    in this process when loaded (here: its constructor makes a file). auto runs the Python reader,
+    saying why; compiled is an error naming why; the planted code never runs."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to make the library another user's (chown)")
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if not compiler:
+        pytest.skip("no C++ compiler to build the planted library")
+    ran = fresh_choice / "planted-code-ran"
+    source = fresh_choice / "planted.cc"
+    source.write_text(PLANTED_SO % ran)
+    _, library = native_build.build_plan(tf)
+    library.parent.mkdir(parents=True, mode=0o700)
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library), str(source)], check=True, timeout=120)
+    library.chmod(0o755)
+    os.chown(library, 65534, 65534)  # nobody's
+    monkeypatch.setenv(native_build.READER_ENV, "auto")
+    with caplog.at_level(logging.INFO, logger=native_build.__name__):
+        assert native_build.compiled_op() is None
+    assert not ran.exists()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "the Python reader runs" in lines[0] and str(library) in lines[0]
+    assert "belongs to another user" in lines[0] and "SAGEMAKER_DIST_CACHE" in lines[0]
+    monkeypatch.setenv(native_build.READER_ENV, "compiled")
+    with pytest.raises(native_build.NativeReaderError, match="compiled.*belongs to another user"):
+        native_build.compiled_op()
+    assert not ran.exists()

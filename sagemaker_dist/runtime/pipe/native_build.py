@@ -9,6 +9,14 @@ compiler and our version and source; later processes only load it. Concurrent ra
 build that fails or takes longer than ``BUILD_TIMEOUT``, the Python reader runs. One log line
 says which reader runs and why. ``SAGEMAKER_DIST_READER=python|compiled|auto`` (default auto)
 forces a reader; ``compiled`` where it cannot be built is an error naming why.
+The cache is loaded from only where no other user can have written: the cache root and every folder
+down to the key's must be this user's (or root's), not links and not writable by group or others,
+and the root's parent too unless sticky (``/tmp``); the ``.so`` must be a regular file of ours that
+only we can write (``lstat``: never through a link). Folders it creates are mode 0700, the lock file
+0600, opened without following links (``O_NOFOLLOW``); a ``build-failed.txt`` counts only where it is
+ours and starts with the build's command line as we write it (another is ignored, with a log line).
+Where the cache cannot be trusted, auto runs the Python reader with a warning naming why, and
+compiled is an error naming why (``runtime.trusted_cache``).
 ``python -m sagemaker_dist.runtime.pipe.native_build`` builds it now and reads records back with it
 (scripts/setup.sh and scripts/tf-latest-check.sh do, so jobs find it built).
 """
@@ -27,6 +35,13 @@ from pathlib import Path
 
 from sagemaker_dist import __version__
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.runtime.trusted_cache import (
+    UntrustedCacheError,
+    check_path,
+    create_new,
+    open_trusted,
+    trusted_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +53,8 @@ SOURCE = Path(__file__).resolve().parent / "native" / "pipe_dataset_op.cc"  # in
 CORE = Path(__file__).resolve().parent.parent / "framing" / "native"
 LIBRARY = "pipe_dataset_op.so"
 FAILED = "build-failed.txt"  # in the key's folder: auto mode does not retry a failed build
+LOCK = ".lock"
+CACHE_HINT = f"set {CACHE_ENV} to a folder of your own"
 BUILD_TIMEOUT = 300.0  # seconds for the compiler (about 40 s on 2 busy cores), and for the lock
 OP_NAME = "sagemaker_dist_pipe_dataset"
 
@@ -109,12 +126,17 @@ def _load(force: bool):
     for source in (SOURCE, CORE / "record_core.h"):
         if not source.is_file():
             raise _Unavailable(f"its source {source} is not installed")
-    command, library = build_plan(tf)
+    command, planned = build_plan(tf)
+    library = _trusted_folder(planned) / LIBRARY  # checked before anything in it is used
     how = f"TensorFlow {tf.__version__}, {library}"
-    if not library.is_file():
+    if not os.path.lexists(library):
         started = time.monotonic()
-        _build(command, library, force)
+        _build(command, planned, force)
         how += f", built in {time.monotonic() - started:.0f} s"
+    try:
+        check_path(library, "file", hint=CACHE_HINT)
+    except UntrustedCacheError as exc:
+        raise _Unavailable(f"the build cache is not safe to load from: {exc}") from None
     try:
         module = tf.load_op_library(str(library))
     except Exception as exc:  # noqa: BLE001 - any load failure means: the Python reader
@@ -124,23 +146,55 @@ def _load(force: bool):
     return module, how
 
 
+def _trusted_folder(library: Path) -> Path:
+    """The key's folder of ``library``, created (0700) and checked from the cache root down."""
+    try:
+        return trusted_dir(library.parent, root=cache_root(), hint=CACHE_HINT)
+    except UntrustedCacheError as exc:
+        raise _Unavailable(f"the build cache is not safe to load from: {exc}") from None
+    except OSError as exc:
+        raise _Unavailable(f"cannot create the build cache {library.parent}: {exc}") from None
+
+
+def _failure_token(command: list[str]) -> bytes:
+    """How a ``build-failed.txt`` we wrote for this build starts."""
+    return (" ".join(command) + "\n\n").encode()
+
+
+def _failed_before(failed: Path, command: list[str]) -> bool:
+    """Whether ``failed`` is our record of this very build failing; one that is not is ignored."""
+    token = _failure_token(command)
+    try:
+        fd = open_trusted(failed, os.O_RDONLY, hint=CACHE_HINT)
+    except FileNotFoundError:
+        return False
+    except (UntrustedCacheError, OSError) as exc:
+        log.warning("PipeModeDataset: ignoring %s: %s", failed, exc)
+        return False
+    with os.fdopen(fd, "rb") as f:
+        head = f.read(len(token))
+    if head != token:
+        log.warning("PipeModeDataset: ignoring %s: it is not the record of this build's failure", failed)
+        return False
+    return True
+
+
 def _build(command: list[str], library: Path, force: bool) -> None:
     """Compile into ``library`` once, however many processes ask at the same time."""
-    folder = library.parent
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise _Unavailable(f"cannot create the build cache {folder}: {exc}") from None
+    folder = _trusted_folder(library)
+    library = folder / library.name
     failed = folder / FAILED
     try:
-        lock = open(folder / ".lock", "a")  # noqa: SIM115 - closed by the with below
+        fd = open_trusted(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o600, hint=CACHE_HINT)
+    except UntrustedCacheError as exc:
+        raise _Unavailable(f"the build cache is not safe to use: {exc}") from None
     except OSError as exc:
         raise _Unavailable(f"cannot write to the build cache {folder}: {exc}") from None
-    with lock:
+    with os.fdopen(fd, "r+b") as lock:
         _lock(lock, folder)
-        if library.is_file():  # another process built it while this one waited
+        if os.path.lexists(library):  # another process built it while this one waited
             return
-        if failed.is_file() and not force:
+        if not force and _failed_before(failed, command):
             raise _Unavailable(f"it failed to build before (see {failed}; {READER_ENV}=compiled retries)")
         fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
         os.close(fd)
@@ -156,12 +210,16 @@ def _build(command: list[str], library: Path, force: bool) -> None:
             raise _Unavailable(f"the compiler {command[0]} did not run: {exc}") from None
         if done.returncode != 0:
             os.unlink(tmp)
-            failed.write_text(" ".join(command) + "\n\n" + done.stderr)
+            failed.unlink(missing_ok=True)  # ours, or one that was ignored: replaced by ours
+            try:
+                create_new(failed, _failure_token(command) + done.stderr.encode(errors="replace"))
+            except OSError as exc:
+                log.warning("PipeModeDataset: could not record the failed build in %s: %s", failed, exc)
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise _Unavailable(
                 f"the build failed ({command[0]} exited {done.returncode}: {last}; see {failed})"
             )
-        os.chmod(tmp, 0o755)  # mkstemp made it 0600: other users of the cache load it too
+        os.chmod(tmp, 0o755)  # mkstemp made it 0600; readable by all, writable only by us
         os.replace(tmp, library)
         failed.unlink(missing_ok=True)
 
@@ -174,9 +232,7 @@ def _lock(lock, folder: Path) -> None:
             return
         except BlockingIOError:
             if time.monotonic() > deadline:
-                raise _Unavailable(
-                    f"another process held {folder / '.lock'} for {BUILD_TIMEOUT:g} s"
-                ) from None
+                raise _Unavailable(f"another process held {folder / LOCK} for {BUILD_TIMEOUT:g} s") from None
             time.sleep(0.2)
 
 

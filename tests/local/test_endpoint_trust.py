@@ -1,0 +1,147 @@
+"""The embedded S3's state dir loads nothing another user could have written: what it
+holds becomes the objects jobs read (checkpoints, code). Real folders and a real other user: the
+tests run as root, and "another user" is nobody (uid 65534), made the owner with chown."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.local import endpoint
+
+NOBODY = 65534
+
+
+class RecordingClient:
+    """The two calls ``_load_state`` makes, recorded."""
+
+    def __init__(self):
+        self.buckets, self.uploads = [], []
+
+    def create_bucket(self, Bucket):  # noqa: N803 - boto3's name
+        self.buckets.append(Bucket)
+
+    def upload_file(self, path, bucket, key):
+        self.uploads.append((bucket, key))
+
+
+@pytest.fixture
+def base(tmp_path):
+    tmp_path.chmod(0o700)
+    return tmp_path
+
+
+@pytest.fixture
+def root_user():
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to make files another user's (chown)")
+
+
+def saved_state(base):
+    state = base / "state"
+    (state / "bucket" / "ckpt").mkdir(parents=True, mode=0o700)
+    for d in (state, state / "bucket", state / "bucket" / "ckpt"):
+        d.chmod(0o700)
+    (state / "bucket" / "ckpt" / "model.pt").write_bytes(b"weights")
+    (state / "bucket" / "ckpt" / "model.pt").chmod(0o600)
+    return state
+
+
+def test_a_file_another_user_put_in_the_state_is_refused_not_served(base, root_user):
+    state = saved_state(base)
+    client = RecordingClient()
+    endpoint._load_state(client, state)  # ours: served
+    assert client.buckets == ["bucket"] and client.uploads == [("bucket", "ckpt/model.pt")]
+    os.chown(state / "bucket" / "ckpt" / "model.pt", NOBODY, NOBODY)
+    client = RecordingClient()
+    with pytest.raises(ConfigurationError, match=r"model\.pt .*belongs to another user.*--s3-state-dir"):
+        endpoint._load_state(client, state)
+    assert client.uploads == []
+
+
+def test_a_state_dir_of_another_user_is_refused_before_anything_starts(base, root_user):
+    state = saved_state(base)
+    os.chown(state, NOBODY, NOBODY)
+    with pytest.raises(ConfigurationError, match=f"{state} .*belongs to another user"):
+        with endpoint.embedded_s3(state):
+            pytest.fail("the endpoint started on another user's state")
+    with pytest.raises(ConfigurationError, match="belongs to another user"):
+        endpoint._load_state(RecordingClient(), state)
+
+
+def test_a_state_writable_by_others_is_refused(base):
+    state = saved_state(base)
+    (state / "bucket" / "ckpt").chmod(0o777)
+    with pytest.raises(ConfigurationError, match=r"ckpt .*writable by group or others.*chmod go-w"):
+        endpoint._load_state(RecordingClient(), state)
+
+
+def test_a_lock_that_is_a_link_is_not_followed(base):
+    outside = base / "victim"
+    outside.write_text("precious")
+    (base / "state.lock").symlink_to(outside)
+    with pytest.raises(ConfigurationError, match=r"state\.lock .*is a symbolic link"):
+        with endpoint._state_lock(base / "state"):
+            pass
+    assert outside.read_text() == "precious"  # the old code wrote its pid into it
+    (base / "state.lock").unlink()
+    (base / "state.lock").symlink_to(base / "made-through-the-link")
+    with pytest.raises(ConfigurationError, match="is a symbolic link"):
+        with endpoint._state_lock(base / "state"):
+            pass
+    assert not (base / "made-through-the-link").exists()
+
+
+def test_the_lock_is_0600_and_its_folder_0700_when_made(base):
+    with endpoint._state_lock(base / "cache" / "local-s3"):
+        pass
+    assert stat.S_IMODE(os.stat(base / "cache").st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(base / "cache" / "local-s3.lock").st_mode) == 0o600
+
+
+def test_a_state_dir_in_a_folder_anyone_can_write_is_refused_in_a_sticky_one_it_is_not(base, root_user):
+    shared = base / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(ConfigurationError, match=f"{shared} .*writable by group or others"):
+        with endpoint._state_lock(shared / "state"):
+            pass
+    shared.chmod(0o1777)  # /tmp
+    with endpoint._state_lock(shared / "state"):
+        pass
+    # there, another user's ".old" (a half-done swap, as the recovery reads it) is never adopted ...
+    (shared / "state.old" / "bucket").mkdir(parents=True)
+    (shared / "state.old" / "bucket" / "code.tar.gz").write_bytes(b"planted")
+    os.chown(shared / "state.old", NOBODY, NOBODY)
+    client = RecordingClient()
+    with pytest.raises(ConfigurationError, match=r"state\.old .*belongs to another user"):
+        endpoint._load_state(client, shared / "state")
+    assert client.uploads == [] and not (shared / "state").exists()
+    # ... and another user's leftover of a save is theirs to remove
+    leftover = shared / ".state.saving-abc"
+    leftover.mkdir()
+    os.chown(leftover, NOBODY, NOBODY)
+    os.chown(shared / "state.old", 0, 0)
+    endpoint._recover_state(shared / "state")
+    assert leftover.is_dir() and (shared / "state" / "bucket").is_dir()
+
+
+def test_a_saved_state_is_writable_by_no_one_else_whatever_the_umask(base):
+    from sagemaker_dist.aws.s3_objects import s3_client
+
+    state = base / "state"
+    old = os.umask(0o002)
+    try:
+        with endpoint.embedded_s3(state):
+            client = s3_client()
+            client.create_bucket(Bucket="kept-bucket")
+            client.put_object(Bucket="kept-bucket", Key="deep/er/key.txt", Body=b"x")
+    finally:
+        os.umask(old)
+    modes = {str(p.relative_to(base)): stat.S_IMODE(os.lstat(p).st_mode) for p in [state, *state.rglob("*")]}
+    assert modes and all(m & 0o022 == 0 for m in modes.values()), modes
+    assert (state / "kept-bucket" / "deep" / "er" / "key.txt").read_bytes() == b"x"
+    endpoint._load_state(RecordingClient(), state)  # and it loads back
