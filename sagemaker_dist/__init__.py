@@ -37,6 +37,13 @@ _EXPORTS = {
     "write_shards": "launch.shard_writer",
     "read_shard_set": "launch.shard_writer",
     "ShardSet": "launch.shard_writer",
+    # writing records: tf.train.Example, TFRecord and RecordIO files (no TensorFlow)
+    "encode_example": "launch.records",
+    "TFRecordWriter": "launch.records",
+    "RecordIOWriter": "launch.records",
+    "write_tfrecords": "launch.records",
+    "write_recordio": "launch.records",
+    "RecordsWritten": "launch.records",
     # launching
     "DistributedEstimator": "launch.estimator",
     "PreparedJob": "launch.backends",

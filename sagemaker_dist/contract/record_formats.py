@@ -1,10 +1,10 @@
 """The record formats a Pipe-mode channel carries, written once: TFRecord and SageMaker RecordIO.
 
-Readers (``runtime.framing``) frame these bytes; writers (local mode's feeder, demo data, tests and
-benchmarks) encode them with the functions here. The one dependency beyond the stdlib is the
-C-backed ``crc32c`` that TFRecord's checksums need, imported by the encoder that uses it: a job
-that only checks a format name (``PipeModeDataset`` on the compiled reader) does not load it (the SDK
-side never imports this module).
+Readers (``runtime.framing``) frame these bytes; writers (the public ``launch.records`` writers, local
+mode's feeder, demo data, tests and benchmarks) encode them with the functions here. The one dependency
+beyond the stdlib is the C-backed ``crc32c`` that TFRecord's checksums need, imported by the encoder
+that uses it: a job that only checks a format name (``PipeModeDataset`` on the compiled reader) does
+not load it, nor does the SDK side until it writes a TFRecord.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A small generated CIFAR-10-shaped TFRecord dataset, so local mode needs no download.
 
-SDK side: no TensorFlow. ``tf.train.Example`` is encoded by hand (its wire format is three nested
-messages) and framed as TFRecord with a C-backed CRC32C. Images get a label-dependent colour under
+SDK side: no TensorFlow. Records are ``tf.train.Example``s written by ``launch.records.encode_example``
+and framed as TFRecord with a C-backed CRC32C. Images get a label-dependent colour under
 strong noise, and a share of the labels is drawn at random (``LABEL_NOISE``): the demo model learns
 in a few epochs, about 22 % of the labels are wrong for any model (so a few hundred validation
 records score about 0.78 at best, give or take sampling), and the learning rate visibly moves where a
@@ -11,7 +11,6 @@ run gets (the tuning demo's trials differ).
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ from sagemaker_dist.aws.s3_objects import s3_client
 from sagemaker_dist.contract.record_formats import encode_tfrecord
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.launch.records import encode_example
 
 IMAGE_SHAPE = (32, 32, 3)
 NUM_CLASSES = 10
@@ -34,42 +34,6 @@ DATASET_FILE = "dataset.json"  # under the prefix: files and records per file, f
 
 class DemoDataError(ConfigurationError):
     """The demo data cannot be written where asked (names the bucket and what to do)."""
-
-
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1  # negative int64 values are 10-byte varints, as protobuf encodes them
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field (wire type 2)."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def encode_example(features: dict[str, bytes | int | float | list[int] | list[float]]) -> bytes:
-    """Serialise a ``tf.train.Example`` whose features are bytes, int64 or float (lists)."""
-    entries = b""
-    for key in sorted(features):
-        value = features[key]
-        values = [value] if isinstance(value, (int, float)) else value
-        if isinstance(value, bytes):
-            feature = _field(1, _field(1, value))  # Feature.bytes_list(1) -> BytesList.value(1)
-        elif any(isinstance(v, float) for v in values):
-            packed = struct.pack(f"<{len(values)}f", *values)
-            feature = _field(2, _field(1, packed))  # Feature.float_list(2) -> FloatList.value(1), packed
-        else:
-            packed = b"".join(_varint(v) for v in values)
-            feature = _field(3, _field(1, packed))  # Feature.int64_list(3) -> Int64List.value(1), packed
-        entries += _field(1, _field(1, key.encode()) + _field(2, feature))  # Features.feature map entry
-    return _field(1, entries)  # Example.features(1)
 
 
 tfrecord_frame = encode_tfrecord  # one TFRecord frame: the runtime's own encoder (one implementation)
