@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from sagemaker_dist.contract.stop_lines import RESUMED, STOPPED
+from sagemaker_dist.contract.stop_lines import RESUMED, STOPPED, resumed_position
 from sagemaker_dist.contract.stop_window import STOP_WINDOW_S
 from sagemaker_dist.errors import ConfigurationError, JobFailedError
 from sagemaker_dist.host.stop_forwarding import rank_processes
@@ -127,16 +127,22 @@ class Attempt:
     interrupted_at: float | None  # seconds after its ranks started; None: not interrupted
     status: str  # Completed, Stopped (interrupted, ended in time), Killed, Failed
     ended_after_signal: float | None = None
-    stopped_at: tuple[int, int] | None = None  # (epoch, step) the ranks stopped after (rank 0's line)
-    resumed_from: tuple[int, int] | None = None  # (epochs done, steps of the next) at its start
+    # (epoch counted from 1, steps of it trained), as rank 0's stop and resume lines name them
+    stopped_at: tuple[int, int] | None = None  # where the ranks stopped
+    resumed_from: tuple[int, int] | None = None  # where the attempt started: (3, 11) in epoch 3 after step 11
     seconds: float = 0.0
     error: str | None = None
     result: object = None
 
     def line(self) -> str:
         text = f"attempt {self.number}: {self.status} after {self.seconds:.1f} s"
-        if self.resumed_from and self.resumed_from != (0, 0):
-            text += f"; resumed after epoch {self.resumed_from[0]} step {self.resumed_from[1]}"
+        if self.resumed_from and self.resumed_from != (1, 0):
+            epoch, step = self.resumed_from
+            text += (
+                f"; resumed in epoch {epoch} after step {step}"
+                if step
+                else f"; resumed at the start of epoch {epoch}"
+            )
         if self.interrupted_at is not None:
             text += f"; interrupted {self.interrupted_at:g} s after the ranks started"
             if self.ended_after_signal is not None:
@@ -153,7 +159,7 @@ def stop_positions(lines: list[str]) -> tuple[tuple[int, int] | None, tuple[int,
     stopped = started = None
     for line in lines:
         if started is None and (m := RESUMED.search(line)):
-            started = (int(m.group(1)), int(m.group(2)))
+            started = resumed_position(m)
         if m := STOPPED.search(line):
             stopped = (int(m.group(1)), int(m.group(2)))
     return stopped, started

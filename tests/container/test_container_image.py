@@ -281,7 +281,7 @@ def test_a_job_stopped_with_podman_stop_resumes_inside_the_epoch(s3, bucket, tmp
     # before SIGKILL; the toolkit sleeps its 30 s after mpirun, as after any run
     assert first.stopped_at is not None and first.ended_after_signal < 110, log[-4000:]
     epoch, step = first.stopped_at  # nothing lost; a stop on an epoch's last step checkpoints it whole
-    assert second.resumed_from == ((epoch, 0) if step == 2 * per_file // batch else (epoch - 1, step))
+    assert second.resumed_from == ((epoch + 1, 0) if step == 2 * per_file // batch else (epoch, step))
     trees = [Path(a.result.work_dir) / "hosts" / "algo-1" for a in attempts]
     assert (trees[0] / "output" / "success").is_file()  # a stop ends as a run does: exit 0
     for rank in range(2):

@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 from helpers.stop_jobs import check_resumed_inside_the_epoch, shard_bytes, trained_segments
 
+from sagemaker_dist.contract.stop_lines import resumed_line, stopped_line
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.backend import LocalBackend
 from sagemaker_dist.local.demo import demo_estimator
 from sagemaker_dist.local.job import run_local
 from sagemaker_dist.local.launchers.mpi import horovod_mpi_built
-from sagemaker_dist.local.spot import check_interrupts, run_interrupted, stop_positions
+from sagemaker_dist.local.spot import Attempt, check_interrupts, run_interrupted, stop_positions
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "tests" / "helpers" / "local_scripts"
@@ -118,8 +119,9 @@ def test_interrupted_job_restarts_and_trains_each_remaining_batch_once(s3, bucke
     epoch, step = first.stopped_at  # epoch counted from 1, as Keras prints it
     world = shape[0] * shape[1]
     steps = FILES * PER_FILE // BATCH // world
-    # the stop's own checkpoint: nothing lost (one on an epoch's last step is of the whole epoch)
-    assert second.resumed_from == ((epoch, 0) if step == steps else (epoch - 1, step)), log[-3000:]
+    # the stop's own checkpoint: nothing lost (one on an epoch's last step is of the whole epoch);
+    # resumed where it stopped, the epoch counted from 1 in both lines
+    assert second.resumed_from == ((epoch + 1, 0) if step == steps else (epoch, step)), log[-3000:]
     for rank in range(world):
         one, two = trained_segments(out / f"trained-rank{rank}.jsonl")
         check_resumed_inside_the_epoch(
@@ -146,11 +148,38 @@ def test_tf_mwms_stopped_on_an_epochs_last_step_resumes_at_the_next_epoch(s3, bu
         )
         logs.append("\n".join(lines))
     assert f"stopped in epoch 1 after step {steps} (its last) on every rank" in logs[0], logs[0][-4000:]
-    assert stop_positions(logs[1].splitlines())[1] == (1, 0), logs[1][-4000:]
+    assert stop_positions(logs[1].splitlines())[1] == (2, 0), logs[1][-4000:]  # at the start of epoch 2
     for rank in range(2):
         one, two = trained_segments(out / f"trained-rank{rank}.jsonl")
         assert len(one["epochs"][0]) == steps and sorted(two["epochs"]) == [1]
         assert len(two["epochs"][1]) == steps
+
+
+def test_the_stop_and_resume_lines_name_one_place_the_same_way():
+    """One stop is named the same way where it stopped and where it resumed: every line counts epochs
+    from 1 (as the metric line's epoch=), with the steps of that epoch trained."""
+    stop = stopped_line(3, 11) + "; checkpoint epoch-00002-step-000011"
+    resume = resumed_line("epoch-00002-step-000011", 2, 11)  # the checkpoint: 2 epochs done, 11 steps
+    assert "sagemaker-dist: stopped in epoch 3 after step 11 on every rank" in stop
+    assert (
+        "sagemaker-dist: resuming from checkpoint epoch-00002-step-000011 in epoch 3 after step 11" in resume
+    )
+    stopped, resumed = stop_positions([stop])[0], stop_positions([resume])[1]
+    assert stopped == resumed == (3, 11)
+    first = Attempt(1, 30.0, "Stopped", 2.0, stopped_at=stopped)
+    second = Attempt(2, None, "Completed", resumed_from=resumed)
+    assert first.line().endswith("; the ranks stopped in epoch 3 after step 11")
+    assert second.line().endswith("; resumed in epoch 3 after step 11")
+    # stopped after its epoch's last step: the checkpoint is of the whole epoch, the next one starts
+    whole = resumed_line("epoch-00003-step-000000", 3, 0)
+    assert "resuming from checkpoint epoch-00003-step-000000 at the start of epoch 4" in whole
+    assert stop_positions([whole])[1] == (4, 0)
+    assert (
+        Attempt(2, None, "Completed", resumed_from=(4, 0))
+        .line()
+        .endswith("; resumed at the start of epoch 4")
+    )
+    assert "resumed" not in Attempt(1, None, "Completed", resumed_from=(1, 0)).line()  # a fresh start
 
 
 def test_interrupt_at_needs_a_checkpoint_uri_and_positive_seconds():
