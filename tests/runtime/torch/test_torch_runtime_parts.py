@@ -153,8 +153,8 @@ def _launched_env(root, **variables: str) -> dict[str, str]:
 def test_a_job_launched_for_another_distribution_is_named_with_the_distribution_to_use(
     tmp_path, distribution, variables, title
 ):
-    """Issue 49: a PyTorch script launched without --distribution torchrun failed with the channel
-    check's Horovod-worded hint about processes per host; the check names the distribution instead."""
+    """A PyTorch script launched without --distribution torchrun runs as another distribution's job: the
+    check names that distribution and the one to launch with, not the processes per host."""
     import torch.distributed as dist
 
     from sagemaker_dist.contract.distributions import distribution as entry
