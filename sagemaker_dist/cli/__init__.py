@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import warnings
 
@@ -24,6 +25,29 @@ def add_distribution_argument(p) -> None:
     from sagemaker_dist.contract.distributions import DEFAULT, HELP, NAMES
 
     p.add_argument("--distribution", default=DEFAULT, choices=NAMES, help=HELP)
+
+
+def add_region_argument(p) -> None:
+    """``--region`` for the commands that call AWS: the AWS region, exported for every client made."""
+    p.add_argument(
+        "--region",
+        type=_region,
+        help="AWS region (default: AWS_REGION / AWS_DEFAULT_REGION, then your AWS config's)",
+    )
+
+
+def use_region(args) -> None:
+    """``--region``, where given, for every boto3 session this command makes (the SDK's included)."""
+    if getattr(args, "region", None):
+        os.environ["AWS_DEFAULT_REGION"] = os.environ["AWS_REGION"] = args.region
+
+
+def _region(value: str) -> str:
+    import re
+
+    if not re.match(r"^[a-z]{2}(-[a-z]+)+-\d$", value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not an AWS region name such as us-east-1")
+    return value
 
 
 _python_showwarning = warnings.showwarning
@@ -68,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra and not getattr(args, "takes_extra", False):  # only 'tune' passes options on to another parser
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
+    use_region(args)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -1,7 +1,8 @@
 """``sagemaker-dist launch``: create a Horovod + Pipe-mode training job from the command line.
 
-A thin front for DistributedEstimator; ``--dry-run`` prints the validated request (bare prefixes stand
-in for the shard manifests) without creating anything.
+A thin front for DistributedEstimator; ``--dry-run`` prints the validated request a launch would send
+(with S3 reachable, the shard manifests it would write, planned and shown, not written) and creates
+nothing.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 import json
 import sys
 
-from sagemaker_dist.cli import add_distribution_argument
+from sagemaker_dist.cli import add_distribution_argument, add_region_argument, use_region
 from sagemaker_dist.contract.distributions import distribution as registered
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.launch.estimator import DistributedEstimator
@@ -47,7 +48,12 @@ def register(subparsers) -> None:
     p.add_argument("--hp", action="append", default=[], metavar="KEY=VALUE", help="hyperparameter")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="container environment")
     p.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="job tag")
-    p.add_argument("--image-uri", help="training image (default: sagemaker-dist in your ECR)")
+    p.add_argument(
+        "--image-uri",
+        help="training image (default: the distribution's: sagemaker-dist, or sagemaker-dist-pytorch for "
+        "torchrun, in your ECR from container/build_and_push.sh; AWS's DLC for tf-mwms)",
+    )
+    add_region_argument(p)
     p.add_argument("--output-path", help="S3 prefix for outputs (default: the SDK session's default bucket)")
     p.add_argument("--job-name")
     p.add_argument("--strategy", default="auto", choices=("auto", "per-rank", "per-local-rank"))
@@ -70,6 +76,7 @@ def _estimator(args) -> DistributedEstimator:
     """The estimator of a SageMaker job (launch, tune): SageMaker runs some distributions on some
     instance types only (torchrun: GPU, Trainium), refused here before any AWS call, dry runs too."""
     registered(args.distribution).check_sagemaker_instance_type(args.instance_type)
+    use_region(args)  # tune parses launch's options itself
     session = None
     if not args.output_path and not args.dry_run:
         from sagemaker.core.helper.session_helper import Session
@@ -112,7 +119,12 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         for line in est.plan(inputs).explain():
             print(line)
-        print(json.dumps(est.draft_request(inputs, args.job_name), indent=2))
+        request, planned = est.dry_run(
+            inputs, args.job_name, printer=lambda line: print(line, file=sys.stderr)
+        )
+        for role, uri, objects, size in planned:
+            print(f"{role}: {uri}: {objects} object(s), {size} bytes (planned, not written)")
+        print(json.dumps(request, indent=2))
         return 0
     try:
         handle = est.launch(inputs, args.job_name, wait=not args.no_wait)

@@ -85,7 +85,9 @@ class Distribution:
     # the environment its processes learn their rank from: families of (rank, local rank, size, local
     # size) in order of preference (one name alone where one variable holds them all: TF_CONFIG)
     rank_variables: tuple[tuple[str, ...], ...]
-    image: DlcImage | None  # with no image_uri: AWS's DLC as is, or (None) our container in the caller's ECR
+    # with no image_uri: AWS's DLC as is (the sagemaker_dist package then travels in the source tarball),
+    # or (None) our container in the caller's ECR, in ``repository`` (container/build_and_push.sh)
+    image: DlcImage | None
     local_launchers: tuple[str, ...]  # the local launchers that run it, its default first
     slurm: SlurmStart | None  # how an sbatch script starts its ranks (None: it cannot)
     # the Kubernetes object that runs it (None: none): mpi-operator's MPIJob (mpirun from a launcher
@@ -115,6 +117,7 @@ class Distribution:
     # directory the script saves into and the model never leaves. A tuning job then gets the training
     # request's S3 output path as its model_dir, as the SageMaker SDK's TensorFlow estimator sets one
     tuning_sets_model_dir: bool = False
+    repository: str = "sagemaker-dist"  # our image's ECR repository (build_and_push.sh), where image is None
 
     @property
     def default_launcher(self) -> str:
@@ -251,7 +254,10 @@ TORCHRUN_ENTRY = Distribution(
     enabled_hyperparameter=hp.TORCH_DISTRIBUTED_ENABLED,
     mpi=False,
     rank_variables=(TORCHRUN_VARIABLES,),
-    image=DlcImage("pytorch", "2.8", "py312"),  # the PyTorch 2.8 training DLC (Ubuntu 22.04), GPU or CPU
+    # container/Dockerfile FROM the PyTorch 2.8 training DLC (build_and_push.sh --pytorch): the package,
+    # its compiled readers, and an entry point that forwards SIGTERM to the ranks
+    image=None,
+    repository="sagemaker-dist-pytorch",
     local_launchers=(TORCHRUN, TOOLKIT, CONTAINER),
     slurm=SlurmStart(  # one task per rank with torchrun's variables, as torchrun would set them
         None,

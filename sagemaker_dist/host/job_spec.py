@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from sagemaker_dist.aws.request_validation import validate_request
 from sagemaker_dist.contract import distributions, toolkit
 from sagemaker_dist.contract import hyperparameters as hp
-from sagemaker_dist.contract.layout import ChannelLayout, layout_of
+from sagemaker_dist.contract.draft import check_not_a_draft
+from sagemaker_dist.contract.layout import PER_WORKER, ChannelLayout, layout_of
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.host.channel_objects import ChannelSpec
 
@@ -56,6 +57,8 @@ class JobSpec:
         default_mode = (request.get("AlgorithmSpecification") or {}).get("TrainingInputMode", "File")
         hosts = int((request.get("ResourceConfig") or {}).get("InstanceCount", 1))
         layout = layout_of(hps)
+        per_worker = [(r.role, r.channels) for r in layout.roles if r.spread == PER_WORKER] if layout else []
+        check_not_a_draft(request, per_worker)  # stand-ins, or every rank on the whole prefix
         per_host = _processes_per_host(hps, layout)
         if layout is not None and (layout.hosts, layout.processes_per_host) != (hosts, per_host):
             raise JobSpecError(

@@ -37,9 +37,12 @@ class PreparedJob:
 
 
 class TrainingBackend(Protocol):
-    """Runs a prepared job; ``checks_job_name`` says whether the name must be free on SageMaker."""
+    """Runs a prepared job; ``checks_job_name`` says whether the name must be free on SageMaker,
+    ``runs_request_image`` whether the request's image runs the script (else this backend's own
+    environment, which has the package)."""
 
     checks_job_name: bool
+    runs_request_image: bool
 
     def complete_request(self, request: dict, printer: Callable[[str], None]) -> dict:
         """The request as this backend will run it (validated after this, before any write)."""
@@ -82,6 +85,7 @@ class SageMakerBackend:
     """CreateTrainingJob through SDK v3's ``sagemaker.core``; returns a ``TrainingJobHandle``."""
 
     checks_job_name = True
+    runs_request_image = True
 
     def __init__(self, boto_session=None):
         self.boto_session = boto_session

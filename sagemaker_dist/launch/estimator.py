@@ -20,15 +20,17 @@ import boto3
 
 from sagemaker_dist.aws.instances import normalize_instance_type, processes_per_host
 from sagemaker_dist.aws.request_validation import validate_request
-from sagemaker_dist.aws.s3_objects import s3_client
+from sagemaker_dist.aws.s3_objects import MissingBucketError, S3AccessError, s3_client
 from sagemaker_dist.contract.distributions import DEFAULT as DEFAULT_DISTRIBUTION
 from sagemaker_dist.contract.distributions import DistributionError
 from sagemaker_dist.contract.distributions import distribution as registered
+from sagemaker_dist.contract.draft import PLACEHOLDER_ACCOUNT, PLACEHOLDER_OUTPUT, placeholder_channel_uri
 from sagemaker_dist.contract.layout import (
     INPUT_MODES,
     PER_WORKER,
     SINGLE,
     ChannelLayout,
+    RoleLayout,
     check_distribution,
     fifo_would_be_shared,
     plan_layout,
@@ -61,6 +63,7 @@ from sagemaker_dist.launch.request import (
     tags_list,
     user_hyperparameters,
 )
+from sagemaker_dist.launch.runtime_package import is_sagemaker_dist_image, runtime_requirements
 from sagemaker_dist.launch.source_package import (
     MAX_SOURCE_BYTES,
     TARBALL_NAME,
@@ -70,9 +73,6 @@ from sagemaker_dist.launch.source_package import (
     upload_source,
 )
 from sagemaker_dist.launch.staging import plan_role_shards
-
-_PLACEHOLDER_ACCOUNT = "000000000000"
-_PLACEHOLDER_OUTPUT = "s3://output-bucket-not-yet-resolved"
 
 
 @dataclass
@@ -95,6 +95,9 @@ class DistributedEstimator:
     registry (``contract/distributions.py``): ``horovod`` (the default), ``tf-mwms`` or ``torchrun``.
     ``source_exclude`` replaces ``DEFAULT_SOURCE_EXCLUDES``, what is never packed from ``source_dir``
     (caches, ``.git/``, secrets by convention: ``.env*``, ``.netrc``, ``.aws/``, ``.ssh/``).
+    With no ``image_uri`` the job runs in our image of its distribution (``container/build_and_push.sh``;
+    tf-mwms: AWS's DLC); an image without the package (an AWS DLC) gets it in the source tarball
+    (``ship_package``: None decides by the image's repository name, ``sagemaker-dist*`` has it).
     """
 
     entry_point: str
@@ -138,6 +141,7 @@ class DistributedEstimator:
     toolkit_version: str = DEFAULT_TOOLKIT_VERSION
     max_source_bytes: int = MAX_SOURCE_BYTES
     source_exclude: Sequence[str] | None = None
+    ship_package: bool | None = None
     sagemaker_session: object = field(default=None, repr=False)
 
     def __post_init__(self):
@@ -251,45 +255,99 @@ class DistributedEstimator:
         layout = self.plan(inputs)
         job_name = job_name or default_job_name(self.base_job_name)
         output_path = self._output_path()
+        role = role or role_arn(self.role, self._region(), boto_session=self._boto_session())
         names = ResolvedNames(
             job_name,
-            role or role_arn(self.role, self._region(), boto_session=self._boto_session()),
+            role,
             output_path,
             submit_directory or self.source_uri(output_path, job_name),
-            self._image(),
+            self._image(account=role.split(":")[4]),  # our image is in the role's account: no STS call
         )
         return self._render(layout, inputs, inputs.roles, names)
 
     def draft_request(self, inputs, job_name: str | None = None) -> dict:
         """The request with stand-ins for what needs AWS, validated; makes no AWS call.
 
-        A bare prefix stands in for each shard manifest, account 000000000000 for the caller's
-        account (role name, default image) and a placeholder bucket for an unset output path;
-        everything else is final.
+        Each per-worker channel of a bare prefix gets a stand-in URI (``contract/draft.py``) where a
+        launch would write its shard manifest; account 000000000000 stands for the caller's account
+        (a role name, our image) and a placeholder bucket for an unset output path. Hosts refuse a
+        request with stand-ins; ``dry_run`` plans the real manifests where S3 can be asked.
         """
         inputs = parse_inputs(inputs)
         layout = self.plan(inputs)
         return self._draft(inputs, layout, job_name or default_job_name(self.base_job_name))
 
-    def _draft(self, inputs: JobInputs, layout: ChannelLayout, job_name: str) -> dict:
-        sources = {
-            r.role: ChannelSource((inputs.roles[r.role],) * r.count)
-            if isinstance(inputs.roles[r.role], str)
-            else inputs.roles[r.role]
-            for r in layout.roles
-        }
+    def dry_run(self, inputs, job_name: str | None = None, *, printer: Callable[[str], None] | None = print):
+        """``(request, planned)``: the request a launch would send, made without writing anything.
+
+        With S3 reachable, every bare prefix of a per-worker role is listed and balanced exactly as a
+        launch does (the same checks: too few objects for the workers is an error), and the request
+        names the manifest URIs a launch would write; ``planned`` lists each (role, manifest URI,
+        objects, bytes). Where S3 cannot be asked, a line says why and the request is the draft, with
+        stand-ins that hosts refuse; ``planned`` is then empty."""
+        say = printer or (lambda _line: None)
+        inputs = parse_inputs(inputs)
+        layout = self.plan(inputs)
+        job_name = job_name or default_job_name(self.base_job_name)
         output = self._output_path(resolve=False)
+        try:
+            staged = plan_role_shards(
+                inputs, layout, join_s3(output, job_name, "shards") + "/", self._s3_client(), say
+            )
+        except MissingBucketError:
+            raise
+        except S3AccessError as exc:
+            say(f"S3 could not be asked ({exc}): the request below is a draft, its per-worker channels are "
+                "stand-ins (sagemaker-dist local --request refuses it)")  # fmt: skip
+            return self._draft(inputs, layout, job_name), []
+        planned = [
+            (role, uri, len(keys), sum(sizes))
+            for plan, _prefix, role in staged.writes
+            for uri, keys, sizes in zip(staged.sources[role].uris, plan.shards, plan.sizes)
+        ]
+        return self._draft(inputs, layout, job_name, staged.sources), planned
+
+    def _draft(self, inputs: JobInputs, layout: ChannelLayout, job_name: str, sources=None) -> dict:
+        if sources is None:
+            sources = {r.role: self._draft_source(inputs.roles[r.role], r) for r in layout.roles}
+        output = self._output_path(resolve=False)
+        role = role_arn(self.role, self._region(), account=PLACEHOLDER_ACCOUNT)
         names = ResolvedNames(
-            job_name,
-            role_arn(self.role, self._region(), account=_PLACEHOLDER_ACCOUNT),
-            output,
-            self.source_uri(output, job_name),
-            self._image(account=_PLACEHOLDER_ACCOUNT),
+            job_name, role, output, self.source_uri(output, job_name), self._image(account=role.split(":")[4])
         )
         return self._render(layout, inputs, sources, names)
 
+    @staticmethod
+    def _draft_source(spec, role: RoleLayout):
+        if not isinstance(spec, str):
+            return spec
+        if role.spread == PER_WORKER and role.count > 1:  # a launch writes a manifest per worker here
+            return ChannelSource(tuple(placeholder_channel_uri(role.role, i) for i in range(role.count)))
+        return ChannelSource((spec,) * role.count)
+
+    def ships_package(self) -> bool:
+        """Whether the sagemaker_dist package travels in the source tarball: ``ship_package``, else
+        when the image is not ours by name (an AWS DLC, as given or as the distribution's default)."""
+        if self.ship_package is not None:
+            return self.ship_package
+        if self.image_uri is None:
+            return registered(self.distribution).image is not None
+        return not is_sagemaker_dist_image(self.image_uri)
+
+    def _shipped_line(self) -> str:
+        image = self.image_uri or f"AWS's {registered(self.distribution).title} DLC"
+        return (
+            f"image {image} has no sagemaker_dist: the package travels in {TARBALL_NAME} and the toolkit "
+            f"installs its runtime's requirements ({', '.join(runtime_requirements())}) from "
+            "requirements.txt first; its compiled readers are left out (numpy paths), and the image's "
+            "entry point does not forward SIGTERM, so a stop (spot, StopTrainingJob) ends the ranks "
+            "without a stop checkpoint: they resume from the last step or epoch checkpoint. The image "
+            "container/build_and_push.sh builds has both (ship_package=False for an image with the package)"
+        )
+
     def _image(self, account: str | None = None) -> str:
-        """``image_uri``, else our container in the caller's ECR (``account`` given: no STS call)."""
+        """``image_uri``, else the distribution's default: our container in ``account``'s ECR (None: the
+        caller's, one STS call), or AWS's DLC."""
         if self.image_uri:
             return self.image_uri
         return distribution_image_uri(self.distribution, self._region(), self.instance_type, account)
@@ -303,7 +361,7 @@ class DistributedEstimator:
         if self.output_path:
             return self.output_path.rstrip("/")
         if not resolve:
-            return _PLACEHOLDER_OUTPUT
+            return PLACEHOLDER_OUTPUT
         if self.sagemaker_session is None:
             raise EstimatorError(
                 "no output_path and no sagemaker_session; pass output_path='s3://bucket/prefix' or "
@@ -349,15 +407,19 @@ class DistributedEstimator:
         layout = self.plan(inputs)
         job_name = job_name or default_job_name(self.base_job_name)
         with tempfile.TemporaryDirectory(prefix="sagemaker-dist-src-") as tmp:
+            ships = backend.runs_request_image and self.ships_package()
             package = pack_source(
                 self.entry_point,
                 self.source_dir,
                 dest_dir=tmp,
                 max_bytes=self.max_source_bytes,
                 exclude=self.source_exclude,
+                runtime_package=ships,
             )
             if package.left_out_line():
                 say(package.left_out_line())
+            if ships:
+                say(self._shipped_line())
             self._draft(inputs, layout, job_name)
             for line in layout.explain():
                 say(line)
@@ -378,7 +440,7 @@ class DistributedEstimator:
         client = self._s3_client()
         staged = plan_role_shards(inputs, layout, join_s3(output_path, job_name, "shards") + "/", client, say)
         submit = self.source_uri(output_path, job_name)
-        names = ResolvedNames(job_name, role, output_path, submit, self._image())
+        names = ResolvedNames(job_name, role, output_path, submit, self._image(account=role.split(":")[4]))
         request = render_request(
             self.request_settings, layout, inputs, staged.sources, names, package.entry_point
         )

@@ -102,8 +102,9 @@ def distribution_image_uri(
 ) -> str:
     """The image a job of distribution ``name`` runs in when no image is given (its registry entry's
     ``image``): an AWS DLC as is (e.g. the current TensorFlow one: no Horovod needed), or our
-    container in the caller's ECR."""
-    dlc = distribution(name).image
-    if dlc is None:
-        return container_image_uri(region=region, account=account)
+    container in the caller's ECR (``sagemaker-dist``, ``sagemaker-dist-pytorch``)."""
+    entry = distribution(name)
+    if entry.image is None:
+        return container_image_uri(region=region, account=account, repository=entry.repository)
+    dlc = entry.image
     return dlc_image_uri(dlc.framework, region, instance_type, dlc.version, dlc.py_version)

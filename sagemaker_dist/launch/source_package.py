@@ -15,6 +15,7 @@ from __future__ import annotations
 import fnmatch
 import gzip
 import hashlib
+import io
 import os
 import tarfile
 import tempfile
@@ -225,12 +226,15 @@ def pack_source(
     dest_dir: str | os.PathLike | None = None,
     max_bytes: int = MAX_SOURCE_BYTES,
     exclude: Sequence[str] | None = None,
+    runtime_package: bool = False,
 ) -> SourcePackage:
     """Pack ``source_dir`` (or, without one, just the entry script) into ``dest_dir/sourcedir.tar.gz``.
 
-    ``exclude``: patterns of what never goes in (default ``DEFAULT_SOURCE_EXCLUDES``). Checks the
-    entry script, links and the size first; writes to a temporary name and renames, so a
-    half-written tarball never exists under the final name.
+    ``exclude``: patterns of what never goes in (default ``DEFAULT_SOURCE_EXCLUDES``).
+    ``runtime_package``: add the sagemaker_dist package and its runtime's ``requirements.txt`` lines,
+    for an image without it (``runtime_package.py``). Checks the entry script, links and the size
+    first; writes to a temporary name and renames, so a half-written tarball never exists under the
+    final name.
     """
     exclude = tuple(DEFAULT_SOURCE_EXCLUDES if exclude is None else exclude)
     src, entry = resolve_entry_point(entry_point, source_dir, exclude)
@@ -238,6 +242,9 @@ def pack_source(
         collect_source_files(src, exclude) if source_dir is not None else ([(entry, src / entry)], [])
     )
     total = check_source_size(files, src, max_bytes)
+    written: dict[str, bytes] = {}  # archive name -> content made here
+    if runtime_package:
+        files, written = _with_runtime_package(files, src)
     dest = Path(dest_dir) if dest_dir is not None else Path(tempfile.mkdtemp(prefix="sagemaker-dist-src-"))
     dest.mkdir(parents=True, exist_ok=True)
     final = dest / TARBALL_NAME
@@ -249,13 +256,38 @@ def pack_source(
                 # dereference: a symlinked file is packed as its content, valid in the container.
                 with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT, dereference=True) as tar:
                     for name, path in files:
-                        tar.add(str(path), arcname=name, recursive=False, filter=_normalized)
+                        if name in written:
+                            info = _normalized(tarfile.TarInfo(name))
+                            info.size = len(written[name])
+                            tar.addfile(info, io.BytesIO(written[name]))
+                        else:
+                            tar.add(str(path), arcname=name, recursive=False, filter=_normalized)
         os.replace(tmp_name, final)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
     digest = hashlib.sha256(final.read_bytes()).hexdigest()
     return SourcePackage(final, entry, tuple(name for name, _ in files), total, digest, tuple(left_out))
+
+
+def _with_runtime_package(
+    files: list[tuple[str, Path]], src: Path
+) -> tuple[list[tuple[str, Path]], dict[str, bytes]]:
+    """``files`` plus the sagemaker_dist package, with ``requirements.txt`` the user's and the runtime's."""
+    from sagemaker_dist.launch import runtime_package
+
+    names = dict(files)
+    clash = sorted(n for n in names if n.split("/", 1)[0] == runtime_package.PACKAGE)
+    if clash:
+        raise SourcePackageError(
+            f"source_dir {str(src)!r} holds {clash[0]!r}: the sagemaker_dist package travels in the "
+            "tarball for an image without it, under that name. Rename that folder, or use an image that "
+            "has the package (container/build_and_push.sh) and ship_package=False"
+        )
+    text = runtime_package.requirements_text(names.get(runtime_package.REQUIREMENTS))
+    names[runtime_package.REQUIREMENTS] = src / runtime_package.REQUIREMENTS  # content: written below
+    names.update(runtime_package.package_files())
+    return sorted(names.items()), {runtime_package.REQUIREMENTS: text.encode()}
 
 
 def upload_source(package: SourcePackage, s3_uri: str, client=None) -> str:

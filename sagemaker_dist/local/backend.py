@@ -29,6 +29,7 @@ class LocalBackend:
     container_python: str | None = None  # launcher "toolkit": the image's environment (default .venv-toolkit)
     image: str | None = None  # launcher "container": the training image each host runs
     checks_job_name = False
+    runs_request_image = False  # the ranks run in .venv, the toolkit's venv or our stand-in images
 
     def complete_request(self, request: dict, printer=print) -> dict:
         """Local mode runs the request as rendered (no SageMaker config files apply here)."""

@@ -102,7 +102,7 @@ def test_torchrun_one_process_per_gpu_the_pytorch_dlc_and_gpu_types_on_sagemaker
     torchrun = reg.distribution("torchrun")
     assert (torchrun.processes_per_host, torchrun.default_processes_per_host()) == (reg.PER_GPU, None)
     assert torchrun.rank_variables == (("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),)
-    assert torchrun.image == reg.DlcImage("pytorch", "2.8", "py312")
+    assert (torchrun.image, torchrun.repository) == (None, "sagemaker-dist-pytorch")  # build_and_push.sh
     assert (torchrun.mpi, torchrun.kubernetes, torchrun.keras_helper) == (False, "TrainJob", None)
     assert torchrun.demo_script == "train_torch.py"
     for ok in ("ml.p4d.24xlarge", "ml.g5.12xlarge", "ml.trn1.32xlarge", "G6.48XLARGE"):

@@ -488,12 +488,18 @@ def test_source_size_check_uses_apparent_size_only(source_dir):
 # ----- CLI -----
 
 
-def test_cli_dry_run_prints_the_request_and_creates_nothing(aws_env, assert_no_job, source_dir, capsys):
+def test_cli_dry_run_prints_the_request_and_creates_nothing(
+    aws_env, assert_no_job, s3, bucket, source_dir, capsys
+):
     from sagemaker_dist.cli import main
 
+    put_objects(s3, bucket, "train/", [100 + i for i in range(12)])
     argv = ["launch", "train.py", "--source-dir", str(source_dir), "--role", ROLE_ARN]
     argv += ["--instance-type", "ml.g5.12xlarge", "--instance-count", "3", "--image-uri", IMAGE]
     argv += ["--train", "s3://data-bucket/train/", "--hp", "epochs=2", "--dry-run"]
+    assert main(argv) == 2  # S3 answers: the bucket the data names does not exist, as a launch would say
+    assert "bucket 'data-bucket' does not exist" in capsys.readouterr().err
+    argv[argv.index("s3://data-bucket/train/")] = f"s3://{bucket}/train/"
     assert main(argv) == 0
     out = capsys.readouterr().out
     request = json.loads(out[out.index("{") :])
