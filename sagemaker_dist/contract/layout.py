@@ -161,6 +161,8 @@ class ChannelLayout:
                 how = "one channel every rank reads in full"
             elif self.strategy == PER_RANK:
                 how = "one channel per rank, each with its own shard"
+                if self.input_mode == "File" and self.hosts > 1:
+                    how += f" (File mode: each of the {self.hosts} hosts downloads every rank's channel)"
             else:
                 how = (
                     "one channel per local rank, ShardedByS3Key across hosts "
@@ -281,7 +283,8 @@ def plan_layout(
     """Choose a channel layout for ``hosts`` x ``processes_per_host`` workers.
 
     ``strategy='auto'`` takes per-rank (one FullyReplicated channel per rank, exact byte balance)
-    when it fits in 20 channels, else per-local-rank (ShardedByS3Key, fits any number of hosts).
+    when it fits in 20 channels, else per-local-rank (ShardedByS3Key, fits any number of hosts); in
+    File mode on several hosts it takes per-local-rank first, so each host downloads its share only.
     ``validation`` is None, ``'single'`` or ``'per-worker'``. ``reserved_channels`` counts channels
     a launcher adds on its own (e.g. a code channel). ``distribution='tf-mwms'`` has one worker per
     host, so one channel per host (``train_<host index>``), ShardedByS3Key above the cap.
@@ -296,7 +299,7 @@ def plan_layout(
     def count(s: str) -> int:
         return _count_channels(s, hosts, processes_per_host, validation, eval_channel, extra_count)
 
-    strategy = _choose_strategy(strategy, count, hosts, processes_per_host)
+    strategy = _choose_strategy(strategy, count, hosts, processes_per_host, input_mode)
     names = (train_name, validation_name, eval_name)
     roles = _roles(strategy, hosts, processes_per_host, validation, eval_channel, names)
     layout = ChannelLayout(
@@ -349,10 +352,15 @@ def _check_arguments(
         raise LayoutError(f"reserved channels {reserved!r} must be a whole number >= 0")
 
 
-def _choose_strategy(strategy: str, count, hosts: int, processes_per_host: int) -> str:
-    """``auto`` takes the first strategy within the cap; a named one must fit, else say what would."""
+def _choose_strategy(strategy: str, count, hosts: int, processes_per_host: int, input_mode: str) -> str:
+    """``auto`` takes the first strategy within the cap; a named one must fit, else say what would.
+
+    In File mode every host downloads every FullyReplicated channel in full before the script starts,
+    so with several hosts per-rank channels would put the whole dataset on every host: ``auto`` then
+    takes per-local-rank, whose ShardedByS3Key channels give each host its own share only."""
     if strategy == "auto":
-        fitting = [s for s in STRATEGIES if count(s) <= MAX_CHANNELS]
+        order = (PER_LOCAL_RANK, PER_RANK) if input_mode == "File" and hosts > 1 else STRATEGIES
+        fitting = [s for s in order if count(s) <= MAX_CHANNELS]
         if not fitting:
             strategy = PER_LOCAL_RANK  # fall through to the error below, which lists the counts
         else:

@@ -332,6 +332,32 @@ def test_estimator_fit_local_runs_the_same_request_here(s3, bucket, tmp_path, in
         assert "downloaded channel train_0" in out and "downloaded channel train_1" in out
 
 
+@pytest.mark.slow
+def test_file_mode_on_two_hosts_downloads_each_hosts_share_only(s3, bucket, tmp_path):
+    """File mode, 2 hosts x 2 ranks: with one FullyReplicated channel per rank every host downloaded the
+    whole dataset; per-local-rank channels (ShardedByS3Key) bring each host its half, every record once."""
+    _small_data(s3, bucket, files=8, records=8)
+    total = sum(o["Size"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="data/train/")["Contents"])
+    estimator = demo_estimator(
+        bucket, 2, 2, "File", {"epochs": 1}, source_dir=SCRIPTS, entry_point="count_records.py"
+    )
+    lines = []
+    backend = LocalBackend(work_dir=tmp_path, keep_work_dir=True)
+    estimator.fit({"train": f"s3://{bucket}/data/train/"}, printer=lines.append, backend=backend)
+    out = "\n".join(lines)
+    assert "strategy per-local-rank" in out and "ShardedByS3Key" in out
+    per_host = {}
+    for data in tmp_path.rglob("input/data"):
+        host = data.parents[1].name
+        per_host[host] = sum(
+            f.stat().st_size for f in data.rglob("*") if f.is_file() and "train" in f.parts[-2]
+        )
+    assert len(per_host) == 2 and sum(per_host.values()) == total, (per_host, total)  # each object once
+    assert all(size <= total * 0.6 for size in per_host.values()), per_host  # a share, not everything
+    records = [int(line.rsplit(" ", 1)[1]) for line in out.splitlines() if "] epoch 0 records" in line]
+    assert len(records) == 4 and sum(records) == 64
+
+
 def test_estimator_refuses_local_options_for_a_sagemaker_launch(s3, bucket):
     _small_data(s3, bucket, files=2, records=2)
     estimator = demo_estimator(bucket, 1, 2, "Pipe", {}, source_dir=SCRIPTS, entry_point="count_records.py")
