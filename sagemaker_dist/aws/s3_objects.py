@@ -121,3 +121,56 @@ def list_objects(s3_uri: str, suffix: str | None = None, client=None) -> list[S3
             + " (prefixes match key starts, so end a folder prefix with '/')"
         )
     return found
+
+
+def sync_folder(folder, s3_uri: str, client=None) -> tuple[int, int]:
+    """Make the prefix ``s3_uri`` hold exactly the files under ``folder`` (keys by relative path);
+    ``(files, bytes)``. An object already there with the same size is kept (a rerun uploads only what
+    changed in size), one the folder no longer has is deleted: a job never trains on stale files. A link
+    that leads out of ``folder`` is refused, links to folders are not followed: nothing from elsewhere
+    goes up."""
+    import os
+    from pathlib import Path
+
+    from boto3.exceptions import S3UploadFailedError
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from sagemaker_dist.contract.paths import contained_path
+
+    root = Path(folder)
+    bucket, prefix = parse_s3_uri(s3_uri if s3_uri.endswith("/") else s3_uri + "/")
+    client = client or make_client()
+    files = []
+    for here, dirs, names in os.walk(root, followlinks=False):
+        dirs.sort()
+        for name in sorted(names):
+            path = Path(here, name)
+            rel = path.relative_to(root).as_posix()
+            contained_path(root, rel, f"folder {str(root)!r} holds the link", error=DataError)
+            if path.is_file():
+                files.append((rel, path))
+    if not files:
+        raise EmptyPrefixError(f"folder {str(root)!r} holds no files to upload")
+    try:
+        have = {o.key: o.size for o in list_objects(s3_uri, client=client)}
+    except EmptyPrefixError:
+        have = {}
+    sizes = [path.stat().st_size for _, path in files]
+    with progress_bar(total=sum(sizes), desc=f"upload {root} to {s3_uri}", unit="B", unit_scale=True) as bar:
+        for (rel, path), size in zip(files, sizes):
+            key = prefix + rel
+            if have.get(key) != size:
+                try:
+                    client.upload_file(str(path), bucket, key)
+                except (S3UploadFailedError, ClientError, BotoCoreError) as exc:
+                    raise S3AccessError(f"could not upload {path} to s3://{bucket}/{key}: {exc}") from exc
+            bar.update(size)
+    stale = sorted(set(have) - {prefix + rel for rel, _ in files})
+    for start in range(0, len(stale), 1000):  # DeleteObjects takes 1000 keys at a time
+        try:
+            client.delete_objects(
+                Bucket=bucket, Delete={"Objects": [{"Key": k} for k in stale[start : start + 1000]]}
+            )
+        except (ClientError, BotoCoreError) as exc:
+            raise S3AccessError(f"could not delete stale objects under {s3_uri}: {exc}") from exc
+    return len(files), sum(sizes)

@@ -58,10 +58,15 @@ def _add_job_arguments(p) -> None:
     )
     what.add_argument("--entry-point", help="training script (relative to --source-dir)")
     p.add_argument("--source-dir", type=Path, help="directory with the entry script")
-    p.add_argument("--train", help="s3:// prefix of the training data (sharded per rank into manifests)")
+    p.add_argument(
+        "--train",
+        help="s3:// prefix of the training data (sharded per rank into manifests), or a local folder: "
+        "mirrored into the local S3 endpoint first (s3://<bucket>/local-data/<folder name>-<path hash>/)",
+    )
     p.add_argument(
         "--validation",
-        help="s3:// prefix of the validation data (sharded per rank like --train; see --validation-spread)",
+        help="s3:// prefix (or a local folder, as for --train) of the validation data (sharded per rank "
+        "like --train; see --validation-spread)",
     )
     p.add_argument(
         "--validation-spread",
@@ -324,9 +329,9 @@ def run_local_command(args) -> int:
                     "--entry-point needs --train s3://bucket/prefix/ (the training data)"
                 )
             estimator = entry_point_estimator(args, bucket, hosts, per_host, input_mode)
-            inputs = {"train": args.train}
+            inputs = {"train": _data_prefix(args.train, "--train", bucket, url)}
             if args.validation:
-                inputs["validation"] = args.validation
+                inputs["validation"] = _data_prefix(args.validation, "--validation", bucket, url)
             prepared = estimator.prepare(inputs, args.job_name, backend=LocalBackend())  # no SageMaker job
             request, source_dir = prepared.request, Path(estimator.source_dir)
         if args.demo and args.checkpoint_s3_uri:
@@ -352,6 +357,32 @@ def run_local_command(args) -> int:
             image=args.image,
         )
     return 0
+
+
+def _data_prefix(value: str, flag: str, bucket: str, endpoint: str | None) -> str:
+    """``value`` if it is an S3 URI; a local folder is mirrored into the local endpoint's bucket first
+    (only what changed in size goes up again) under a prefix of its own path, which is returned."""
+    if value.startswith("s3://"):
+        return value
+    import hashlib
+
+    from sagemaker_dist.aws.s3_objects import sync_folder
+
+    folder = Path(value)
+    if not folder.is_dir():
+        raise ConfigurationError(f"{flag} {value!r} is neither an s3:// prefix nor a local folder")
+    if not endpoint:
+        raise ConfigurationError(
+            f"{flag} {value!r} is a local folder, but this job reads real S3 (--bucket without an endpoint): "
+            "upload it yourself (aws s3 sync) and give its s3:// prefix, or leave --bucket out to use the "
+            "embedded endpoint"
+        )
+    where = folder.resolve()
+    name = "".join(c if c.isalnum() or c in "-_." else "-" for c in where.name) or "data"
+    prefix = f"s3://{bucket}/local-data/{name}-{hashlib.sha256(str(where).encode()).hexdigest()[:8]}/"
+    files, size = sync_folder(folder, prefix)
+    print(f"{flag}: {files} file(s) of {folder} ({size} bytes) in {prefix}")
+    return prefix
 
 
 def demo_data_command(args) -> int:

@@ -125,3 +125,27 @@ def test_unreachable_endpoint_is_a_named_error(aws_env, monkeypatch):
     client = boto3.client("s3", config=Config(retries={"mode": "standard", "max_attempts": 1}))
     with pytest.raises(S3AccessError, match="could not list s3://bucket/data/.*check AWS_ENDPOINT_URL"):
         list_objects("s3://bucket/data/", client=client)
+
+
+def test_sync_folder_mirrors_a_folder_uploads_what_changed_and_refuses_a_link_out(s3, bucket, tmp_path):
+    from sagemaker_dist.aws.s3_objects import sync_folder
+    from sagemaker_dist.errors import DataError
+
+    folder = tmp_path / "data"
+    (folder / "cls-a").mkdir(parents=True)
+    (folder / "cls-a" / "1.bin").write_bytes(b"a" * 10)
+    (folder / "2.bin").write_bytes(b"b" * 20)
+    uri = f"s3://{bucket}/mirror/"
+    assert sync_folder(folder, uri, client=s3) == (2, 30)
+    tag = s3.head_object(Bucket=bucket, Key="mirror/2.bin")["LastModified"]
+    (folder / "cls-a" / "1.bin").unlink()
+    (folder / "3.bin").write_bytes(b"c" * 5)
+    assert sync_folder(folder, uri, client=s3) == (2, 25)
+    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="mirror/")["Contents"])
+    assert keys == ["mirror/2.bin", "mirror/3.bin"]  # the deleted file's object is gone
+    assert s3.head_object(Bucket=bucket, Key="mirror/2.bin")["LastModified"] == tag  # unchanged: kept
+    secret = tmp_path / "secret"
+    secret.write_text("x")
+    (folder / "link.bin").symlink_to(secret)
+    with pytest.raises(DataError, match="holds the link 'link.bin', which leads out of"):
+        sync_folder(folder, uri, client=s3)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -157,6 +158,32 @@ def test_the_demo_trains_with_torchrun_each_rank_reading_its_own_fifo(
     assert len(METRICS.findall(out)) == 1, out[-3000:]  # rank 0's metric line, one epoch
     assert "model: s3://sagemaker-dist-demo/jobs/" in out
     assert not list(tmp_path.iterdir())  # the job's work dir is gone
+    # c10d's lookup of the loopback is answered in the job's network namespace (no DNS there)
+    assert "The hostname of the client socket cannot be retrieved" not in out, out[-3000:]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_the_launcher_names_the_loopback_c10d_looks_up_in_a_namespace_without_dns(tmp_path):
+    """In a network namespace of its own (no DNS server) the reverse lookup of ::ffff:127.0.0.1 that
+    c10d's client makes fails; the launcher's processes get an /etc/hosts that answers it, in a mount
+    namespace of their own (this machine's /etc/hosts untouched)."""
+    before = Path("/etc/hosts").read_text()
+    probe = (
+        "import socket, sys\n"
+        "from pathlib import Path\n"
+        "from sagemaker_dist.local.launchers import torchrun\n"
+        "assert torchrun.loopback_unnamed()\n"
+        "assert torchrun.name_the_loopback(Path(sys.argv[1]))\n"
+        "print(socket.getnameinfo((torchrun.LOOPBACK_V4_MAPPED, 0), socket.NI_NUMERICSERV)[0])\n"
+    )
+    done = subprocess.run(
+        ["unshare", "-n", sys.executable, "-c", probe, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "localhost", done.stdout + done.stderr
+    assert Path("/etc/hosts").read_text() == before
 
 
 FAILING_SCRIPT = """
@@ -209,3 +236,54 @@ def test_a_rank_that_raises_is_named_with_its_traceback(
     named = f"rank {failing} (host algo-2) exited with code 1; the other ranks were stopped"
     assert named in out, out[-3000:]
     assert f"ValueError: boom at rank {failing}" in out[out.index(named) :]
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.skipif(not HAVE_TORCH, reason="needs torch (pip install .[torch])")
+def test_a_first_day_own_script_on_a_local_folder_of_records_written_without_tensorflow(tmp_path):
+    """The PyTorch first day: records written with the public writers (no TensorFlow), a local folder
+    given as --train (mirrored into the embedded S3), one's own script under torchrun, 2 ranks: every
+    record trained once. A rerun after files are deleted trains without them (no stale objects)."""
+    import json
+
+    from sagemaker_dist import encode_example, write_tfrecords
+
+    data = tmp_path / "my data"
+    data.mkdir()
+    for f in range(6):
+        ids = range(f * 8, f * 8 + 8)
+        write_tfrecords(
+            data / f"part-{f}.tfrecord", [encode_example({"id": i, "label": i % 10}) for i in ids]
+        )
+    scripts = Path(__file__).resolve().parents[1] / "helpers" / "local_scripts"
+
+    def run(out: Path) -> list[int]:
+        out.mkdir()
+        argv = [*CLI, "local", "--entry-point", "train_ids_torch.py", "--source-dir", str(scripts)]
+        argv += ["--train", str(data), "--distribution", "torchrun", "--hosts", "1", "--processes-per-host"]
+        argv += [
+            "2",
+            "--epochs",
+            "1",
+            "-p",
+            f"out={out}",
+            "-p",
+            "pause=0",
+            "--s3-state-dir",
+            str(tmp_path / "s3"),
+        ]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=_env())
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert f"--train: {len(list(data.iterdir()))} file(s) of {data}" in done.stdout
+        return sorted(
+            i
+            for path in out.glob("trained-rank*.jsonl")
+            for line in path.read_text().splitlines()
+            for i in json.loads(line).get("ids", [])
+        )
+
+    assert run(tmp_path / "first") == list(range(48))
+    (data / "part-4.tfrecord").unlink()
+    (data / "part-5.tfrecord").unlink()
+    assert run(tmp_path / "second") == list(range(32))
