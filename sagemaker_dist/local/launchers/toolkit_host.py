@@ -11,7 +11,8 @@ hard-codes and the platform provides:
   ``/opt/ml/input/config/resourceconfig.json`` itself, whatever ``SAGEMAKER_BASE_DIR`` says;
 - ``/usr/sbin/sshd``, which the MPI master only checks for and starts: a stub that sleeps, on an
   overlay of /usr/sbin (one host needs no SSH; a real sshd would also take port 22 on this machine);
-- ``algo-N`` resolving in ``/etc/hosts`` (a copy with the names added, bind-mounted).
+- ``algo-N`` resolving in ``/etc/hosts`` (a copy with the names added, bind-mounted), and the
+  loopback's IPv4-mapped address named there too (``hosts_file``).
 
 It runs in the container environment (no SageMaker SDK) and imports nothing but the standard library.
 """
@@ -30,6 +31,12 @@ SSHD_STUB = (
     "#!/bin/sh\n# stands in for sshd: the toolkit's MPI master only starts it\nexec sleep 2147483647\n"
 )
 STOP_GRACE_S = 3.0
+# torch.distributed's c10d client (TCPStore's, in torchrun and in every rank) tries the master's
+# address as IPv6 first: the loopback as ::ffff:127.0.0.1, which it names with getnameinfo, a reverse
+# lookup. /etc/hosts names 127.0.0.1 only and the job's network namespace reaches no DNS server, so
+# the lookup fails (EAI_AGAIN) and each process prints "[c10d] The hostname of the client socket
+# cannot be retrieved. err=-3". A line naming that address answers the lookup from the file.
+LOOPBACK_V4_MAPPED = "::ffff:127.0.0.1"
 
 
 def _mount(*args: str) -> None:
@@ -64,9 +71,18 @@ def prepare_host(tree: Path, state: Path, hosts: list[str]) -> None:
     _mount("--bind", str(tree), "/opt/ml")
     _overlay("/usr/sbin", state, {"sshd": SSHD_STUB})
     etc_hosts = state / "hosts"
-    known = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else ""
-    etc_hosts.write_text(known.rstrip("\n") + "\n127.0.0.1 " + " ".join(hosts) + "\n")
+    etc_hosts.write_text(hosts_file(hosts))
     _mount("--bind", str(etc_hosts), "/etc/hosts")
+
+
+def hosts_file(hosts: list[str], etc_hosts: Path = Path("/etc/hosts")) -> str:
+    """This machine's /etc/hosts with ``hosts`` (``algo-N``) on the loopback and the loopback's
+    IPv4-mapped address named (``LOOPBACK_V4_MAPPED``), which c10d looks up."""
+    known = etc_hosts.read_text() if etc_hosts.exists() else ""
+    text = known.rstrip("\n") + "\n"
+    if hosts:
+        text += "127.0.0.1 " + " ".join(hosts) + "\n"
+    return text + f"{LOOPBACK_V4_MAPPED} localhost\n"
 
 
 def run_toolkit(train: list[str]) -> int:

@@ -6,7 +6,9 @@ Host ``R`` of ``H`` gets ``torchrun --nnodes H --node_rank R --nproc_per_node P 
 that host's ``/opt/ml`` tree and ``SM_*`` variables (local mode's job description, ``$SAGEMAKER_DIST_
 LOCAL_JOB``); each rank it starts enters its host through ``sagemaker_dist.local.rank_entry``, which
 runs the script with the arguments the toolkit passes. Local mode runs this module inside the job's
-private network namespace, so the port is free there and nothing listens beyond loopback.
+private network namespace, so the port is free there and nothing listens beyond loopback; there it
+gives torchrun and the ranks an /etc/hosts that names the loopback's IPv4-mapped address, which
+c10d's client looks up (``name_the_loopback``: no DNS answers in that namespace).
 
 Under ``launcher="toolkit"`` (``--toolkit-state``) each simulated host is a toolkit host instead
 (``toolkit_host``: AWS's ``train`` in a namespace of its own, its tree at ``/opt/ml``), and the toolkit
@@ -23,16 +25,18 @@ hosts then stopped, and its exit code that host's.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
 from sagemaker_dist.local.launchers.tf_config import free_ports
-from sagemaker_dist.local.launchers.toolkit_host import toolkit_host_command
+from sagemaker_dist.local.launchers.toolkit_host import LOOPBACK_V4_MAPPED, hosts_file, toolkit_host_command
 from sagemaker_dist.local.launchers.worker_group import supervise_workers
 from sagemaker_dist.local.rank_entry import JOB_ENV
 
@@ -43,6 +47,7 @@ _TEE = re.compile(r"^\[[A-Za-z_]*?(\d+)\]:(.*)$")  # --tee 3: "[default0]:line" 
 _FAILED_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank")
 _FAILED_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 _ROOT_CAUSE = "Root Cause (first observed failure)"
+CLONE_NEWNS = 0x00020000
 
 
 def torchrun_executable(python: str) -> list[str]:
@@ -132,6 +137,35 @@ def _relay(host: _Host, lock: threading.Lock) -> None:
             sys.stdout.flush()
 
 
+def loopback_unnamed() -> bool:
+    """The lookup c10d makes of the loopback (``LOOPBACK_V4_MAPPED``) fails here: in the job's network
+    namespace /etc/hosts does not name it and no DNS server answers."""
+    try:
+        socket.getnameinfo((LOOPBACK_V4_MAPPED, 0), socket.NI_NUMERICSERV)
+    except socket.gaierror:
+        return True
+    return False
+
+
+def name_the_loopback(work: Path) -> bool:
+    """Where the loopback is unnamed, move this process into a mount namespace of its own whose
+    /etc/hosts (a copy in ``work``, bind-mounted) names it: torchrun and its ranks inherit it, so
+    c10d's lookup is answered from the file (``toolkit_host.LOOPBACK_V4_MAPPED``). Call it before any
+    thread starts. False when nothing was needed or it cannot be done (not root: then the job runs on
+    this machine's network, whose DNS answers the lookup)."""
+    if not loopback_unnamed():
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWNS) != 0:
+        return False
+    copy = work / "etc-hosts"
+    copy.write_text(hosts_file([]))
+    for args in (["--make-rprivate", "/"], ["--bind", str(copy), "/etc/hosts"]):  # nothing leaks out
+        if subprocess.run(["mount", *args], capture_output=True).returncode:
+            return False
+    return True
+
+
 def run_hosts(python: str, rank_cmd: list[str], toolkit_state: Path | None = None) -> int:
     """Start torchrun for every simulated host of local mode's job (or, given ``toolkit_state``, a
     toolkit host whose toolkit starts torchrun, its overlays under that dir); 0 when all end 0, else
@@ -182,6 +216,8 @@ def main(argv: list[str] | None = None) -> None:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if JOB_ENV not in os.environ:
         raise SystemExit(f"{parser.prog}: ${JOB_ENV} is not set; local mode starts this module")
+    if args.toolkit_state is None:  # a toolkit host names the loopback in its own /etc/hosts
+        name_the_loopback(Path(os.environ[JOB_ENV]).parent)
     raise SystemExit(run_hosts(args.python, command, args.toolkit_state))
 
 
