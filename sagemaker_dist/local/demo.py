@@ -28,6 +28,9 @@ DEMO_FILES, DEMO_RECORDS_PER_FILE, DEMO_VALIDATION_FILES = 8, 64, 2  # at least;
 # --interrupt-at: epochs long enough (about 12 s each here, 2 ranks) for an interruption to land inside
 # training, in a prefix of their own so the plain demo keeps its size
 INTERRUPTED_DEMO_PREFIX, INTERRUPTED_DEMO_FILES_PER_RANK = "cifar10-demo-long", 32
+# what the demo asks of every distribution's demo script (each accepts them all), before the user's
+# own; TensorBoard's logs reach S3 every 5 s, so that a short demo shows them
+DEMO_HYPERPARAMETERS = {"epochs": 2, "batch_size": 32, "tensorboard_interval": 5}
 
 
 @dataclass
@@ -138,8 +141,7 @@ def prepare_demo_job(
             f"wrote demo data: {dataset.files} TFRecord files, {dataset.records} records, "
             f"{dataset.bytes / 1e6:.1f} MB under s3://{bucket}/{prefix}/"
         )
-    hps = {"epochs": 2, "batch_size": 32, "tensorboard_interval": 5}
-    hps.update(hyperparameters or {})
+    hps = {**DEMO_HYPERPARAMETERS, **(hyperparameters or {})}
     entry_point = registered(distribution).demo_script
     estimator = demo_estimator(
         bucket, hosts, processes_per_host, input_mode, hps, entry_point=entry_point, distribution=distribution

@@ -158,8 +158,33 @@ def test_the_demo_trains_with_torchrun_each_rank_reading_its_own_fifo(
     assert len(METRICS.findall(out)) == 1, out[-3000:]  # rank 0's metric line, one epoch
     assert "model: s3://sagemaker-dist-demo/jobs/" in out
     assert not list(tmp_path.iterdir())  # the job's work dir is gone
+    assert "ignoring arguments" not in out, out[-3000:]  # the script takes every hyperparameter it gets
     # c10d's lookup of the loopback is answered in the job's network namespace (no DNS there)
     assert "The hostname of the client socket cannot be retrieved" not in out, out[-3000:]
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="needs torch (the torch extra)")
+def test_the_torch_demo_script_takes_every_hyperparameter_the_demo_gives_it(s3, bucket, caplog):
+    """The torch demo is run with the demo's hyperparameters (tensorboard_interval included) and uses
+    each: none is logged as ignored, and PipeTraining syncs TensorBoard at the demo's interval."""
+    import importlib.util as util
+
+    from sagemaker_dist.contract.distributions import TORCHRUN_ENTRY
+    from sagemaker_dist.contract.toolkit import container_argv
+    from sagemaker_dist.local.demo import DEMO_JOB_DIR, prepare_demo_job
+
+    request = prepare_demo_job(bucket, 2, 1, printer=None, distribution=TORCHRUN_ENTRY.name).request
+    argv = container_argv(request["HyperParameters"])
+    assert "--tensorboard_interval" in argv and "--tensorboard_s3_uri" in argv, argv
+    spec = util.spec_from_file_location("demo_train_torch", DEMO_JOB_DIR / TORCHRUN_ENTRY.demo_script)
+    script = util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        args = script.parse_args(argv)
+    ignored = [r.getMessage() for r in caplog.records if "ignoring arguments" in r.getMessage()]
+    assert not ignored, ignored
+    assert args.tensorboard_interval == 5.0 and args.epochs == 2 and args.batch_size == 32
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")

@@ -6,6 +6,7 @@ decoded by ``example_decoder``. The sagemaker-training toolkit runs this under `
 the user hyperparameters as ``--name value`` (``sagemaker-dist local`` does the same):
 
     --epochs 2 --batch-size 32 --learning-rate 0.001 [--tensorboard-s3-uri s3://bucket/tb/job]
+    [--tensorboard-interval 30]
 
 No record counts: ``PipeTraining`` ends every epoch on the same step on every rank (when the first
 runs out), validates on every rank when the job has a validation channel, prints the metric line
@@ -42,6 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     arg("batch-size", type=int, default=32, help="per rank")
     arg("learning-rate", type=float, default=0.001, help="single-worker rate; scaled by the rank count")
     arg("tensorboard-s3-uri", default=None)
+    arg("tensorboard-interval", type=float, default=30.0, help="seconds between TensorBoard uploads to S3")
     arg("model-dir", default=None, help="local directory; default $SM_MODEL_DIR, else <root>/model")
     args, unknown = p.parse_known_args(argv)
     if unknown:
@@ -93,7 +95,12 @@ def main(argv=None) -> int:
     train = PipeBatches(job, args.batch_size, **batches)
     valid = PipeBatches(job, args.batch_size, role="validation", **batches) if validate else None
     training = PipeTraining(
-        job, model, optimizer, epochs=args.epochs, tensorboard_s3_uri=args.tensorboard_s3_uri
+        job,
+        model,
+        optimizer,
+        epochs=args.epochs,
+        tensorboard_s3_uri=args.tensorboard_s3_uri,
+        tensorboard_interval=args.tensorboard_interval,
     )
     for _epoch in training.epochs():
         model.train()

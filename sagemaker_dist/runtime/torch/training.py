@@ -42,7 +42,8 @@ class PipeTraining:
     (``grace``: seconds before the watchdog ends a rank that cannot get there). ``join``: train every
     record of uneven shards through ``Join`` instead of ending at the shortest rank. ``tensorboard_dir``
     / ``tensorboard_s3_uri``: rank 0 writes the epoch metrics with ``torch.utils.tensorboard`` and
-    mirrors the directory to S3. ``state`` (a dict) is saved in each checkpoint and restored into.
+    mirrors the directory to S3 every ``tensorboard_interval`` seconds (default 30, as the Keras
+    helpers). ``state`` (a dict) is saved in each checkpoint and restored into.
     """
 
     def __init__(
@@ -60,10 +61,14 @@ class PipeTraining:
         join: bool = False,
         tensorboard_dir: str | os.PathLike | None = None,
         tensorboard_s3_uri: str | None = None,
+        tensorboard_interval: float | None = None,
         state: dict | None = None,
     ):
         if int(epochs) < 1:
             raise ValueError(f"epochs={epochs!r}: give a whole number >= 1")
+        if tensorboard_interval is not None and not float(tensorboard_interval) > 0:
+            raise ValueError(f"tensorboard_interval={tensorboard_interval!r}: give a number of seconds > 0")
+        self.tensorboard_interval = tensorboard_interval
         self.job, self.model, self.optimizer, self.scheduler = job, model, optimizer, scheduler
         self.total_epochs = int(epochs)
         if checkpoint_dir is False:
@@ -93,7 +98,10 @@ class PipeTraining:
         if s3_uri:
             from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
 
-            self._syncer = TensorBoardSyncer(log_dir, s3_uri).start()
+            every = (
+                {} if self.tensorboard_interval is None else {"interval": float(self.tensorboard_interval)}
+            )
+            self._syncer = TensorBoardSyncer(log_dir, s3_uri, **every).start()
 
     def epochs(self):
         """The epochs left to train (0-based), from the newest checkpoint's; call on every rank."""

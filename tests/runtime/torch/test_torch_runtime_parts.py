@@ -198,6 +198,31 @@ def test_torchrun_ranks_and_a_plain_run_of_a_one_rank_job_pass_the_distribution_
     check_launched_for_torchrun(ContainerConfig.load(root, {}), _launched_env(root))
 
 
+def test_pipe_training_syncs_tensorboard_at_the_interval_it_is_given(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from sagemaker_dist.runtime import PipeTraining, tensorboard_sync
+
+    started = []
+
+    class Syncer:
+        def __init__(self, log_dir, s3_uri, **options):
+            started.append((s3_uri, options))
+
+        def start(self):
+            return self
+
+    monkeypatch.setattr(tensorboard_sync, "TensorBoardSyncer", Syncer)
+    job = SimpleNamespace(rank=0, is_chief=True, config=None)
+    model = torch.nn.Linear(2, 1)
+    common = {"epochs": 1, "checkpoint_dir": False, "stop": False, "tensorboard_dir": tmp_path / "tb"}
+    for interval in ({"tensorboard_interval": 5}, {}):
+        PipeTraining(job, model, tensorboard_s3_uri="s3://b/tb", **interval, **common).writer.close()
+    assert started == [("s3://b/tb", {"interval": 5.0}), ("s3://b/tb", {})]  # the syncer's default: 30 s
+    with pytest.raises(ValueError, match="tensorboard_interval=0: give a number of seconds > 0"):
+        PipeTraining(job, model, tensorboard_interval=0, **common)
+
+
 # --- PipeBatches over a real FIFO ---
 
 
