@@ -81,7 +81,7 @@ setup(
         Extension(
             f"sagemaker_dist.runtime.framing.{name}",
             [f"sagemaker_dist/runtime/framing/{name}.c"],
-            depends=["sagemaker_dist/runtime/framing/native/record_core.h"],
+            depends=[f"sagemaker_dist/runtime/framing/native/{h}.h" for h in ("record_core", "shuffle_core")],
             extra_compile_args=["-O3"],
             optional=True,
         )

@@ -38,8 +38,9 @@
 #include <unistd.h>
 
 #include "native/record_core.h"
+#include "native/shuffle_core.h"
 
-#define API 1
+#define API 2
 #define BUFFER_BYTES ((size_t)1 << 20) /* the internal buffer at first, and so the largest read */
 #define LARGE_RECORD ((uint64_t)32 << 10) /* framing/base.py's LARGE_RECORD_BYTES */
 #define READ_STEP ((uint64_t)64 << 20)    /* framing/base.py's READ_STEP */
@@ -85,7 +86,13 @@ typedef struct {
     uint64_t cap, nbytes, fixed;
     int64_t *offsets;
     Py_ssize_t count;
+    const int64_t *rows; /* records of one size (fixed): record i goes to row rows[i] of data; else NULL */
 } Batch;
+
+/* Where the next record's bytes go: after the ones before it, or its row. */
+static inline unsigned char *dest(const Batch *b) {
+    return b->rows ? b->data + (uint64_t)b->rows[b->count] * b->fixed : b->data + b->nbytes;
+}
 
 static int fail(Reader *r, int status, uint64_t offset, uint64_t a, uint64_t b) {
     r->e_offset = offset;
@@ -175,7 +182,7 @@ static int tfrecord_large(Reader *r, Batch *b) {
             return room(r, b->nbytes + r->rec_got + (rest < step ? rest : step), b->nbytes + r->rec_got);
         }
         uint64_t want = rest < left ? rest : left;
-        struct iovec parts[2] = {{b->data + b->nbytes + r->rec_got, (size_t)want}, {r->buf, 16}};
+        struct iovec parts[2] = {{dest(b) + r->rec_got, (size_t)want}, {r->buf, 16}};
         ssize_t got = read_some(r, parts, want == rest ? 2 : 1); /* the CRC and the next header too */
         if (got == -1) return ST_OS_ERROR;
         if (got == -2) return ST_SIGNAL;
@@ -196,7 +203,7 @@ static int tfrecord_large(Reader *r, Batch *b) {
     uint32_t stored = sd_load_u32(r->buf + r->begin);
     consume(r, 4);
     r->active = 0;
-    if (stored != sd_masked_crc32c(b->data + b->nbytes, (size_t)r->rec_n)) return fail(r, ST_CORRUPT, r->rec_at, r->rec_n, 0);
+    if (stored != sd_masked_crc32c(dest(b), (size_t)r->rec_n)) return fail(r, ST_CORRUPT, r->rec_at, r->rec_n, 0);
     add_record(r, b, r->rec_n);
     return ST_NEXT;
 }
@@ -225,7 +232,7 @@ static int tfrecord_next(Reader *r, Batch *b) {
         r->rec_at = r->offset;
         r->rec_n = n;
         consume(r, SD_TFRECORD_HEADER);
-        memcpy(b->data + b->nbytes, r->buf + r->begin, (size_t)buffered);
+        memcpy(dest(b), r->buf + r->begin, (size_t)buffered);
         consume(r, (size_t)buffered);
         r->rec_got = buffered;
         return tfrecord_large(r, b);
@@ -240,7 +247,7 @@ static int tfrecord_next(Reader *r, Batch *b) {
         return fail(r, ST_CORRUPT, at, n, 0);
     }
     if (b->cap - b->nbytes < n) return room(r, b->nbytes + n, b->nbytes);
-    memcpy(b->data + b->nbytes, data, (size_t)n);
+    memcpy(dest(b), data, (size_t)n);
     consume(r, (size_t)(n + SD_TFRECORD_OVERHEAD));
     add_record(r, b, n);
     return ST_NEXT;
@@ -275,7 +282,7 @@ static int recordio_next(Reader *r, Batch *b) {
         have = r->end - r->begin;
         if (have < frame) return truncated(r, start, before + have, before + frame);
         if (b->cap - b->nbytes < size) return room(r, b->nbytes + size, b->nbytes + r->rec_got);
-        memcpy(b->data + b->nbytes + r->rec_got, r->buf + r->begin + SD_RECORDIO_HEADER, n);
+        memcpy(dest(b) + r->rec_got, r->buf + r->begin + SD_RECORDIO_HEADER, n);
         if (!r->active) {
             r->active = 1;
             r->rec_at = r->offset;
@@ -299,7 +306,7 @@ static int line_out(Reader *r, Batch *b, size_t len, size_t used) {
     if (line > r->max_record) return fail(r, ST_TOO_LONG, r->offset, line, 0);
     if (b->fixed && line != b->fixed) return fail(r, ST_WRONG_SIZE, r->offset, line, 0);
     if (b->cap - b->nbytes < line) return room(r, b->nbytes + line, b->nbytes);
-    memcpy(b->data + b->nbytes, r->buf + r->begin, line);
+    memcpy(dest(b), r->buf + r->begin, line);
     consume(r, used);
     r->scanned = 0;
     add_record(r, b, line);
@@ -371,10 +378,12 @@ static void Reader_dealloc(Reader *self) {
 }
 
 static PyObject *Reader_fill(Reader *self, PyObject *args) {
-    PyObject *data_obj, *offsets_obj;
+    PyObject *data_obj, *offsets_obj, *rows_obj = Py_None;
     Py_ssize_t count, batch;
-    unsigned long long nbytes, fixed;
-    if (!PyArg_ParseTuple(args, "OOnKnK", &data_obj, &offsets_obj, &count, &nbytes, &batch, &fixed)) return NULL;
+    unsigned long long nbytes, fixed, stop_bytes = 0;
+    if (!PyArg_ParseTuple(args, "OOnKnK|OK", &data_obj, &offsets_obj, &count, &nbytes, &batch, &fixed, &rows_obj,
+                          &stop_bytes))
+        return NULL;
     if (self->buf == NULL) return PyErr_Format(PyExc_RuntimeError, "Reader.__init__ was not called");
     if (batch < 1 || count < 0 || count > batch)
         return PyErr_Format(PyExc_ValueError, "count %zd and batch %zd: need 0 <= count <= batch, 1 <= batch", count,
@@ -392,18 +401,40 @@ static PyObject *Reader_fill(Reader *self, PyObject *args) {
                             "offsets holds %zd bytes for %zd entries, data %zd bytes from byte %llu", offsets.len,
                             batch + 1, data.len, nbytes);
     }
+    Py_buffer rows = {0};
+    if (rows_obj != Py_None) {
+        if (PyObject_GetBuffer(rows_obj, &rows, PyBUF_C_CONTIGUOUS) < 0) {
+            PyBuffer_Release(&data);
+            PyBuffer_Release(&offsets);
+            return NULL;
+        }
+        const char *problem = NULL;
+        if (fixed == 0) problem = "rows need record_bytes";
+        else if (rows.len < batch * 8) problem = "rows holds fewer than batch entries";
+        for (Py_ssize_t i = count; problem == NULL && i < batch; i++) {
+            int64_t row = ((const int64_t *)rows.buf)[i];
+            if (row < 0 || (uint64_t)row >= (uint64_t)data.len / fixed) problem = "a row lies outside data";
+        }
+        if (problem != NULL) {
+            PyBuffer_Release(&rows);
+            PyBuffer_Release(&data);
+            PyBuffer_Release(&offsets);
+            return PyErr_Format(PyExc_ValueError, "%s", problem);
+        }
+    }
     if (self->busy) {
+        if (rows.obj != NULL) PyBuffer_Release(&rows);
         PyBuffer_Release(&data);
         PyBuffer_Release(&offsets);
         return PyErr_Format(PyExc_RuntimeError, "Reader.fill is running in another thread");
     }
     self->busy = 1;
-    Batch b = {data.buf, (uint64_t)data.len, nbytes, fixed, offsets.buf, count};
+    Batch b = {data.buf, (uint64_t)data.len, nbytes, fixed, offsets.buf, count, rows.obj != NULL ? rows.buf : NULL};
     int s = ST_FULL, raised = 0;
     Py_BEGIN_ALLOW_THREADS;
     for (;;) {
         s = ST_FULL;
-        while (b.count < batch) {
+        while (b.count < batch && !(stop_bytes && b.nbytes >= stop_bytes)) {
             s = self->format == FMT_TFRECORD   ? tfrecord_next(self, &b)
                 : self->format == FMT_RECORDIO ? recordio_next(self, &b)
                                                : textline_next(self, &b);
@@ -418,6 +449,7 @@ static PyObject *Reader_fill(Reader *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS;
     self->busy = 0;
+    if (rows.obj != NULL) PyBuffer_Release(&rows);
     PyBuffer_Release(&data);
     PyBuffer_Release(&offsets);
     if (raised) return NULL;
@@ -435,7 +467,8 @@ static PyObject *Reader_get_offset(Reader *self, void *closure) { return PyLong_
 
 static PyMethodDef Reader_methods[] = {
     {"fill", (PyCFunction)Reader_fill, METH_VARARGS,
-     "fill(data, offsets, count, nbytes, batch, record_bytes) -> (status, count, nbytes, offset, a, b)"},
+     "fill(data, offsets, count, nbytes, batch, record_bytes, rows=None, stop_bytes=0) -> (status, count, nbytes, "
+     "offset, a, b)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -465,8 +498,95 @@ static PyObject *masked_crc32c(PyObject *self, PyObject *arg) {
     return PyLong_FromUnsignedLong(value);
 }
 
+/* window_order(window_key, size, n, out, scratch): shuffle_core.h's order of a window's n records into the
+ * int64 buffer out (n entries), with scratch (size entries). */
+static PyObject *window_order(PyObject *self, PyObject *args) {
+    unsigned long long key, size, n;
+    PyObject *out_obj, *scratch_obj;
+    if (!PyArg_ParseTuple(args, "KKKOO", &key, &size, &n, &out_obj, &scratch_obj)) return NULL;
+    if (n > size || size >= ((unsigned long long)1 << 31))
+        return PyErr_Format(PyExc_ValueError, "n %llu, size %llu: need n <= size < 2**31", n, size);
+    Py_buffer out, scratch;
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(scratch_obj, &scratch, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if ((unsigned long long)out.len < 8 * n || (unsigned long long)scratch.len < 8 * size || out.buf == scratch.buf) {
+        PyErr_SetString(PyExc_ValueError, "out needs n int64 entries and scratch size, apart");
+    } else {
+        Py_BEGIN_ALLOW_THREADS;
+        sd_window_order(key, size, n, out.buf, scratch.buf);
+        Py_END_ALLOW_THREADS;
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&scratch);
+    return result;
+}
+
+/* gather(dst, dst_offsets, count, nbytes, src, src_offsets, order) -> (count, nbytes): the records of src
+ * (record i is src[src_offsets[i]:src_offsets[i + 1]]) named by the int64 order, appended to dst after its
+ * count records (nbytes bytes), their offsets to dst_offsets. dst must have room for them. */
+static PyObject *gather(PyObject *self, PyObject *args) {
+    PyObject *objs[5];
+    Py_ssize_t count;
+    unsigned long long nbytes;
+    if (!PyArg_ParseTuple(args, "OOnKOOO", &objs[0], &objs[1], &count, &nbytes, &objs[2], &objs[3], &objs[4]))
+        return NULL;
+    Py_buffer v[5];
+    int got = 0;
+    for (; got < 5; got++) {
+        int flags = got < 2 ? PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS : PyBUF_C_CONTIGUOUS;
+        if (PyObject_GetBuffer(objs[got], &v[got], flags) < 0) break;
+    }
+    PyObject *result = NULL;
+    if (got == 5) {
+        unsigned char *dst = v[0].buf;
+        int64_t *dst_offsets = v[1].buf;
+        const unsigned char *src = v[2].buf;
+        const int64_t *src_offsets = v[3].buf, *order = v[4].buf;
+        Py_ssize_t n = v[4].len / 8, records = v[3].len / 8 - 1;
+        uint64_t need = nbytes;
+        const char *problem = count < 0 || (count + n + 1) * 8 > v[1].len ? "dst_offsets is too short" : NULL;
+        for (Py_ssize_t k = 0; problem == NULL && k < n; k++) {
+            int64_t i = order[k];
+            if (i < 0 || i >= records || src_offsets[i] < 0 || src_offsets[i] > src_offsets[i + 1] ||
+                (uint64_t)src_offsets[i + 1] > (uint64_t)v[2].len)
+                problem = "order names a record outside src";
+            else
+                need += (uint64_t)(src_offsets[i + 1] - src_offsets[i]);
+        }
+        if (problem == NULL && need > (uint64_t)v[0].len) problem = "dst is too small for the records";
+        if (problem != NULL) {
+            PyErr_SetString(PyExc_ValueError, problem);
+        } else {
+            Py_BEGIN_ALLOW_THREADS;
+            uint64_t at = nbytes;
+            dst_offsets[count] = (int64_t)at;
+            for (Py_ssize_t k = 0; k < n; k++) {
+                int64_t i = order[k];
+                uint64_t len = (uint64_t)(src_offsets[i + 1] - src_offsets[i]);
+                memcpy(dst + at, src + src_offsets[i], len);
+                at += len;
+                dst_offsets[count + k + 1] = (int64_t)at;
+            }
+            Py_END_ALLOW_THREADS;
+            result = Py_BuildValue("nK", count + n, (unsigned long long)need);
+        }
+    }
+    for (int k = 0; k < got; k++) PyBuffer_Release(&v[k]);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"masked_crc32c", masked_crc32c, METH_O, "The masked CRC32C TFRecord stores, of a buffer."},
+    {"window_order", window_order, METH_VARARGS,
+     "window_order(window_key, size, n, out, scratch): the shuffle window's order of n records into out"},
+    {"gather", gather, METH_VARARGS,
+     "gather(dst, dst_offsets, count, nbytes, src, src_offsets, order) -> (count, nbytes)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -22,7 +22,7 @@ import numpy as np
 from sagemaker_dist.runtime.framing.base import DEFAULT_CHUNK, READ_STEP, Framer
 from sagemaker_dist.runtime.framing.stream import frame_views
 
-_NATIVE_API = 1
+_NATIVE_API = 2
 try:  # the compiled reader (setup.py builds it where it can); StreamFill falls back to Python without it
     import sagemaker_dist.runtime.framing._record_reader as _native
 except ImportError:  # pragma: no cover - depends on the install
@@ -59,6 +59,9 @@ class Batch:
         self.offsets[0] = 0
         self.count = 0
         self.nbytes = 0
+        # records of one size: record i goes to row rows[i] of data (a shuffle window filled in its
+        # order); None: one after another
+        self.rows: np.ndarray | None = None
 
     @property
     def full(self) -> bool:
@@ -111,20 +114,32 @@ class StreamFill:
             self._next = 0
             self._base = 0
 
-    def fill(self, batch: Batch) -> bool:
-        """Add records to ``batch`` until it is full (True) or the stream ends (False)."""
-        return self._fill_compiled(batch) if self.compiled else self._fill_python(batch)
+    def fill(self, batch: Batch, stop_bytes: int = 0) -> bool:
+        """Add records to ``batch`` until it is full, or holds ``stop_bytes`` bytes or more (True), or the
+        stream ends (False)."""
+        if batch.rows is not None and (not self.record_bytes or len(batch.rows) < batch.size):
+            raise ValueError("a batch with rows needs record_bytes and a row for each of its records")
+        if self.compiled:
+            return self._fill_compiled(batch, int(stop_bytes))
+        return self._fill_python(batch, int(stop_bytes))
 
     def close(self) -> None:
         if not self.compiled:
             self._items.close()
 
-    def _fill_compiled(self, batch: Batch) -> bool:
+    def _fill_compiled(self, batch: Batch, stop_bytes: int) -> bool:
         native, framer = _native, self.framer
         while True:
             before = batch.count
             status, batch.count, batch.nbytes, offset, a, b = self._reader.fill(
-                batch.data, batch.offsets, batch.count, batch.nbytes, batch.size, self.record_bytes
+                batch.data,
+                batch.offsets,
+                batch.count,
+                batch.nbytes,
+                batch.size,
+                self.record_bytes,
+                batch.rows,
+                stop_bytes,
             )
             framer.records = self._reader.records
             if batch.count > before:
@@ -160,9 +175,9 @@ class StreamFill:
             return framer.wrong_size(a, self.record_bytes, 0)
         return RuntimeError(f"the compiled batch reader returned status {status}")  # pragma: no cover
 
-    def _fill_python(self, batch: Batch) -> bool:
-        framer, fixed = self.framer, self.record_bytes
-        while not batch.full:
+    def _fill_python(self, batch: Batch, stop_bytes: int) -> bool:
+        framer, fixed, rows = self.framer, self.record_bytes, batch.rows
+        while not batch.full and not (stop_bytes and batch.nbytes >= stop_bytes):
             if self._next == len(self._starts):
                 item = next(self._items, None)
                 if item is None:
@@ -177,12 +192,32 @@ class StreamFill:
                 framer.offset = self._base + max(start - _HEADER_BYTES[framer.format_name], 0)
                 raise framer.wrong_size(n, fixed, 0)
             end = batch.nbytes + n
-            if end > len(batch.data):
+            at = batch.nbytes if rows is None else int(rows[batch.count]) * fixed
+            if at + n > len(batch.data):
                 batch.grow(end, batch.nbytes)
             if n:
-                batch.data[batch.nbytes : end] = np.frombuffer(self._blob, np.uint8, n, start)
+                batch.data[at : at + n] = np.frombuffer(self._blob, np.uint8, n, start)
             batch.nbytes = end
             batch.count += 1
             batch.offsets[batch.count] = end
             self._next += 1
         return True
+
+
+def gather(dst: Batch, src: Batch, order: np.ndarray) -> None:
+    """Append the records of ``src`` that ``order`` names, in its order, to ``dst`` (which has room)."""
+    order = np.ascontiguousarray(order, dtype=np.int64)
+    offsets = src.offsets[: src.count + 1]
+    if _native is not None:
+        dst.count, dst.nbytes = _native.gather(
+            dst.data, dst.offsets, dst.count, dst.nbytes, src.data, offsets, order
+        )
+        return
+    at, count = dst.nbytes, dst.count
+    for i in order.tolist():
+        start, end = int(offsets[i]), int(offsets[i + 1])
+        dst.data[at : at + end - start] = src.data[start:end]
+        at += end - start
+        count += 1
+        dst.offsets[count] = at
+    dst.count, dst.nbytes = count, at

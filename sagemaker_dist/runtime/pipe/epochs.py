@@ -38,6 +38,20 @@ def update_epoch(state_dir: Path, channel: str, undo: int | None = None) -> int:
     return current
 
 
+def current_epoch(state_dir: Path, channel: str) -> int:
+    """The epoch number ``channel``'s next iteration will take (0 before any), without taking it."""
+    try:
+        with open(Path(state_dir) / channel) as f:
+            fcntl.flock(f, fcntl.LOCK_SH)
+            try:
+                text = f.read().strip()
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+    except FileNotFoundError:
+        return 0
+    return int(text) if text else 0
+
+
 def next_epoch_fifo(state_dir: Path, pipe_dir, channel: str, timeout: float) -> tuple[int, Path]:
     """This channel's next epoch and its FIFO, once the FIFO is there; the epoch is given back if it
     never comes (a retry waits for the same FIFO)."""

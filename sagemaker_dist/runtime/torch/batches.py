@@ -16,6 +16,8 @@ A File-mode (or FastFile) channel is read the same way, file by file in a stable
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -25,13 +27,15 @@ from sagemaker_dist.contract.paths import fifo_name
 from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT, FifoReader
 from sagemaker_dist.runtime.file_channel import FileChannelError, channel_files
 from sagemaker_dist.runtime.framing import DEFAULT_CHUNK, frame_views, make_framer
+from sagemaker_dist.runtime.framing.shuffle import EpochOrder, ShuffleWindow, shuffled
 from sagemaker_dist.runtime.pipe.epochs import next_epoch_fifo
+from sagemaker_dist.runtime.pipe.order import ReaderPosition, replay_fifos
 from sagemaker_dist.runtime.pipe.reader import read_ahead
 
 DEFAULT_PREFETCH = 4  # batches the reader thread prepares ahead of the loop
 
 
-def _records(item) -> list[bytes]:
+def _item_records(item) -> list[bytes]:
     """The records of one item of ``frame_views`` as ``bytes`` each (copies that outlive the buffer)."""
     if isinstance(item, list):  # large records, read one by one
         return item
@@ -129,6 +133,14 @@ class PipeBatches:
     hands out batches in (pinned) host memory; a device (``"cuda"``, ``job.device``) hands them out
     there, each copied one batch ahead on a side stream (``on_device``).
     ``records`` counts the records this object has handed out in batches, over every epoch.
+
+    ``shuffle``: a seed, or a ``ShuffleWindow(seed, records, bytes)``: each epoch's records come out of a
+    seeded shuffle window (``framing.shuffle``), in an order that is a function of the seed, the epoch,
+    the rank and the stream alone; None (the default) reads them as they come. ``set_epoch(n)`` says
+    which epoch the next iteration is (by default each iteration is the one after the last).
+    ``state_dict()`` / ``load_state_dict()`` are the position (the epoch, the records handed out of it,
+    its FIFO), so a script that saves them with its checkpoint resumes where it left off, the records
+    already handed out not read again (``PipeTraining`` does it for its own checkpoints).
     """
 
     def __init__(
@@ -149,6 +161,7 @@ class PipeBatches:
         max_record_bytes: int | None = None,
         device=None,
         config=None,
+        shuffle: ShuffleWindow | int | None = None,
     ):
         if isinstance(job, str):
             if config is None:
@@ -156,8 +169,13 @@ class PipeBatches:
 
                 config = ContainerConfig.load()
             self.channel, self.config = job, config
+            rank = int(os.environ.get("RANK", "0") or 0)
         else:
             self.channel, self.config = job.channels[role], job.config
+            rank = job.rank
+        self.shuffle = ShuffleWindow.of(shuffle)
+        self.rank = int(rank)
+        self._stream_key = self.shuffle.stream_key(self.rank, self.channel) if self.shuffle else 0
         if int(batch_size) < 1:
             raise ValueError(f"batch_size={batch_size!r}: give a whole number >= 1")
         if int(prefetch) < 1:
@@ -198,25 +216,67 @@ class PipeBatches:
         self.state_dir = Path(self.config.pipe_state_dir)
         self.records = 0
         self.epochs_opened = 0
+        self.epoch = 0  # the next iteration's epoch (the shuffle's)
+        self.position = ReaderPosition(epoch=0, done=True)  # the iteration under way, or the last one
+        self._resume: ReaderPosition | None = None  # where the next iteration starts (load_state_dict)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next iteration reads epoch ``epoch`` (its shuffle order); each one after it the next."""
+        if isinstance(epoch, bool) or int(epoch) < 0:
+            raise ValueError(f"epoch={epoch!r}: give a whole number >= 0")
+        self.epoch = int(epoch)
+
+    def state_dict(self) -> dict:
+        """The reader's position: the epoch under way (or the next, once one was read to its end), the
+        records of it handed out, the FIFO it reads; plain values, for any checkpoint."""
+        return self.position.after(self._resume, self.epoch).to_dict(self._shuffle_state(), self.channel)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Start the next iteration where ``state`` (a ``state_dict()``) was: its epoch, the records handed
+        out of it dropped unread into batches. A state of another shuffle is refused when it is inside
+        an epoch (its records would be another set)."""
+        position = ReaderPosition.from_dict(state, self._shuffle_state(), self.channel)
+        self._resume = position
+        self.epoch = position.epoch
+
+    def _shuffle_state(self) -> dict | None:
+        if self.shuffle is None:
+            return None
+        w = self.shuffle
+        return {"seed": w.seed, "records": w.records, "bytes": w.bytes, "rank": self.rank}
 
     def __iter__(self):
-        pairs = self._epoch()
+        resume, self._resume = self._resume, None
+        epoch = self.epoch
+        self.epoch = epoch + 1
+        skip = resume.records if resume is not None and resume.epoch == epoch else 0
+        position = self.position = ReaderPosition(epoch=epoch, records=skip)
+        pairs = self._epoch(epoch, skip, resume.fifo if resume is not None else None, position)
         with contextlib.closing(pairs):
             if self.device is not None:
                 pairs = on_device(pairs, self.device)
             for batch, count in pairs:
                 self.records += count
+                position.records += count
                 yield batch
+        position.done = True
 
-    def _epoch(self):
-        """``(batch, records in it)`` of the next epoch, from the reader thread, ``prefetch`` ahead."""
+    def _epoch(self, epoch: int, skip: int = 0, fifo: int | None = None, position=None):
+        """``(batch, records in it)`` of epoch ``epoch`` (the first ``skip`` records dropped), from the
+        reader thread, ``prefetch`` ahead. ``fifo``: the FIFO the epoch read before a restart, replayed
+        where the channel's objects come in another order each epoch (``pipe.order``)."""
         if self.file_mode:  # every iteration the channel's files again, as SageMaker left them
-            epoch, name = self.epochs_opened, f"File-mode channel {self.channel}"
+            name = f"File-mode channel {self.channel}"
             files = channel_files(self.pipe_dir / self.channel)
-            source = self._batches(epoch, [partial(open, f, "rb", buffering=0) for f in files])
+            source = self._batches(epoch, [partial(open, f, "rb", buffering=0) for f in files], skip)
         else:
-            epoch, path = next_epoch_fifo(self.state_dir, self.pipe_dir, self.channel, self.timeout)
-            name, source = fifo_name(self.channel, epoch), self._batches(epoch, [partial(FifoReader, path)])
+            if fifo is not None:
+                replay_fifos(self.config, self.channel, fifo, self.timeout)
+            number, path = next_epoch_fifo(self.state_dir, self.pipe_dir, self.channel, self.timeout)
+            if position is not None:
+                position.fifo = number
+            name = fifo_name(self.channel, number)
+            source = self._batches(epoch, [partial(FifoReader, path)], skip)
         self.epochs_opened += 1
         ahead = read_ahead(source, self.prefetch, name)
         with contextlib.closing(ahead):  # an iteration closed early stops the thread, which closes the FIFO
@@ -229,15 +289,8 @@ class PipeBatches:
 
         return default_collate
 
-    def _batches(self, epoch: int, streams: list[Callable]):
-        """``(batch, records in it)`` of one epoch's streams (``streams`` open each: the FIFO, or a File
-        channel's files), made in the reader thread; a batch may span two files."""
-        import torch
-
-        collate = self._collate()
-        decode = self.decode
-        pinned = torch.cuda.is_available() if self.pin_memory is None else self.pin_memory
-        pending: list = []
+    def _stream_records(self, epoch: int, streams: list[Callable]):
+        """The epoch's records as ``bytes``, in the streams' order."""
         limit = self.max_record_bytes
         for stream in streams:
             framer = make_framer(self.record_format, self.channel, epoch, self.max_skip, limit)
@@ -245,13 +298,34 @@ class PipeBatches:
                 ready = getattr(reader, "ready", None)
                 items = frame_views(reader.readinto, framer, self.chunk_size, ready=ready, read=reader.read)
                 for item in items:
-                    for record in _records(item):
-                        pending.append(decode(record) if decode is not None else record)
-                        if len(pending) == self.batch_size:
-                            batch = collate(pending)
-                            yield (pin(batch) if pinned else batch), len(pending)
-                            pending = []
+                    yield from _item_records(item)
             framer.warn_skipped()
+
+    def _batches(self, epoch: int, streams: list[Callable], skip: int = 0):
+        """``(batch, records in it)`` of one epoch's streams (``streams`` open each: the FIFO, or a File
+        channel's files), made in the reader thread, after dropping the first ``skip`` records (read, not
+        decoded); a batch may span two files."""
+        import torch
+
+        collate = self._collate()
+        decode = self.decode
+        pinned = torch.cuda.is_available() if self.pin_memory is None else self.pin_memory
+        pending: list = []
+        source = self._stream_records(epoch, streams)
+        records = source
+        if self.shuffle is not None:
+            records = shuffled(source, EpochOrder(self.shuffle, self._stream_key, epoch))
+        if skip:
+            records = itertools.islice(records, skip, None)
+        try:
+            for record in records:
+                pending.append(decode(record) if decode is not None else record)
+                if len(pending) == self.batch_size:
+                    batch = collate(pending)
+                    yield (pin(batch) if pinned else batch), len(pending)
+                    pending = []
+        finally:
+            source.close()  # the stream's reader closed now, not when the generators are collected
         if pending and not self.drop_last:
             batch = collate(pending)
             yield (pin(batch) if pinned else batch), len(pending)

@@ -19,8 +19,11 @@ import sys
 import threading
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT
-from sagemaker_dist.runtime.framing.batch_fill import Batch, StreamFill, compiled_available
+from sagemaker_dist.runtime.framing.batch_fill import Batch, StreamFill, compiled_available, gather
+from sagemaker_dist.runtime.framing.shuffle import EpochOrder, ShuffleWindow, inverse
 from sagemaker_dist.runtime.torch.batches import DEFAULT_PREFETCH, PipeBatches
 
 FIRST_BATCH_BYTES = 1 << 20  # a ragged batch's first buffer; later ones start at the last one's size
@@ -102,12 +105,90 @@ class _Buffers:
         return torch.from_numpy(array), array
 
 
+class _Cutter:
+    """Cuts a shuffled epoch's windows into batches, in their order: batches inside one window of records
+    of one size are views of it; a batch across two windows, and every batch of records of any size,
+    is copied (gathered) into buffers of its own. Drops the first ``skip`` records."""
+
+    def __init__(self, reader: RecordBatches, allocate, skip: int):
+        self.reader, self.allocate, self.skip = reader, allocate, int(skip)
+        self.size = reader.batch_size
+        self.carry: list = []  # pieces of the next batch: row tensors, or (window, indexes)
+        self.carried = 0
+        self.first = True
+
+    def add(self, window):
+        if isinstance(window, tuple):
+            source, order = window
+            n = len(order)
+        else:
+            source, order, n = window, None, window.shape[0]
+        i = min(self.skip, n)
+        self.skip -= i
+        batches = []
+        while i < n:
+            take = min(self.size - self.carried, n - i)
+            piece = source[i : i + take] if order is None else (source, order[i : i + take])
+            i += take
+            if not self.carried and take == self.size and order is None:
+                batches.append((piece, take))  # a view of the window: no copy
+                continue
+            self.carry.append(piece)
+            self.carried += take
+            if self.carried == self.size:
+                batches.append(self._join())
+        yield from self._groups(batches)
+
+    def finish(self):
+        if self.carried and not self.reader.drop_last:
+            yield from self._groups([self._join()])
+
+    def _groups(self, batches):
+        """The batches in groups: the epoch's first alone, then up to GROUP_BYTES each."""
+        group, group_bytes = [], 0
+        for tensors, count in batches:
+            group.append((tensors, count))
+            group_bytes += _nbytes(tensors)
+            if self.first or group_bytes >= GROUP_BYTES:
+                yield group, sum(c for _, c in group)
+                group, group_bytes, self.first = [], 0, False
+        if group:
+            yield group, sum(c for _, c in group)
+
+    def _join(self):
+        pieces, count = self.carry, self.carried
+        self.carry, self.carried = [], 0
+        fixed = self.reader.record_bytes
+        if fixed:
+            batch = Batch(count, count * fixed, self.allocate)
+            out = batch.holder[: count * fixed].view(count, fixed)
+            at = 0
+            for piece in pieces:
+                out[at : at + piece.shape[0]].copy_(piece)
+                at += piece.shape[0]
+            return out, count
+        nbytes = sum(int(_lengths(w)[idx].sum()) for w, idx in pieces)
+        batch = Batch(count, nbytes, self.allocate)
+        for window, idx in pieces:
+            gather(batch, window, idx)
+        return self.reader._tensors(batch), count
+
+
+def _lengths(window: Batch):
+    offsets = window.offsets[: window.count + 1]
+    return offsets[1:] - offsets[:-1]
+
+
+def _nbytes(tensors) -> int:
+    if isinstance(tensors, RaggedBatch):
+        return int(tensors.data.numel())
+    return int(tensors.numel())
+
+
 def _plain_array(nbytes: int):
     """An uninitialised uint8 array of ``nbytes``; from PLAIN_PAGES_FROM over an anonymous map of plain
     pages, populated when mapped (one call, not a page fault per 4 KiB: a fresh process's 150 KB-record
     epoch read at 0.71-0.75 of the raw pipe so, at 0.68-0.70 faulting)."""
-    import numpy as np
-
     if nbytes < PLAIN_PAGES_FROM:
         return np.empty(nbytes, dtype=np.uint8)
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
@@ -124,6 +205,10 @@ class RecordBatches(PipeBatches):
     (a record of another length is a ``RecordFormatError``); None: ``RaggedBatch(data, offsets)``.
     ``compiled``: None uses the compiled reader where it is built (``compiled_available()``), False the
     Python framers, True requires the compiled reader.
+    ``shuffle``, ``set_epoch``, ``state_dict`` and ``load_state_dict`` are ``PipeBatches``'; the window's
+    order is the same as theirs. Records of one size are put straight into the rows the window's order
+    gives them (one copy each, as unshuffled); records of any size are gathered from the window into
+    each batch (a second copy).
     """
 
     def __init__(
@@ -143,6 +228,7 @@ class RecordBatches(PipeBatches):
         compiled: bool | None = None,
         device=None,
         config=None,
+        shuffle: ShuffleWindow | int | None = None,
     ):
         if record_bytes is not None and (isinstance(record_bytes, bool) or int(record_bytes) < 1):
             raise ValueError(f"record_bytes={record_bytes!r}: give a whole number >= 1, or None")
@@ -159,6 +245,7 @@ class RecordBatches(PipeBatches):
             max_record_bytes=max_record_bytes,
             device=device,
             config=config,
+            shuffle=shuffle,
         )
         self.record_bytes = None if record_bytes is None else int(record_bytes)
         if compiled and not compiled_available():
@@ -169,57 +256,134 @@ class RecordBatches(PipeBatches):
         self.compiled = compiled_available() if compiled is None else bool(compiled)
         self._buffers: dict[bool, _Buffers] = {}  # pinned or not -> the buffers, kept over epochs
 
-    def _epoch(self):
+    def _epoch(self, *args):
         # The reader thread hands over groups of (batch, records) pairs; they go on one by one.
-        with contextlib.closing(super()._epoch()) as groups:
+        with contextlib.closing(super()._epoch(*args)) as groups:
             for group, _ in groups:
                 yield from group
 
-    def _batches(self, epoch: int, streams: list):
-        """``(group, records in it)`` of one epoch's streams, made in the reader thread: a group is a list
-        of ``(batch, records in it)``, the epoch's first batch alone, then up to GROUP_BYTES while the
-        stream has bytes waiting; a batch may span two files."""
-        import torch
-
-        from sagemaker_dist.runtime.framing import make_framer
-
-        pinned = torch.cuda.is_available() if self.pin_memory is None else bool(self.pin_memory)
-        fixed = self.record_bytes or 0
-        capacity = self.batch_size * fixed if fixed else FIRST_BATCH_BYTES
+    def _allocator(self, pinned: bool, capacity: int):
         allocate = self._buffers.get(pinned)
         if allocate is None:  # data and offsets per batch, for the groups in flight
             keep = 2 * (self.prefetch + POOL_EXTRA) * max(1, GROUP_BYTES // max(capacity, 1))
             allocate = self._buffers[pinned] = _Buffers(pinned, min(keep, 256))
-        group: list = []
-        group_bytes, first = 0, True
-        batch = None
+        return allocate
+
+    def _fills(self, epoch: int, streams: list):
+        """``(fill, ready)`` per stream of the epoch, in turn (each stream open while it is its turn)."""
+        from sagemaker_dist.runtime.framing import make_framer
+
+        fixed = self.record_bytes or 0
         for stream in streams:
             limit = self.max_record_bytes
             framer = make_framer(self.record_format, self.channel, epoch, self.max_skip, limit)
             with stream() as reader:
                 fill = StreamFill(reader, framer, fixed, compiled=self.compiled, chunk_size=self.chunk_size)
-                ready = getattr(reader, "ready", None)  # a FIFO's; a file always has its bytes
                 try:
-                    while True:
-                        if group and (first or group_bytes >= GROUP_BYTES or (ready and not ready(0))):
-                            yield group, sum(count for _, count in group)
-                            group, group_bytes, first = [], 0, False
-                        if batch is None:
-                            batch = Batch(self.batch_size, capacity, allocate)
-                        if not fill.fill(batch):
-                            break
-                        if not fixed:
-                            capacity = batch.nbytes + batch.nbytes // 8
-                        group.append((self._tensors(batch), batch.count))
-                        group_bytes += batch.nbytes
-                        batch = None
+                    yield fill, getattr(reader, "ready", None)  # a FIFO's; a file always has its bytes
                 finally:
                     fill.close()
             framer.warn_skipped()
-        if batch is not None and batch.count and not self.drop_last:
+
+    def _batches(self, epoch: int, streams: list, skip: int = 0):
+        """``(group, records in it)`` of one epoch's streams, made in the reader thread: a group is a list
+        of ``(batch, records in it)``, the epoch's first batch alone, then up to GROUP_BYTES while the
+        stream has bytes waiting; a batch may span two files. The first ``skip`` records are read and
+        dropped."""
+        import torch
+
+        pinned = torch.cuda.is_available() if self.pin_memory is None else bool(self.pin_memory)
+        if self.shuffle is not None:
+            yield from self._shuffled_batches(epoch, streams, skip, pinned)
+            return
+        fixed = self.record_bytes or 0
+        capacity = self.batch_size * fixed if fixed else FIRST_BATCH_BYTES
+        allocate = self._allocator(pinned, capacity)
+        group: list = []
+        group_bytes, first = 0, True
+        batch = None
+        fills = self._fills(epoch, streams)
+        try:
+            for fill, ready in fills:
+                while True:
+                    if group and (first or group_bytes >= GROUP_BYTES or (ready and not ready(0))):
+                        yield group, sum(count for _, count in group)
+                        group, group_bytes, first = [], 0, False
+                    if batch is None:
+                        size = min(skip, self.batch_size) if skip else self.batch_size
+                        batch = Batch(size, capacity, allocate)
+                    if not fill.fill(batch):
+                        break
+                    if not fixed:
+                        capacity = batch.nbytes + batch.nbytes // 8
+                    if skip:  # records trained before a stop: read, dropped (their buffer reused)
+                        skip -= batch.count
+                    else:
+                        group.append((self._tensors(batch), batch.count))
+                        group_bytes += batch.nbytes
+                    batch = None
+        finally:
+            fills.close()
+        if batch is not None and batch.count and not skip and not self.drop_last:
             group.append((self._tensors(batch), batch.count))
         if group:
             yield group, sum(count for _, count in group)
+
+    def _shuffled_batches(self, epoch: int, streams: list, skip: int, pinned: bool):
+        """The groups of a shuffled epoch: each window read whole, then cut into batches in its order
+        (the first ``skip`` records dropped)."""
+        order = EpochOrder(self.shuffle, self._stream_key, epoch)
+        fixed = self.record_bytes or 0
+        allocate = self._allocator(pinned, self.batch_size * fixed if fixed else FIRST_BATCH_BYTES)
+        cut = _Cutter(self, allocate, skip)
+        windows = self._fixed_windows(epoch, streams, order, allocate) if fixed else None
+        if windows is None:
+            windows = self._ragged_windows(epoch, streams, order, allocate)
+        try:
+            for window in windows:
+                yield from cut.add(window)
+        finally:
+            windows.close()
+        yield from cut.finish()
+
+    def _fixed_windows(self, epoch: int, streams: list, order: EpochOrder, allocate):
+        """Each window of records of one size as a ``[n, record_bytes]`` tensor in its order: every record
+        read straight into its row; a window the stream's end cut short keeps the rows that came."""
+        fixed = self.record_bytes
+        size = order.fixed_size(fixed)
+        window = None
+        for fill, _ in self._fills(epoch, streams):
+            while True:
+                if window is None:
+                    window = Batch(size, size * fixed, allocate)
+                    window.rows = inverse(order.order(size))
+                if not fill.fill(window):
+                    break
+                yield window.holder[: size * fixed].view(size, fixed)
+                window = None
+        if window is not None and window.count:
+            import torch
+
+            rows = torch.from_numpy(np.sort(window.rows[: window.count]))
+            yield window.holder[: size * fixed].view(size, fixed).index_select(0, rows)
+
+    def _ragged_windows(self, epoch: int, streams: list, order: EpochOrder, allocate):
+        """Each window of records of any size as ``(window, order)``: the records as they came, and the
+        order they go out in."""
+        capacity = FIRST_BATCH_BYTES
+        window = None
+        limit = self.shuffle.bytes
+        for fill, _ in self._fills(epoch, streams):
+            while True:
+                if window is None:
+                    window = Batch(order.window.records, capacity, allocate)
+                if not fill.fill(window, stop_bytes=limit):
+                    break
+                capacity = min(window.nbytes + window.nbytes // 8, limit + limit // 8)
+                yield window, order.order(window.count)
+                window = None
+        if window is not None and window.count:
+            yield window, order.order(window.count)
 
     def _tensors(self, batch: Batch):
         """The batch as a [n, record_bytes] tensor, or a RaggedBatch, over its own buffers (no copy)."""

@@ -1,0 +1,76 @@
+/* The readers' shuffle window: the order in which a window of a stream's records comes out.
+ *
+ * Header only, C99 and C++17, like record_core.h: the PyTorch batch reader (framing/_record_reader.c) and
+ * the TensorFlow op (pipe/native/pipe_dataset_op.cc) include it, and framing/shuffle.py is the same
+ * arithmetic in Python (the fallback, and the reference its tests compare with), so every reader puts
+ * one stream's records in the same order.
+ *
+ * A stream's records are cut into windows, in the order they come: a window closes after the record that
+ * makes it `size` records, or its record bytes reach the byte bound, or at the stream's end. Each window's
+ * records come out in an order that depends only on the window's key:
+ *
+ *   stream key  (seed, rank, channel), made in Python (framing/shuffle.py: stream_key)
+ *   epoch key   sd_epoch_key(stream key, epoch)
+ *   window key  sd_window_key(epoch key, the window's index in the epoch, from 0)
+ *   order       Q, a Fisher-Yates permutation of 0 .. size-1 drawn from the window key (draw i is
+ *               sd_mix64(window key + GOLDEN * i), taken below i + 1 by a multiply-high); the window's
+ *               n records come out as the entries of Q below n, in Q's order.
+ *
+ * A window of fewer than `size` records (the byte bound, the stream's end) takes the same Q: its records
+ * come out in the order the full window would give them. So a reader that knows n before the records
+ * come (records of one size) can put each record straight where it goes, and one that learns n only
+ * at the stream's end keeps those places (sorted) for the records that came.
+ */
+#ifndef SAGEMAKER_DIST_SHUFFLE_CORE_H_
+#define SAGEMAKER_DIST_SHUFFLE_CORE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SD_GOLDEN 0x9E3779B97F4A7C15ull
+
+/* splitmix64's finaliser: a bijection of 64 bits whose every output bit depends on every input bit */
+static inline uint64_t sd_mix64(uint64_t z) {
+    z ^= z >> 30;
+    z *= 0xBF58476D1CE4E5B9ull;
+    z ^= z >> 27;
+    z *= 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t sd_epoch_key(uint64_t stream, uint64_t epoch) {
+    return sd_mix64(stream + SD_GOLDEN * (epoch + 1));
+}
+
+static inline uint64_t sd_window_key(uint64_t epoch_key, uint64_t window) {
+    return sd_mix64(epoch_key ^ sd_mix64(SD_GOLDEN * (window + 1)));
+}
+
+/* floor(r * n / 2**64): a draw below n (n < 2**32 here) */
+static inline uint64_t sd_below(uint64_t r, uint64_t n) {
+    uint64_t hi = (r >> 32) * n, lo = (r & 0xFFFFFFFFull) * n;
+    return (hi + (lo >> 32)) >> 32;
+}
+
+/* Q for a window of `size` records into `q` (size entries). */
+static inline void sd_window_permutation(uint64_t window_key, uint64_t size, int64_t *q) {
+    for (uint64_t i = 0; i < size; i++) q[i] = (int64_t)i;
+    for (uint64_t i = size; i-- > 1;) {
+        uint64_t j = sd_below(sd_mix64(window_key + SD_GOLDEN * i), i + 1);
+        int64_t t = q[i];
+        q[i] = q[j];
+        q[j] = t;
+    }
+}
+
+/* The order of a window's n records (n <= size): into `out`, the entries of Q below n; `q` is scratch of
+ * `size` entries (it may not be `out`). Returns n. */
+static inline uint64_t sd_window_order(uint64_t window_key, uint64_t size, uint64_t n, int64_t *out, int64_t *q) {
+    sd_window_permutation(window_key, size, q);
+    uint64_t k = 0;
+    for (uint64_t i = 0; i < size && k < n; i++)
+        if ((uint64_t)q[i] < n) out[k++] = q[i];
+    return k;
+}
+
+#endif /* SAGEMAKER_DIST_SHUFFLE_CORE_H_ */

@@ -1,0 +1,143 @@
+"""A reader's place in its channel, and what a restarted job does to read an epoch's records again.
+
+A restarted job (a spot interruption, a rerun) gets fresh FIFOs: ``<channel>_0`` again. Where the
+channel's objects come in the same order every epoch (no ShuffleConfig, the planner's seeded order
+included), every FIFO carries the same records, so the resumed epoch reads its first FIFO and drops the
+records trained before the stop. Where they come in another order each epoch (SageMaker's ShuffleConfig,
+the pipe agent's ``--shuffle-seed``; with ShardedByS3Key each host also gets other objects), the
+records of the stopped epoch are those of the FIFO it read, ``<channel>_<F>``: the restarted job opens
+and closes ``<channel>_0 .. <channel>_<F-1>`` unread (``replay_fifos``), and ``<channel>_<F>`` carries
+the same objects in the same order again, because the order of each epoch is drawn from the seed and
+the epoch's number (as the feeders here draw it, and as SageMaker's Seed is documented to determine it).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sagemaker_dist.errors import DataError
+from sagemaker_dist.runtime.fifo import FifoTimeoutError
+from sagemaker_dist.runtime.pipe.epochs import current_epoch, next_epoch_fifo
+
+# Beside the FIFOs, a feeder that permutes a channel's objects each epoch without a ShuffleConfig in the
+# job's layout (the pipe agent's --shuffle-seed) leaves this file: ``.<channel>.per-epoch-order``.
+PER_EPOCH_ORDER_SUFFIX = ".per-epoch-order"
+STATE_VERSION = 1
+
+
+class ReaderStateError(DataError):
+    """A reader's saved position that this reader cannot take up exactly."""
+
+
+def per_epoch_order_marker(data_dir: str | os.PathLike, channel: str) -> Path:
+    return Path(data_dir) / f".{channel}{PER_EPOCH_ORDER_SUFFIX}"
+
+
+def per_epoch_order(config, channel: str) -> bool:
+    """Whether ``channel``'s objects come in another order each epoch: a ShuffleConfig in the job's
+    layout, or a feeder's marker beside the FIFOs."""
+    try:
+        layout = config.layout
+    except Exception:  # a layout it cannot read is the start-up check's to report
+        layout = None
+    if layout is not None and layout.shuffle_seed is not None:
+        return True
+    return per_epoch_order_marker(config.data_dir, channel).exists()
+
+
+def close_unread(path: Path, timeout: float) -> None:
+    """Open FIFO ``path``, wait (at most ``timeout`` s) for its writer's first bytes or its end, and
+    close it: the writer goes on to the next epoch's FIFO, as after an iteration left early."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        deadline = time.monotonic() + timeout
+        while True:  # a reader that is open: the writer's open succeeds, then its bytes (or its close) come
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise FifoTimeoutError(
+                    f"{path}: no writer came within {timeout:g} s to the FIFO skipped on the way to the "
+                    "stopped epoch's"
+                )
+            if select.select([fd], [], [], min(left, 1.0))[0]:
+                return
+    finally:
+        os.close(fd)
+
+
+def replay_fifos(config, channel: str, fifo: int, timeout: float) -> int:
+    """Before a restarted job reads the epoch that FIFO ``fifo`` carried in the stopped one: where the
+    channel's objects come in another order each epoch, open and close the FIFOs before it unread, so the
+    next one read is ``<channel>_<fifo>``. Returns the FIFOs skipped."""
+    if fifo <= 0 or not per_epoch_order(config, channel):
+        return 0
+    state_dir, data_dir = Path(config.pipe_state_dir), Path(config.data_dir)
+    skipped = 0
+    while current_epoch(state_dir, channel) < fifo:
+        _, path = next_epoch_fifo(state_dir, data_dir, channel, timeout)
+        close_unread(path, timeout)
+        skipped += 1
+    return skipped
+
+
+@dataclass
+class ReaderPosition:
+    """Where a reader is: ``epoch`` (the shuffle's), ``records`` of it handed out, ``fifo`` (the FIFO
+    number it reads; None for a File channel or before it opened one), ``done`` once read to the end."""
+
+    epoch: int
+    records: int = 0
+    fifo: int | None = None
+    done: bool = False
+
+    def after(self, resume: ReaderPosition | None, next_epoch: int) -> ReaderPosition:
+        """The position a ``state_dict()`` reports: a loaded one not yet iterated, else the iteration
+        under way (or left early), else the start of the next epoch."""
+        if resume is not None:
+            return resume
+        if self.done:
+            return ReaderPosition(epoch=next_epoch)
+        return self
+
+    def to_dict(self, shuffle: dict | None, channel: str) -> dict:
+        return {
+            "version": STATE_VERSION,
+            "channel": channel,
+            "epoch": self.epoch,
+            "records": self.records,
+            "fifo": self.fifo,
+            "shuffle": shuffle,
+        }
+
+    @classmethod
+    def from_dict(cls, state: dict, shuffle: dict | None, channel: str) -> ReaderPosition:
+        """The position in ``state``; a state inside an epoch of another channel or another shuffle (seed,
+        window, rank) is refused: its records would be others."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise ReaderStateError(
+                f"channel {channel!r}: {state!r} is not a reader state of version {STATE_VERSION} "
+                "(a state_dict() of PipeBatches or RecordBatches)"
+            )
+        position = cls(epoch=int(state["epoch"]), records=int(state["records"]), fifo=state.get("fifo"))
+        if position.epoch < 0 or position.records < 0:
+            raise ReaderStateError(
+                f"channel {channel!r}: the state's epoch and records must be >= 0: {state!r}"
+            )
+        if position.records:
+            if state.get("channel") != channel:
+                raise ReaderStateError(
+                    f"the state was saved inside epoch {position.epoch} of channel {state.get('channel')!r}; "
+                    f"this reader reads {channel!r}, whose records are others (another rank or layout): "
+                    "resume at the start of an epoch instead (a state with records 0)"
+                )
+            if state.get("shuffle") != shuffle:
+                raise ReaderStateError(
+                    f"channel {channel!r}: the state was saved inside epoch {position.epoch} under the "
+                    f"shuffle {state.get('shuffle')!r}, this reader shuffles {shuffle!r}: its first "
+                    f"{position.records} records would be others; give the reader the same shuffle= (and "
+                    "rank), or resume at the start of an epoch"
+                )
+        return position

@@ -1,0 +1,235 @@
+"""The seeded shuffle window of PipeBatches and RecordBatches over real FIFOs, and their state_dict.
+
+Every reader (PipeBatches; RecordBatches with records of one size and of any size, compiled and Python)
+puts one stream in the same order; the order is a permutation inside windows bounded in records and
+bytes, a function of (seed, epoch, rank, channel); a reader that loads another's state_dict (a fresh
+container: FIFOs from _0 again) hands out exactly the records the other had not."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from helpers.runtime_helpers import FifoFeeder, write_opt_ml
+
+from sagemaker_dist.contract.layout import plan_layout
+from sagemaker_dist.contract.record_formats import encode_recordio, encode_tfrecord
+from sagemaker_dist.runtime.framing import shuffle as sh
+from sagemaker_dist.runtime.framing.batch_fill import compiled_available
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.torch
+
+READERS = ["pipe", "fixed-compiled", "fixed-python", "ragged-compiled", "ragged-python"]
+
+
+def record(i: int, size: int = 100) -> bytes:
+    return i.to_bytes(4, "little") * (size // 4)
+
+
+def ident(r: bytes) -> int:
+    return int.from_bytes(r[:4], "little")
+
+
+def channel(tmp_path, epochs, name="train_0", wrapper="None"):
+    from sagemaker_dist.runtime.config import ContainerConfig
+
+    root = write_opt_ml(tmp_path / "opt_ml", [name], plan_layout(1, 1), wrapper=wrapper)
+    feeder = FifoFeeder(root / "input" / "data", name, epochs)
+    feeder.start()
+    return ContainerConfig.load(root, {}), feeder
+
+
+def reader(kind: str, config, batch: int, shuffle, record_bytes: int = 100, name="train_0"):
+    from sagemaker_dist.runtime import PipeBatches, RecordBatches
+
+    if kind == "pipe":
+        return PipeBatches(name, batch, config=config, shuffle=shuffle)
+    fixed = record_bytes if kind.startswith("fixed") else None
+    compiled = kind.endswith("compiled")
+    if compiled and not compiled_available():
+        pytest.fail("the compiled batch reader is not built (pip install -e . needs a C compiler)")
+    return RecordBatches(
+        name, batch, config=config, shuffle=shuffle, record_bytes=fixed, compiled=compiled, pin_memory=False
+    )
+
+
+def records_of(batch) -> list[bytes]:
+    from sagemaker_dist.runtime import RaggedBatch
+
+    if isinstance(batch, list):
+        return [bytes(r) for r in batch]
+    if isinstance(batch, RaggedBatch):
+        return [bytes(batch.record(i).numpy()) for i in range(len(batch.lengths))]
+    return [bytes(row.numpy()) for row in batch]
+
+
+def epoch_ids(batches) -> list[int]:
+    return [ident(r) for b in batches for r in records_of(b)]
+
+
+def expected_windows(sizes: list[int], window: sh.ShuffleWindow) -> list[range]:
+    """The windows the rule cuts a stream of records of ``sizes`` into."""
+    out, start, nbytes = [], 0, 0
+    for i, n in enumerate(sizes):
+        nbytes += n
+        if i + 1 - start >= window.records or nbytes >= window.bytes:
+            out.append(range(start, i + 1))
+            start, nbytes = i + 1, 0
+    if start < len(sizes):
+        out.append(range(start, len(sizes)))
+    return out
+
+
+def test_the_window_order_is_the_same_arithmetic_in_c_and_python():
+    for size, n in [(1, 1), (2, 2), (7, 3), (1000, 1000), (16384, 1700), (16384, 16384), (5, 0)]:
+        key = sh.window_key(sh.epoch_key(sh.stream_key(11, 2, "train_2"), 4), 9)
+        got = sh.window_order(key, size, n)
+        full = sh._permutation_python(key, size)
+        assert got.tolist() == full[full < n].tolist()
+        assert sorted(got.tolist()) == list(range(n))
+    # a window cut short keeps the order the whole window gives its records
+    key = sh.window_key(sh.epoch_key(1, 0), 0)
+    whole = sh.window_order(key, 64, 64).tolist()
+    assert sh.window_order(key, 64, 40).tolist() == [i for i in whole if i < 40]
+
+
+@pytest.mark.parametrize("kind", READERS)
+def test_every_reader_puts_the_stream_in_the_same_seeded_order_inside_bounded_windows(tmp_path, kind):
+    records = [record(i) for i in range(1000)]
+    stream = b"".join(encode_tfrecord(r) for r in records)
+    window = sh.ShuffleWindow(7, records=128, bytes=6000)  # 60 records of 100 bytes: the byte bound cuts
+    config, feeder = channel(tmp_path, [stream, stream, stream])
+    batches = reader(kind, config, 32, window)
+    first, second = epoch_ids(batches), epoch_ids(batches)
+    batches.set_epoch(0)
+    again = epoch_ids(batches)
+    feeder.join(10)
+    assert feeder.error is None
+    # the reference: the order the arithmetic gives, window by window
+    order = sh.EpochOrder(window, window.stream_key(0, "train_0"), 0)
+    reference = []
+    for w in expected_windows([100] * 1000, window):
+        reference += [w[i] for i in order.order(len(w)).tolist()]
+    assert first == reference and again == first  # the same epoch: the same order
+    assert sorted(second) == list(range(1000)) and second != first  # another epoch: another order
+    assert first != list(range(1000))
+    for w in expected_windows([100] * 1000, window):  # no record leaves its window
+        assert sorted(first[w.start : w.stop]) == list(w)
+
+
+@pytest.mark.parametrize("kind", ["pipe", "ragged-compiled", "ragged-python"])
+def test_records_of_any_size_close_a_window_at_its_byte_bound(tmp_path, kind):
+    rng = np.random.default_rng(3)
+    sizes = [int(n) for n in rng.integers(4, 3000, 400)]
+    sizes[50] = 40_000  # a large record (read straight into the window by the compiled reader)
+    records = [i.to_bytes(4, "little") + os.urandom(n - 4) for i, n in enumerate(sizes)]
+    stream = b"".join(encode_recordio(r, max_part=1000) for r in records)
+    window = sh.ShuffleWindow(5, records=64, bytes=20_000)
+    config, feeder = channel(tmp_path, [stream], wrapper="RecordIO")
+    got = [r for b in reader(kind, config, 10, window) for r in records_of(b)]
+    feeder.join(10)
+    assert sorted(got) == sorted(records)
+    position = {r: i for i, r in enumerate(records)}
+    order = sh.EpochOrder(window, window.stream_key(0, "train_0"), 0)
+    reference = []
+    for w in expected_windows(sizes, window):
+        assert sum(sizes[i] for i in w) < window.bytes + max(sizes[i] for i in w)  # the bound
+        reference += [w[i] for i in order.order(len(w)).tolist()]
+    assert [position[r] for r in got] == reference
+
+
+def test_equal_seeds_give_equal_orders_and_the_seed_rank_and_channel_each_change_it(tmp_path):
+    from sagemaker_dist.runtime.config import ContainerConfig
+
+    stream = b"".join(encode_tfrecord(record(i)) for i in range(300))
+    names = ["train_0", "train_1"]
+    root = write_opt_ml(tmp_path / "opt_ml", names, plan_layout(1, 2))
+    feeders = [FifoFeeder(root / "input" / "data", n, [stream] * 3) for n in names]
+    for f in feeders:
+        f.start()
+    config = ContainerConfig.load(root, {})
+    from sagemaker_dist.runtime import PipeBatches
+
+    orders = {}
+    for case, (name, seed, rank) in {
+        "a": ("train_0", 1, 0),
+        "b": ("train_0", 1, 0),
+        "seed": ("train_0", 2, 0),
+        "channel": ("train_1", 1, 0),
+    }.items():
+        os.environ["RANK"] = str(rank)
+        try:
+            batches = PipeBatches(name, 50, config=config, shuffle=sh.ShuffleWindow(seed, records=100))
+        finally:
+            del os.environ["RANK"]
+        orders[case] = epoch_ids(batches)
+    for f in feeders:
+        f.join(10)
+    assert orders["a"] == orders["b"]
+    assert len({tuple(o) for o in orders.values()}) == 3
+    key = sh.stream_key
+    assert key(1, 0, "train_0") != key(1, 1, "train_0")  # the rank is part of the stream's key
+
+
+@pytest.mark.parametrize("kind", READERS)
+@pytest.mark.parametrize("shuffled", [True, False])
+def test_a_fresh_reader_loading_a_state_dict_hands_out_exactly_the_records_not_yet_handed_out(
+    tmp_path, kind, shuffled
+):
+    records = [record(i) for i in range(500)]
+    stream = b"".join(encode_tfrecord(r) for r in records)
+    window = sh.ShuffleWindow(9, records=64) if shuffled else None
+    config, feeder = channel(tmp_path / "one", [stream, stream])
+    one = reader(kind, config, 16, window)
+    whole = epoch_ids(one)  # epoch 0, read to its end
+    assert one.state_dict()["epoch"] == 1 and one.state_dict()["records"] == 0
+    handed = []
+    for b in one:  # epoch 1: 7 batches, then a stop (the rest of the FIFO closed unread)
+        handed += [ident(r) for r in records_of(b)]
+        if len(handed) == 7 * 16:
+            break
+    state = one.state_dict()
+    feeder.join(10)
+    assert (state["epoch"], state["records"], state["fifo"]) == (1, 112, 1)
+    # the next attempt: a fresh container, FIFOs from _0 again (the same records, no ShuffleConfig)
+    config, feeder = channel(tmp_path / "two", [stream, stream])
+    two = reader(kind, config, 16, window)
+    two.load_state_dict(state)
+    assert two.state_dict() == state  # a loaded state is the position until it is iterated
+    rest = epoch_ids(two)
+    later = epoch_ids(two)
+    feeder.join(10)
+    assert sorted(handed + rest) == list(range(500)) and not set(handed) & set(rest)
+    if shuffled:  # the uninterrupted order of epoch 1, read again, for the reference
+        config, feeder = channel(tmp_path / "three", [stream])
+        three = reader(kind, config, 16, window)
+        three.set_epoch(1)
+        assert handed + rest == epoch_ids(three)
+        feeder.join(10)
+        assert sorted(later) == list(range(500)) and later not in (whole, handed + rest)
+    else:
+        assert handed + rest == whole == later
+    assert two.state_dict()["epoch"] == 3 and two.state_dict()["records"] == 0
+
+
+def test_a_state_inside_an_epoch_of_another_shuffle_or_channel_is_refused(tmp_path):
+    from sagemaker_dist.runtime import PipeBatches
+    from sagemaker_dist.runtime.pipe.order import ReaderStateError
+
+    config, _ = channel(tmp_path, [])
+    batches = PipeBatches("train_0", 4, config=config, shuffle=3)
+    state = batches.state_dict()
+    assert state["records"] == 0 and state["shuffle"]["seed"] == 3
+    PipeBatches("train_0", 4, config=config, shuffle=4).load_state_dict(state)  # an epoch's start: fine
+    inside = dict(state, records=12)
+    with pytest.raises(ReaderStateError, match="first 12 records would be others"):
+        PipeBatches("train_0", 4, config=config, shuffle=4).load_state_dict(inside)
+    with pytest.raises(ReaderStateError, match="channel 'train_1'"):
+        batches.load_state_dict(dict(inside, channel="train_1"))
+    with pytest.raises(ReaderStateError, match="not a reader state"):
+        batches.load_state_dict({"epoch": 1})
+    with pytest.raises(ValueError, match="shuffle='yes'"):
+        PipeBatches("train_0", 4, config=config, shuffle="yes")
