@@ -34,6 +34,8 @@ _LAZY = {
     "PipeTraining": "sagemaker_dist.runtime.torch.training",
     "save_torch_checkpoint": "sagemaker_dist.runtime.torch.checkpointing",
     "restore_torch_checkpoint": "sagemaker_dist.runtime.torch.checkpointing",
+    "ShardedCheckpoints": "sagemaker_dist.runtime.torch.sharded",
+    "read_sharded_checkpoint": "sagemaker_dist.runtime.torch.sharded",
     "parse_example": "sagemaker_dist.runtime.torch.records",
     "example_decoder": "sagemaker_dist.runtime.torch.records",
     "raw_decoder": "sagemaker_dist.runtime.torch.records",

@@ -148,22 +148,37 @@ def write_checkpoint(
         meta = {**meta, "epoch": epoch, "step": step, "files": files, "written_at": time.time()}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True))
         _fsync_tree(tmp)
-        if final.exists():  # same position written again (e.g. after a resume): swap, then drop the old one
-            old = Path(tempfile.mkdtemp(prefix=f".old-{final.name}-", dir=directory))
-            os.rename(final, old / final.name)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
-        _fsync_dir(directory)  # the rename itself: without it a host crash may lose epoch-N
+        install_directory(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if keep is not None and keep > 0:
-        for old_ckpt in list_checkpoints(directory)[:-keep]:
-            shutil.rmtree(old_ckpt.path, ignore_errors=True)
+    prune_checkpoints(directory, keep)
     log.info("checkpoint for epoch %d%s written to %s", epoch, f" step {step}" if step else "", final)
     return Checkpoint(epoch=epoch, path=final, step=step, meta=meta)
+
+
+def install_directory(tmp: Path, final: Path) -> None:
+    """Rename the filled (and fsynced) ``tmp`` to ``final``, durably; a ``final`` already there (the same
+    position written again, e.g. after a resume) is moved aside first and dropped after the swap."""
+    directory = final.parent
+    if final.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".old-{final.name}-", dir=directory))
+        os.rename(final, old / final.name)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    _fsync_dir(directory)  # the rename itself: without it a host crash may lose epoch-N
+
+
+def prune_checkpoints(directory: str | os.PathLike, keep: int | None) -> list[Checkpoint]:
+    """Delete all but the newest ``keep`` complete checkpoints (None or 0: keep all); returns the kept."""
+    found = list_checkpoints(directory)
+    if keep is None or keep <= 0:
+        return found
+    for old_ckpt in found[:-keep]:
+        shutil.rmtree(old_ckpt.path, ignore_errors=True)
+    return found[-keep:]
 
 
 def remove_stale_temporaries(directory: str | os.PathLike) -> None:

@@ -17,6 +17,11 @@ The script keeps its own step (forward, backward, optimizer); this object owns w
 - ``end_epoch(**metrics)`` averages the metrics over the ranks, prints the metric line SageMaker's
   metric definitions and the tuners read (``contract.metric_line``, rank 0), writes them to
   TensorBoard (rank 0; synced to S3 with ``tensorboard_s3_uri``) and checkpoints the epoch.
+
+The model says which checkpoints: a DDP (or plain) model is whole on every rank, so rank 0 saves it
+(``checkpointing.py``); an FSDP2 model (``fully_shard``) is saved by every rank, its shard each, through
+DCP (``sharded.py``), in the background (``async_save``) except at a stop, and resumes on any number of
+ranks.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from sagemaker_dist.contract.metric_line import metric_line
 from sagemaker_dist.contract.stop_lines import resumed_line, since_request, stopped_line
 from sagemaker_dist.runtime.torch.checkpointing import restore_torch_checkpoint, save_torch_checkpoint
 from sagemaker_dist.runtime.torch.epochs import AgreedEpoch, agreed_batches
+from sagemaker_dist.runtime.torch.sharded import ShardedCheckpoints, is_sharded
 from sagemaker_dist.runtime.torch.stop import TrainingStopped, install_stop
 
 log = logging.getLogger(__name__)
@@ -43,7 +49,10 @@ class PipeTraining:
     record of uneven shards through ``Join`` instead of ending at the shortest rank. ``tensorboard_dir``
     / ``tensorboard_s3_uri``: rank 0 writes the epoch metrics with ``torch.utils.tensorboard`` and
     mirrors the directory to S3 every ``tensorboard_interval`` seconds (default 30, as the Keras
-    helpers). ``state`` (a dict) is saved in each checkpoint and restored into.
+    helpers). ``state`` (a dict) is saved in each checkpoint and restored into (plain JSON values for
+    a sharded model). ``checkpoint_every_steps``: also checkpoint every that many steps inside an
+    epoch. ``async_save``: a sharded model's epoch and step checkpoints are written while training
+    goes on (the stop's is always written before the ranks exit).
     """
 
     def __init__(
@@ -63,9 +72,21 @@ class PipeTraining:
         tensorboard_s3_uri: str | None = None,
         tensorboard_interval: float | None = None,
         state: dict | None = None,
+        checkpoint_every_steps: int | None = None,
+        async_save: bool = True,
     ):
         if int(epochs) < 1:
             raise ValueError(f"epochs={epochs!r}: give a whole number >= 1")
+        if checkpoint_every_steps is not None and int(checkpoint_every_steps) < 1:
+            raise ValueError(
+                f"checkpoint_every_steps={checkpoint_every_steps!r}: give a whole number >= 1 (or None)"
+            )
+        self.sharded = is_sharded(model)
+        if self.sharded and join:
+            raise ValueError(
+                "join=True trains uneven shards through torch's Join, which FSDP2 models do not "
+                "support; leave join off (each epoch then ends at the shortest rank's last batch)"
+            )
         if tensorboard_interval is not None and not float(tensorboard_interval) > 0:
             raise ValueError(f"tensorboard_interval={tensorboard_interval!r}: give a number of seconds > 0")
         self.tensorboard_interval = tensorboard_interval
@@ -78,6 +99,22 @@ class PipeTraining:
         self.keep = keep
         self.join = join
         self.state = state if state is not None else {}
+        self.checkpoint_every_steps = int(checkpoint_every_steps) if checkpoint_every_steps else None
+        self.sharded_checkpoints = None
+        if self.sharded and self.checkpoint_dir is not None:
+            self.sharded_checkpoints = ShardedCheckpoints(
+                self.checkpoint_dir,
+                model=model,
+                optimizer=optimizer,
+                scheduler=scheduler,
+                rank=job.rank,
+                local_rank=job.local_rank,
+                world_size=job.world_size,
+                group=job.agreement_group,
+                async_group=_save_group(job.timeout_s) if async_save else None,
+                keep=keep,
+                timeout_s=job.timeout_s,
+            )
         self.stop = install_stop(job.rank, grace) if stop else None
         self.epoch = 0  # the epoch being trained (0-based)
         self.step = 0  # steps of it trained so far, on every rank
@@ -106,7 +143,14 @@ class PipeTraining:
     def epochs(self):
         """The epochs left to train (0-based), from the newest checkpoint's; call on every rank."""
         start, step = 0, 0
-        if self.checkpoint_dir is not None:
+        if self.sharded_checkpoints is not None:
+            start, step, found, meta = self.sharded_checkpoints.restore()
+            self.state.update((meta.get("extra") or {}).get("state") or {})
+            if (start, step) != (0, 0):
+                self.resumed_at = (start, step)
+                if self.job.is_chief:
+                    print(resumed_line(found.path.name, start, step), flush=True)
+        elif self.checkpoint_dir is not None:
             start, step, found, extra = restore_torch_checkpoint(
                 self.checkpoint_dir,
                 model=self.model,
@@ -140,9 +184,12 @@ class PipeTraining:
         )
         self._skip = 0
         self.last = agreed
+        every = self.checkpoint_every_steps
         for batch in agreed:
             yield batch
             self.step += 1  # the script asked for the next batch: this one is trained
+            if every and self.step % every == 0:
+                self._checkpoint(self.epoch, self.step)
         if agreed.stopped:
             self._stopped(agreed)
 
@@ -158,11 +205,15 @@ class PipeTraining:
     def _stopped(self, agreed: AgreedEpoch) -> None:
         epoch, step = self._position(agreed)
         checkpoint = None
-        if self.job.is_chief and self.checkpoint_dir is not None:
+        if self.sharded_checkpoints is not None:  # every rank writes its shard, now
+            checkpoint = self.sharded_checkpoints.save(epoch, step, extra=self._extra(), blocking=True)
+        elif self.job.is_chief and self.checkpoint_dir is not None:
             checkpoint = self._save(epoch, step)
         self.job.barrier()  # every rank waits for the checkpoint: nobody exits before it is there
         if self.job.is_chief:
             where = f"; checkpoint {checkpoint.path.name}" if checkpoint else "; no checkpoint (none asked)"
+            if checkpoint is None and self.sharded_checkpoints is not None:
+                where = "; no checkpoint (it could not be written: the previous one stays in force)"
             since = since_request(self.stop.received_at if self.stop is not None else None)
             print(stopped_line(self.epoch + 1, self.step, agreed.exhausted) + where + since, flush=True)
         self._finish()
@@ -177,9 +228,20 @@ class PipeTraining:
             model=self.model,
             optimizer=self.optimizer,
             scheduler=self.scheduler,
-            extra={"state": self.state, "world_size": self.job.world_size},
+            extra=self._extra(),
             keep=self.keep,
         )
+
+    def _extra(self) -> dict:
+        return {"state": self.state, "world_size": self.job.world_size}
+
+    def _checkpoint(self, epoch: int, step: int) -> None:
+        """An epoch's or a periodic step's checkpoint: a sharded model's on every rank (in the background
+        with ``async_save``), a whole model's on rank 0."""
+        if self.sharded_checkpoints is not None:
+            self.sharded_checkpoints.save(epoch, step, extra=self._extra(), blocking=False)
+        elif self.job.is_chief and self.checkpoint_dir is not None:
+            self._save(epoch, step)
 
     def end_epoch(self, **metrics: float) -> dict[str, float]:
         """Average ``metrics`` over the ranks; on rank 0 print the metric line, write TensorBoard and
@@ -196,11 +258,15 @@ class PipeTraining:
                 self.writer.flush()
                 if self._syncer is not None:
                     self._syncer.sync_now()
-            if self.checkpoint_dir is not None:
-                self._save(self.epoch + 1, 0)
+        self._checkpoint(self.epoch + 1, 0)
         return means
 
     def _finish(self) -> None:
+        if self.sharded_checkpoints is not None:  # the save in flight, before the process group goes
+            try:
+                self.sharded_checkpoints.close()
+            except Exception as exc:  # noqa: BLE001 - training is over: the previous checkpoint stands
+                log.warning("the last checkpoint was not completed: %s", exc)
         if self.stop is not None:
             self.stop.done()
             self.stop.uninstall()
@@ -210,3 +276,14 @@ class PipeTraining:
         if self._syncer is not None:
             self._syncer.stop()
             self._syncer = None
+
+
+def _save_group(timeout_s: float):
+    """A Gloo group for background saves only (call on every rank), or None in a one-process job."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return None
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
