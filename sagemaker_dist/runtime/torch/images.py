@@ -90,8 +90,12 @@ def _frames_anywhere(data, markers: list) -> list:
 
 
 def _records(batch) -> list:
+    """The batch's records as CPU tensors: the header checks read them there, and torchvision's
+    ``decode_jpeg`` takes its input on the CPU whatever device decodes (a batch that RecordBatches put
+    on the GPU is copied back once)."""
     offsets = batch.offsets.tolist()
-    return [batch.data[start:stop] for start, stop in zip(offsets[:-1], offsets[1:])]
+    data = batch.data.cpu()
+    return [data[start:stop] for start, stop in zip(offsets[:-1], offsets[1:])]
 
 
 def _checked(records: list, max_pixels: int) -> list:

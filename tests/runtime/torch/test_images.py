@@ -223,3 +223,20 @@ def test_jpeg_size_is_the_size_pillow_reads(width, height, quality, progressive,
     image.save(out, format="JPEG", quality=quality, progressive=progressive, subsampling=subsampling)
     with Image.open(io.BytesIO(out.getvalue())) as read:
         assert jpeg_size(out.getvalue()) == (read.size[1], read.size[0]) == (height, width)
+
+
+@pytest.mark.gpu
+def test_a_batch_the_reader_put_on_the_gpu_decodes(tmp_path):
+    """RecordBatches(device="cuda") hands out batches already on the GPU; the header checks and
+    torchvision's decode_jpeg read their records on the CPU."""
+    from test_record_batches import pipe_channel
+
+    from sagemaker_dist.runtime import RecordBatches, decode_jpeg_batch
+
+    records = [jpeg(40, 30, seed) for seed in range(5)]
+    config, feeder = pipe_channel(tmp_path, [b"".join(encode_tfrecord(r) for r in records)])
+    (batch,) = list(RecordBatches("train_0", 8, config=config, device="cuda"))
+    feeder.join(10)
+    assert batch.data.is_cuda
+    images = decode_jpeg_batch(batch, device="cuda")
+    assert images.is_cuda and images.shape == (5, 3, 30, 40)
