@@ -144,6 +144,63 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path):
     check_tasks(16, 0)  # CPU nodes: any count
 
 
+def test_waiting_says_each_pending_reason_and_gives_up_only_on_one_that_never_clears(monkeypatch):
+    """The reasons that clear on their own (nodes back, other jobs done, a node count within the
+    partition's) are shown while the job waits; one that never clears cancels the job at once."""
+    from sagemaker_dist.platforms import slurm_submit
+
+    monkeypatch.setattr(slurm_submit, "POLL_S", 0)
+    partition = {"TotalNodes": "2", "MaxNodes": "UNLIMITED", "MinNodes": "0"}
+    monkeypatch.setattr(slurm_submit, "partition_fields", lambda name: partition)
+    job = {"Partition": "debug", "NumNodes": "2-2", "NumTasks": "2", "NumCPUs": "2"}
+    states = iter(
+        [
+            {**job, "JobState": "PENDING", "Reason": "None"},
+            {**job, "JobState": "PENDING", "Reason": "Priority"},
+            {**job, "JobState": "PENDING", "Reason": "Priority"},
+            {**job, "JobState": "PENDING", "Reason": "ReqNodeNotAvail,_UnavailableNodes:n2"},
+            {**job, "JobState": "PENDING", "Reason": "PartitionNodeLimit"},  # n2 drained: 2 nodes fit
+            {**job, "JobState": "RUNNING", "Reason": "None", "NodeList": "n[1-2]"},
+            {**job, "JobState": "COMPLETED", "Reason": "None", "NodeList": "n[1-2]", "ExitCode": "0:0"},
+        ]
+    )
+    monkeypatch.setattr(slurm_submit, "job_fields", lambda job_id: next(states))
+    lines: list[str] = []
+    assert slurm_submit.wait_for_job("7", echo=lines.append)[0] == 0
+    assert lines == [
+        "slurm job 7: PENDING",
+        "slurm job 7: PENDING (Priority: jobs of higher priority go first)",
+        "slurm job 7: PENDING (ReqNodeNotAvail, UnavailableNodes:n2: a node it needs is not available now "
+        "(in use, reserved, down or drained))",
+        "slurm job 7: PENDING (PartitionNodeLimit: nodes it needs are down or drained)",
+        "slurm job 7: RUNNING on n[1-2]",
+        "slurm job 7: COMPLETED on n[1-2]",
+    ]
+    never = slurm_submit.never_clears
+    assert never("PartitionNodeLimit", {**job, "NumNodes": "3-3"})[0] == (
+        "it asks for 3 node(s), partition debug has 2"
+    )
+    for reason in ("PartitionConfig", "PartitionTimeLimit", "BadConstraints", "InvalidAccount", "InvalidQOS"):
+        assert never(reason, job) is not None, reason
+    for reason in ("QOSMaxNodePerJobLimit", "AssocMaxGRESPerNode", "QOSMinGRES", "DependencyNeverSatisfied"):
+        assert never(reason, job) is not None, reason
+    for reason in ("ReqNodeNotAvail", "PartitionDown", "QOSJobLimit", "QOSMaxJobsPerUserLimit", "Resources"):
+        assert never(reason, job) is None, reason
+    for reason in ("AssocGrpCpuLimit", "MaxCpuPerAccount", "JobHeldAdmin", "NodeDown", "Priority"):
+        assert never(reason, job) is None, reason
+
+    cancelled: list[list[str]] = []
+    monkeypatch.setattr(
+        slurm_submit, "job_fields", lambda job_id: {**job, "JobState": "PENDING", "Reason": "PartitionConfig"}
+    )
+    monkeypatch.setattr(slurm_submit.subprocess, "run", lambda argv, **kw: cancelled.append(argv))
+    with pytest.raises(
+        slurm_submit.SlurmJobFailed, match=r"slurm job 8 can never start: .*PartitionConfig .*cancelled"
+    ):
+        slurm_submit.wait_for_job("8", echo=lines.append)
+    assert cancelled == [["scancel", "8"]]
+
+
 def _free_ports(count: int) -> int:
     """The first of ``count`` consecutive free TCP ports on 127.0.0.1."""
     for _ in range(100):
@@ -257,6 +314,36 @@ def test_an_agent_that_cannot_read_its_data_fails_the_job_before_the_ranks(
     assert "a pipe agent stopped before the ranks started" in log and "train epoch" not in log
     job_id = output.stem.rsplit("-", 1)[1]
     assert not Path(f"/tmp/sagemaker-dist-{job_id}").exists()  # node 0's tree is removed too
+
+
+@pytest.mark.slow
+def test_a_job_its_partition_can_never_run_is_cancelled_in_seconds_naming_the_reason(
+    slurm_cluster, aws_env, bucket, tmp_path, monkeypatch
+):
+    """3 nodes on the 2-node partition: Slurm keeps the job pending (PartitionConfig, later
+    PartitionNodeLimit) forever. --wait says why it waits, cancels it and fails at once instead of
+    waiting out its --timeout."""
+    monkeypatch.setenv("SLURM_CONF", slurm_cluster)
+    started = time.monotonic()
+    proc = _slurm(
+        "--demo", "--nodes", 3, "--tasks-per-node", 1, "--partition", "debug", "--submit", "--wait",
+        "--timeout", 300, "--bucket", bucket, "--endpoint-url", aws_env["AWS_ENDPOINT_URL"],
+        cwd=tmp_path, timeout=400,
+    )  # fmt: skip
+    took = time.monotonic() - started
+    err = proc.stderr
+    assert proc.returncode == 2, err[-3000:]
+    job_id = err.split("submitted slurm job ")[1].split()[0]
+    reason = r"(PartitionConfig|PartitionNodeLimit)"
+    assert re.search(rf"slurm job {job_id}: PENDING \({reason}\b", err), err[-3000:]
+    failed = re.search(
+        rf"error: slurm job {job_id} can never start: it is pending with reason {reason} \(", err
+    )
+    assert failed, err[-3000:]
+    assert "partition debug" in err and "which Slurm does not clear by itself, so it was cancelled" in err
+    assert "To run it, ask for " in err and "--nodes" in err and "--partition" in err
+    assert _job_state(job_id) == "CANCELLED"
+    assert took < 60, f"{took:.0f} s"  # seconds after the submission, not the --timeout's 300
 
 
 def _job_state(job_id: str) -> str:
