@@ -9,6 +9,7 @@ channel has is framework-neutral (``runtime/file_channel.py``).
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 from sagemaker_dist.contract.record_formats import max_record_bytes
 from sagemaker_dist.runtime.file_channel import FileChannelError, channel_files
 from sagemaker_dist.runtime.framing import check_record_format, iter_records
+from sagemaker_dist.runtime.framing.shuffle import EpochOrder, ShuffleWindow, shuffled
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -30,6 +32,7 @@ PIPE_ONLY_OPTIONS = (
     "benchmark_records_interval",
     "fifo_timeout",
     "chunk_size",
+    "rank",
 )
 
 
@@ -53,14 +56,15 @@ def file_channel_dataset(
 
     ``batch_size`` batches as PipeModeDataset's option does, so a script gets the same elements in
     either mode; options that only make sense for a FIFO are ignored, anything else is an error.
+    ``shuffle`` (a seed or a ``ShuffleWindow``) shuffles each iteration's records in the seeded window,
+    the n-th iteration (from 0) as epoch n, the stream's key from ``rank`` and the channel.
     """
     import tensorflow as tf
 
     check_record_format(record_format)
     name = channel or Path(channel_dir).name
-    unknown = sorted(
-        set(pipe_options) - set(PIPE_ONLY_OPTIONS) - {"max_corrupted_records_to_skip", "max_record_bytes"}
-    )
+    known = {"max_corrupted_records_to_skip", "max_record_bytes", "shuffle"}
+    unknown = sorted(set(pipe_options) - set(PIPE_ONLY_OPTIONS) - known)
     if unknown:
         raise FileChannelError(f"File-mode channel {name!r}: unknown option(s) {', '.join(unknown)}")
     if pipe_options.get("max_corrupted_records_to_skip"):
@@ -70,6 +74,21 @@ def file_channel_dataset(
         )
     limit = max_record_bytes(pipe_options.get("max_record_bytes"))
     files = channel_files(channel_dir)
+    shuffle = ShuffleWindow.of(pipe_options.get("shuffle"))
+    if shuffle is not None:
+        key = shuffle.stream_key(int(pipe_options.get("rank") or 0), name)
+        epochs = itertools.count()
+
+        def shuffled_files():
+            order = EpochOrder(shuffle, key, next(epochs))
+            paths = [str(f).encode() for f in files]
+            records = (
+                r for p in paths for r in _file_records(p, record_format.encode(), name.encode(), limit)
+            )
+            yield from shuffled(records, order)
+
+        ds = tf.data.Dataset.from_generator(shuffled_files, output_signature=tf.TensorSpec((), tf.string))
+        return ds if batch_size is None else ds.batch(batch_size, drop_remainder=drop_remainder)
     # Our framers, not TFRecordDataset: a crafted TFRecord length (2**40) crashes TensorFlow's reader
     # (it allocates the claimed length); ours refuse a record over the limit before allocating it.
     ds = tf.data.Dataset.from_tensor_slices(files).flat_map(

@@ -61,11 +61,14 @@ def compiled_dataset(
     batch_size: int | None,
     drop_remainder: bool,
     max_record_bytes: int | None = None,
+    shuffle=None,
+    stream_key: int = 0,
 ):
     """The dataset: records, or batches with ``batch_size``; ``.batch(n)`` batches in the op.
 
     ``max_record_bytes``: the longest record the op accepts (None: ``$SAGEMAKER_DIST_MAX_RECORD_BYTES``,
-    else the default; ``contract.record_formats.max_record_bytes``).
+    else the default; ``contract.record_formats.max_record_bytes``). ``shuffle``: a ``ShuffleWindow``
+    (the op's window), with the stream's key; None reads the records as they come.
     """
     source = _dataset_class()
     args = dict(
@@ -79,6 +82,9 @@ def compiled_dataset(
         benchmark=bool(benchmark),
         benchmark_records_interval=int(interval),
         dataset_id=random.getrandbits(62),
+        shuffle_records=shuffle.records if shuffle is not None else 0,
+        shuffle_bytes=shuffle.bytes if shuffle is not None else 0,
+        stream_key=stream_key - (1 << 64) if stream_key >= 1 << 63 else stream_key,  # the bits, as int64
     )
     if batch_size is not None:
         return source(op, args, batch_size, drop_remainder).prefetch(PREFETCH_BATCHES)

@@ -71,6 +71,10 @@ class PipeModeDataset:
     epoch and byte offset, raised before anything is allocated for it. As from AWS's reader, a stream
     that is not RecordIO is ``tf.errors.InternalError`` and ``benchmark_records_interval=N`` prints an
     ``Iterator records`` line every N records (docs/tasks/migrating.md).
+    ``shuffle``: a seed, or a ``ShuffleWindow(seed, records, bytes)``: each epoch's records come out of
+    a seeded shuffle window, in the order ``PipeBatches`` gives the same stream (a function of the seed,
+    the epoch, ``rank`` and the channel); None (the default, as AWS's reader) reads them as they come.
+    ``rank``: whose stream this is, for the shuffle (default: the launcher's variables, else 0).
     """
 
     def __new__(
@@ -89,8 +93,17 @@ class PipeModeDataset:
         batch_size: int | None = None,
         drop_remainder: bool = False,
         max_record_bytes: int | None = None,
+        shuffle=None,
+        rank: int | None = None,
     ) -> tf.data.Dataset:
+        from sagemaker_dist.runtime.framing.shuffle import ShuffleWindow
+
         check_record_format(record_format)
+        try:
+            shuffle = ShuffleWindow.of(shuffle)
+        except ValueError as exc:
+            raise PipeModeDatasetError(str(exc)) from None
+        stream_key = shuffle.stream_key(_rank(rank), channel) if shuffle is not None else 0
         max_record_bytes = record_limit(max_record_bytes)  # a bad value fails here, naming itself
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise PipeModeDatasetError(f"batch_size is {batch_size!r}; use a whole number >= 1 or None")
@@ -109,15 +122,29 @@ class PipeModeDataset:
         op = compiled_op()
         if op is not None:
             tune_malloc()
-            return compiled_dataset(op, *source, batch_size, drop_remainder, max_record_bytes)
+            return compiled_dataset(
+                op, *source, batch_size, drop_remainder, max_record_bytes, shuffle, stream_key
+            )
         # The Python reader's modules (its framers, crc32c) are imported only where it runs: about
         # 6 ms of every fresh process's start-up on the compiled reader (docs/benchmarks.md).
         from sagemaker_dist.runtime.framing import DEFAULT_CHUNK
         from sagemaker_dist.runtime.pipe.reader import EpochReader
         from sagemaker_dist.runtime.pipe.tf_bridge import records_dataset
 
-        reader = EpochReader(*source, DEFAULT_CHUNK if chunk_size is None else chunk_size, max_record_bytes)
+        chunk = DEFAULT_CHUNK if chunk_size is None else chunk_size
+        reader = EpochReader(*source, chunk, max_record_bytes, shuffle, stream_key)
         return records_dataset(reader, batch_size, drop_remainder)
+
+
+def _rank(rank: int | None) -> int:
+    """``rank``, else the launcher's (mpirun, horovodrun, torchrun), else 0."""
+    if rank is not None:
+        return int(rank)
+    for name in ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "RANK", "PMIX_RANK"):
+        value = os.environ.get(name)
+        if value not in (None, ""):
+            return int(value)
+    return 0
 
 
 def rank_dataset(
@@ -152,6 +179,7 @@ def rank_dataset(
             f"channel {channel!r} has RecordWrapperType RecordIO, so its stream is RecordIO frames; "
             f"pass record_format='RecordIO' (got {record_format!r})"
         )
+    kwargs.setdefault("rank", info.rank)
     kwargs.setdefault("state_dir", config.pipe_state_dir)
     kwargs.setdefault("pipe_dir", config.data_dir)
     kwargs.setdefault("config_dir", config.config_dir)

@@ -83,6 +83,28 @@ def replay_fifos(config, channel: str, fifo: int, timeout: float) -> int:
     return skipped
 
 
+EPOCH_BASE_DIR = ".epoch-base"
+
+
+def epoch_base(state_dir: str | os.PathLike, channel: str) -> int:
+    """What a TensorFlow reader adds to a FIFO's number to get the epoch it shuffles it as (0 unless a
+    resumed job said otherwise: ``set_epoch_base``); the compiled op reads the same file."""
+    try:
+        text = (Path(state_dir) / EPOCH_BASE_DIR / channel).read_text().strip()
+    except FileNotFoundError:
+        return 0
+    return int(text) if text else 0
+
+
+def set_epoch_base(state_dir: str | os.PathLike, channel: str, base: int) -> None:
+    """Shuffle the FIFO number ``n`` of ``channel`` as epoch ``n + base`` from the next iteration on."""
+    folder = Path(state_dir) / EPOCH_BASE_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{channel}.tmp"
+    tmp.write_text(str(int(base)))
+    os.replace(tmp, folder / channel)
+
+
 @dataclass
 class ReaderPosition:
     """Where a reader is: ``epoch`` (the shuffle's), ``records`` of it handed out, ``fifo`` (the FIFO

@@ -18,6 +18,7 @@ import numpy as np
 from sagemaker_dist.contract.paths import fifo_name
 from sagemaker_dist.runtime.fifo import FifoReader
 from sagemaker_dist.runtime.framing import frame_views, make_framer
+from sagemaker_dist.runtime.framing.shuffle import EpochOrder
 from sagemaker_dist.runtime.pipe.epochs import next_epoch_fifo
 
 # Chunks whose records average at least this many bytes cross as one bytes object per record (one
@@ -107,6 +108,8 @@ class EpochReader:
         timeout,
         chunk_size,
         max_record_bytes=None,
+        shuffle=None,
+        stream_key=0,
     ):
         self.channel = channel
         self.record_format = record_format
@@ -118,6 +121,7 @@ class EpochReader:
         self.timeout = timeout
         self.chunk_size = chunk_size
         self.max_record_bytes = max_record_bytes  # None: the variable's, else the default
+        self.shuffle, self.stream_key = shuffle, stream_key  # a ShuffleWindow, or None
 
     def __call__(self, group: int = 0, convert=None):
         """Chunks of the next epoch's FIFO; ``group`` and ``convert`` as in :meth:`_chunks`."""
@@ -143,14 +147,22 @@ class EpochReader:
             chunks = frame_views(
                 reader.readinto, framer, self.chunk_size, ready=reader.ready, read=reader.read, group=group
             )
+            if self.shuffle is not None:  # whole windows, already (blob, starts, lengths, records)
+                from sagemaker_dist.runtime.pipe.order import epoch_base
+
+                base = epoch_base(self.state_dir, self.channel)
+                order = EpochOrder(self.shuffle, self.stream_key, epoch + base)
+                chunks = shuffled_chunks(chunks, order)
             for chunk in chunks:
-                records += len(chunk) if isinstance(chunk, list) else len(chunk[1])
+                if self.shuffle is None:
+                    chunk = _as_blob_or_records(chunk)
+                records += len(chunk[1]) + len(chunk[3])
                 # Reported before the chunk is handed over, as the compiled reader does per record:
                 # the line is out before the records it counts (with or without ``benchmark``, as AWS's).
                 if self.interval and records >= next_report:
                     self._report(framer.epoch, records, reader, started, progress=True)
                     next_report = records - records % self.interval + self.interval
-                yield convert(*_as_blob_or_records(chunk))
+                yield convert(*chunk)
             framer.warn_skipped()
             if self.benchmark:
                 self._report(framer.epoch, framer.records, reader, started, progress=False)
@@ -187,3 +199,63 @@ def _as_blob_or_records(chunk) -> tuple:
     if extra:
         blob += b"".join(extra)
     return blob, starts, lengths, []
+
+
+def shuffled_chunks(items, order: EpochOrder):
+    """The items of ``frame_views`` (blobs with offsets, or lists of large records) as one chunk per
+    shuffle window, its records in the window's order: a blob with offsets (the window's blobs joined
+    where it spans several), or the large records themselves."""
+    pieces: list = []  # (blob, starts, lengths) or a large record's bytes
+    count = nbytes = 0
+    for item in items:
+        if isinstance(item, list):
+            for record in item:
+                pieces.append(record)
+                count += 1
+                nbytes += len(record)
+                if order.closes(count, nbytes):
+                    yield _window_chunk(pieces, order.order(count))
+                    pieces, count, nbytes = [], 0, 0
+            continue
+        view, starts, lengths, extra = item
+        blob = view.tobytes()
+        view.release()
+        if extra:
+            blob += b"".join(extra)
+        while len(lengths):
+            total = np.cumsum(lengths)
+            by_bytes = int(np.searchsorted(total, order.window.bytes - nbytes))  # first at the bound
+            last = min(order.window.records - count - 1, by_bytes)
+            if last >= len(lengths):  # the window goes on past this chunk
+                pieces.append((blob, starts, lengths))
+                count += len(lengths)
+                nbytes += int(total[-1])
+                break
+            pieces.append((blob, starts[: last + 1], lengths[: last + 1]))
+            count += last + 1
+            yield _window_chunk(pieces, order.order(count))
+            pieces, count, nbytes = [], 0, 0
+            starts, lengths = starts[last + 1 :], lengths[last + 1 :]
+    if count:
+        yield _window_chunk(pieces, order.order(count))
+
+
+def _window_chunk(pieces: list, order: np.ndarray) -> tuple:
+    """``(blob, starts, lengths, records)`` of one window, in ``order``."""
+    if all(isinstance(p, bytes) for p in pieces):
+        return b"", NO_OFFSETS, NO_OFFSETS, [pieces[i] for i in order.tolist()]
+    if len(pieces) == 1:
+        blob, starts, lengths = pieces[0]
+        return blob, starts[order], lengths[order], []
+    blobs, all_starts, all_lengths, at = [], [], [], 0
+    for piece in pieces:
+        if isinstance(piece, bytes):
+            blob, starts, lengths = piece, np.zeros(1, np.int64), np.array([len(piece)], np.int64)
+        else:
+            blob, starts, lengths = piece
+        blobs.append(blob)
+        all_starts.append(starts + at)
+        all_lengths.append(lengths)
+        at += len(blob)
+    starts, lengths = np.concatenate(all_starts), np.concatenate(all_lengths)
+    return b"".join(blobs), starts[order], lengths[order], []

@@ -11,6 +11,9 @@
 // the channel, epoch and byte offset, in the Python reader's words (tests run the same checks on
 // both). A length field is only the stream's claim: each is checked against max_record_bytes before
 // any arithmetic on it or any allocation, and a large record's tensor grows as its bytes come.
+// With a shuffle window (shuffle_records > 0) each window of records is read whole and handed out in
+// the order framing/native/shuffle_core.h draws from the stream's key and the epoch, the same order
+// every other reader gives the stream.
 #include "pipe_support.h"
 
 #include "absl/strings/str_cat.h"
@@ -53,7 +56,7 @@ class PipeDataset : public DatasetBase {
   Status AsGraphDefInternal(SerializationContext* ctx, DatasetGraphDefBuilder* b,
                             Node** output) const override {
     const Config& c = config_;
-    std::vector<Node*> n(12);  // the op's inputs, in their order
+    std::vector<Node*> n(15);  // the op's inputs, in their order
     TF_RETURN_IF_ERROR(b->AddScalar(tstring(c.channel), &n[0]));
     TF_RETURN_IF_ERROR(b->AddScalar(tstring(c.format), &n[1]));
     TF_RETURN_IF_ERROR(b->AddScalar(tstring(c.state_dir), &n[2]));
@@ -66,6 +69,9 @@ class PipeDataset : public DatasetBase {
     TF_RETURN_IF_ERROR(b->AddScalar(c.interval, &n[9]));
     TF_RETURN_IF_ERROR(b->AddScalar(c.id, &n[10]));
     TF_RETURN_IF_ERROR(b->AddScalar(static_cast<int64_t>(c.max_record), &n[11]));
+    TF_RETURN_IF_ERROR(b->AddScalar(c.shuffle_records, &n[12]));
+    TF_RETURN_IF_ERROR(b->AddScalar(c.shuffle_bytes, &n[13]));
+    TF_RETURN_IF_ERROR(b->AddScalar(static_cast<int64_t>(c.stream_key), &n[14]));
     return b->AddDataset(this, n, output);
   }
 
@@ -89,7 +95,7 @@ class PipeDataset : public DatasetBase {
       if (c_.batch <= 0) {
         tstring record;
         bool eof = false;
-        Status s = Next(ctx, &record, &eof);
+        Status s = Pull(ctx, &record, &eof);
         if (!s.ok() || eof) return Finish(s, end);
         Tensor t(DT_STRING, TensorShape({}));
         t.scalar<tstring>()() = std::move(record);
@@ -102,7 +108,7 @@ class PipeDataset : public DatasetBase {
       Status s = absl::OkStatus();
       bool eof = false;
       while (n < c_.batch) {
-        s = Next(ctx, &v(n), &eof);
+        s = Pull(ctx, &v(n), &eof);
         if (!s.ok() || eof) break;
         ++n;
       }
@@ -174,6 +180,58 @@ class PipeDataset : public DatasetBase {
       }
       started_ = std::chrono::steady_clock::now();
       next_report_ = c_.interval;
+      if (c_.shuffle_records > 0) {
+        epoch_key_ = sd_epoch_key(c_.stream_key, static_cast<uint64_t>(epoch_ + EpochBase(c_.state_dir, c_.channel)));
+        window_index_ = 0;
+        window_.clear();
+        order_.clear();
+        out_ = 0;
+        window_error_ = absl::OkStatus();
+        window_eof_ = false;
+      }
+      return absl::OkStatus();
+    }
+
+    // The next record: as it comes, or out of the shuffle window (shuffle_core.h): a window is read
+    // whole (its records moved, not copied), then handed out in its order. The records read before
+    // an error come out first (in their window's order), then the error.
+    Status Pull(IteratorContext* ctx, tstring* out, bool* eof) {
+      if (c_.shuffle_records <= 0) return Next(ctx, out, eof);
+      if (out_ == order_.size()) {
+        if (!window_error_.ok() || window_eof_) {
+          *eof = window_eof_;
+          return window_error_;
+        }
+        window_.clear();
+        uint64_t nbytes = 0;
+        while (static_cast<int64_t>(window_.size()) < c_.shuffle_records &&
+               nbytes < static_cast<uint64_t>(c_.shuffle_bytes)) {
+          tstring record;
+          bool end = false;
+          Status s = Next(ctx, &record, &end);
+          if (!s.ok()) {
+            window_error_ = s;
+            break;
+          }
+          if (end) {
+            window_eof_ = true;
+            break;
+          }
+          nbytes += record.size();
+          window_.push_back(std::move(record));
+        }
+        if (window_.empty()) {
+          *eof = window_eof_;
+          return window_error_;
+        }
+        uint64_t size = static_cast<uint64_t>(c_.shuffle_records);
+        scratch_.resize(size);
+        order_.resize(window_.size());
+        sd_window_order(sd_window_key(epoch_key_, window_index_++), size, window_.size(), order_.data(),
+                        scratch_.data());
+        out_ = 0;
+      }
+      *out = std::move(window_[order_[out_++]]);
       return absl::OkStatus();
     }
 
@@ -387,6 +445,13 @@ class PipeDataset : public DatasetBase {
     uint64_t header_cache_[2] = {0, 0};  // the last TFRecord length and its masked CRC (record_core.h)
     int64_t epoch_ = 0, calls_ = 0, records_ = 0, skipped_ = 0, bad_in_a_row_ = 0, next_report_ = 0;
     std::chrono::steady_clock::time_point started_;
+    // the shuffle window: its records as they came, the order they go out in, how many went out
+    uint64_t epoch_key_ = 0, window_index_ = 0;
+    std::vector<tstring> window_;
+    std::vector<int64_t> order_, scratch_;
+    size_t out_ = 0;
+    Status window_error_ = absl::OkStatus();
+    bool window_eof_ = false;
   };
 
   const Config config_;
@@ -418,8 +483,15 @@ class PipeDatasetOp : public DatasetOpKernel {
     OP_REQUIRES_OK(ctx, Scalar(ctx, "benchmark", &c.benchmark));
     OP_REQUIRES_OK(ctx, Scalar(ctx, "benchmark_records_interval", &c.interval));
     OP_REQUIRES_OK(ctx, Scalar(ctx, "dataset_id", &c.id));
-    int64_t max_record = 0;
+    int64_t max_record = 0, stream_key = 0;
     OP_REQUIRES_OK(ctx, Scalar(ctx, "max_record_bytes", &max_record));
+    OP_REQUIRES_OK(ctx, Scalar(ctx, "shuffle_records", &c.shuffle_records));
+    OP_REQUIRES_OK(ctx, Scalar(ctx, "shuffle_bytes", &c.shuffle_bytes));
+    OP_REQUIRES_OK(ctx, Scalar(ctx, "stream_key", &stream_key));
+    c.stream_key = static_cast<uint64_t>(stream_key);
+    OP_REQUIRES(ctx, c.shuffle_records >= 0 && c.shuffle_records < (int64_t{1} << 24) && c.shuffle_bytes >= 0,
+                absl::InvalidArgumentError(absl::StrCat("shuffle window of ", c.shuffle_records, " records and ",
+                                                        c.shuffle_bytes, " bytes: need 0 <= records < 2**24")));
     OP_REQUIRES(ctx, max_record >= 1 && static_cast<uint64_t>(max_record) <= kMaxRecordCeiling,
                 absl::InvalidArgumentError(absl::StrCat("max_record_bytes ", max_record,
                                                         " is not from 1 to 2**62")));
@@ -447,6 +519,9 @@ REGISTER_OP("SagemakerDistPipeDataset")
     .Input("benchmark_records_interval: int64")
     .Input("dataset_id: int64")
     .Input("max_record_bytes: int64")
+    .Input("shuffle_records: int64")
+    .Input("shuffle_bytes: int64")
+    .Input("stream_key: int64")
     .Output("handle: variant")
     .SetDoNotOptimize()  // a source dataset: no constant folding
     .SetShapeFn(shape_inference::ScalarShape);

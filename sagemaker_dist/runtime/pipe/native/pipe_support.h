@@ -27,6 +27,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "record_core.h"
+#include "shuffle_core.h"
 #include "tensorflow/core/framework/dataset.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
@@ -165,7 +166,22 @@ struct Config {
   int64_t max_skip, batch, interval, id;
   uint64_t max_record;  // the longest record accepted, checked before anything is allocated for it
   bool drop_remainder, benchmark;
+  // the shuffle window (framing/native/shuffle_core.h): 0 records is none; the stream's key
+  int64_t shuffle_records = 0, shuffle_bytes = 0;
+  uint64_t stream_key = 0;
 };
+
+// The epoch a FIFO's records are shuffled as: its number plus <state_dir>/.epoch-base/<channel> (0 where
+// it is absent), which a resumed job writes (pipe/order.py: set_epoch_base).
+inline int64_t EpochBase(const std::string& state_dir, const std::string& channel) {
+  std::string path = state_dir + "/.epoch-base/" + channel;
+  ::FILE* f = fopen(path.c_str(), "r");
+  if (f == nullptr) return 0;
+  long long value = 0;
+  if (fscanf(f, "%lld", &value) != 1) value = 0;
+  fclose(f);
+  return static_cast<int64_t>(value);
+}
 
 // One epoch's FIFO (or a regular file standing in for it), read into a growing buffer with
 // non-blocking reads: waits poll in short steps, so cancellation and a newer iterator are seen.
