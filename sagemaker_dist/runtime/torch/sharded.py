@@ -134,6 +134,20 @@ def read_metadata_file(path: str | os.PathLike):
     return metadata
 
 
+def checked_metadata(checkpoint: Path, allowed: set[str]):
+    """The checkpoint's DCP metadata, every shard it names one of ``allowed`` (what ``meta.json``
+    lists): no path out of the checkpoint, no stream transforms."""
+    path = checkpoint / METADATA_FILE
+    metadata = read_metadata_file(path)
+    for info in metadata.storage_data.values():
+        name = getattr(info, "relative_path", None)
+        if not isinstance(name, str) or name not in allowed or "/" in name:
+            raise _refused(path, f"names shard {name!r}, which meta.json does not list")
+        if getattr(info, "transform_descriptors", None):
+            raise _refused(path, f"asks for stream transforms {info.transform_descriptors!r}")
+    return metadata
+
+
 def _reader_class():
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
@@ -150,14 +164,7 @@ def _reader_class():
             return Path(self.path) / METADATA_FILE
 
         def read_metadata(self, *args, **kwargs):
-            path = self._get_metadata_path()
-            metadata = read_metadata_file(path)
-            for info in metadata.storage_data.values():
-                name = getattr(info, "relative_path", None)
-                if not isinstance(name, str) or name not in self.allowed or "/" in name:
-                    raise _refused(path, f"names shard {name!r}, which meta.json does not list")
-                if getattr(info, "transform_descriptors", None):
-                    raise _refused(path, f"asks for stream transforms {info.transform_descriptors!r}")
+            metadata = checked_metadata(Path(self.path), self.allowed)
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
@@ -217,6 +224,7 @@ def read_sharded_checkpoint(path: str | os.PathLike) -> dict:
 
     path = Path(path)
     meta = _checked_meta(path)
+    checked_metadata(path, set(meta["files"]))
     state: dict = {}
     _load_state_dict(
         state,
@@ -372,16 +380,22 @@ class ShardedCheckpoints:
         return chosen[0], chosen[1], Checkpoint(chosen[0], path, chosen[1], meta), meta
 
     def _agreed_meta(self, path: Path) -> dict:
-        """The chosen checkpoint's ``meta.json``; the same error on every rank when one cannot use it."""
+        """The chosen checkpoint's ``meta.json``, its DCP metadata checked; the same error on every rank
+        when some rank cannot use it (before any rank starts DCP's collectives)."""
         meta, error = None, None
         try:
             meta = _checked_meta(path)
+            checked_metadata(path, set(meta["files"]))
+        except UnsafeCheckpointError as exc:
+            error = ("unsafe", str(exc))
         except CheckpointMismatchError as exc:
-            error = str(exc)
+            error = ("mismatch", str(exc))
         errors = [e for e in self._gather(error, self.group) if e]
+        if errors and errors[0][0] == "unsafe":
+            raise UnsafeCheckpointError(errors[0][1])
         if errors:
             raise CheckpointMismatchError(
-                f"{errors[0]}: this job's model is sharded (FSDP2), which resumes from sharded "
+                f"{errors[0][1]}: this job's model is sharded (FSDP2), which resumes from sharded "
                 "checkpoints only. Give the job a fresh checkpoint location, or delete the epoch-* "
                 f"directories in {path.parent}"
             )

@@ -6,16 +6,12 @@ per-rank logs of ``ddp_pipe_script.py`` (record ids trained per step), its outpu
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-from helpers.runtime_helpers import FifoFeeder, write_opt_ml
+from helpers.runtime_helpers import write_opt_ml
+from helpers.torchrun_job import TorchrunJob, run_torchrun
 
 from sagemaker_dist.contract.layout import plan_layout
 from sagemaker_dist.contract.metric_line import metric_definitions, read_metrics
@@ -26,10 +22,7 @@ torch = pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(180)]
 
-REPO = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).with_name("ddp_pipe_script.py")
-TORCHRUN = Path(sys.executable).with_name("torchrun")
-JOB_TIMEOUT_S = 120  # no job may hang: every collective is bounded too (30 s)
 
 
 def example(record_id: int) -> bytes:
@@ -43,46 +36,12 @@ def shard(rank: int, count: int) -> bytes:
     return b"".join(encode_tfrecord(example(rank * 1000 + i)) for i in range(count))
 
 
-class Job:
-    def __init__(self, proc: subprocess.CompletedProcess | None, out: Path, seconds: float, feeders):
-        self.proc, self.out, self.seconds, self.feeders = proc, out, seconds, feeders
-
-    @property
-    def output(self) -> str:
-        return self.proc.stdout + self.proc.stderr
-
-    def events(self, rank: int, event: str | None = None) -> list[dict]:
-        path = self.out / f"rank{rank}.jsonl"
-        rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-        return [r for r in rows if event is None or r["event"] == event]
-
-
-def run_job(root: Path, out: Path, mode: str, shards: dict[str, list[bytes]], **env) -> Job:
+def run_job(root: Path, out: Path, mode: str, shards: dict[str, list[bytes]], **env) -> TorchrunJob:
     """Feed each channel's epochs through FIFOs and run the script under torchrun with 2 ranks."""
-    out.mkdir(parents=True, exist_ok=True)
-    feeders = [FifoFeeder(root / "input" / "data", ch, epochs) for ch, epochs in shards.items()]
-    for f in feeders:
-        f.start()
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "HOROVOD_", "PMIX_", "SM_"))}
-    environ.update(
-        SAGEMAKER_DIST_OPT_ML=str(root),
-        SAGEMAKER_DIST_COLLECTIVE_TIMEOUT="30",
-        SAGEMAKER_DIST_STOP_GRACE="30",
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=str(REPO),
-        TEST_MODE=mode,
-        TEST_OUT=str(out),
-        **env,
-    )
-    command = [str(TORCHRUN), "--standalone", "--nnodes", "1", "--nproc_per_node", "2", str(SCRIPT)]
-    started = time.monotonic()
-    proc = subprocess.run(
-        command, cwd=REPO, env=environ, capture_output=True, text=True, timeout=JOB_TIMEOUT_S
-    )
-    return Job(proc, out, time.monotonic() - started, feeders)
+    return run_torchrun(SCRIPT, root, out, shards, TEST_MODE=mode, **env)
 
 
-def trained(job: Job, rank: int) -> dict[int, list[int]]:
+def trained(job: TorchrunJob, rank: int) -> dict[int, list[int]]:
     """epoch -> record ids trained by ``rank``, in order."""
     by_epoch: dict[int, list[int]] = {}
     for row in job.events(rank, "step"):

@@ -92,20 +92,29 @@ def trained(job, rank: int) -> dict[int, list[tuple[int, list[int], float]]]:
 # --- a stop mid-epoch with async step checkpoints, the resume, and the same job never stopped ---
 
 
+def stop_then_resume(base: Path, **stop_env):
+    """A 2-rank job stopped by rank 1 (``stop_env``), what it left in its checkpoint directory, and the
+    next attempt on a fresh container; 2 epochs, a step checkpoint every 2 steps."""
+    root = job_root(base, 2)
+    stopped = run_torchrun(SCRIPT, root, base / "out-stop", feed(2, 2), **COMMON, **stop_env)
+    stopped.left = [c.path.name for c in list_checkpoints(root / "checkpoints")]
+    stopped.leftovers = {
+        p.name: sorted(f.name for f in p.iterdir()) for p in (root / "checkpoints").glob(".tmp-*")
+    }
+    fresh_container(root)
+    resumed = run_torchrun(SCRIPT, root, base / "out-resume", feed(2, 1), **COMMON)
+    return stopped, resumed, root
+
+
+COMMON = {"TEST_EPOCHS": "2", "TEST_EVERY": "2"}
+
+
 @pytest.fixture(scope="module")
 def stopped_job(tmp_path_factory):
     base = tmp_path_factory.mktemp("fsdp-stop")
-    root = job_root(base, 2)
-    common = {"TEST_EPOCHS": "2", "TEST_EVERY": "2"}
-    stopped = run_torchrun(
-        SCRIPT, root, base / "out-stop", feed(2, 2), TEST_STOP_AT="1:2", TEST_DUMP_EVERY="1", **common
-    )
-    stopped.left = [c.path.name for c in list_checkpoints(root / "checkpoints")]
-    stopped.leftovers = list((root / "checkpoints").glob(".tmp-*"))
-    fresh_container(root)
-    resumed = run_torchrun(SCRIPT, root, base / "out-resume", feed(2, 1), **common)
+    stopped, resumed, root = stop_then_resume(base, TEST_STOP_AT="1:2", TEST_DUMP_EVERY="1")
     other = job_root(base / "never-stopped", 2)
-    never = run_torchrun(SCRIPT, other, base / "out-never", feed(2, 2), **common)
+    never = run_torchrun(SCRIPT, other, base / "out-never", feed(2, 2), **COMMON)
     return stopped, resumed, never, root
 
 
@@ -130,7 +139,7 @@ def test_a_stop_writes_every_ranks_shard_and_commits_it(stopped_job):
         "epoch-00001-step-000002",
         "epoch-00001-step-000003",
     ]
-    assert stopped.leftovers == []
+    assert stopped.leftovers == {}
 
 
 def test_async_step_checkpoints_hold_the_state_of_their_step_while_training_goes_on(stopped_job):
@@ -177,26 +186,12 @@ def test_the_resume_goes_on_from_the_same_loss_as_a_job_never_stopped(stopped_jo
 
 @pytest.fixture(scope="module")
 def slow_stop(tmp_path_factory):
-    base = tmp_path_factory.mktemp("fsdp-slow")
-    root = job_root(base, 2)
-    common = {"TEST_EPOCHS": "2", "TEST_EVERY": "2"}
-    stopped = run_torchrun(
-        SCRIPT,
-        root,
-        base / "out-stop",
-        feed(2, 2),
+    return stop_then_resume(
+        tmp_path_factory.mktemp("fsdp-slow"),
         TEST_STOP_AT="1:2",
         TEST_SLOW_CHECKPOINT="epoch-00001-step-000003",
         SAGEMAKER_DIST_STOP_GRACE="6",
-        **common,
     )
-    stopped.left = [c.path.name for c in list_checkpoints(root / "checkpoints")]
-    stopped.leftovers = {
-        p.name: sorted(f.name for f in p.iterdir()) for p in (root / "checkpoints").glob(".tmp-*")
-    }
-    fresh_container(root)
-    resumed = run_torchrun(SCRIPT, root, base / "out-resume", feed(2, 1), **common)
-    return stopped, resumed, root
 
 
 def test_a_stop_shard_that_cannot_be_written_in_time_never_counts(slow_stop):
@@ -259,3 +254,40 @@ def test_a_checkpoint_of_2_ranks_resumes_on_4(resharded):
         assert restored["lr_step"] == 10
         assert restored["state"] == {"batches_seen": 10}
     assert_same_state(state(on_two.out / "state-final.pt"), state(on_four.out / "state-restored.pt"))
+
+
+# --- a planted checkpoint: every rank refuses it at once, and nothing in it runs ---
+
+
+class Planted:
+    """Unpickling it makes the directory ``marker``: code from the checkpoint prefix, running."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+
+        return (os.mkdir, (self.marker,))
+
+
+def test_a_planted_checkpoint_fails_every_rank_and_never_runs(tmp_path):
+    import pickle
+
+    root = job_root(tmp_path, 2)
+    planted = root / "checkpoints" / "epoch-00001"
+    planted.mkdir(parents=True)
+    marker = tmp_path / "ran"
+    (planted / "dcp.metadata").write_bytes(pickle.dumps(Planted(marker)))
+    meta = {"format": "torch-dcp", "epoch": 1, "step": 0, "files": {"dcp.metadata": 0}}
+    meta["files"]["dcp.metadata"] = (planted / "dcp.metadata").stat().st_size  # complete, as far as it says
+    (planted / "meta.json").write_text(json.dumps(meta))
+    job = run_torchrun(SCRIPT, root, tmp_path / "out", feed(2, 1), TEST_EPOCHS="2")
+    assert job.proc.returncode != 0
+    assert job.seconds < 60  # no rank waits for a peer that refused
+    for rank in (0, 1):
+        assert f"sagemaker-dist: rank {rank} (host" in job.proc.stderr
+    assert job.proc.stderr.count("UnsafeCheckpointError") >= 2
+    assert "dcp.metadata is not DCP metadata built from its own classes" in job.proc.stderr
+    assert not marker.exists()
+    assert job.events(0, "step") == []  # nothing trained
