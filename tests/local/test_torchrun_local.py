@@ -301,6 +301,7 @@ def test_a_first_day_own_script_on_a_local_folder_of_records_written_without_ten
         done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=_env())
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert f"--train: {len(list(data.iterdir()))} file(s) of {data}" in done.stdout
+        assert "Setting OMP_NUM_THREADS" not in done.stdout + done.stderr  # torchrun's banner: nothing to do
         return sorted(
             i
             for path in out.glob("trained-rank*.jsonl")

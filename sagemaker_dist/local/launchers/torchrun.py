@@ -180,6 +180,9 @@ def run_hosts(python: str, rank_cmd: list[str], toolkit_state: Path | None = Non
     for index, host in enumerate(hosts):
         if toolkit_state is None:
             env = {**os.environ, **host["env"]}
+            # torchrun sets 1 and prints a banner about it where it is unset; every simulated host's
+            # ranks share this machine's cores: say so once, quietly
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // (per_host * len(hosts)))))
             command = host_command(python, len(hosts), index, per_host, port, rank_cmd)
         else:  # the toolkit makes the host's SM_* and its torchrun command itself
             env = dict(os.environ)
