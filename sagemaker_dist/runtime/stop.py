@@ -20,17 +20,35 @@ side, ``torch/stop.py`` PyTorch's.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import threading
 import time
+import warnings
 from dataclasses import dataclass
+
+from sagemaker_dist.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_GRACE_S = 100.0  # SIGTERM to forced exit: inside SageMaker's 120 s, with room for its SIGKILL
 STOPPED_EXIT_CODE = 0  # the process ends cleanly: whether the job was stopped is the platform's word
 REST_WAIT_S = 30.0  # the stop's last allreduce (is the epoch over?) runs ahead in tf.data: a bound anyway
+
+
+def positive_seconds(
+    raw, what: str, hint: str = "give a number of seconds > 0", error=ConfigurationError
+) -> float:
+    """``raw`` (a number, or a variable's text) as a finite number of seconds > 0; else ``error``
+    (a ``ConfigurationError``) saying ``what`` was given and ``hint``."""
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = -1.0
+    if isinstance(raw, bool) or not 0 < value < math.inf:
+        raise error(f"{what}: {hint}")
+    return value
 
 
 class TrainingStopped(SystemExit):
@@ -68,10 +86,29 @@ class StopRequest:
         self._watchdog: threading.Timer | None = None
 
     def install(self) -> StopRequest:
-        """Take SIGTERM (main thread only; elsewhere the request can still be made with ``request``)."""
-        if threading.current_thread() is threading.main_thread() and not self._installed:
-            self._previous = signal.signal(signal.SIGTERM, self._on_signal)
-            self._installed = True
+        """Take SIGTERM. Python runs signal handlers in the main thread only, and only it may set them:
+        called from another thread (training started in a thread of a notebook or of a framework that
+        runs it in one), the training still runs, but SIGTERM is not caught, so a stop or a spot
+        interruption gets no agreed stop and no stop checkpoint. That is said once, as a
+        ``RuntimeWarning`` naming the thread; ``request`` still stops the ranks (call it from a handler
+        the main thread installs)."""
+        if self._installed:
+            return self
+        thread = threading.current_thread()
+        if thread is not threading.main_thread():
+            warnings.warn(
+                f"rank {self.rank}: the stop on SIGTERM was set up in thread {thread.name!r}, not the main "
+                "thread, and only the main thread can take a signal: SIGTERM (a stop or a spot "
+                "interruption) will not be caught, so the ranks will not stop together and no stop "
+                "checkpoint will be written (the job resumes from the last epoch's or periodic step's "
+                "checkpoint). Start the training from the main thread, or call request() on this "
+                "StopRequest from a SIGTERM handler the main thread installs",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return self
+        self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+        self._installed = True
         return self
 
     def uninstall(self) -> None:

@@ -17,7 +17,10 @@ the forward pass, e.g. SyncBatchNorm); a stop is then agreed at the epoch's end 
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Iterable, Sequence
+
+from sagemaker_dist.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +31,17 @@ def _initialised() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
+
+
+def _steps_to_skip(skip) -> int:
+    """``skip`` as a whole number >= 0 (a ``ConfigurationError`` otherwise)."""
+    try:
+        steps = operator.index(skip)
+    except TypeError:
+        steps = -1
+    if isinstance(skip, bool) or steps < 0:
+        raise ConfigurationError(f"skip={skip!r}: give the batches to drop first, a whole number >= 0")
+    return steps
 
 
 class AgreedEpoch:
@@ -48,7 +62,7 @@ class AgreedEpoch:
         self.batches = batches
         self.group = group
         self.stop = stop
-        self.skip = int(skip)
+        self.skip = _steps_to_skip(skip)
         self.join = list(join) if join else None
         self.what = what
         self.steps = 0

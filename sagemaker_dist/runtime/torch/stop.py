@@ -13,15 +13,25 @@ from __future__ import annotations
 
 import os
 
-from sagemaker_dist.runtime.stop import DEFAULT_GRACE_S, StopRequest, TrainingStopped
+from sagemaker_dist.runtime.stop import DEFAULT_GRACE_S, StopRequest, TrainingStopped, positive_seconds
 
 GRACE_ENV = "SAGEMAKER_DIST_STOP_GRACE"  # seconds from SIGTERM to the watchdog's forced exit
 
-__all__ = ["DEFAULT_GRACE_S", "GRACE_ENV", "StopRequest", "TrainingStopped", "install_stop"]
+__all__ = ["DEFAULT_GRACE_S", "GRACE_ENV", "StopRequest", "TrainingStopped", "install_stop", "stop_grace"]
 
 
 def install_stop(rank: int, grace: float | None = None) -> StopRequest:
-    """A ``StopRequest`` that takes SIGTERM in this process (call it from the main thread)."""
-    if grace is None:
-        grace = float(os.environ.get(GRACE_ENV) or DEFAULT_GRACE_S)
-    return StopRequest(rank, grace).install()
+    """A ``StopRequest`` that takes SIGTERM in this process (call it from the main thread: elsewhere it
+    warns that SIGTERM will not be caught). ``grace``: seconds from SIGTERM to the watchdog's forced
+    exit (default ``$SAGEMAKER_DIST_STOP_GRACE``, else 100)."""
+    return StopRequest(rank, stop_grace(grace)).install()
+
+
+def stop_grace(grace: float | None = None, environ=None) -> float:
+    """``grace`` (else ``$SAGEMAKER_DIST_STOP_GRACE``, else 100) as seconds > 0; a ``ConfigurationError``
+    names a value that is not one."""
+    hint = "give the seconds from SIGTERM to a forced exit, a number > 0"
+    if grace is not None:
+        return positive_seconds(grace, f"grace={grace!r}", hint)
+    raw = (os.environ if environ is None else environ).get(GRACE_ENV, "").strip()
+    return positive_seconds(raw, f"{GRACE_ENV}={raw!r}", hint) if raw else DEFAULT_GRACE_S
