@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - batch_fill always imports
 M64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
 DEFAULT_WINDOW_RECORDS = 16384
-DEFAULT_WINDOW_BYTES = 256 << 20
+DEFAULT_WINDOW_BYTES = 64 << 20
 MAX_WINDOW_RECORDS = 1 << 24  # a window's order takes 8 bytes of scratch a record
 
 

@@ -36,6 +36,14 @@ GROUP_BYTES = 4 << 20
 # process read a 150 KB-record epoch into such arrays at 0.66x the speed of plain pages. Pool arrays this
 # large are anonymous maps of plain pages instead.
 PLAIN_PAGES_FROM = 4 << 20
+# Shuffle windows' buffers kept for reuse (data and offsets each): the window being filled, the one whose
+# batches the loop is taking, and one more
+WINDOWS_KEPT = 6
+# Records shorter than this are put in (fixed) or gathered from (any size) their window's rows in random
+# order: there the window is mapped in huge pages, where the kernel has them (a TLB miss per record
+# otherwise: 1 KB records scattered over a 16 MiB window of 4 KiB pages read at 0.55-0.75 of their speed
+# in huge pages). Longer records span pages anyway, and faulting in huge pages costs compaction.
+HUGE_PAGES_BELOW = 16 << 10
 
 
 class RaggedBatch(NamedTuple):
@@ -73,12 +81,13 @@ class _Buffers:
     """Allocates the batches' tensors: pinned (torch's caching host allocator reuses them), or from a
     pool of arrays reused once no tensor uses them any more (no fresh pages to fault in per batch)."""
 
-    def __init__(self, pinned: bool, keep: int):
+    def __init__(self, pinned: bool, keep: int, huge_pages: bool = False):
         import torch
 
         self.torch = torch
         self.pinned = pinned
         self.keep = keep
+        self.huge_pages = huge_pages
         self.pool: list = []
         self.lock = threading.Lock()  # an epoch left early may still be filling while the next one starts
 
@@ -97,7 +106,7 @@ class _Buffers:
             if sys.getrefcount(array) == 3 and nbytes <= len(array) <= 2 * nbytes:
                 break
         else:
-            array = _plain_array(nbytes)
+            array = _plain_array(nbytes, self.huge_pages)
             self.pool.append(array)
             if len(self.pool) > self.keep:
                 self.pool.pop(0)
@@ -106,14 +115,16 @@ class _Buffers:
 
 
 class _Cutter:
-    """Cuts a shuffled epoch's windows into batches, in their order: batches inside one window of records
-    of one size are views of it; a batch across two windows, and every batch of records of any size,
-    is copied (gathered) into buffers of its own. Drops the first ``skip`` records."""
+    """Cuts a shuffled epoch's windows into batches, in their order. A window is a ``[n, record_bytes]``
+    tensor already in its order (its batches are views of it), ``(tensor, rows)`` (records of one size at
+    those rows, a window the stream's end cut short) or ``(window, order)`` (records of any size as they
+    came, a ``Batch``). A batch that is not a view (across two windows, of rows, of records of any size)
+    is copied into buffers of its own. Drops the first ``skip`` records."""
 
     def __init__(self, reader: RecordBatches, allocate, skip: int):
         self.reader, self.allocate, self.skip = reader, allocate, int(skip)
         self.size = reader.batch_size
-        self.carry: list = []  # pieces of the next batch: row tensors, or (window, indexes)
+        self.carry: list = []  # pieces of the next batch: row tensors, (tensor, rows), (window, order)
         self.carried = 0
         self.first = True
 
@@ -164,8 +175,14 @@ class _Cutter:
             out = batch.holder[: count * fixed].view(count, fixed)
             at = 0
             for piece in pieces:
-                out[at : at + piece.shape[0]].copy_(piece)
-                at += piece.shape[0]
+                if isinstance(piece, tuple):  # rows of a window: memcpy each (index_select: 1 GB/s)
+                    window, rows = piece
+                    batch.count, batch.nbytes = at, at * fixed
+                    gather(batch, window, rows)
+                    at += len(rows)
+                else:
+                    out[at : at + piece.shape[0]].copy_(piece)
+                    at += piece.shape[0]
             return out, count
         nbytes = sum(int(_lengths(w)[idx].sum()) for w, idx in pieces)
         batch = Batch(count, nbytes, self.allocate)
@@ -185,12 +202,18 @@ def _nbytes(tensors) -> int:
     return int(tensors.numel())
 
 
-def _plain_array(nbytes: int):
+def _plain_array(nbytes: int, huge_pages: bool = False):
     """An uninitialised uint8 array of ``nbytes``; from PLAIN_PAGES_FROM over an anonymous map of plain
     pages, populated when mapped (one call, not a page fault per 4 KiB: a fresh process's 150 KB-record
     epoch read at 0.71-0.75 of the raw pipe so, at 0.68-0.70 faulting)."""
     if nbytes < PLAIN_PAGES_FROM:
         return np.empty(nbytes, dtype=np.uint8)
+    if huge_pages and hasattr(mmap, "MADV_HUGEPAGE"):
+        area = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        area.madvise(mmap.MADV_HUGEPAGE)
+        array = np.frombuffer(area, dtype=np.uint8)
+        array[::4096] = 0  # faulted in now, in huge pages where the kernel has them
+        return array
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
     return np.frombuffer(mmap.mmap(-1, nbytes, flags=flags), dtype=np.uint8)
 
@@ -254,7 +277,7 @@ class RecordBatches(PipeBatches):
                 "_record_reader) is not built: pip install -e . needs a C compiler"
             )
         self.compiled = compiled_available() if compiled is None else bool(compiled)
-        self._buffers: dict[bool, _Buffers] = {}  # pinned or not -> the buffers, kept over epochs
+        self._buffers: dict = {}  # pinned or not (and windows' apart) -> the buffers, kept over epochs
 
     def _epoch(self, *args):
         # The reader thread hands over groups of (batch, records) pairs; they go on one by one.
@@ -335,10 +358,16 @@ class RecordBatches(PipeBatches):
         order = EpochOrder(self.shuffle, self._stream_key, epoch)
         fixed = self.record_bytes or 0
         allocate = self._allocator(pinned, self.batch_size * fixed if fixed else FIRST_BATCH_BYTES)
+        # the windows' buffers: a pool of their own, the one being filled and those still handed out
+        windows_pool = self._buffers.get(("window", pinned))
+        if windows_pool is None:
+            huge = not fixed or fixed < HUGE_PAGES_BELOW
+            windows_pool = self._buffers[("window", pinned)] = _Buffers(pinned, WINDOWS_KEPT, huge_pages=huge)
         cut = _Cutter(self, allocate, skip)
-        windows = self._fixed_windows(epoch, streams, order, allocate) if fixed else None
-        if windows is None:
-            windows = self._ragged_windows(epoch, streams, order, allocate)
+        if fixed:
+            windows = self._fixed_windows(epoch, streams, order, windows_pool)
+        else:
+            windows = self._ragged_windows(epoch, streams, order, windows_pool)
         try:
             for window in windows:
                 yield from cut.add(window)
@@ -361,11 +390,11 @@ class RecordBatches(PipeBatches):
                     break
                 yield window.holder[: size * fixed].view(size, fixed)
                 window = None
-        if window is not None and window.count:
-            import torch
-
-            rows = torch.from_numpy(np.sort(window.rows[: window.count]))
-            yield window.holder[: size * fixed].view(size, fixed).index_select(0, rows)
+        if window is not None and window.count:  # its records' rows, in order: gathered batch by batch
+            rows = np.sort(window.rows[: window.count])
+            window.count = size  # every row a record of record_bytes, for gather
+            window.offsets[: size + 1] = np.arange(0, (size + 1) * fixed, fixed, dtype=np.int64)
+            yield window, rows
 
     def _ragged_windows(self, epoch: int, streams: list, order: EpochOrder, allocate):
         """Each window of records of any size as ``(window, order)``: the records as they came, and the
