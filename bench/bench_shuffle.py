@@ -1,0 +1,154 @@
+"""What the readers' seeded shuffle window costs: shuffled against unshuffled read speed, in one run.
+
+For each record size, the same TFRecord bytes stream through FIFOs from a separate writer process
+(``bench_pipe_reader.py``'s: 1 MiB writes) into a new process per run, which reads two epochs (two
+FIFOs) with one reader: ``RecordBatches(record_bytes=size)`` (``fixed``: ``[256, size]`` uint8 batches,
+each record read straight into its row of the window), ``RecordBatches()`` (``ragged``: data and
+offsets, records gathered from the window into each batch) and ``PipeModeDataset(batch_size=256)``
+(``pmd``: the compiled op, records moved out of the window), each without and with
+``shuffle=ShuffleWindow(seed)`` (the default window: 16384 records, 256 MiB). The framework is imported
+before the clock; the first epoch's clock covers building the reader, the first epoch (fresh memory for
+the window) and its second epoch (``2nd``) the steady state. The consumer only counts records. Arms
+run interleaved, the order rotated each round; ``shuffled / unshuffled`` is the median over rounds of
+the unshuffled arm's time over the shuffled arm's in the same round.
+
+    .venv/bin/python bench/bench_shuffle.py [--mb 512] [--repeats 5] [--sizes 1000,150000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_pipe_reader import make_file, rotated, start_writer  # noqa: E402
+
+BATCH = 256
+SEED = 7
+
+# One run: argv arm, opt_ml root (its own pipe dir and state), record size. Prints one JSON line.
+CHILD = """
+import json, os, sys, time
+arm, root, size, batch, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+shuffle = seed if arm.endswith("-shuf") else None
+kind = arm.split("-")[0]
+if kind == "pmd":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf  # not timed: the script imports it
+    from sagemaker_dist.runtime import PipeModeDataset
+else:
+    import torch  # not timed
+    from sagemaker_dist.runtime import RecordBatches
+    from sagemaker_dist.runtime.config import ContainerConfig
+times = []
+start = time.perf_counter()
+if kind == "pmd":
+    dirs = dict(state_dir=root + "/pipe_state", pipe_dir=root + "/input/data",
+                config_dir=root + "/input/config")
+    reader = PipeModeDataset("bench", "TFRecord", **dirs, batch_size=batch, shuffle=shuffle, rank=0)
+    count = lambda b: int(b.shape[0])
+else:
+    fixed = size if kind == "fixed" else None
+    reader = RecordBatches("bench", batch, record_bytes=fixed, config=ContainerConfig.load(root, {}),
+                           shuffle=shuffle)
+    count = (lambda b: int(b.shape[0])) if fixed else (lambda b: int(b.offsets.shape[0]) - 1)
+ns = []
+for epoch in range(2):
+    n = 0
+    for b in reader:
+        n += count(b)
+    end = time.perf_counter()
+    times.append(end - start)
+    ns.append(n)
+    start = end
+print(json.dumps({"times": times, "n": ns}))
+"""
+
+
+def run_child(arm: str, root: Path, size: int) -> dict:
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    argv = [sys.executable, "-c", CHILD, arm, str(root), str(size), str(BATCH), str(SEED)]
+    proc = subprocess.run(
+        argv, env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, timeout=900
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"{arm} failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def opt_ml(base: Path, name: str) -> Path:
+    root = base / name
+    (root / "input" / "data").mkdir(parents=True)
+    (root / "input" / "config").mkdir(parents=True)
+    (root / "input" / "config" / "inputdataconfig.json").write_text(
+        json.dumps({"bench": {"TrainingInputMode": "Pipe", "RecordWrapperType": "None"}})
+    )
+    return root
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mb", type=int, default=512, help="stream size per epoch (MiB)")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per arm; medians are reported")
+    parser.add_argument("--sizes", default="1000,150000", help="record sizes in bytes")
+    parser.add_argument("--readers", default="fixed,ragged,pmd", help="fixed, ragged, pmd")
+    args = parser.parse_args()
+    kinds = args.readers.split(",")
+    arms = [f"{k}{s}" for k in kinds for s in ("", "-shuf")]
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "sagemaker_dist")], check=True)
+    print(
+        f"fresh processes, {os.cpu_count()} CPU(s), {args.mb} MiB epochs of TFRecords through FIFOs, batches "
+        f"of {BATCH}, shuffle=ShuffleWindow({SEED}) (16384 records, 256 MiB), median of {args.repeats} "
+        "interleaved rounds"
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-shuffle-") as tmp:
+        base = Path(tmp)
+        for size in [int(s) for s in args.sizes.split(",")]:
+            src = base / f"records-{size}.tfrecord"
+            records = make_file(src, size, args.mb << 20)
+            nbytes = src.stat().st_size
+            runs: dict[str, list[dict]] = {arm: [] for arm in arms}
+            for round_ in range(args.repeats):
+                for arm in rotated(arms, round_):
+                    root = opt_ml(base, f"{size}-{arm}-{round_}")
+                    data = root / "input" / "data"
+                    writers = [start_writer(src, data / f"bench_{e}") for e in range(2)]
+                    result = run_child(arm, root, size)
+                    for writer in writers:
+                        writer.wait()
+                    assert result["n"] == [records, records], f"{arm} read {result['n']}, expected {records}"
+                    runs[arm].append(result)
+            report(size, nbytes, runs, kinds)
+            src.unlink()
+    return 0
+
+
+def report(size: int, nbytes: int, runs: dict, kinds: list[str]) -> None:
+    print(f"-- {size} B records, {nbytes / 1e6:.0f} MB an epoch, load average {os.getloadavg()[0]:.1f} after")
+    print(
+        f"{'reader':>7} {'epoch':>5} {'unshuffled MB/s':>16} {'shuffled MB/s':>14} "
+        f"{'shuffled/unshuffled':>20}"
+    )
+    for kind in kinds:
+        plain, shuffled = runs[kind], runs[f"{kind}-shuf"]
+        for e, label in enumerate(("1st", "2nd")):
+            mbs = [statistics.median(nbytes / r["times"][e] / 1e6 for r in arm) for arm in (plain, shuffled)]
+            ratios = [p["times"][e] / s["times"][e] for p, s in zip(plain, shuffled)]
+            per = " ".join(f"{r:.3f}" for r in ratios)
+            print(
+                f"{kind:>7} {label:>5} {mbs[0]:>16.0f} {mbs[1]:>14.0f} {statistics.median(ratios):>20.3f}"
+                f"   per round: {per}"
+            )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
