@@ -29,8 +29,10 @@ from typing import Any
 from sagemaker_dist.contract import distributions
 from sagemaker_dist.contract.layout import INPUT_MODES, LayoutError
 from sagemaker_dist.contract.rank_slots import TORCHRUN_VARIABLES
+from sagemaker_dist.errors import ConfigurationError, JobFailedError
 from sagemaker_dist.runtime.config import ContainerConfig
 from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo, check_rank_channels
+from sagemaker_dist.runtime.stop import positive_seconds
 
 TIMEOUT_ENV = "SAGEMAKER_DIST_COLLECTIVE_TIMEOUT"  # seconds a collective may wait for its peers
 DEFAULT_TIMEOUT_S = 1800.0  # torch's own default for Gloo and NCCL
@@ -94,13 +96,51 @@ def collective_timeout(environ: Mapping[str, str] | None = None) -> float:
     raw = (os.environ if environ is None else environ).get(TIMEOUT_ENV, "").strip()
     if not raw:
         return DEFAULT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise RankChannelError(f"{TIMEOUT_ENV}={raw!r}: give a number of seconds > 0")
-    return value
+    return positive_seconds(raw, f"{TIMEOUT_ENV}={raw!r}", error=RankChannelError)
+
+
+class DeviceAssignmentError(ConfigurationError):
+    """This host runs more ranks than the GPUs its processes see: two ranks would share one GPU."""
+
+
+def _visible_gpus(count: int, cuda_visible_devices: str | None) -> str:
+    if cuda_visible_devices is None:
+        return f"{count} GPU(s) (CUDA_VISIBLE_DEVICES is not set: every GPU of the host)"
+    return f"{count} GPU(s) (CUDA_VISIBLE_DEVICES={cuda_visible_devices!r})"
+
+
+def cuda_device_index(
+    local_rank: int, local_world_size: int, device_count: int, cuda_visible_devices: str | None
+) -> int:
+    """The GPU (an index among the visible ones) of local rank ``local_rank`` of ``local_world_size``
+    ranks on this host: its own, ``local_rank``. Where the host runs more ranks than its processes see
+    GPUs, two ranks would share one (NCCL then fails at its first collective, or they share its memory
+    and run out of it), so every rank of the host refuses at once with ``DeviceAssignmentError``,
+    naming the GPUs it sees and what to change."""
+    if 0 <= local_rank < local_world_size <= device_count:
+        return local_rank
+    seen = _visible_gpus(device_count, cuda_visible_devices)
+    raise DeviceAssignmentError(
+        f"local rank {local_rank} of LOCAL_WORLD_SIZE={local_world_size}: this host runs "
+        f"{local_world_size} rank(s), but this process sees {seen}, so ranks would share a GPU (one "
+        "process per GPU under DDP). Start at most "
+        f"{device_count} process(es) per host (torchrun --nproc_per_node {device_count}; processes per "
+        "host of the job), or make a GPU visible to every rank (unset CUDA_VISIBLE_DEVICES, or list "
+        f"{local_world_size} GPUs in it)"
+    )
+
+
+def _cuda_device(info: RankInfo):
+    """This rank's GPU (``cuda_device_index``), made the current device. CUDA_VISIBLE_DEVICES is read
+    from this process's environment, the one CUDA saw, whatever ``setup_ddp``'s ``environ``."""
+    import torch
+
+    index = cuda_device_index(
+        info.local_rank, info.local_size, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES")
+    )
+    device = torch.device("cuda", index)
+    torch.cuda.set_device(device)
+    return device
 
 
 class ChannelClaim:
@@ -151,6 +191,8 @@ class DdpJob:
     agreement_group: Any = None
     claims: list[ChannelClaim] = field(default_factory=list, repr=False)
     checked_in_s: float = 0.0  # how long the local checks took, before the first collective
+    created_group: bool = False  # setup_ddp started the default process group (else its owner did, or none)
+    closed: bool = field(default=False, repr=False)
 
     @property
     def rank(self) -> int:
@@ -199,15 +241,23 @@ class DdpJob:
             dist.barrier(group=self.agreement_group)
 
     def close(self) -> None:
-        """Leave the process group and release the channel claims (at the end of the script). Every rank
-        leaves together (a barrier first): a rank that tears its group down and exits while a peer still
-        uses it (rank 0 writing the last checkpoint) can abort in C++ at interpreter exit
-        ("terminate called without an active exception")."""
+        """Leave the process group and release the channel claims (at the end of the script; again, it
+        does nothing). Every rank leaves together (a barrier first): a rank that tears its group down and
+        exits while a peer still uses it (rank 0 writing the last checkpoint) can abort in C++ at
+        interpreter exit ("terminate called without an active exception"). Only what ``setup_ddp``
+        started is destroyed: a process group the script started before it stays, for its owner to end
+        (the agreement group made beside it goes)."""
         import torch.distributed as dist
 
+        if self.closed:
+            return
+        self.closed = True
         if dist.is_initialized():
             dist.barrier(group=self.agreement_group)
-            dist.destroy_process_group()
+            if self.created_group:
+                dist.destroy_process_group()
+            elif self.agreement_group is not None:
+                dist.destroy_process_group(self.agreement_group)
         while self.claims:
             self.claims.pop().release()
 
@@ -227,7 +277,11 @@ def setup_ddp(
     rank, the channel it expected and the channels present): no rank waits for a peer that is about
     to fail. ``input_modes``: the channels' input modes the script reads (``PipeBatches`` reads each).
     ``backend``: None picks NCCL where CUDA is, else Gloo. ``timeout_s`` bounds every
-    collective (default ``$SAGEMAKER_DIST_COLLECTIVE_TIMEOUT``, else 1800 s).
+    collective (default ``$SAGEMAKER_DIST_COLLECTIVE_TIMEOUT``, else 1800 s). ``environ`` (default
+    ``os.environ``) gives the rank variables and the rendezvous (``MASTER_ADDR``, ``MASTER_PORT``).
+    Whatever fails after the claims (the GPU, the rendezvous) releases them, and a process group this
+    call started is destroyed again: a retry in the same process starts afresh. A process group that
+    was already started is used as it is (and left to its owner by ``DdpJob.close``).
     """
     started = time.monotonic()
     env = dict(os.environ if environ is None else environ)
@@ -235,6 +289,24 @@ def setup_ddp(
     config = ContainerConfig.load(root, env)
     check_launched_for_torchrun(config, env)
     channels = {role: check_rank_channels(config, info, role, input_modes) for role in roles}
+    timeout = (
+        collective_timeout(env)
+        if timeout_s is None
+        else positive_seconds(timeout_s, f"timeout_s={timeout_s!r}", "give a number of seconds > 0, or None")
+    )
+    claims = _claim_channels(config, channels, info)
+    checked = time.monotonic() - started
+    try:
+        device, chosen, group, created = _start_group(info, env, backend, timeout)
+    except BaseException:
+        for claim in claims:
+            claim.release()
+        raise
+    return DdpJob(info, config, channels, device, chosen, timeout, group, claims, checked, created)
+
+
+def _claim_channels(config: ContainerConfig, channels: dict[str, str], info: RankInfo) -> list[ChannelClaim]:
+    """A claim on each Pipe channel of ``channels`` (role -> channel); none held if one fails."""
     who = f"rank {info.rank} (local rank {info.local_rank} of {info.local_size}, {info.size} rank(s))"
     claims: list[ChannelClaim] = []
     try:
@@ -245,33 +317,86 @@ def setup_ddp(
         for claim in claims:
             claim.release()
         raise
-    timeout = collective_timeout(env) if timeout_s is None else float(timeout_s)
-    checked = time.monotonic() - started
+    return claims
 
+
+def _start_group(info: RankInfo, env: Mapping[str, str], backend: str | None, timeout: float):
+    """This rank's device, the backend, the agreement group and whether the default group was started
+    here (a failure after that destroys it again)."""
     import torch
     import torch.distributed as dist
 
     cuda = torch.cuda.is_available()
     chosen = backend or ("nccl" if cuda else "gloo")
-    if cuda:
-        device = torch.device("cuda", info.local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    group = None
-    if info.size > 1 or "MASTER_ADDR" in env:
-        if not dist.is_initialized():
-            kwargs = {"device_id": device} if chosen == "nccl" else {}
+    device = _cuda_device(info) if cuda else torch.device("cpu")
+    if not (info.size > 1 or "MASTER_ADDR" in env):
+        return device, chosen, None, False
+    limit = datetime.timedelta(seconds=timeout)
+    created = not dist.is_initialized()
+    if created:
+        host, port = _master(env)
+        kwargs = {"device_id": device} if chosen == "nccl" else {}
+        try:
+            store = _rendezvous_store(info, host, port, env, limit)
             dist.init_process_group(
-                chosen,
-                timeout=datetime.timedelta(seconds=timeout),
-                rank=info.rank,
-                world_size=info.size,
-                **kwargs,
+                chosen, store=store, timeout=limit, rank=info.rank, world_size=info.size, **kwargs
             )
-        if dist.get_backend() != "gloo":
-            group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
-    return DdpJob(info, config, channels, device, chosen, timeout, group, claims, checked)
+        except dist.DistError as exc:  # the store or the backend: the ranks did not meet
+            raise _rendezvous_failed(info, f"{host}:{port}", chosen, timeout, exc) from exc
+    try:
+        group = dist.new_group(backend="gloo", timeout=limit) if dist.get_backend() != "gloo" else None
+    except BaseException:
+        if created:
+            dist.destroy_process_group()
+        raise
+    return device, chosen, group, created
+
+
+class ProcessGroupError(JobFailedError):
+    """The ranks did not meet: the rendezvous at ``MASTER_ADDR:MASTER_PORT`` failed or timed out."""
+
+
+def _master(env: Mapping[str, str]) -> tuple[str, int]:
+    """``MASTER_ADDR`` and ``MASTER_PORT`` of ``env`` (torchrun sets both)."""
+    missing = [n for n in ("MASTER_ADDR", "MASTER_PORT") if not env.get(n)]
+    if missing:
+        raise RankChannelError(
+            f"{' and '.join(missing)} not set: the ranks meet at MASTER_ADDR:MASTER_PORT (rank 0's host, "
+            "or torchrun's store); start the script with torchrun, or set both"
+        )
+    raw = env["MASTER_PORT"]
+    port = int(raw) if raw.strip().isdigit() else -1
+    if not 0 < port < 65536:
+        raise RankChannelError(f"MASTER_PORT={raw!r}: give a port number from 1 to 65535")
+    return env["MASTER_ADDR"], port
+
+
+def _rendezvous_store(
+    info: RankInfo, host: str, port: int, env: Mapping[str, str], limit: datetime.timedelta
+):
+    """The store the ranks meet at, as torch's ``env://`` makes it, from ``env`` instead of
+    ``os.environ``: a client of torchrun's own store where its agent says so
+    (``TORCHELASTIC_USE_AGENT_STORE``), else rank 0's server at ``MASTER_ADDR:MASTER_PORT``."""
+    import torch.distributed as dist
+
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        store = dist.TCPStore(host, port, info.size, False, timeout=limit)
+    else:
+        use_libuv = env.get("USE_LIBUV", "1") == "1"
+        store = dist.TCPStore(
+            host, port, info.size, info.rank == 0, timeout=limit, multi_tenant=True, use_libuv=use_libuv
+        )
+    return dist.PrefixStore("default_pg", store)  # as env:// keys it: a store torchrun's agent shares
+
+
+def _rendezvous_failed(info: RankInfo, where: str, backend: str, timeout: float, exc) -> ProcessGroupError:
+    return ProcessGroupError(
+        f"rank {info.rank} of {info.size}: the {backend} process group did not start: the ranks did not all "
+        f"meet at {where} within {timeout:.0f} s ({type(exc).__name__}: {exc}). Check that every rank "
+        "started (torchrun on every host, with the same --nnodes and --nproc_per_node), that MASTER_ADDR "
+        f"reaches rank 0's host from every host, and that no rank failed before it; {TIMEOUT_ENV} sets "
+        "the wait"
+    )
 
 
 def ddp_main(main):
