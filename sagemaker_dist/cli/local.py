@@ -53,6 +53,12 @@ def _add_job_arguments(p) -> None:
     """What job runs: the demo, a request, or a script with its data, hosts and hyperparameters."""
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--demo", action="store_true", help="the CIFAR-10-shaped demo job (writes its data)")
+    p.add_argument(
+        "--model",
+        choices=("cnn", "gpt"),
+        help="with --demo: cnn (default), or gpt: a small GPT sharded with FSDP2 on token records "
+        "(--distribution torchrun; 2 hosts x 2 ranks unless given)",
+    )
     what.add_argument(
         "--request", type=Path, help="a CreateTrainingJob request as JSON (e.g. from launch --dry-run)"
     )
@@ -289,6 +295,8 @@ def run_local_command(args) -> int:
     from sagemaker_dist.local.trial_metrics import EpochMetricsWriter
 
     request = None
+    if args.model and not args.demo:
+        raise ConfigurationError("--model chooses the demo's model: give it with --demo")
     if args.demo:
         given = _given(args, _ENTRY_POINT_ONLY)
         if given:
@@ -297,6 +305,8 @@ def run_local_command(args) -> int:
         _check_request_options(args)
         request = read_request(args.request)
     hosts, per_host = local_job_shape(args)
+    if args.model == "gpt" and args.processes_per_host is None:
+        per_host = 2  # the sharded demo: 2 hosts x 2 ranks
     input_mode = args.input_mode or "Pipe"
     bucket = args.bucket or DEMO_BUCKET
     with ExitStack() as stack:
@@ -319,6 +329,7 @@ def run_local_command(args) -> int:
                 _hyperparameters(args),
                 distribution=args.distribution,
                 long=bool(args.interrupt_at),
+                model=args.model,
             )
             request, source_dir = job.request, job.source_dir  # prepare() printed the layout
         elif request is not None:

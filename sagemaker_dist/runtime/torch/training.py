@@ -184,12 +184,14 @@ class PipeTraining:
         )
         self._skip = 0
         self.last = agreed
-        every = self.checkpoint_every_steps
+        every, start = self.checkpoint_every_steps, self.step
         for batch in agreed:
+            # a step checkpoint is written once the ranks agreed on a next step: at the epoch's end
+            # end_epoch's checkpoint holds the same state
+            if every and self.step > start and self.step % every == 0:
+                self._checkpoint(self.epoch, self.step)
             yield batch
             self.step += 1  # the script asked for the next batch: this one is trained
-            if every and self.step % every == 0:
-                self._checkpoint(self.epoch, self.step)
         if agreed.stopped:
             self._stopped(agreed)
 
