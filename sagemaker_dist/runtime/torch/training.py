@@ -34,6 +34,7 @@ from sagemaker_dist.contract.metric_line import metric_line
 from sagemaker_dist.contract.stop_lines import resumed_line, since_request, stopped_line
 from sagemaker_dist.runtime.torch.checkpointing import restore_torch_checkpoint, save_torch_checkpoint
 from sagemaker_dist.runtime.torch.epochs import AgreedEpoch, agreed_batches
+from sagemaker_dist.runtime.torch.resume import begin_epoch, reader_checkpoint, resume_point
 from sagemaker_dist.runtime.torch.sharded import ShardedCheckpoints, is_sharded
 from sagemaker_dist.runtime.torch.stop import TrainingStopped, install_stop
 
@@ -122,6 +123,8 @@ class PipeTraining:
         self.last: AgreedEpoch | None = None  # the last epoch of batches(): steps, ran_out, ...
         self.metrics: dict[str, float] = {}
         self._skip = 0
+        self._reader = None  # the reader of the epoch under way, and its part of the checkpoint resumed
+        self._saved_reader: dict | None = None
         self.writer = None
         self._syncer = None
         if job.is_chief and (tensorboard_dir or tensorboard_s3_uri):
@@ -142,9 +145,10 @@ class PipeTraining:
 
     def epochs(self):
         """The epochs left to train (0-based), from the newest checkpoint's; call on every rank."""
-        start, step = 0, 0
+        start, step, extra = 0, 0, {}
         if self.sharded_checkpoints is not None:
             start, step, found, meta = self.sharded_checkpoints.restore()
+            extra = meta.get("extra") or {}
             self.state.update((meta.get("extra") or {}).get("state") or {})
             if (start, step) != (0, 0):
                 self.resumed_at = (start, step)
@@ -164,6 +168,10 @@ class PipeTraining:
                 self.resumed_at = (start, step)
                 if self.job.is_chief:
                     print(resumed_line(found.path.name, start, step), flush=True)
+        start, step, moved = resume_point(self.job, start, step, extra)  # another world size: next epoch
+        if moved and self.job.is_chief:
+            print(moved, flush=True)
+        self._saved_reader = extra.get("reader")
         try:
             for epoch in range(start, self.total_epochs):
                 self.epoch = epoch
@@ -175,11 +183,14 @@ class PipeTraining:
 
     def batches(self, batches):
         """This epoch's batches of ``batches`` (a ``PipeBatches``), ended by agreement on every rank."""
+        # our readers take the epoch (its shuffle) and drop the records trained before a stop themselves
+        skip = begin_epoch(batches, self.epoch, self._skip, self._saved_reader)
+        self._reader = batches
         agreed = agreed_batches(
             batches,
             group=self.job.agreement_group,
             stop=self.stop,
-            skip=self._skip,
+            skip=skip,
             join=[self.model] if self.join else None,
         )
         self._skip = 0
@@ -235,7 +246,9 @@ class PipeTraining:
         )
 
     def _extra(self) -> dict:
-        return {"state": self.state, "world_size": self.job.world_size}
+        extra = {"state": self.state, "world_size": self.job.world_size}
+        reader = reader_checkpoint(self._reader)  # where the reader is: the FIFO its epoch reads
+        return {**extra, "reader": reader} if reader else extra
 
     def _checkpoint(self, epoch: int, step: int) -> None:
         """An epoch's or a periodic step's checkpoint: a sharded model's on every rank (in the background
