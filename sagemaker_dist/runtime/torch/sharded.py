@@ -204,16 +204,54 @@ def _load_planner(full: bool = False):
     return SafeLoadPlanner()
 
 
-def _writer(path: Path):
+def _writer(path: Path, staging: StagingBuffer | None = None):
+    """DCP's file writer with its metadata under ``dcp.metadata``; an async save copies the state into
+    ``staging`` (DCP's own stager allocates a fresh copy each time)."""
     from torch.distributed.checkpoint import FileSystemWriter
 
     class Writer(FileSystemWriter):
-        """DCP's file writer with its metadata under ``dcp.metadata``."""
-
         def _get_metadata_path(self, rank=None):
             return Path(self.path) / METADATA_FILE
 
+        def stage(self, state_dict):
+            if staging is None:
+                return super().stage(state_dict)
+            self.per_thread_copy_ahead = 0  # already in host memory
+            return staging.copy(state_dict)
+
     return Writer(path, sync_files=True, overwrite=True)
+
+
+class StagingBuffer:
+    """This rank's state copied to host memory for a background write: allocated at the first save
+    (pinned where CUDA is) and reused, since the next save waits for the previous one. A fresh copy
+    touches every page anew: 300 MB a rank took 1.47 s that way against 0.22 s into this buffer (2
+    ranks on the 2-core VM)."""
+
+    def __init__(self):
+        self.buffer = None
+        self.signature = None
+
+    @staticmethod
+    def _signature(state_dict) -> tuple:
+        import torch
+        from torch.utils._pytree import tree_flatten
+
+        leaves, spec = tree_flatten(state_dict)
+        shapes = tuple(
+            (tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else type(x).__name__ for x in leaves
+        )
+        return str(spec), shapes
+
+    def copy(self, state_dict):
+        import torch
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        signature = self._signature(state_dict)
+        if self.buffer is None or signature != self.signature:
+            self.buffer = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
+            self.signature = signature
+        return _copy_state_dict(state_dict, self.buffer)
 
 
 def read_sharded_checkpoint(path: str | os.PathLike) -> dict:
@@ -312,6 +350,7 @@ class ShardedCheckpoints:
         self.pending: _Pending | None = None
         self.committed: tuple[int, int] | None = None  # the newest position this job committed
         self.blocked_s: list[float] = []  # how long each save held the loop (staging, or the whole save)
+        self.staging = StagingBuffer()
 
     # collectives (no-ops in a job of one process) ----------------------------------------------------
 
@@ -486,7 +525,8 @@ class ShardedCheckpoints:
             outcome = self._commit(tmp, final, epoch, step, meta, error, self.group)
             self.blocked_s.append(time.monotonic() - started)
             return self._checkpoint(epoch, step) if outcome.get("ok") else None
-        future = dcp.async_save(state, storage_writer=_writer(tmp), process_group=self.async_group)
+        writer = _writer(tmp, self.staging)
+        future = dcp.async_save(state, storage_writer=writer, process_group=self.async_group)
         blocked = time.monotonic() - started
         self.blocked_s.append(blocked)
         pending = _Pending(epoch, step, started, blocked)
