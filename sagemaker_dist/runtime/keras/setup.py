@@ -32,6 +32,7 @@ from sagemaker_dist.runtime.keras.preflight import (
     check_tf_keras,
     launched_world,
 )
+from sagemaker_dist.runtime.keras.reader_resume import TrainReader
 from sagemaker_dist.runtime.keras.steps import agree_on_steps, exact_epoch, skip_first_batches
 from sagemaker_dist.runtime.keras.surface import FitSurface
 from sagemaker_dist.runtime.stop import ResumeSkip, StepSchedule, StopRequest
@@ -193,6 +194,14 @@ def _start(args: SetupArguments) -> HorovodKeras:
     (initial_epoch, resume_step), resume_from = (
         resume_position(ckpt_dir, rank=rank) if ckpt_dir is not None else ((0, 0), None)
     )
+    # the train channel's FIFOs shuffled as the epochs they carry; a resume inside an epoch replays them
+    reader = TrainReader.of(args.root, rank, local_rank, size)
+    if initial_epoch or resume_step:  # the same on every rank (broadcast): so is this collective
+        saved = (resume_from.meta.get("reader") if resume_from is not None else None) or None
+        if size > 1:
+            saved = hvd.broadcast_object(saved, root_rank=0, name="sagemaker_dist_reader_position")
+        if reader is not None:
+            initial_epoch, resume_step = reader.resume(initial_epoch, resume_step, saved, chief=rank == 0)
     stop = StopRequest(rank, args.stop_grace).install() if args.stop_on_sigterm else None
     window = FitWindow()
     callbacks = [keras_callbacks.KerasPatchesWhileFitting(window)] + keras_callbacks.horovod_callbacks(
@@ -211,7 +220,9 @@ def _start(args: SetupArguments) -> HorovodKeras:
     schedule = StepSchedule(args.checkpoint_every_steps, args.checkpoint_every_seconds)
     if steps is None or stop is not None or schedule.active:  # counted epochs: else no per-step work
         callbacks.append(
-            _stop_callback(args, stop, rank, ckpt_dir, resume_step, resume_from, tensorboard, steps, size)
+            _stop_callback(
+                args, stop, rank, ckpt_dir, resume_step, resume_from, tensorboard, steps, size, reader
+            )
         )
     hv = HorovodKeras(
         rank=rank,
@@ -249,7 +260,9 @@ def _start(args: SetupArguments) -> HorovodKeras:
     return hv
 
 
-def _stop_callback(args, stop, rank, ckpt_dir, resume_step, resume_from, tensorboard, steps, size):
+def _stop_callback(
+    args, stop, rank, ckpt_dir, resume_step, resume_from, tensorboard, steps, size, reader=None
+):
     """The stop's and step checkpoints' callback; without a stop request it only writes step checkpoints
     (``stop_on_sigterm=False``). TensorBoard's final flush is its last act on a stop. Epochs without
     record counts carry the stop in their per-step agreement; counted epochs (``steps``) have none,
@@ -275,6 +288,7 @@ def _stop_callback(args, stop, rank, ckpt_dir, resume_step, resume_from, tensorb
         resume_step=resume_step,
         resume_records=tuple(records) if records else None,
         on_stop=flush,
+        reader=reader,
     )
 
 

@@ -35,9 +35,11 @@ class StopAtAgreedStep(tf.keras.callbacks.Callback):
         resume_step: int = 0,
         resume_records: tuple[int, ...] | None = None,
         on_stop=(),
+        reader=None,
     ):
         super().__init__()
         self.stop, self.rank, self.directory, self.keep = stop, rank, directory, keep
+        self.reader = reader  # the train channel's TrainReader (reader_resume.py): in each step checkpoint
         self.schedule, self.on_stop = schedule or StepSchedule(), list(on_stop)
         self._offset, self._resume_records = int(resume_step), resume_records
         self._epoch = 0
@@ -73,8 +75,13 @@ class StopAtAgreedStep(tf.keras.callbacks.Callback):
         if self.rank != 0 or self.directory is None:
             return None
         return save_checkpoint(
-            self.model, self.directory, self._epoch, keep=self.keep, step=step, extra=extra
+            self.model, self.directory, self._epoch, keep=self.keep, step=step, extra=self._with_reader(extra)
         )
+
+    def _with_reader(self, extra: dict | None) -> dict | None:
+        if self.reader is None:
+            return extra
+        return {**(extra or {}), **self.reader.checkpoint()}
 
     def on_train_end(self, logs=None):
         self.stop.uninstall()
@@ -176,7 +183,7 @@ class StopOnEveryWorker(StopAgreedEachStep):
                 self._epoch,
                 keep=self.keep,
                 step=step,
-                extra=extra,
+                extra=self._with_reader(extra),
                 rank=0 if self.chief else -1,
             )
         return saved if self.chief else None

@@ -33,6 +33,7 @@ from sagemaker_dist.runtime.keras.preflight import (
     check_job_distribution,
     check_tf_keras_release,
 )
+from sagemaker_dist.runtime.keras.reader_resume import TrainReader
 from sagemaker_dist.runtime.keras.steps import skip_first_batches
 from sagemaker_dist.runtime.keras.surface import FitSurface
 from sagemaker_dist.runtime.stop import ResumeSkip, StepSchedule, StopRequest
@@ -200,6 +201,11 @@ def _start(args: SetupArguments) -> StrategyKeras:
     (initial_epoch, resume_step), resume_from = (
         _agreed_resume_point(strategy, ckpt_dir) if ckpt_dir else ((0, 0), None)
     )
+    # the worker's train channel shuffled as the epochs its FIFOs carry; a resume inside one replays them
+    reader = TrainReader.of(args.root, rank, 0, size)
+    if reader is not None and (initial_epoch or resume_step):  # every worker holds the checkpoint
+        saved = resume_from.meta.get("reader") if resume_from is not None else None
+        initial_epoch, resume_step = reader.resume(initial_epoch, resume_step, saved, chief=rank == 0)
     stop = StopRequest(rank, args.stop_grace).install() if args.stop_on_sigterm else None
     from sagemaker_dist.runtime.keras import callbacks as keras_callbacks  # loads TensorFlow's Keras
 
@@ -217,7 +223,9 @@ def _start(args: SetupArguments) -> StrategyKeras:
         args.tensorboard_dir, args.tensorboard_s3_uri, args.tensorboard_interval, rank=rank
     )
     if stop is not None or args.checkpoint_every_steps or args.checkpoint_every_seconds:
-        callbacks.append(_stop_callback(args, stop, strategy, size, rank, ckpt_dir, resume_step, tensorboard))
+        callbacks.append(
+            _stop_callback(args, stop, strategy, size, rank, ckpt_dir, resume_step, tensorboard, reader)
+        )
     hv = StrategyKeras(
         strategy=strategy,
         rank=rank,
@@ -252,7 +260,7 @@ def _start(args: SetupArguments) -> StrategyKeras:
     return hv
 
 
-def _stop_callback(args, stop, strategy, size, rank, ckpt_dir, resume_step, tensorboard):
+def _stop_callback(args, stop, strategy, size, rank, ckpt_dir, resume_step, tensorboard, reader=None):
     """The workers' per-step agreement on a stop and on step checkpoints (``stop_callback.py``)."""
     from sagemaker_dist.runtime.keras.stop_callback import StopOnEveryWorker
     from sagemaker_dist.runtime.keras.tensorboard_callback import TensorBoardSyncCallback
@@ -267,6 +275,7 @@ def _stop_callback(args, stop, strategy, size, rank, ckpt_dir, resume_step, tens
         schedule=StepSchedule(args.checkpoint_every_steps, args.checkpoint_every_seconds),
         resume_step=resume_step,
         on_stop=[sync[0].on_train_end] if sync else [],
+        reader=reader,
     )
 
 

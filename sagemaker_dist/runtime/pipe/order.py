@@ -83,6 +83,16 @@ def replay_fifos(config, channel: str, fifo: int, timeout: float) -> int:
     return skipped
 
 
+def other_world_line(epoch: int, step: int, saved: int, size: int) -> str:
+    """The line a job prints when it resumes from a checkpoint written inside epoch ``epoch`` (0-based)
+    after ``step`` steps by ``saved`` ranks, running ``size``: it resumes at the next epoch's start."""
+    return (
+        f"sagemaker-dist: the checkpoint was written inside epoch {epoch + 1} (after step {step}) by {saved} "
+        f"rank(s) and this job runs {size}: each rank reads another stream now, so the records of epoch "
+        f"{epoch + 1} not trained before the stop are not trained; resuming at the start of epoch {epoch + 2}"
+    )
+
+
 EPOCH_BASE_DIR = ".epoch-base"
 
 

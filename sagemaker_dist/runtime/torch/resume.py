@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+from sagemaker_dist.runtime.pipe.order import other_world_line
 from sagemaker_dist.runtime.torch.batches import PipeBatches
 
 
@@ -49,10 +50,5 @@ def resume_point(job, epoch: int, step: int, extra: dict) -> tuple[int, int, str
     saved = (extra or {}).get("world_size")
     if not step or saved is None or int(saved) == job.world_size:
         return epoch, step, None
-    line = (
-        f"sagemaker-dist: the checkpoint was written inside epoch {epoch + 1} (after step {step}) by "
-        f"{saved} rank(s) and this job runs {job.world_size}: each rank reads another stream now, so "
-        f"the records of epoch {epoch + 1} not trained before the stop are not trained; resuming at the "
-        f"start of epoch {epoch + 2}"
-    )
+    line = other_world_line(epoch, step, int(saved), job.world_size)
     return epoch + 1, 0, line

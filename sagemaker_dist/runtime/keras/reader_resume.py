@@ -1,0 +1,68 @@
+"""The Keras helpers' side of the readers' resume: what a step checkpoint keeps of the rank's train
+channel, and what a resumed job does with it before ``fit`` opens the channel's first FIFO.
+
+- Every FIFO of the train channel is shuffled (``rank_dataset(..., shuffle=)``) as the epoch it carries:
+  a resumed job writes the channel's epoch base (``pipe.order.set_epoch_base``), so its first FIFO is
+  read as the epoch it resumes, whatever its number.
+- A step checkpoint (a stop's included) keeps the FIFO number the epoch reads. On a resume inside that
+  epoch, where the channel's objects come in another order each epoch (ShuffleConfig), the FIFOs before
+  it are opened and closed unread first (``pipe.order.replay_fifos``): the resumed epoch reads the same
+  records in the same order, and skipping the trained batches skips exactly them.
+- A checkpoint inside an epoch written by another number of ranks resumes at the next epoch's start,
+  with one line saying so: each rank reads another stream, so no count of batches names its records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT
+from sagemaker_dist.runtime.pipe.epochs import current_epoch
+from sagemaker_dist.runtime.pipe.order import other_world_line, replay_fifos, set_epoch_base
+
+
+@dataclass
+class TrainReader:
+    """This rank's train channel in Pipe mode (``config``: its ``ContainerConfig``)."""
+
+    config: object
+    channel: str
+    size: int
+
+    @classmethod
+    def of(cls, root, rank: int, local_rank: int, size: int) -> TrainReader | None:
+        """The rank's train channel where the job has a layout and the channel is in Pipe mode."""
+        from sagemaker_dist.runtime.config import ContainerConfig
+
+        try:
+            config = ContainerConfig.load(root)
+            layout = config.layout
+            channel = layout.channel_for("train", rank, local_rank) if layout is not None else None
+        except Exception:  # no layout, no train role: the start-up check speaks for those
+            return None
+        if channel is None or config.input_mode(channel) != "Pipe":
+            return None
+        return cls(config, channel, size)
+
+    def checkpoint(self) -> dict:
+        """What a step checkpoint keeps: the FIFO the epoch under way reads, and the world size."""
+        fifo = current_epoch(Path(self.config.pipe_state_dir), self.channel) - 1
+        return {"reader": {"fifo": fifo if fifo >= 0 else None, "world_size": self.size}}
+
+    def resume(self, epoch: int, step: int, saved: dict | None, chief: bool, timeout=DEFAULT_FIFO_TIMEOUT):
+        """Before ``fit``: where the job resumes (``epoch``, ``step``), replayed and based as above;
+        returns the (epoch, step) to resume at."""
+        saved = saved or {}
+        world = saved.get("world_size")
+        if step and world is not None and int(world) != self.size:
+            if chief:
+                print(other_world_line(epoch, step, int(world), self.size), flush=True)
+            epoch, step = epoch + 1, 0
+        if step and saved.get("fifo") is not None:
+            replay_fifos(self.config, self.channel, int(saved["fifo"]), timeout)
+        state = Path(self.config.pipe_state_dir)
+        base = epoch - current_epoch(state, self.channel)  # the next FIFO read is this epoch
+        if base:
+            set_epoch_base(state, self.channel, base)
+        return epoch, step
