@@ -36,6 +36,7 @@ TEST = ["pytest>=8,<10", "pytest-timeout>=2.3,<3"]  # also the TF 2.21 venv's, f
 DEV = TEST + [
     "moto[server,s3,sagemaker]>=5.1,<6",
     "hypothesis>=6.100,<7",
+    "webdataset==1.0.2",  # the reference reader and writer the WebDataset tests compare against
     "ruff>=0.6,<1",
     "nbclient>=0.10,<1",
     "nbformat>=5.10,<6",

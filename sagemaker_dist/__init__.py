@@ -44,6 +44,11 @@ _EXPORTS = {
     "write_tfrecords": "launch.records",
     "write_recordio": "launch.records",
     "RecordsWritten": "launch.records",
+    "WebDatasetWriter": "launch.tar_shards",
+    # packing an image set into balanced WebDataset or TFRecord shards (sagemaker-dist pack)
+    "pack_dataset": "launch.pack",
+    "read_pack_index": "launch.pack",
+    "PackResult": "launch.pack",
     # launching
     "DistributedEstimator": "launch.estimator",
     "PreparedJob": "launch.backends",

@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "sagemaker_dist.cli.local",
     "sagemaker_dist.cli.platforms",
     "sagemaker_dist.cli.tune",
+    "sagemaker_dist.cli.pack",
 )
 
 
