@@ -19,6 +19,8 @@ _LAZY = {
     "RankChannelError": "sagemaker_dist.runtime.ranks",
     "check_rank_channels": "sagemaker_dist.runtime.ranks",
     "RecordFormatError": "sagemaker_dist.runtime.framing.base",
+    "ShuffleWindow": "sagemaker_dist.runtime.framing.shuffle",
+    "ReaderStateError": "sagemaker_dist.runtime.pipe.order",
     "file_channel_dataset": "sagemaker_dist.runtime.keras.file_dataset",
     "TensorBoardSyncer": "sagemaker_dist.runtime.tensorboard_sync",
     # PyTorch DDP under torchrun (PyTorch loads when these are used, not when they are imported)

@@ -1,7 +1,8 @@
 """Test entry script for local spot interruptions: horovod_keras without record counts on records
 with an ``id``; each rank appends to ``--out``/trained-rank<R>.jsonl a start line (pid, the epoch and
 step it resumes at) and one line per batch its train step trains (epoch, ids). ``--pause`` slows a step;
-``--stop_after_steps N`` has rank 0 ask for a stop at the N-th step (mwms: each step asks once).
+``--stop_after_steps N`` has rank 0 ask for a stop at the N-th step (mwms: each step asks once);
+``--shuffle_seed S`` reads the channel through the seeded shuffle window (``--shuffle_window`` records).
 """
 
 import argparse
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from sagemaker_dist.runtime import horovod_keras, mwms_keras, rank_dataset
+from sagemaker_dist.runtime import ShuffleWindow, horovod_keras, mwms_keras, rank_dataset
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
@@ -22,6 +23,8 @@ p.add_argument("--pause", type=float, default=0.1)
 p.add_argument("--helper", default="horovod", help="horovod or mwms")
 p.add_argument("--stop_after_steps", type=int, default=0, help="rank 0 of a fresh job asks to stop then")
 p.add_argument("--train_records", type=int, default=0, help="records in each rank's shard (counted epochs)")
+p.add_argument("--shuffle_seed", type=int, default=-1, help="the reader's shuffle window's seed (-1: none)")
+p.add_argument("--shuffle_window", type=int, default=16384, help="records in the reader's shuffle window")
 args, _ = p.parse_known_args()
 
 FEATURES = {
@@ -84,6 +87,7 @@ with hv.scope():
     x = tf.keras.layers.GlobalAveragePooling2D()(tf.keras.layers.Conv2D(4, 3, activation="relu")(inputs))
     model = Tracked(inputs, tf.keras.layers.Dense(10)(x))
     model.compile(hv.optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-ds = rank_dataset("train", "TFRecord").map(parse).batch(args.batch_size, drop_remainder=True)
+shuffle = ShuffleWindow(args.shuffle_seed, records=args.shuffle_window) if args.shuffle_seed >= 0 else None
+ds = rank_dataset("train", "TFRecord", shuffle=shuffle).map(parse).batch(args.batch_size, drop_remainder=True)
 model.fit(hv.train_epoch(ds), epochs=args.epochs, **hv.fit_kwargs(callbacks=[Epochs()]))
 print(f"rank {hv.rank}: finished", flush=True)
