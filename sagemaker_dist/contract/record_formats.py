@@ -16,6 +16,10 @@ import struct
 from sagemaker_dist.errors import ConfigurationError
 
 RECORD_FORMATS = ("RecordIO", "TFRecord", "TextLine")
+# WebDataset shards (tar), one record per sample: read by the PyTorch readers (PipeBatches, RecordBatches)
+# and the plain-Python ones (framing.iter_records), not by PipeModeDataset's TensorFlow op
+WEBDATASET = "WebDataset"
+FRAMED_FORMATS = (*RECORD_FORMATS, WEBDATASET)
 
 # The longest record a reader accepts (a TFRecord's data, a RecordIO record's parts joined, a text line
 # without its newline): a length field is the stream's word, not a fact, so every reader refuses a
@@ -36,10 +40,12 @@ RECORDIO_MAX_PART = RECORDIO_LENGTH_MASK  # the largest part one RecordIO frame 
 RECORDIO_WHOLE, RECORDIO_START, RECORDIO_MIDDLE, RECORDIO_END = 0, 1, 2, 3
 
 
-def check_record_format(record_format: str) -> str:
-    """``record_format`` if it is one of ``RECORD_FORMATS``, else a ConfigurationError naming them."""
-    if record_format not in RECORD_FORMATS:
-        raise ConfigurationError(f"record_format {record_format!r} is not one of {', '.join(RECORD_FORMATS)}")
+def check_record_format(record_format: str, formats: tuple[str, ...] = RECORD_FORMATS) -> str:
+    """``record_format`` if it is one of ``formats`` (default ``RECORD_FORMATS``, what every reader reads;
+    ``FRAMED_FORMATS`` for the readers that frame WebDataset shards too), else a ConfigurationError
+    naming them."""
+    if record_format not in formats:
+        raise ConfigurationError(f"record_format {record_format!r} is not one of {', '.join(formats)}")
     return record_format
 
 

@@ -66,7 +66,8 @@ _KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 def key_and_extension(name: str) -> tuple[str, str] | None:
     """``(key, extension)`` of a member name as WebDataset splits it: the key is the name up to the first
     dot of its last path component, the extension the rest (lower-cased, as WebDataset does by default);
-    None where the last component has no dot, or starts with one (such files belong to no sample)."""
+    None where the last component has no dot (such a file belongs to no sample). WebDataset's own rule,
+    to the letter: a last component that starts with its dot (``a/.x``) splits before the slash."""
     match = _KEY_EXT.match(name)
     if match is None:
         return None

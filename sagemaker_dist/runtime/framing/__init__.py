@@ -1,7 +1,9 @@
-"""Record framing for Pipe-mode streams and File-mode files: TFRecord, SageMaker RecordIO, text lines.
+"""Record framing for Pipe-mode streams and File-mode files: TFRecord, SageMaker RecordIO, text lines,
+WebDataset tar shards (a record per sample).
 
 - ``base``: ``Framer`` (the incremental framer contract), ``RecordFormatError``, the read-path limits;
-- ``tfrecord``, ``recordio``, ``textline``: one framer per format;
+- ``tfrecord``, ``recordio``, ``textline``, ``tar``: one framer per format (``tar.parse_sample`` reads a
+  sample record as a dict of extension -> bytes);
 - ``stream``: a framer by format name and the read loops (``frame_views``, ``frame_stream``,
   ``iter_records``).
 
@@ -27,6 +29,7 @@ from sagemaker_dist.runtime.framing.stream import (
     iter_records,
     make_framer,
 )
+from sagemaker_dist.runtime.framing.tar import TarError, TarFramer, parse_sample
 from sagemaker_dist.runtime.framing.textline import TextLineFramer
 from sagemaker_dist.runtime.framing.tfrecord import TFRecordFramer
 
@@ -38,6 +41,8 @@ __all__ = [
     "STALL_SECONDS",
     "Framer",
     "RecordIOFramer",
+    "TarError",
+    "TarFramer",
     "TFRecordFramer",
     "TextLineFramer",
     "check_record_format",
@@ -45,4 +50,5 @@ __all__ = [
     "frame_views",
     "iter_records",
     "make_framer",
+    "parse_sample",
 ]

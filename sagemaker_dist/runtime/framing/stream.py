@@ -11,9 +11,10 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from sagemaker_dist.contract.record_formats import check_record_format
+from sagemaker_dist.contract.record_formats import FRAMED_FORMATS, check_record_format
 from sagemaker_dist.runtime.framing.base import DEFAULT_CHUNK, FIRST_CHUNK, READ_STEP, STALL_SECONDS, Framer
 from sagemaker_dist.runtime.framing.recordio import RecordIOFramer
+from sagemaker_dist.runtime.framing.tar import TarFramer
 from sagemaker_dist.runtime.framing.textline import TextLineFramer
 from sagemaker_dist.runtime.framing.tfrecord import TFRecordFramer
 
@@ -21,6 +22,7 @@ FRAMERS: dict[str, type[Framer]] = {
     "TFRecord": TFRecordFramer,
     "RecordIO": RecordIOFramer,
     "TextLine": TextLineFramer,
+    "WebDataset": TarFramer,  # one record per sample (framing.tar)
 }
 
 
@@ -36,7 +38,7 @@ def make_framer(
     ``max_record_bytes``: the longest record accepted (None: ``$SAGEMAKER_DIST_MAX_RECORD_BYTES``,
     else 2 GiB - 1; ``contract.record_formats.max_record_bytes``).
     """
-    framer = FRAMERS[check_record_format(record_format)]
+    framer = FRAMERS[check_record_format(record_format, FRAMED_FORMATS)]
     return framer(channel, epoch, max_corrupted_records_to_skip, max_record_bytes)
 
 
