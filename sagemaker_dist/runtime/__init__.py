@@ -42,6 +42,10 @@ _LAZY = {
     "example_decoder": "sagemaker_dist.runtime.torch.records",
     "raw_decoder": "sagemaker_dist.runtime.torch.records",
     "ExampleParseError": "sagemaker_dist.runtime.torch.records",
+    # WebDataset samples (record_format="WebDataset"): a record is one sample's tar members
+    "parse_sample": "sagemaker_dist.runtime.framing.tar",
+    "sample_decoder": "sagemaker_dist.runtime.torch.samples",
+    "SampleDecodeError": "sagemaker_dist.runtime.torch.samples",
 }
 # submodules reachable as attributes (``from sagemaker_dist.runtime import horovod_keras``)
 _SUBMODULES = ("horovod_keras", "checkpoints", "tensorboard_sync")

@@ -30,7 +30,9 @@ except ImportError:  # pragma: no cover - depends on the install
 if _native is not None and getattr(_native, "API", 0) != _NATIVE_API:  # pragma: no cover - a stale build
     _native = None  # rebuilt by pip install -e . (scripts/setup.sh)
 
-_HEADER_BYTES = {"TFRecord": 12, "RecordIO": 8, "TextLine": 0}  # from a frame's start to its data
+_HEADER_BYTES = {"TFRecord": 12, "RecordIO": 8, "TextLine": 0, "WebDataset": 0}  # a frame's start to its data
+# The formats the compiled reader frames; any other (WebDataset samples) fills batches through its framer
+COMPILED_FORMATS = ("TFRecord", "RecordIO", "TextLine")
 
 # allocate(nbytes) -> (holder, a writable uint8 numpy array of nbytes over the holder's memory)
 Allocate = Callable[[int], tuple[Any, np.ndarray]]
@@ -83,7 +85,8 @@ class StreamFill:
     """Fills batches from one stream: ``reader`` has ``fileno()`` (the compiled path) and ``readinto``
     (the Python path); ``framer`` names the format, the limit and the channel, epoch and offsets errors
     report, and keeps ``records`` and ``offset`` as the read goes. ``record_bytes`` (0: any) is the one
-    length every record must have. ``compiled``: None uses the compiled reader where it is built."""
+    length every record must have. ``compiled``: None uses the compiled reader where it is built; it
+    frames ``COMPILED_FORMATS``, and a stream of another format is framed by its framer either way."""
 
     def __init__(
         self,
@@ -102,7 +105,7 @@ class StreamFill:
                 "the compiled batch reader (sagemaker_dist.runtime.framing._record_reader) is not built: "
                 "pip install -e . needs a C compiler"
             )
-        self.compiled = bool(compiled)
+        self.compiled = bool(compiled) and framer.format_name in COMPILED_FORMATS
         if self.compiled:
             self._reader = _native.Reader(reader.fileno(), framer.format_name, framer.max_record)
         else:
