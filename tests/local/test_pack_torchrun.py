@@ -1,0 +1,81 @@
+"""``sagemaker-dist pack`` then a local torchrun job over its WebDataset shards: a folder of real JPEGs
+(one sub-folder per class) packed into 8 shards, the shards folder given as ``--train`` (mirrored into the
+embedded S3), 2 hosts x 2 ranks each reading its own Pipe-mode FIFO with ``PipeBatches`` and
+``sample_decoder``, images decoded with ``decode_jpeg_batch``. The job ends 0 and every image was
+trained once, with its own bytes and its class folder's label."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch"),
+    pytest.mark.timeout(420),
+]
+
+CLI = [sys.executable, "-m", "sagemaker_dist.cli"]
+SCRIPTS = Path(__file__).resolve().parents[1] / "helpers" / "local_scripts"
+CLASSES = ("bird", "cat", "dog")
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}  # the embedded endpoint
+
+
+def image_folder(root: Path, per_class: int) -> dict[str, int]:
+    """JPEGs of 12-20 pixels a side under root/<class>/; sha256 of each -> its label."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    expected = {}
+    for label, name in enumerate(CLASSES):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            pixels = rng.integers(0, 255, (12 + i % 9, 20 - i % 7, 3), dtype=np.uint8)
+            out = io.BytesIO()
+            Image.fromarray(pixels).save(out, format="JPEG", quality=90)
+            (root / name / f"{i:03d}.jpg").write_bytes(out.getvalue())
+            expected[hashlib.sha256(out.getvalue()).hexdigest()] = label
+    return expected
+
+
+def test_pack_then_a_2x2_torchrun_job_trains_every_image_once_with_its_label(tmp_path):
+    expected = image_folder(tmp_path / "images", per_class=30)
+    packed = subprocess.run(
+        [*CLI, "pack", str(tmp_path / "images"), str(tmp_path / "packed"), "--shards", "8", "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert packed.returncode == 0, packed.stdout + packed.stderr
+    index = json.loads((tmp_path / "packed" / "index.json").read_text())
+    assert index["records"] == 90 and index["classes"] == list(CLASSES) and len(index["shards"]) == 8
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [*CLI, "local", "--entry-point", "train_webdataset_torch.py", "--source-dir", str(SCRIPTS)]
+    argv += ["--train", str(tmp_path / "packed" / "shards"), "--distribution", "torchrun"]
+    argv += ["--hosts", "2", "--processes-per-host", "2", "--epochs", "1", "-p", f"out={out}"]
+    argv += ["--s3-state-dir", str(tmp_path / "s3"), "--work-dir", str(tmp_path / "work"), "--timeout", "300"]
+    job = subprocess.run(argv, capture_output=True, text=True, timeout=360, env=_env())
+    assert job.returncode == 0, job.stdout[-4000:] + job.stderr[-4000:]
+    assert "--train: 8 file(s) of" in job.stdout
+    rows = [
+        json.loads(line)
+        for rank in range(4)
+        for line in (out / f"samples-rank{rank}.jsonl").read_text().splitlines()
+    ]
+    assert all((out / f"samples-rank{rank}.jsonl").stat().st_size for rank in range(4))  # every rank read
+    assert sorted(r["key"] for r in rows) == [f"{i:06d}" for i in range(90)]  # each sample once
+    assert {r["sha256"]: r["label"] for r in rows} == expected  # its own bytes, its class folder's label
+    assert "sagemaker-dist-metrics: epoch=1 loss=" in job.stdout
