@@ -130,7 +130,11 @@ def rank_main(args) -> None:
     }
     if args.phase == "load":
         loader = ShardedCheckpoints(args.dir / "world-4", world_size=world, **common)
-        result = {"load": [timed(loader.restore)]}
+        found: list = []
+        result = {"load": [timed(lambda: found.append(loader.restore()[2]))]}
+        if found[0] is None:
+            raise SystemExit(f"no checkpoint to load in {args.dir / 'world-4'}")
+        result["loaded"] = [found[0].path.name]
     else:
         result = save_arms(args, world, common)
     if rank == 0:

@@ -345,7 +345,7 @@ class ShardedCheckpoints:
         self.group, self.async_group = group, async_group
         self.keep = keep
         self.timeout_s = float(timeout_s)
-        self.token = secrets.token_hex(4)  # replaced by rank 0's in restore(): every rank names tmp alike
+        self.token: str | None = None  # rank 0's, agreed at the first restore or save: tmp named alike
         self.saves = 0
         self.pending: _Pending | None = None
         self.committed: tuple[int, int] | None = None  # the newest position this job committed
@@ -393,7 +393,7 @@ class ShardedCheckpoints:
         common = set(seen[0]).intersection(*map(set, seen[1:]))
         chosen = max(common) if common else None
         newest = max(seen[0]) if seen[0] else None
-        self.token = self._broadcast(self.token, self.group)
+        self._agree_token()
         if chosen is None:
             if any(seen):
                 having = [r for r, s in enumerate(seen) if s]
@@ -510,6 +510,7 @@ class ShardedCheckpoints:
             else None,
             "extra": _jsonable(extra or {}, "extra="),
         }
+        self._agree_token()
         self.saves += 1
         final = self.directory / checkpoint_name(epoch, step)
         tmp = self.directory / f".tmp-{final.name}-{self.token}-{self.saves}"
@@ -635,6 +636,11 @@ class ShardedCheckpoints:
             return {"ok": False, "keep": None, "error": f"{type(exc).__name__}: {_first_line(exc)}"}
         log.info("sharded checkpoint %s written by %d rank(s)", final, len(reports))
         return {"ok": True, "keep": [c.path.name for c in kept], "error": None}
+
+    def _agree_token(self) -> None:
+        """Rank 0's token for this job's ``.tmp-*`` names, on every rank (once; a collective)."""
+        if self.token is None:
+            self.token = self._broadcast(secrets.token_hex(4), self.group)
 
     def _barrier(self, group) -> None:
         import torch.distributed as dist

@@ -240,3 +240,39 @@ def test_a_model_is_sharded_when_fully_shard_was_applied(tmp_path):
             PipeTraining(None, model, epochs=1, join=True)
     finally:
         dist.destroy_process_group()
+
+
+def _save_without_restore(rank: int, store: str, directory: str) -> None:
+    """One of 2 Gloo ranks: a save before any restore (a loop of its own, not PipeTraining's)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        model, optimizer, scheduler = parts()
+        saver = ShardedCheckpoints(
+            directory, model=model, optimizer=optimizer, rank=rank, local_rank=rank, world_size=2
+        )
+        saver.save(0, 1)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_that_save_before_any_restore_write_into_one_checkpoint(tmp_path):
+    """Every rank names the temporary directory alike (rank 0's token), restored or not."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_save_without_restore, args=(str(tmp_path / "store"), str(tmp_path / "ckpt")), nprocs=2)
+    (written,) = list_checkpoints(tmp_path / "ckpt")
+    assert sorted(p.name for p in written.path.iterdir()) == [
+        "__0_0.distcp",
+        "__1_0.distcp",
+        METADATA_FILE,
+        "meta.json",
+    ]
+    assert not list((tmp_path / "ckpt").glob(".tmp-*"))
+    assert sorted(read_sharded_checkpoint(written.path)["model"]) == [
+        "0.bias",
+        "0.weight",
+        "2.bias",
+        "2.weight",
+    ]
