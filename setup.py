@@ -74,10 +74,10 @@ setup(
         "test": TEST,
     },
     entry_points={"console_scripts": ["sagemaker-dist=sagemaker_dist.cli:main"]},
-    # The TFRecord framer's scan in C (length fields and both CRCs, the GIL released), and the batch
-    # reader that frames a FIFO straight into a caller's buffer (runtime.torch's RecordBatches); both on
-    # the framing core framing/native/record_core.h. Optional: where no C compiler is, the install goes
-    # on and the runtime uses its numpy and Python paths.
+    # The TFRecord framer's scan in C (length fields and both CRCs, the GIL released), the batch
+    # reader that frames a FIFO straight into a caller's buffer (runtime.torch's RecordBatches), and the
+    # tar framer's walk (WebDataset samples); all on the framing core framing/native/record_core.h.
+    # Optional: where no C compiler is, the install goes on and the runtime uses its Python paths.
     ext_modules=[
         Extension(
             f"sagemaker_dist.runtime.framing.{name}",
@@ -86,6 +86,6 @@ setup(
             extra_compile_args=["-O3"],
             optional=True,
         )
-        for name in ("_tfrecord_scan", "_record_reader")
+        for name in ("_tfrecord_scan", "_record_reader", "_tar_scan")
     ],
 )

@@ -120,7 +120,7 @@ install_training_stack() {
 TOOLKIT_VENV=${TOOLKIT_VENV:-.venv-toolkit}
 TOOLKIT_MODULES="sagemaker_tensorflow_container.training, sagemaker_pytorch_container.training, torch, mpi4py, sagemaker_dist.runtime.framing._tfrecord_scan"
 # Both venvs checked at once (each check imports TensorFlow, seconds).
-up_to_date "$VENV" "sagemaker_dist.runtime.framing._tfrecord_scan, sagemaker_dist.runtime.framing._record_reader, torch" & venv_check=$!
+up_to_date "$VENV" "sagemaker_dist.runtime.framing._tfrecord_scan, sagemaker_dist.runtime.framing._record_reader, sagemaker_dist.runtime.framing._tar_scan, torch" & venv_check=$!
 up_to_date "$TOOLKIT_VENV" "$TOOLKIT_MODULES" & toolkit_check=$!
 venv_ok=0 toolkit_ok=0
 wait "$venv_check" && venv_ok=1

@@ -19,6 +19,10 @@ Bounds: a header's size is known before its data is asked for, so a member or a 
 long names) are refused past ``MAX_METADATA_BYTES``; the buffer grows only as bytes come
 (``framing.stream``). Every header's checksum is checked; a header that is not valid tar is a
 ``RecordFormatError`` naming its byte offset in the stream.
+
+Where a C compiler was at install, ``_tar_scan`` walks a buffer in C; it takes the usual entries and
+leaves the buffer to the Python walk at the first one it does not (an error among them), so what is
+handed out, and every error's words, are the Python walk's.
 """
 
 from __future__ import annotations
@@ -52,6 +56,13 @@ from sagemaker_dist.errors import DataError
 from sagemaker_dist.runtime.framing.base import Framer
 
 WEBDATASET = "WebDataset"
+_NATIVE_API = 1
+try:  # the walk in C (setup.py builds it where it can); it leaves every unusual entry to the Python walk
+    import sagemaker_dist.runtime.framing._tar_scan as _native
+except ImportError:  # pragma: no cover - depends on the install
+    _native = None
+if _native is not None and getattr(_native, "API", 0) != _NATIVE_API:  # pragma: no cover - a stale build
+    _native = None
 _META_TYPES = frozenset((GNU_LONGNAME, GNU_LONGLINK, PAX_HEADER, PAX_GLOBAL))
 _CHK_START, _CHK_LEN = CHKSUM
 _SIZE_START, _SIZE_LEN = SIZE
@@ -106,10 +117,9 @@ def _number(raw: bytes, what: str, at: int) -> int:
     text = _field_text(raw).strip(b" ")
     if not text:
         return 0
-    try:
-        return int(text, 8)
-    except ValueError:
-        raise TarError(f"the header's {what} field {text[:16]!r} is not an octal number", at) from None
+    if text.strip(b"01234567"):  # only octal digits (int() would take signs, "_" and other spaces too)
+        raise TarError(f"the header's {what} field {text[:16]!r} is not an octal number", at)
+    return int(text, 8)
 
 
 def _pax_records(data: bytes, at: int) -> dict[str, str]:
@@ -165,10 +175,7 @@ def _checksums_ok(headers: list[bytes], positions: list[int]) -> int:
     for i, header in enumerate(headers):
         raw = header[_CHK_START : _CHK_START + _CHK_LEN]
         text = _field_text(raw).strip(b" ")
-        try:
-            stored = int(text, 8) if text and not raw[0] & 0x80 else -1
-        except ValueError:
-            stored = -1
+        stored = int(text, 8) if text and not raw[0] & 0x80 and not text.strip(b"01234567") else -1
         if stored != total[i]:
             try:
                 _checksum_ok(header, positions[i])  # the signed sum, and the named error
@@ -269,7 +276,15 @@ class TarFramer(Framer):
         self._cut_at = 0  # where the entry the last walk found cut short starts
 
     def frame(self, buf, end):
-        with memoryview(buf) as view:
+        if _native is not None:
+            room = end // BLOCK + 1
+            starts = np.empty(room, dtype=np.int64)
+            lengths = np.empty(room, dtype=np.int64)
+            count, consumed, need, cut, status = _native.scan(buf, end, starts, lengths, self.max_record)
+            if not status:
+                self.need, self._cut_at = need, cut
+                return starts[:count], lengths[:count], consumed, []
+        with memoryview(buf) as view:  # the Python walk: every entry, and the errors' words
             starts, lengths, consumed, self.need = self._walk(view, end, at_end=False)
         return starts, lengths, consumed, []
 

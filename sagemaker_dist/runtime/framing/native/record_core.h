@@ -1,5 +1,6 @@
 /* The record framing core every compiled reader shares: CRC32C and the frame rules of TFRecord,
- * SageMaker RecordIO (RecordWrapperType RecordIO) and text lines.
+ * SageMaker RecordIO (RecordWrapperType RecordIO), text lines, and the header checks of tar (WebDataset
+ * shards).
  *
  * Header only, C99 and C++17: the TFRecord scan (framing/_tfrecord_scan.c), the PyTorch batch reader
  * (framing/_record_reader.c) and the TensorFlow op (pipe/native/pipe_dataset_op.cc) include it, so the
@@ -354,6 +355,89 @@ static inline int sd_recordio_last(uint32_t flag) { return flag == SD_RECORDIO_W
 /* The length of the line of `len` bytes at p (its newline excluded), less a trailing '\r'. */
 static inline size_t sd_line_length(const unsigned char *p, size_t len) {
     return len > 0 && p[len - 1] == '\r' ? len - 1 : len;
+}
+
+/* ---- tar (WebDataset shards): 512-byte headers, octal numbers, a checksum, names as key + extension ----
+ * contract/tar_format.py and framing/tar.py hold the rules; these are the checks the compiled tar scan
+ * (framing/_tar_scan.c) makes on its way through the headers. */
+
+#define SD_TAR_BLOCK 512
+
+/* Whether the 512 bytes at h are all zero (an end-of-archive block). */
+static inline int sd_tar_zero(const unsigned char *h) {
+    uint64_t any = 0;
+    for (int i = 0; i < SD_TAR_BLOCK; i += 8) any |= sd_load_u64(h + i);
+    return any == 0;
+}
+
+/* A numeric header field of `len` bytes as framing/tar.py reads it: the text up to its first NUL, spaces
+ * around it dropped, octal digits only (empty: 0). 1 and *value, or 0 where it is anything else (GNU's
+ * base-256 included: the caller leaves such a header to the Python walk). */
+static inline int sd_tar_octal(const unsigned char *p, int len, uint64_t *value) {
+    int end = 0;
+    while (end < len && p[end] != 0) end++;
+    int start = 0;
+    while (start < end && p[start] == ' ') start++;
+    while (end > start && p[end - 1] == ' ') end--;
+    uint64_t v = 0;
+    for (int i = start; i < end; i++) {
+        if (p[i] < '0' || p[i] > '7' || v >> 60) return 0;
+        v = v * 8 + (uint64_t)(p[i] - '0');
+    }
+    *value = v;
+    return 1;
+}
+
+/* Whether the header's stored checksum is the sum of its bytes, the checksum field read as spaces
+ * (unsigned, or signed as some old writers summed them). */
+static inline int sd_tar_checksum_ok(const unsigned char *h) {
+    uint64_t stored;
+    if (!sd_tar_octal(h + 148, 8, &stored)) return 0;
+    uint64_t sum = 8 * ' ', high = 0;
+    for (int i = 0; i < SD_TAR_BLOCK; i++) {
+        if (i >= 148 && i < 156) continue;
+        sum += h[i];
+        high += h[i] >= 128;
+    }
+    return stored == sum || stored + 256 * high == sum;
+}
+
+/* The name of `len` bytes split as WebDataset splits it (contract.tar_format.key_and_extension): 1 with
+ * the key's length in *key_len and the extension's start in *ext_at; 0 where it belongs to no sample (no
+ * dot in its last component, or WebDataset's metadata "__x__" as its first component); -1 where the
+ * caller must ask the Python rule (a newline, a non-ASCII extension). */
+static inline int sd_tar_key(const unsigned char *name, size_t len, size_t *key_len, size_t *ext_at) {
+    size_t last = len, first_slash = len;
+    for (size_t i = 0; i < len; i++) {
+        if (name[i] == '\n') return -1;
+        if (name[i] == '/') {
+            last = i;
+            if (first_slash == len) first_slash = i;
+        }
+    }
+    if (first_slash >= 4 && name[0] == '_' && name[1] == '_' && name[first_slash - 1] == '_' &&
+        name[first_slash - 2] == '_')
+        return 0; /* WebDataset's metadata */
+    size_t base = last == len ? 0 : last + 1, dot = len;
+    for (size_t i = base; i < len; i++)
+        if (name[i] == '.') {
+            dot = i;
+            break;
+        }
+    if (dot == len) return 0;
+    if (dot == base) { /* ".x": the regex splits before the slash if the component before has no dot */
+        if (last == len) return 0;
+        size_t prev = last;
+        while (prev > 0 && name[prev - 1] != '/') prev--;
+        for (size_t i = prev; i < last; i++)
+            if (name[i] == '.') return 0;
+        dot = last + 1; /* key ends with the slash: "a/" of "a/.x" */
+    }
+    for (size_t i = dot + 1; i < len; i++)
+        if (name[i] >= 128) return -1;
+    *key_len = dot;
+    *ext_at = dot + 1;
+    return 1;
 }
 
 #endif /* SAGEMAKER_DIST_RECORD_CORE_H_ */
