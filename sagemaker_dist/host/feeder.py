@@ -4,7 +4,9 @@ As SageMaker does it: FIFO ``<channel>_0`` is created, the objects are streamed 
 reader opens it, and ``<channel>_1`` is created once the reader has closed ``<channel>_0`` (after
 EOF, or early). ManifestFile, ShardedByS3Key across hosts (by object count), ShuffleConfig
 (a seeded permutation per epoch, taken before sharding as SageMaker documents) and RecordIO wrapping
-are honoured (``channel_objects`` decides which objects each host gets each epoch).
+are honoured (``channel_objects`` decides which objects each host gets each epoch); a channel
+shuffled per epoch is marked beside its FIFOs (``runtime.pipe.order``), so a resumed reader replays
+the FIFOs up to its stopped epoch's even where the job's layout carries no ShuffleConfig.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from sagemaker_dist.contract.record_formats import (
     recordio_parts,
 )
 from sagemaker_dist.host.channel_objects import FeedError, S3Item, epoch_objects
+from sagemaker_dist.runtime.pipe.order import per_epoch_order_marker
 
 CHUNK = 1 << 20
 POLL_S = 0.02
@@ -236,6 +239,10 @@ class ChannelFeeder(threading.Thread):
 
     def run(self) -> None:
         try:
+            if self.spec.shuffle_seed is not None and self.spec.input_mode == "Pipe":
+                # the readers' resume replays the FIFOs up to a stopped epoch's where objects come in
+                # another order each epoch: said beside the FIFOs for a seed the job's layout lacks
+                per_epoch_order_marker(self.data_dir, self.spec.name).touch(mode=0o600)
             epoch = 0
             while not self.stop_event.is_set() and (self.max_epochs is None or epoch < self.max_epochs):
                 self._feed_epoch(epoch)
@@ -288,6 +295,7 @@ class ChannelFeeder(threading.Thread):
             pass
 
     def remove_fifos(self) -> None:
+        per_epoch_order_marker(self.data_dir, self.spec.name).unlink(missing_ok=True)
         for path in list(self.fifos):
             try:
                 if stat.S_ISFIFO(os.stat(path).st_mode):

@@ -251,12 +251,16 @@ def _lpt_assign(sizes: np.ndarray, num_shards: int) -> np.ndarray:
     return shard_of
 
 
-def plan_shards(objects: Sequence[tuple[str, int]], num_shards: int) -> ShardPlan:
+def plan_shards(
+    objects: Sequence[tuple[str, int]], num_shards: int, order_seed: int | None = None
+) -> ShardPlan:
     """Split ``objects`` (``(key, size_bytes)`` pairs) into ``num_shards`` shards balanced by bytes.
 
     Deterministic: the same objects (in any order) give the same plan. Every object lands in exactly
-    one shard; within a shard keys keep name order. Raises NotEnoughObjectsError when there are fewer
-    objects than shards.
+    one shard; within a shard keys keep name order, or, with ``order_seed``, an order drawn from the
+    seed and the shard's number (``seeded_order``): objects laid out by class, day or source, whose
+    names run in that order, are spread over the shard's stream instead of coming one class after
+    another every epoch. Raises NotEnoughObjectsError when there are fewer objects than shards.
     """
     keys, sizes, by_name = _check_objects(objects, num_shards)
     if by_name is not None:
@@ -265,12 +269,23 @@ def plan_shards(objects: Sequence[tuple[str, int]], num_shards: int) -> ShardPla
     # Group by shard; a stable sort keeps name order inside each shard.
     grouped = np.argsort(shard_of, kind="stable")
     bounds = np.searchsorted(shard_of[grouped], np.arange(num_shards + 1)).tolist()
+    if order_seed is not None:
+        for shard, (start, end) in enumerate(zip(bounds, bounds[1:])):
+            grouped[start:end] = grouped[start:end][seeded_order(end - start, order_seed, shard)]
     picks = (grouped if by_name is None else by_name[grouped]).tolist()
     size_list = sizes[grouped].tolist()  # Python ints (object arrays hold them already)
     spans = list(zip(bounds, bounds[1:]))
     shards = [_pick(keys, picks[start:end]) for start, end in spans]
     shard_sizes = [size_list[start:end] for start, end in spans]
     return ShardPlan(shards=shards, sizes=shard_sizes)
+
+
+def seeded_order(count: int, seed: int, shard: int) -> np.ndarray:
+    """A permutation of ``range(count)`` drawn from ``seed`` and ``shard`` alone (numpy's PCG64): the
+    order of a shard's objects, in name order, in its manifest."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ShardingError(f"order seed {seed!r}: give a whole number >= 0")
+    return np.random.Generator(np.random.PCG64([seed, shard])).permutation(count)
 
 
 def _pick(items: list[str], indices: list[int]) -> list[str]:
