@@ -136,3 +136,32 @@ def test_the_resumed_epoch_trains_the_rest_of_the_uninterrupted_order(jobs):
         assert two[2] == reference(rank, 2, 2 if per_epoch else 0, per_epoch)
     if per_epoch:  # FIFOs 0 (closed unread), 1 and 2 of the second attempt were opened
         assert all(f.served == EPOCHS for f in resumed.feeders)
+
+
+def test_a_resume_on_another_world_size_starts_the_next_epoch_and_says_so(tmp_path_factory):
+    """The stopped 2-rank job relaunched with 1 rank (a new layout, the same checkpoints)."""
+    base = tmp_path_factory.mktemp("other-world")
+    root = write_opt_ml(base / "opt_ml", ["train_0", "train_1"], plan_layout(1, 2))
+    env = {
+        "TEST_READER": "pipe",
+        "TEST_SEED": str(SEED),
+        "TEST_WINDOW": str(WINDOW),
+        "TEST_EPOCHS": str(EPOCHS),
+    }
+    feeds = {f"train_{r}": [encode(fifo_ids(r, 0, False), "pipe")] * EPOCHS for r in (0, 1)}
+    stopped = run_torchrun(SCRIPT, root, base / "out-1", feeds, TEST_STOP_AT="1:5", **env)
+    assert stopped.proc.returncode == 0, stopped.output[-4000:]
+    (stop,) = stopped.events(0, "stopped")
+    one = write_opt_ml(base / "one" / "opt_ml", ["train_0"], plan_layout(1, 1))
+    shutil.copytree(root / "checkpoints", one / "checkpoints")
+    feeds = {"train_0": [encode(fifo_ids(0, 0, False), "pipe")] * EPOCHS}
+    resumed = run_torchrun(SCRIPT, one, base / "out-2", feeds, nproc=1, **env)
+    assert resumed.proc.returncode == 0, resumed.output[-4000:]
+    assert (
+        f"the checkpoint was written inside epoch 2 (after step {stop['step']}) by 2 rank(s) and this job "
+        "runs 1" in resumed.output
+    )
+    assert "resuming at the start of epoch 3" in resumed.output
+    (start,) = resumed.events(0, "start")
+    assert (start["epoch"], start["step"]) == (2, 0)
+    assert sorted(trained(resumed, 0)[2]) == sorted(fifo_ids(0, 0, False)) and 1 not in trained(resumed, 0)

@@ -1,0 +1,62 @@
+"""The Keras helpers' reader resume (``keras/reader_resume.py``) on a real /opt/ml tree and FIFOs: the
+FIFO a step checkpoint keeps, the replay to it where the layout has a ShuffleConfig, the epoch base
+the readers shuffle by, and another world size resuming at the next epoch with its line."""
+
+from __future__ import annotations
+
+from helpers.runtime_helpers import FifoFeeder, write_opt_ml
+
+from sagemaker_dist.contract.layout import plan_layout
+from sagemaker_dist.runtime.keras.reader_resume import TrainReader
+from sagemaker_dist.runtime.pipe.epochs import next_epoch_fifo
+from sagemaker_dist.runtime.pipe.order import epoch_base
+
+
+def test_a_step_checkpoint_keeps_the_fifo_and_a_resume_replays_to_it_and_bases_the_epoch(tmp_path):
+    root = write_opt_ml(tmp_path / "one", ["train_0", "train_1"], plan_layout(1, 2, shuffle_seed=3))
+    reader = TrainReader.of(root, 1, 1, 2)
+    assert reader is not None and reader.channel == "train_1"
+    assert reader.checkpoint() == {"reader": {"fifo": None, "world_size": 2}}  # no FIFO read yet
+    feeder = FifoFeeder(root / "input" / "data", "train_1", [b"a", b"b", b"c"])
+    feeder.start()
+    for _ in range(2):  # epochs 0 and 1 read: the epoch under way reads FIFO 1
+        number, path = next_epoch_fifo(root / "pipe_state", root / "input" / "data", "train_1", 10)
+        path.read_bytes()
+    feeder.join(10)
+    saved = reader.checkpoint()["reader"]
+    assert saved == {"fifo": 1, "world_size": 2}
+    # the restarted job: a fresh tree, FIFOs from _0 again
+    again = write_opt_ml(tmp_path / "two", ["train_0", "train_1"], plan_layout(1, 2, shuffle_seed=3))
+    feeder = FifoFeeder(again / "input" / "data", "train_1", [b"a", b"b", b"c"])
+    feeder.start()
+    resumed = TrainReader.of(again, 1, 1, 2)
+    assert resumed.resume(1, 7, saved, chief=True) == (1, 7)
+    assert feeder.served >= 1  # FIFO 0 opened and closed unread
+    number, path = next_epoch_fifo(again / "pipe_state", again / "input" / "data", "train_1", 10)
+    assert number == 1 and path.read_bytes() == b"b"
+    assert epoch_base(again / "pipe_state", "train_1") == 0  # FIFO 1 is epoch 1
+    feeder.join(10)
+
+
+def test_without_a_shuffle_config_the_first_fifo_is_read_as_the_resumed_epoch(tmp_path):
+    root = write_opt_ml(tmp_path, ["train_0"], plan_layout(1, 1))
+    reader = TrainReader.of(root, 0, 0, 1)
+    assert reader.resume(4, 3, {"fifo": 2, "world_size": 1}, chief=True) == (4, 3)
+    assert epoch_base(root / "pipe_state", "train_0") == 4  # FIFO 0 shuffled as epoch 4, none replayed
+
+
+def test_another_world_size_resumes_at_the_next_epoch_with_one_line(tmp_path, capsys):
+    root = write_opt_ml(tmp_path, ["train_0", "train_1", "train_2"], plan_layout(1, 3))
+    reader = TrainReader.of(root, 0, 0, 3)
+    assert reader.resume(2, 9, {"fifo": 0, "world_size": 2}, chief=True) == (3, 0)
+    line = capsys.readouterr().out
+    assert "written inside epoch 3 (after step 9) by 2 rank(s) and this job runs 3" in line
+    assert "resuming at the start of epoch 4" in line
+    assert epoch_base(root / "pipe_state", "train_0") == 3
+    assert reader.resume(2, 0, {"fifo": 0, "world_size": 2}, chief=True) == (2, 0)  # an epoch's start
+
+
+def test_no_train_reader_without_a_layout_or_in_file_mode(tmp_path):
+    assert TrainReader.of(write_opt_ml(tmp_path / "a", ["train_0"]), 0, 0, 1) is None
+    file_mode = write_opt_ml(tmp_path / "b", {"train_0": "File"}, plan_layout(1, 1, input_mode="File"))
+    assert TrainReader.of(file_mode, 0, 0, 1) is None
