@@ -16,7 +16,7 @@ import sagemaker_dist.runtime
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 # Pages the build adds or copies in: the executed notebook (scripts/docs.sh) and the plots (the hook).
-BUILT = {"notebooks/horovod_pipe_mode.ipynb"}
+BUILT = {"notebooks/horovod_pipe_mode.ipynb", "notebooks/pytorch_pipe_mode.ipynb"}
 
 
 def _hook():
