@@ -354,3 +354,32 @@ def test_the_framer_is_what_make_framer_gives_and_refuses_a_skip_count():
     assert make_framer("WebDataset").format_name == "WebDataset"
     with pytest.raises(ConfigurationError, match="only be set for record_format='TFRecord'"):
         make_framer("WebDataset", max_corrupted_records_to_skip=1)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    edits=st.lists(st.tuples(st.integers(0, 4 * BLOCK - 1), st.integers(0, 255)), max_size=3),
+    names=st.sampled_from(
+        [("a.jpg", "a.cls"), ("d/" + "n" * 150 + ".jpg", "d/" + "n" * 150 + ".CLS"), ("a.x", "b.x")]
+    ),
+)
+def test_a_sample_record_parses_alike_in_c_and_in_python(walk, edits, names):
+    from sagemaker_dist.runtime.framing import tar
+
+    record = bytearray(b"".join(tar_member(name, bytes([i]) * (300 + i)) for i, name in enumerate(names)))
+    for at, value in edits:
+        record[at % len(record)] = value
+
+    def parsed(native):
+        saved, tar._native = tar._native, native
+        try:
+            return parse_sample(bytes(record))
+        except TarError as exc:
+            return str(exc)
+        finally:
+            tar._native = saved
+
+    python = parsed(None)
+    if walk == "compiled":
+        assert parsed(tar._native) == python
+        assert tar._native.sample(bytes(record)) is None or isinstance(python, dict)

@@ -9,6 +9,9 @@
  * the limit, a repeated extension), and the caller walks the buffer again in Python. So the two agree by
  * construction: C hands out what Python would, and Python says what is wrong. The GIL is released.
  *
+ * sample(record) -> (key, [(extension, start, size), ...]) or None: framing/tar.py's parse_sample for the
+ *   usual record (None: anything else, every error included, for the Python parse to take and name).
+ *
  * scan(buf, end, starts, lengths, max_record) -> (count, consumed, need, cut, status)
  *   buf: the bytes; end: how many of them to look at; starts, lengths: writable int64 buffers with room
  *   for end // 512 + 1 entries; max_record: the longest member and sample accepted;
@@ -23,7 +26,7 @@
 
 #include "native/record_core.h"
 
-#define API 1
+#define API 2 /* sample() */
 #define FALLBACK 1
 #define MAX_METADATA ((uint64_t)1 << 20) /* contract.tar_format.MAX_METADATA_BYTES */
 #define MAX_EXTS 32                      /* files a sample may have here; more: the Python walk */
@@ -258,6 +261,130 @@ fallback:
     return r;
 }
 
+/* One sample record (TarFramer's: the sample's members, nothing else) -> (key, [(extension, start, size)])
+ * with extensions lower-cased; None where the Python parse must look (anything unusual, every error). */
+static PyObject *sample(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    uint64_t end = (uint64_t)view.len, pos = 0;
+    PyObject *members = PyList_New(0), *key_obj = NULL;
+    const unsigned char *key = NULL;
+    size_t key_len = 0;
+    unsigned char key_own[sizeof(((Name *)0)->own)], seen[EXT_BYTES];
+    size_t seen_len = 0;
+    Name name;
+    if (members == NULL) goto error;
+    while (pos < end) {
+        const unsigned char *long_name = NULL, *pax_path = NULL, *pax_size = NULL, *h = NULL;
+        size_t long_len = 0, pax_path_len = 0, pax_size_len = 0;
+        uint64_t size = 0;
+        for (;;) {
+            if (end - pos < SD_TAR_BLOCK) goto fallback;
+            h = buf + pos;
+            if (sd_tar_zero(h) || !sd_tar_checksum_ok(h) || !sd_tar_octal(h + 124, 12, &size)) goto fallback;
+            unsigned char type = h[156];
+            if (type != 'L' && type != 'K' && type != 'x') break;
+            if (size > MAX_METADATA || size > end - pos - SD_TAR_BLOCK) goto fallback;
+            const unsigned char *data = h + SD_TAR_BLOCK;
+            if (type == 'L') {
+                const unsigned char *nul = memchr(data, 0, (size_t)size);
+                long_name = data;
+                long_len = nul ? (size_t)(nul - data) : (size_t)size;
+            } else if (type == 'x') {
+                if (pax_find(data, size, "path", &pax_path, &pax_path_len) < 0) goto fallback;
+                if (pax_find(data, size, "size", &pax_size, &pax_size_len) < 0) goto fallback;
+            }
+            pos += SD_TAR_BLOCK + size + (SD_TAR_BLOCK - size % SD_TAR_BLOCK) % SD_TAR_BLOCK;
+        }
+        unsigned char type = h[156];
+        if (type == 'g' || type == 'S' || type == 'M' || pax_size != NULL) goto fallback;
+        if (size > end - pos - SD_TAR_BLOCK) goto fallback;
+        uint64_t data = pos + SD_TAR_BLOCK;
+        uint64_t stop = data + size + (SD_TAR_BLOCK - size % SD_TAR_BLOCK) % SD_TAR_BLOCK;
+        if (stop > end) goto fallback;
+        if (type == '0' || type == 0 || type == '7') {
+            if (pax_path != NULL) {
+                name.p = pax_path;
+                name.len = pax_path_len;
+            } else if (long_name != NULL) {
+                name.p = long_name;
+                name.len = long_len;
+            } else {
+                const unsigned char *nul = memchr(h, 0, 100);
+                size_t n = nul ? (size_t)(nul - h) : 100;
+                if (memcmp(h + 257, "ustar\0" "00", 8) == 0 && h[345] != 0) {
+                    const unsigned char *pnul = memchr(h + 345, 0, 155);
+                    size_t plen = pnul ? (size_t)(pnul - (h + 345)) : 155;
+                    memcpy(name.own, h + 345, plen);
+                    name.own[plen] = '/';
+                    memcpy(name.own + plen + 1, h, n);
+                    name.p = name.own;
+                    name.len = plen + 1 + n;
+                } else {
+                    name.p = h;
+                    name.len = n;
+                }
+            }
+            size_t klen, ext_at;
+            int k = sd_tar_key(name.p, name.len, &klen, &ext_at);
+            if (k < 0) goto fallback;
+            if (k == 1) {
+                if (key == NULL) {
+                    if (name.p == name.own) {
+                        memcpy(key_own, name.p, klen);
+                        key = key_own;
+                    } else {
+                        key = name.p;
+                    }
+                    key_len = klen;
+                } else if (klen != key_len || memcmp(name.p, key, klen) != 0) {
+                    goto fallback; /* two samples: the Python parse names them */
+                }
+                size_t elen = name.len - ext_at;
+                if (elen + 1 > EXT_BYTES - seen_len) goto fallback;
+                unsigned char *ext = seen + seen_len;
+                for (size_t i = 0; i < elen; i++) {
+                    unsigned char c = name.p[ext_at + i];
+                    ext[i] = c >= 'A' && c <= 'Z' ? c + 32 : c;
+                }
+                for (size_t at = 0; at < seen_len;) { /* a repeated extension: the Python parse names it */
+                    size_t len = strlen((const char *)seen + at);
+                    if (len == elen && memcmp(seen + at, ext, elen) == 0) goto fallback;
+                    at += len + 1;
+                }
+                if (memchr(ext, 0, elen) != NULL) goto fallback;
+                ext[elen] = 0;
+                seen_len += elen + 1;
+                PyObject *item = Py_BuildValue("(y#KK)", (const char *)ext, (Py_ssize_t)elen,
+                                               (unsigned long long)data, (unsigned long long)size);
+                if (item == NULL || PyList_Append(members, item) < 0) {
+                    Py_XDECREF(item);
+                    goto error;
+                }
+                Py_DECREF(item);
+            }
+        }
+        pos = stop;
+    }
+    if (key == NULL) goto fallback;
+    key_obj = PyBytes_FromStringAndSize((const char *)key, (Py_ssize_t)key_len);
+    if (key_obj == NULL) goto error;
+    PyBuffer_Release(&view);
+    PyObject *result = PyTuple_Pack(2, key_obj, members);
+    Py_DECREF(key_obj);
+    Py_DECREF(members);
+    return result;
+fallback:
+    PyBuffer_Release(&view);
+    Py_XDECREF(members);
+    Py_RETURN_NONE;
+error:
+    PyBuffer_Release(&view);
+    Py_XDECREF(members);
+    return NULL;
+}
+
 static PyObject *scan(PyObject *self, PyObject *args) {
     PyObject *buf_obj, *starts_obj, *lengths_obj;
     Py_ssize_t end;
@@ -301,6 +428,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(buf, end, starts, lengths, max_record) -> (count, consumed, need, cut, status): WebDataset samples."},
+    {"sample", sample, METH_O,
+     "sample(record) -> (key, [(extension, start, size)]) or None: one sample record's files."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -56,7 +56,7 @@ from sagemaker_dist.errors import DataError
 from sagemaker_dist.runtime.framing.base import Framer
 
 WEBDATASET = "WebDataset"
-_NATIVE_API = 1
+_NATIVE_API = 2
 try:  # the walk in C (setup.py builds it where it can); it leaves every unusual entry to the Python walk
     import sagemaker_dist.runtime.framing._tar_scan as _native
 except ImportError:  # pragma: no cover - depends on the install
@@ -424,6 +424,18 @@ def parse_sample(record, *, keep_key: bool = True) -> dict:
     Raises ``TarError`` (naming the byte offset in the record) where the bytes are not one sample's tar
     members: a bad header, files of two keys, a repeated extension, a member cut short.
     """
+    if _native is not None:  # the usual record in C; anything else (an error too) here, below
+        found = _native.sample(record)
+        if found is not None:
+            raw_key, members = found
+            if isinstance(record, bytes):
+                out = {ext.decode("ascii"): record[at : at + n] for ext, at, n in members}
+            else:
+                with memoryview(record) as whole, whole.cast("B") as view:
+                    out = {ext.decode("ascii"): view[at : at + n].tobytes() for ext, at, n in members}
+            if keep_key:
+                out["__key__"] = raw_key.decode("utf-8", "surrogateescape")
+            return out
     with memoryview(record) as whole, whole.cast("B") as view:
         end = len(view)
         out: dict = {}
