@@ -65,6 +65,19 @@ class Batch:
         # order); None: one after another
         self.rows: np.ndarray | None = None
 
+    @classmethod
+    def over(cls, holder, data: np.ndarray, size: int) -> Batch:
+        """A batch of ``size`` records filling ``data`` (a caller's buffer, owned by ``holder``), with
+        offsets of its own; it never grows (records of one size, ``size`` rows of them in ``data``)."""
+        batch = cls.__new__(cls)
+        batch.size, batch._allocate = int(size), None
+        batch.holder, batch.data = holder, data
+        batch.offsets_holder = batch.offsets = np.empty(batch.size + 1, dtype=np.int64)
+        batch.offsets[0] = 0
+        batch.count = batch.nbytes = 0
+        batch.rows = None
+        return batch
+
     @property
     def full(self) -> bool:
         return self.count >= self.size

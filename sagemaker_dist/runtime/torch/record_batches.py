@@ -17,6 +17,7 @@ import contextlib
 import mmap
 import sys
 import threading
+from collections import deque
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -44,6 +45,8 @@ WINDOWS_KEPT = 6
 # otherwise: 1 KB records scattered over a 16 MiB window of 4 KiB pages read at 0.55-0.75 of their speed
 # in huge pages). Longer records span pages anyway, and faulting in huge pages costs compaction.
 HUGE_PAGES_BELOW = 16 << 10
+# Windows of records of one size an arena holds: the one being filled, the one being handed out, one more
+ARENA_WINDOWS = 3
 
 
 class RaggedBatch(NamedTuple):
@@ -114,6 +117,49 @@ class _Buffers:
         return torch.from_numpy(array), array
 
 
+class _Arena:
+    """Shuffle windows of records of one size, placed one after another in one buffer (back to its start
+    where the next does not fit), so that a batch across two windows is one span of rows: a view, not a
+    copy. Every span handed out is a tensor of its own over a numpy view of its rows, whose references
+    say whether anything (a batch the script keeps, a view of it) still holds it; a window is only
+    placed over rows nothing holds (``place`` says None otherwise: the reader takes a new arena)."""
+
+    def __init__(self, rows: int, row_bytes: int, pinned: bool, huge_pages: bool):
+        import torch
+
+        self.rows, self.row_bytes = int(rows), int(row_bytes)
+        if pinned:
+            self._tensor = torch.empty(self.rows * self.row_bytes, dtype=torch.uint8, pin_memory=True)
+            self.array = self._tensor.numpy()
+        else:
+            self.array = _plain_array(self.rows * self.row_bytes, huge_pages)
+        self.end = 0  # the row after the last window placed
+        self.handed: deque = deque()  # (first row, end row, its numpy view)
+
+    def place(self, n: int) -> int | None:
+        """The first row of a window of ``n`` rows: after the last one, or at the start."""
+        start = self.end if self.end + n <= self.rows else 0
+        # 2: the tuple's slot and getrefcount's argument: no tensor over the view any more
+        self.handed = deque(h for h in self.handed if sys.getrefcount(h[2]) > 2)
+        if n > self.rows or any(a < start + n and start < b for a, b, _ in self.handed):
+            return None
+        self.end = start + n
+        return start
+
+    def window(self, start: int, n: int) -> Batch:
+        """A batch of ``n`` records to fill rows ``start .. start + n`` with (straight into their rows)."""
+        rb = self.row_bytes
+        return Batch.over(self, self.array[start * rb : (start + n) * rb], n)
+
+    def span(self, first: int, end: int):
+        """Rows ``first .. end`` as a ``[end - first, row_bytes]`` tensor, tracked while it lives."""
+        import torch
+
+        view = self.array[first * self.row_bytes : end * self.row_bytes]
+        self.handed.append((first, end, view))
+        return torch.from_numpy(view).view(end - first, self.row_bytes)
+
+
 class _Cutter:
     """Cuts a shuffled epoch's windows into batches, in their order. A window is a ``[n, record_bytes]``
     tensor already in its order (its batches are views of it), ``(tensor, rows)`` (records of one size at
@@ -129,6 +175,9 @@ class _Cutter:
         self.first = True
 
     def add(self, window):
+        if isinstance(window, _Span):
+            yield from self._groups(self._add_span(window))
+            return
         if isinstance(window, tuple):
             source, order = window
             n = len(order)
@@ -150,6 +199,33 @@ class _Cutter:
                 batches.append(self._join())
         yield from self._groups(batches)
 
+    def _add_span(self, span: _Span) -> list:
+        """The batches of a window whose rows are in order in an arena: views of its rows, and of the
+        rows before them where the batch began in the window before (one span of the arena)."""
+        first, n, batches = span.first, span.n, []
+        drop = min(self.skip, n)
+        self.skip -= drop
+        first, n = first + drop, n - drop
+        if not n:
+            return batches
+        if self.carried:
+            pending = self.carry[-1] if len(self.carry) == 1 and isinstance(self.carry[-1], _Span) else None
+            take = min(self.size - self.carried, n)
+            if pending is not None and pending.arena is span.arena and pending.first + pending.n == first:
+                self.carry = [_Span(span.arena, pending.first, pending.n + take)]  # on into this window
+            else:
+                self.carry.append(_Span(span.arena, first, take))
+            self.carried += take
+            first, n = first + take, n - take
+            if self.carried == self.size:
+                batches.append(self._join())
+        while n >= self.size:
+            batches.append((span.arena.span(first, first + self.size), self.size))
+            first, n = first + self.size, n - self.size
+        if n:
+            self.carry, self.carried = [_Span(span.arena, first, n)], n
+        return batches
+
     def finish(self):
         if self.carried and not self.reader.drop_last:
             yield from self._groups([self._join()])
@@ -170,12 +246,19 @@ class _Cutter:
         pieces, count = self.carry, self.carried
         self.carry, self.carried = [], 0
         fixed = self.reader.record_bytes
+        if len(pieces) == 1 and isinstance(pieces[0], _Span):  # one span of an arena: a view
+            span = pieces[0]
+            return span.arena.span(span.first, span.first + span.n), count
         if fixed:
             batch = Batch(count, count * fixed, self.allocate)
             out = batch.holder[: count * fixed].view(count, fixed)
             at = 0
             for piece in pieces:
-                if isinstance(piece, tuple):  # rows of a window: memcpy each (index_select: 1 GB/s)
+                if isinstance(piece, _Span):
+                    rows = piece.arena.array[piece.first * fixed : (piece.first + piece.n) * fixed]
+                    out[at : at + piece.n].copy_(_torch().from_numpy(rows).view(piece.n, fixed))
+                    at += piece.n
+                elif isinstance(piece, tuple):  # rows of a window: memcpy each (index_select: 1 GB/s)
                     window, rows = piece
                     batch.count, batch.nbytes = at, at * fixed
                     gather(batch, window, rows)
@@ -189,6 +272,20 @@ class _Cutter:
         for window, idx in pieces:
             gather(batch, window, idx)
         return self.reader._tensors(batch), count
+
+
+class _Span(NamedTuple):
+    """Rows ``first .. first + n`` of an arena, records in their order."""
+
+    arena: _Arena
+    first: int
+    n: int
+
+
+def _torch():
+    import torch
+
+    return torch
 
 
 def _lengths(window: Batch):
@@ -365,7 +462,7 @@ class RecordBatches(PipeBatches):
             windows_pool = self._buffers[("window", pinned)] = _Buffers(pinned, WINDOWS_KEPT, huge_pages=huge)
         cut = _Cutter(self, allocate, skip)
         if fixed:
-            windows = self._fixed_windows(epoch, streams, order, windows_pool)
+            windows = self._fixed_windows(epoch, streams, order, pinned)
         else:
             windows = self._ragged_windows(epoch, streams, order, windows_pool)
         try:
@@ -375,26 +472,41 @@ class RecordBatches(PipeBatches):
             windows.close()
         yield from cut.finish()
 
-    def _fixed_windows(self, epoch: int, streams: list, order: EpochOrder, allocate):
-        """Each window of records of one size as a ``[n, record_bytes]`` tensor in its order: every record
-        read straight into its row; a window the stream's end cut short keeps the rows that came."""
+    def _fixed_windows(self, epoch: int, streams: list, order: EpochOrder, pinned: bool):
+        """Each window of records of one size as a ``_Span`` of an arena, its rows in its order: every
+        record read straight into its row; a window the stream's end cut short keeps the rows that came
+        (``(window, rows)``, gathered batch by batch)."""
         fixed = self.record_bytes
         size = order.fixed_size(fixed)
-        window = None
+        window = arena = None
         for fill, _ in self._fills(epoch, streams):
             while True:
                 if window is None:
-                    window = Batch(size, size * fixed, allocate)
+                    arena, start = self._arena(pinned, size)
+                    window = arena.window(start, size)
                     window.rows = inverse(order.order(size))
                 if not fill.fill(window):
                     break
-                yield window.holder[: size * fixed].view(size, fixed)
+                yield _Span(arena, start, size)
                 window = None
         if window is not None and window.count:  # its records' rows, in order: gathered batch by batch
             rows = np.sort(window.rows[: window.count])
             window.count = size  # every row a record of record_bytes, for gather
             window.offsets[: size + 1] = np.arange(0, (size + 1) * fixed, fixed, dtype=np.int64)
             yield window, rows
+
+    def _arena(self, pinned: bool, size: int) -> tuple[_Arena, int]:
+        """The arena the next window of ``size`` rows goes into, and its first row there (a new arena
+        where the reader's holds rows still in use)."""
+        key = ("arena", pinned)
+        arena = self._buffers.get(key)
+        start = arena.place(size) if arena is not None and arena.row_bytes == self.record_bytes else None
+        if start is None:
+            rows = ARENA_WINDOWS * size + self.batch_size
+            huge = self.record_bytes < HUGE_PAGES_BELOW
+            arena = self._buffers[key] = _Arena(rows, self.record_bytes, pinned, huge)
+            start = arena.place(size)
+        return arena, start
 
     def _ragged_windows(self, epoch: int, streams: list, order: EpochOrder, allocate):
         """Each window of records of any size as ``(window, order)``: the records as they came, and the
