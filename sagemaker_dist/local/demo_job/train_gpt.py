@@ -10,7 +10,8 @@ them sharded: every rank writes its shard through DCP, in the background every `
 steps and at each epoch's end, and at once on a stop; a resume (on any number of ranks) loads them
 back. The toolkit passes the hyperparameters as ``--name value``:
 
-    --epochs 2 --batch-size 16 --learning-rate 0.003 [--checkpoint-every 8] [--log-every 4]
+    --epochs 2 --batch-size 16 --learning-rate 0.001 (scaled by the rank count) [--checkpoint-every 8]
+    [--log-every 4]
     [--tensorboard-s3-uri s3://bucket/tb/job] [--tensorboard-interval 30]
 
 Rank 0 prints the step's loss (averaged over the ranks) every ``--log-every`` steps, the metric line at each
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import fully_shard
+from train_torch import parse_args as demo_arguments  # the source dir's other script: on sys.path
 
 from sagemaker_dist.contract.paths import opt_ml_root
 from sagemaker_dist.runtime import PipeTraining, RecordBatches, ddp_main, setup_ddp
@@ -38,23 +40,13 @@ CONTEXT = 64
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    """The torch demo's hyperparameters (``train_torch.py`` beside this script), and this one's."""
 
-    def arg(name, **kw):  # the toolkit passes hyperparameter names as written: accept - and _
-        p.add_argument(f"--{name}", f"--{name.replace('-', '_')}", dest=name.replace("-", "_"), **kw)
+    def more(arg):
+        arg("checkpoint-every", type=int, default=8, help="steps between background checkpoints")
+        arg("log-every", type=int, default=4, help="steps between loss lines (rank 0)")
 
-    arg("epochs", type=int, default=2)
-    arg("batch-size", type=int, default=16, help="records (sequences) per rank and step")
-    arg("learning-rate", type=float, default=0.003)
-    arg("checkpoint-every", type=int, default=8, help="steps between background checkpoints")
-    arg("log-every", type=int, default=4, help="steps between loss lines (rank 0)")
-    arg("tensorboard-s3-uri", default=None)
-    arg("tensorboard-interval", type=float, default=30.0, help="seconds between TensorBoard uploads to S3")
-    arg("model-dir", default=None, help="local directory; default $SM_MODEL_DIR, else <root>/model")
-    args, unknown = p.parse_known_args(argv)
-    if unknown:
-        logging.getLogger(__name__).info("ignoring arguments %s", unknown)
-    return args
+    return demo_arguments(argv, description=__doc__.splitlines()[0], more=more, batch_size=16)
 
 
 class Block(torch.nn.Module):
@@ -112,7 +104,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     job = setup_ddp()
     model = sharded_model(job.device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=args.learning_rate * job.world_size, weight_decay=0.01
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / 10)
     )  # warm-up

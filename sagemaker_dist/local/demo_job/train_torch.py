@@ -33,8 +33,10 @@ IMAGE_SHAPE = (32, 32, 3)
 NUM_CLASSES = 10
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv=None, *, description=None, more=None, **defaults) -> argparse.Namespace:
+    """The demo's hyperparameters as the toolkit passes them; ``more(arg)`` adds a script's own (the
+    GPT demo's), ``defaults`` change the defaults."""
+    p = argparse.ArgumentParser(description=description or __doc__.splitlines()[0])
 
     def arg(name, **kw):  # the toolkit passes hyperparameter names as written: accept - and _
         p.add_argument(f"--{name}", f"--{name.replace('-', '_')}", dest=name.replace("-", "_"), **kw)
@@ -45,6 +47,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     arg("tensorboard-s3-uri", default=None)
     arg("tensorboard-interval", type=float, default=30.0, help="seconds between TensorBoard uploads to S3")
     arg("model-dir", default=None, help="local directory; default $SM_MODEL_DIR, else <root>/model")
+    if more is not None:
+        more(arg)
+    p.set_defaults(**defaults)
     args, unknown = p.parse_known_args(argv)
     if unknown:
         logging.getLogger(__name__).info("ignoring arguments %s", unknown)
