@@ -12,8 +12,9 @@ imported before the clock), arms interleaved and rotated each round:
 - ``tar-dec`` / ``tfr-dec``: ``PipeBatches`` of 256 decoded samples, the image's bytes and the class as
   an int64 tensor (``sample_decoder`` and its collate, ``example_decoder`` and a collate to the same) -
   what a training loop gets;
-- ``wds``: the ``webdataset`` library reading the tar stream from the FIFO (``WebDataset(fifo)``, its
-  tar reader and grouping, samples counted; no batches) - the peer.
+- ``wds``: the ``webdataset`` library reading the same samples as one tar from the FIFO
+  (``WebDataset(fifo)``, its tar reader and grouping, samples counted; no batches) - the peer. Given the
+  stream of shards it stops at the first end-of-archive blocks, after the first shard.
 
 "tar / tfr" is the median over rounds of the TFRecord arm's time over the tar arm's, in the same round.
 
@@ -91,22 +92,25 @@ def samples(size: int) -> list[tuple[bytes, int]]:
     return [(os.urandom(size), i % 10) for i in range(DISTINCT)]
 
 
-def write_streams(root: Path, size: int, total: int) -> tuple[Path, Path, int]:
-    """The tar stream (shards of SHARD_BYTES, concatenated) and the TFRecord stream of the same samples."""
+def write_streams(root: Path, size: int, total: int) -> tuple[Path, Path, Path, int]:
+    """The tar stream (shards of SHARD_BYTES, concatenated), the same samples as one tar (webdataset's
+    reader stops at the first end-of-archive blocks: it reads one archive a stream) and the TFRecord
+    stream of the same samples."""
     from sagemaker_dist.contract.record_formats import encode_tfrecord
     from sagemaker_dist.contract.tar_format import END_OF_ARCHIVE, tar_member
     from sagemaker_dist.launch.records import encode_example
 
     distinct = samples(size)
-    tar_path, tfr_path = root / f"s{size}.tar", root / f"s{size}.tfrecord"
+    tar_path, tfr_path, one_path = root / f"s{size}.tar", root / f"s{size}.tfrecord", root / f"s{size}-1.tar"
     n = 0
-    with open(tar_path, "wb") as tar, open(tfr_path, "wb") as tfr:
+    with open(tar_path, "wb") as tar, open(tfr_path, "wb") as tfr, open(one_path, "wb") as one:
         shard = 0
         while tar.tell() < total:
             image, label = distinct[n % DISTINCT]
             key = f"{n:09d}"
             data = tar_member(f"{key}.jpg", image) + tar_member(f"{key}.cls", str(label).encode())
             tar.write(data)
+            one.write(data)
             shard += len(data)
             if shard >= SHARD_BYTES:
                 tar.write(END_OF_ARCHIVE)
@@ -114,7 +118,8 @@ def write_streams(root: Path, size: int, total: int) -> tuple[Path, Path, int]:
             tfr.write(encode_tfrecord(encode_example({"image": image, "label": label})))
             n += 1
         tar.write(END_OF_ARCHIVE)
-    return tar_path, tfr_path, n
+        one.write(END_OF_ARCHIVE)
+    return tar_path, tfr_path, one_path, n
 
 
 def readers(args, root: Path) -> None:
@@ -128,7 +133,8 @@ def readers(args, root: Path) -> None:
     epoch = other = 0
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     for size in [int(s) for s in args.sizes.split(",")]:
-        tar_path, tfr_path, count = write_streams(root, size, args.mb << 20)
+        tar_path, tfr_path, one_path, count = write_streams(root, size, args.mb << 20)
+        sources = {"wds": one_path, "tar-raw": tar_path, "tar-dec": tar_path}
         runs: dict[str, list[dict]] = {arm: [] for arm in arms}
         for round_ in range(args.repeats):
             for arm in rotated(arms, round_):
@@ -136,7 +142,7 @@ def readers(args, root: Path) -> None:
                     fifo, other = data / f"wds_{other}", other + 1
                 else:
                     fifo, epoch = data / f"bench_{epoch}", epoch + 1
-                writer = start_writer(tar_path if arm in ("tar-raw", "tar-dec", "wds") else tfr_path, fifo)
+                writer = start_writer(sources.get(arm, tfr_path), fifo)
                 argv = [sys.executable, "-c", CHILD, arm, str(root), str(fifo), str(BATCH)]
                 done = subprocess.run(
                     argv, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path}
@@ -161,8 +167,8 @@ def readers(args, root: Path) -> None:
         for tar_arm, tfr_arm in (("tar-raw", "tfr-raw"), ("tar-dec", "tfr-dec")):
             ratio = statistics.median(b["total"] / a["total"] for a, b in zip(runs[tar_arm], runs[tfr_arm]))
             print(f"{tar_arm} / {tfr_arm}: {ratio:.2f}")
-        tar_path.unlink()
-        tfr_path.unlink()
+        for path in (tar_path, tfr_path, one_path):
+            path.unlink()
 
 
 def shard_writer(folder: Path, out: Path) -> int:

@@ -15,6 +15,7 @@ with two zero blocks; GNU tar pads it further with zeros to a multiple of 10240 
 
 from __future__ import annotations
 
+import functools
 import re
 
 BLOCK = 512
@@ -81,6 +82,8 @@ def padding(size: int) -> int:
 
 def member_bytes(name: str, size: int) -> int:
     """The bytes :func:`tar_member` writes for a member of ``size`` bytes named ``name``, data included."""
+    if 0 < len(name) <= NAME[1] and name.isascii() and "\0" not in name and 0 <= size <= MAX_OCTAL_SIZE:
+        return BLOCK + size + padding(size)  # one ustar header
     return len(tar_header(name, size)) + size + padding(size)
 
 
@@ -129,9 +132,26 @@ def _header_block(name: bytes, prefix: bytes, size: int, mtime: int, typeflag: b
     return bytes(block)
 
 
+@functools.lru_cache(maxsize=16)
+def _template(mtime: int, mode: int) -> tuple[bytes, int]:
+    """A regular file's header with no name and size 0, and the checksum of all but those two fields."""
+    block = _header_block(b"", b"", 0, mtime, b"0", mode)
+    size_start, size_length = SIZE
+    return block, checksum(block) - sum(block[size_start : size_start + size_length])
+
+
 def tar_header(name: str, size: int, mtime: int = 0, mode: int = 0o644) -> bytes:
     """The header block(s) of a regular file: a ustar header, after a pax header where the name is not
     ASCII or does not fit ustar's fields, or the size is over 8 GiB - 1."""
+    if 0 < len(name) <= NAME[1] and name.isascii() and "\0" not in name and 0 <= size <= MAX_OCTAL_SIZE:
+        template, base = _template(max(0, min(int(mtime), 8**11 - 1)), mode)  # the usual member: fast
+        raw = name.encode("ascii")
+        size_field = b"%011o\x00" % size
+        total = base + sum(raw) + sum(size_field)
+        return b"".join(
+            (raw, bytes(NAME[1] - len(raw)), template[NAME[1] : SIZE[0]], size_field,
+             template[SIZE[0] + SIZE[1] : CHKSUM[0]], b"%06o\x00 " % total, template[CHKSUM[0] + CHKSUM[1] :])
+        )  # fmt: skip
     if not name or "\0" in name:
         raise ValueError(f"a tar member name must be non-empty, without NUL bytes: {name!r}")
     if size < 0:

@@ -108,10 +108,12 @@ class Item:
     mtime_ns: int
     label: int | None
     meta: dict | None = None
+    real: str = field(default="", compare=False, repr=False)  # the file, every link resolved (at the scan)
 
     @property
     def extension(self) -> str:
-        ext = PurePosixPath(self.path).suffix[1:].lower() or "bin"
+        name = self.path.rpartition("/")[2]
+        ext = name.rpartition(".")[2].lower() if "." in name.lstrip(".") else "bin"
         return EXTENSION_ALIASES.get(ext, ext)
 
 
@@ -134,22 +136,23 @@ class Source:
     ignored: int = 0  # ImageFolder files that are not images (by extension)
 
 
-def _readable_image(path: Path, ext: str | None) -> str | None:
-    """Why ``path`` cannot be packed (None: it can): missing, not a regular file (a FIFO is never opened),
-    unreadable, not the image its name says."""
+def _readable_image(path: str, ext: str | None) -> tuple[str | None, os.stat_result | None]:
+    """``(why, stat)``: why ``path`` cannot be packed (None: it can: missing, not a regular file (a FIFO is
+    never opened), unreadable, not the image its name says), and its stat."""
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return "not a regular file"
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return "not a regular file", None
         with open(path, "rb") as f:
             head = f.read(16)
     except FileNotFoundError:
-        return "missing"
+        return "missing", None
     except OSError as exc:
-        return f"unreadable ({exc.strerror or exc})"
+        return f"unreadable ({exc.strerror or exc})", None
     magic = IMAGE_MAGIC.get(ext or "")
     if magic is not None and not head.startswith(magic):
-        return f"not a {ext.upper()} file (its first bytes are {head[:4]!r})"
-    return None
+        return f"not a {ext.upper()} file (its first bytes are {head[:4]!r})", None
+    return None, st
 
 
 def _checked_file(root: Path, rel: str, what: str) -> Path:
@@ -163,15 +166,24 @@ def _checked_file(root: Path, rel: str, what: str) -> Path:
     )
 
 
-def _stat_item(root: Path, rel: str, label: int | None, meta, what: str, skipped: list, check_magic: bool):
-    path = _checked_file(root, rel, what)
-    ext = PurePosixPath(rel).suffix[1:].lower()
-    why = _readable_image(path, ext if check_magic else None)
+def _stat_item(
+    root: Path, rel: str, label: int | None, meta, what: str, skipped: list, check_magic: bool, walked=False
+):
+    """The item of ``root/rel``, or None (and a ``Skipped``). ``walked``: ``rel`` comes from a walk of
+    ``root`` that follows no link to a folder, so it stays inside and only the file itself may be a link
+    (checked, and resolved, only then)."""
+    full = os.path.join(root, rel)
+    if walked and not os.path.islink(full):
+        real = os.path.abspath(full)
+    else:
+        real = os.path.realpath(_checked_file(root, rel, what))
+        rel = os.path.normpath(rel)
+    ext = rel.rpartition(".")[2].lower() if "." in rel.rpartition("/")[2] else ""
+    why, st = _readable_image(full, ext if check_magic else None)
     if why is not None:
         skipped.append(Skipped(rel, why))
         return None
-    st = path.stat()
-    return Item(str(PurePosixPath(os.path.normpath(rel))), st.st_size, st.st_mtime_ns, label, meta)
+    return Item(rel, st.st_size, st.st_mtime_ns, label, meta, real)
 
 
 def _labels(raw: list) -> tuple[list[int | None], list[str] | None]:
@@ -231,19 +243,19 @@ def _scan_imagefolder(root: Path) -> Source:
         elif entry.is_symlink() and entry.is_dir():
             _checked_file(root, entry.name, "class folder")
             skipped.append(Skipped(entry.name, "a link to a folder (links to folders are not followed)"))
+    top = len(str(root)) + 1
     for label, name in enumerate(classes):
-        folder = root / name
-        for here, dirs, files in os.walk(folder, followlinks=False):
+        for here, dirs, files in os.walk(os.path.join(root, name), followlinks=False):
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
             for file in sorted(files):
                 if file.startswith("."):
                     continue
-                rel = Path(here, file).relative_to(root).as_posix()
-                ext = PurePosixPath(file).suffix[1:].lower()
+                rel = f"{here[top:]}/{file}"
+                ext = file.rpartition(".")[2].lower() if "." in file else ""
                 if ext not in IMAGE_MAGIC:
                     ignored += 1
                     continue
-                item = _stat_item(root, rel, label, None, "ImageFolder file", skipped, check_magic=True)
+                item = _stat_item(root, rel, label, None, "ImageFolder file", skipped, True, walked=True)
                 if item is not None:
                     items.append(item)
     if not classes:
@@ -310,7 +322,7 @@ def _scan_rows(file: Path, layout: str, rows: Iterable) -> Source:
             staged.append((item, label))
     labels, classes = _labels([label for _, label in staged])
     items = [
-        Item(item.path, item.size, item.mtime_ns, label, item.meta)
+        Item(item.path, item.size, item.mtime_ns, label, item.meta, item.real)
         for (item, _), label in zip(staged, labels)
     ]
     seen: dict[str, int] = {}
@@ -451,9 +463,14 @@ def plan_pack(
 
 
 def _read_source(source: Source, item: Item) -> bytes:
-    path = _checked_file(source.root, item.path, "file")
+    """The file's bytes: the file the scan resolved (a link put there since is not followed), still a
+    regular file of the size the scan saw."""
+    path = item.real or _checked_file(source.root, item.path, "file")
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise PackInputError(f"{path} is no longer a regular file; run again")
             data = f.read(item.size + 1)
     except OSError as exc:
         raise PackInputError(f"{path}: could not be read while packing ({exc.strerror or exc})") from None

@@ -314,3 +314,15 @@ def test_the_command_packs_prints_and_names_bad_input(tmp_path, image_folder, ca
     with pytest.raises(SystemExit, match="2"):
         main(["pack", str(root), str(tmp_path / "o3"), "--shards", "0"])
     assert "argument --shards: '0': give a whole number >= 1" in capsys.readouterr().err
+
+
+def test_a_file_swapped_for_a_link_after_the_scan_is_not_followed(tmp_path, image_folder):
+    root, _ = image_folder
+    plan = plan_pack(scan_source(root), shards=1)
+    (tmp_path / "secret.jpg").write_bytes(jpeg(7, 50))
+    swapped = root / "cat" / "00.jpg"
+    swapped.unlink()
+    swapped.symlink_to(tmp_path / "secret.jpg")
+    with pytest.raises(PackInputError, match="00.jpg: could not be read while packing"):
+        pack(plan, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out" / "index.json").exists() and not list((tmp_path / "out" / "shards").iterdir())
