@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
+from sagemaker_dist.errors import DataError
 from sagemaker_dist.runtime.checkpoint_format import (
     Checkpoint,
     CheckpointMismatchError,
@@ -37,6 +39,13 @@ FORMAT = "torch"
 
 class UnsafeCheckpointError(CheckpointMismatchError):
     """A ``state.pt`` holding objects beyond tensors and plain values: loading it would run its code."""
+
+
+class CheckpointReadError(DataError):
+    """A complete checkpoint whose ``state.pt`` cannot be read (I/O, memory) or is damaged."""
+
+
+_ERRORS = {"unsafe": UnsafeCheckpointError, "read": CheckpointReadError, "mismatch": CheckpointMismatchError}
 
 
 def unwrapped(model):
@@ -111,7 +120,14 @@ def _load_state(path):
 
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, MemoryError) as exc:
+        raise CheckpointReadError(
+            f"checkpoint file {path} could not be read ({type(exc).__name__}: {_first_line(exc)}); check "
+            "the disk and memory, or delete that checkpoint directory to resume from the one before"
+        ) from None
     except pickle.UnpicklingError as exc:
+        if "Weights only load failed" not in str(exc):  # not a refusal: bytes that are no pickle at all
+            raise _damaged(path, exc) from None
         raise UnsafeCheckpointError(
             f"checkpoint file {path} holds objects other than tensors and plain values "
             f"({_first_line(exc)}); it is refused, since loading it would run code from it. It was not "
@@ -119,6 +135,15 @@ def _load_state(path):
             "yourself; otherwise delete that checkpoint directory, or give the job a fresh checkpoint "
             "location, and check who can write the checkpoint prefix"
         ) from None
+    except Exception as exc:  # noqa: BLE001 - torch's zip reader and unpickler raise RuntimeError, EOFError, ...
+        raise _damaged(path, exc) from None
+
+
+def _damaged(path, exc: BaseException) -> CheckpointReadError:
+    return CheckpointReadError(
+        f"checkpoint file {path} is damaged ({type(exc).__name__}: {_first_line(exc)}), though its size is "
+        f"the one meta.json lists; delete {Path(path).parent} to resume from the checkpoint before it"
+    )
 
 
 def _jsonable(value: Any):
@@ -173,9 +198,12 @@ def restore_torch_checkpoint(
                     scheduler=state.get("scheduler"),
                     extra=state.get("extra"),
                 )
-            except UnsafeCheckpointError as exc:  # every rank raises below, as for a mismatch
-                payload.update(error=str(exc), unsafe=True)
+            except (UnsafeCheckpointError, CheckpointReadError) as exc:  # every rank raises it below
+                payload.update(
+                    error=str(exc), kind="unsafe" if isinstance(exc, UnsafeCheckpointError) else "read"
+                )
             except Exception as exc:  # every rank raises below: none waits for a broadcast that never comes
+                payload["kind"] = "mismatch"
                 payload["error"] = (
                     f"checkpoint {found.path} does not match this job's model and optimizer: {exc}. Resume "
                     "from checkpoints of this model: give the job a fresh checkpoint location, or delete "
@@ -187,7 +215,7 @@ def restore_torch_checkpoint(
         dist.broadcast_object_list(box, src=0, group=group)
         payload = box[0]
     if payload["error"]:
-        raise (UnsafeCheckpointError if payload.get("unsafe") else CheckpointMismatchError)(payload["error"])
+        raise _ERRORS[payload.get("kind", "mismatch")](payload["error"])
     if distributed and payload["found"]:
         if rank != 0:
             if optimizer is not None and payload.get("optimizer") is not None:

@@ -348,3 +348,30 @@ def test_a_checkpoint_refuses_at_save_what_it_could_not_load_at_resume(tmp_path)
     assert not list(tmp_path.glob("epoch-*"))
     saved = save_torch_checkpoint(tmp_path, 1, model=model, extra={"seen": torch.arange(3), "ids": [1, "a"]})
     assert saved.path.name == "epoch-00001"
+
+
+@pytest.mark.parametrize("damage", ["zeros", "truncated"])
+def test_a_damaged_state_pt_is_named_damaged_not_unsafe_nor_another_model(tmp_path, damage):
+    """A file of the listed size that torch cannot read is a CheckpointReadError naming it; the "would
+    run code" and "does not match this job's model" errors are kept for what they say."""
+    import json
+
+    from sagemaker_dist.runtime.checkpoint_format import CheckpointMismatchError
+    from sagemaker_dist.runtime.torch.checkpointing import (
+        CheckpointReadError,
+        restore_torch_checkpoint,
+        save_torch_checkpoint,
+    )
+
+    saved = save_torch_checkpoint(tmp_path, 1, model=torch.nn.Linear(3, 1))
+    state = saved.path / "state.pt"
+    size = state.stat().st_size
+    data = bytes(size) if damage == "zeros" else state.read_bytes()[: size // 2]
+    state.write_bytes(data)
+    meta = json.loads((saved.path / "meta.json").read_text())
+    meta["files"]["state.pt"] = len(data)
+    (saved.path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointReadError, match=r"epoch-00001/state\.pt is damaged") as caught:
+        restore_torch_checkpoint(tmp_path, model=torch.nn.Linear(3, 1), rank=0)
+    assert not isinstance(caught.value, CheckpointMismatchError)
+    assert "delete" in str(caught.value) and "checkpoint before it" in str(caught.value)
