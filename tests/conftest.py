@@ -8,6 +8,11 @@ import uuid
 
 import pytest
 
+# The process ends with pytest's own status once every report is written, skipping the interpreter's
+# teardown, where the C++ static destructors of TensorFlow, PyTorch, Open MPI & co. run beside their
+# still-running threads (a SIGSEGV after a passing run): helpers/process_exit.py says what and why.
+from helpers.process_exit import pytest_sessionfinish, pytest_unconfigure  # noqa: F401
+
 # Under CI=true a test never skips for a missing capability (Open MPI, Slurm, the toolkit's venv, ...):
 # the skip is reported as a failure naming its reason, so a green run means everything ran.
 CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
