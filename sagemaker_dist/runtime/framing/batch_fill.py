@@ -129,6 +129,7 @@ class StreamFill:
             self._lengths: list[int] = []
             self._next = 0
             self._base = 0
+            self._run_starts = self._run_lengths = np.empty(0, dtype=np.int64)
 
     def fill(self, batch: Batch, stop_bytes: int = 0) -> bool:
         """Add records to ``batch`` until it is full, or holds ``stop_bytes`` bytes or more (True), or the
@@ -203,6 +204,9 @@ class StreamFill:
                 self._blob = view.tobytes() + b"".join(extra) if extra else view.tobytes()
                 view.release()
                 self._starts, self._lengths, self._next = starts.tolist(), lengths.tolist(), 0
+                self._run_starts, self._run_lengths = np.asarray(starts), np.asarray(lengths)
+            if not fixed and rows is None and self._copy_run(batch, stop_bytes):
+                continue
             start, n = self._starts[self._next], self._lengths[self._next]
             if fixed and n != fixed:
                 framer.offset = self._base + max(start - _HEADER_BYTES[framer.format_name], 0)
@@ -217,6 +221,31 @@ class StreamFill:
             batch.count += 1
             batch.offsets[batch.count] = end
             self._next += 1
+        return True
+
+    def _copy_run(self, batch: Batch, stop_bytes: int) -> bool:
+        """Records of any size that lie one after another in the framed bytes (WebDataset samples do) added
+        with one copy and one offsets update, as many as the batch takes; False where fewer than two do."""
+        i = self._next
+        starts = self._run_starts[i : i + batch.size - batch.count]
+        lengths = self._run_lengths[i : i + batch.size - batch.count]
+        if len(starts) < 2:
+            return False
+        apart = np.flatnonzero(starts[1:] != starts[:-1] + lengths[:-1])
+        k = int(apart[0]) + 1 if len(apart) else len(starts)
+        ends = np.cumsum(lengths[:k])
+        if stop_bytes:  # as the record loop: a record is added while the batch holds less than stop_bytes
+            k = min(k, 1 + int(np.count_nonzero(batch.nbytes + ends[:-1] < stop_bytes)))
+        if k < 2:
+            return False
+        at, total = batch.nbytes, int(ends[k - 1])
+        if at + total > len(batch.data):
+            batch.grow(at + total, at)
+        batch.data[at : at + total] = np.frombuffer(self._blob, np.uint8, total, int(starts[0]))
+        batch.offsets[batch.count + 1 : batch.count + 1 + k] = at + ends[:k]
+        batch.nbytes = at + total
+        batch.count += k
+        self._next += k
         return True
 
 

@@ -229,3 +229,27 @@ def test_a_bad_header_in_the_pipe_fails_the_epoch_naming_the_channel_and_offset(
     assert caught.value.channel == "train_0" and caught.value.offset == len(good)
     assert "WebDataset: header checksum mismatch" in str(caught.value)
     feeder.join(10)
+
+
+def test_record_batches_shuffle_samples_in_the_order_pipe_batches_do(tmp_path, shards):
+    """Sample records lie one after another in the stream: RecordBatches copies runs of them at once, into
+    batches and into shuffle windows cut by bytes; the order stays the seeded one every reader has."""
+    from sagemaker_dist.runtime import PipeBatches, RecordBatches, ShuffleWindow, sample_decoder
+
+    stream = b"".join(p.read_bytes() for p in shards)
+    decode = sample_decoder(["cls"], keep_key=True)
+    window = ShuffleWindow(5, records=1000, bytes=40_000)  # windows cut by bytes, inside runs
+    config, feeder = channel(tmp_path / "a", [stream])
+    pipe = PipeBatches(
+        "train_0", 9, record_format="WebDataset", decode=decode, collate=decode.collate, config=config,
+        shuffle=window,
+    )  # fmt: skip
+    expected = [k for b in pipe for k in b["__key__"]]
+    feeder.join(10)
+    config, feeder = channel(tmp_path / "b", [stream])
+    raw = RecordBatches(
+        "train_0", 9, record_format="WebDataset", config=config, pin_memory=False, shuffle=window
+    )
+    got = [k for b in raw for k in decode.decode_batch(b)["__key__"]]
+    feeder.join(10)
+    assert got == expected and sorted(got) == sorted(s["__key__"] for s in reference(shards))
