@@ -49,7 +49,7 @@ def run_pack(args) -> int:
     print(
         f"{len(source.items)} samples{classes} ({source.layout}) from {args.source}: {len(plan.shards)} "
         f"{args.format} shard(s) of about {plan.bytes / len(plan.shards) / 1e6:.1f} MB "
-        f"({min(counts)}-{max(counts)} samples each)"
+        f"({min(counts)}{'' if min(counts) == max(counts) else f'-{max(counts)}'} samples each)"
     )
     if source.ignored:
         print(f"ignored {source.ignored} file(s) that are not images (by extension)")
