@@ -79,6 +79,7 @@ def test_a_spot_stop_of_a_shuffled_job_trains_every_record_once_per_epoch(
     log = "\n".join(lines)
     (tmp_path / "job.log").write_text(log)
     assert [a.status for a in attempts] == ["Stopped", "Completed"], log[-4000:]
+    assert "does not start with the records" not in log  # each resumed stream began as the stopped one
     stopped_epoch, step = attempts[0].stopped_at  # the epoch counted from 1
     assert 0 < step < FILES * PER_FILE // BATCH // (HOSTS * PER_HOST), log[-3000:]  # inside an epoch
     per_epoch: dict[int, Counter] = {e: Counter() for e in range(EPOCHS)}

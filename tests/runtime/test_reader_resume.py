@@ -9,22 +9,23 @@ from helpers.runtime_helpers import FifoFeeder, write_opt_ml
 from sagemaker_dist.contract.layout import plan_layout
 from sagemaker_dist.runtime.keras.reader_resume import TrainReader
 from sagemaker_dist.runtime.pipe.epochs import next_epoch_fifo
-from sagemaker_dist.runtime.pipe.order import epoch_base
+from sagemaker_dist.runtime.pipe.order import epoch_base, write_head
 
 
 def test_a_step_checkpoint_keeps_the_fifo_and_a_resume_replays_to_it_and_bases_the_epoch(tmp_path):
     root = write_opt_ml(tmp_path / "one", ["train_0", "train_1"], plan_layout(1, 2, shuffle_seed=3))
     reader = TrainReader.of(root, 1, 1, 2)
     assert reader is not None and reader.channel == "train_1"
-    assert reader.checkpoint() == {"reader": {"fifo": None, "world_size": 2}}  # no FIFO read yet
+    assert reader.checkpoint() == {"reader": {"fifo": None, "head": None, "world_size": 2}}  # none read yet
     feeder = FifoFeeder(root / "input" / "data", "train_1", [b"a", b"b", b"c"])
     feeder.start()
     for _ in range(2):  # epochs 0 and 1 read: the epoch under way reads FIFO 1
         number, path = next_epoch_fifo(root / "pipe_state", root / "input" / "data", "train_1", 10)
         path.read_bytes()
     feeder.join(10)
+    write_head(root / "pipe_state", "train_1", 1, 0xABC)  # as the reader of FIFO 1 noted it
     saved = reader.checkpoint()["reader"]
-    assert saved == {"fifo": 1, "world_size": 2}
+    assert saved == {"fifo": 1, "head": 0xABC, "world_size": 2}
     # the restarted job: a fresh tree, FIFOs from _0 again
     again = write_opt_ml(tmp_path / "two", ["train_0", "train_1"], plan_layout(1, 2, shuffle_seed=3))
     feeder = FifoFeeder(again / "input" / "data", "train_1", [b"a", b"b", b"c"])
@@ -36,6 +37,20 @@ def test_a_step_checkpoint_keeps_the_fifo_and_a_resume_replays_to_it_and_bases_t
     assert number == 1 and path.read_bytes() == b"b"
     assert epoch_base(again / "pipe_state", "train_1") == 0  # FIFO 1 is epoch 1
     feeder.join(10)
+    assert not resumed.check_head()  # the resumed stream's head not noted yet
+    write_head(again / "pipe_state", "train_1", 1, 0xABC)  # the same records again: nothing said
+    assert resumed.check_head() and resumed.expected is None
+
+
+def test_a_resumed_stream_that_begins_with_other_records_is_said_in_a_line(tmp_path, capsys):
+    root = write_opt_ml(tmp_path, ["train_0"], plan_layout(1, 1))
+    reader = TrainReader.of(root, 0, 0, 1)
+    assert reader.resume(2, 5, {"fifo": 2, "head": 7, "world_size": 1}, chief=True) == (2, 5)
+    write_head(root / "pipe_state", "train_0", 0, 8)  # FIFO 0, read for epoch 3, began otherwise
+    assert reader.check_head()
+    line = capsys.readouterr().out
+    assert "train_0_0, read for epoch 3 after a restart, does not start with the records" in line
+    assert "stopped attempt's train_0_2" in line and "5 step(s) of batches" in line
 
 
 def test_without_a_shuffle_config_the_first_fifo_is_read_as_the_resumed_epoch(tmp_path):

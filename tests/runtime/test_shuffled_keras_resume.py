@@ -127,7 +127,9 @@ def test_the_stopped_epoch_is_trained_once_in_the_uninterrupted_order(attempts):
     assert second.returncode == 0, (second.stdout + second.stderr)[-5000:]
     (stop,) = [c for c in list_checkpoints(checkpoints) if c.meta.get("stopped")]
     assert stop.epoch == 1 and 0 < stop.step < RECORDS // BATCH
-    assert stop.meta["reader"] == {"fifo": 1, "world_size": WORLD}  # the FIFO the stopped epoch read
+    assert {k: stop.meta["reader"][k] for k in ("fifo", "world_size")} == {"fifo": 1, "world_size": WORLD}
+    assert stop.meta["reader"]["head"] is not None  # the stopped stream's head, checked on resume
+    assert "does not start with the records" not in second.stdout + second.stderr
     for rank in range(WORLD):
         _, one = trained(out, rank, "1")
         start, two = trained(out, rank, "2")

@@ -117,3 +117,21 @@ def test_rank_dataset_keys_the_order_by_the_rank_and_refuses_a_bad_shuffle(opt_m
     assert ids == reference([100] * 200, sh.ShuffleWindow(8), 1, "train_1", 0)
     with pytest.raises(PipeModeDatasetError, match="shuffle=1.5"):
         PipeModeDataset("train_0", "TFRecord", shuffle=1.5)
+
+
+def test_each_fifos_stream_head_is_noted_as_the_pytorch_readers_compute_it(opt_ml):
+    from sagemaker_dist.runtime.pipe.order import read_head
+
+    records = [record(i) for i in range(40)]
+    few = [record(i) for i in range(5)]  # a stream of fewer records than a head: its head is all of them
+    stream = b"".join(encode_tfrecord(r) for r in records)
+    feeder = feed(opt_ml, "train_0", [stream, b"".join(encode_tfrecord(r) for r in few)])
+    ds = PipeModeDataset("train_0", "TFRecord", shuffle=3, rank=0)
+    for _ in range(2):
+        assert len(list(ds)) in (40, 5)
+    feeder.join(10)
+    for fifo, recs in ((0, records[:16]), (1, few)):
+        head = sh.StreamHead()
+        for r in recs:
+            head.add(r)
+        assert read_head(opt_ml / "pipe_state", "train_0", fifo) == head.value

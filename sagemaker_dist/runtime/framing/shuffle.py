@@ -27,6 +27,7 @@ GOLDEN = 0x9E3779B97F4A7C15
 DEFAULT_WINDOW_RECORDS = 16384
 DEFAULT_WINDOW_BYTES = 64 << 20
 MAX_WINDOW_RECORDS = 1 << 24  # a window's order takes 8 bytes of scratch a record
+HEAD_RECORDS = 16  # a stream's head: its first records, whose digest says whether it replays (sd_head_fold)
 
 
 def mix64(z: int) -> int:
@@ -174,3 +175,24 @@ def shuffled(records, order: EpochOrder, size=len):
             window, nbytes = [], 0
     if window:
         yield from (window[i] for i in order.order(len(window)).tolist())
+
+
+class StreamHead:
+    """The digest of a stream's first HEAD_RECORDS records (``sd_head_fold``): ``add`` each record in
+    stream order; ``value`` once ``done`` (or at the stream's end, of the records it had)."""
+
+    def __init__(self):
+        self.value = 0
+        self.count = 0
+
+    @property
+    def done(self) -> bool:
+        return self.count >= HEAD_RECORDS
+
+    def add(self, record) -> None:
+        from crc32c import crc32c
+
+        if self.count < HEAD_RECORDS:
+            length = len(record) if not hasattr(record, "nbytes") else record.nbytes
+            self.value = mix64(self.value ^ ((crc32c(record) << 32) | (length & 0xFFFFFFFF)))
+            self.count += 1

@@ -19,7 +19,13 @@ from pathlib import Path
 
 from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT
 from sagemaker_dist.runtime.pipe.epochs import current_epoch
-from sagemaker_dist.runtime.pipe.order import other_world_line, replay_fifos, set_epoch_base
+from sagemaker_dist.runtime.pipe.order import (
+    head_mismatch_line,
+    other_world_line,
+    read_head,
+    replay_fifos,
+    set_epoch_base,
+)
 
 
 @dataclass
@@ -45,10 +51,33 @@ class TrainReader:
             return None
         return cls(config, channel, size)
 
+    expected: tuple | None = None  # (head, its FIFO, epoch, step) of the stopped epoch's stream, to check
+    first_fifo: int = 0  # the FIFO the resumed epoch reads
+
     def checkpoint(self) -> dict:
-        """What a step checkpoint keeps: the FIFO the epoch under way reads, and the world size."""
-        fifo = current_epoch(Path(self.config.pipe_state_dir), self.channel) - 1
-        return {"reader": {"fifo": fifo if fifo >= 0 else None, "world_size": self.size}}
+        """What a step checkpoint keeps: the FIFO the epoch under way reads, its stream's head (the
+        readers note it, ``pipe.order.write_head``), and the world size."""
+        state = Path(self.config.pipe_state_dir)
+        fifo = current_epoch(state, self.channel) - 1
+        head = read_head(state, self.channel, fifo) if fifo >= 0 else None
+        return {"reader": {"fifo": fifo if fifo >= 0 else None, "head": head, "world_size": self.size}}
+
+    def check_head(self) -> bool:
+        """After a resume inside an epoch (on the rank whose checkpoint it is): once the resumed epoch's
+        stream head is noted, compare it with the stopped one's and say so in a line where they differ.
+        True once checked (or nothing to check)."""
+        if self.expected is None:
+            return True
+        head = read_head(Path(self.config.pipe_state_dir), self.channel, self.first_fifo)
+        if head is None:
+            return False
+        saved, fifo, epoch, step = self.expected
+        self.expected = None
+        if head != saved:
+            print(
+                head_mismatch_line(self.channel, self.first_fifo, fifo, epoch, f"{step} step(s) of batches")
+            )
+        return True
 
     def resume(self, epoch: int, step: int, saved: dict | None, chief: bool, timeout=DEFAULT_FIFO_TIMEOUT):
         """Before ``fit``: where the job resumes (``epoch``, ``step``), replayed and based as above;
@@ -62,6 +91,9 @@ class TrainReader:
         if step and saved.get("fifo") is not None:
             replay_fifos(self.config, self.channel, int(saved["fifo"]), timeout)
         state = Path(self.config.pipe_state_dir)
+        self.first_fifo = current_epoch(state, self.channel)
+        if step and chief and saved.get("head") is not None:  # the chief's stream is the one it saved
+            self.expected = (int(saved["head"]), saved.get("fifo"), epoch, step)
         base = epoch - current_epoch(state, self.channel)  # the next FIFO read is this epoch
         if base:
             set_epoch_base(state, self.channel, base)

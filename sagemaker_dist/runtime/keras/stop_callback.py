@@ -58,6 +58,8 @@ class StopAtAgreedStep(tf.keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self._steps += 1
         step = self._offset + batch + 1
+        if self.reader is not None and self.reader.expected is not None:
+            self.reader.check_head()  # the resumed epoch's stream against the stopped one's
         if self.stop.stopping_at(batch):
             self._stop_here(step)
         if self.rank == 0 and self.directory is not None and self.schedule.active:
@@ -131,6 +133,8 @@ class StopAgreedEachStep(StopAtAgreedStep):
     def on_train_batch_end(self, batch, logs=None):
         self._steps += 1
         step = self._step_now = self._offset + batch + 1
+        if self.reader is not None and self.reader.expected is not None:
+            self.reader.check_head()
         steps_since, since = self._steps - self._last_save[0], time.monotonic() - self._last_save[1]
         due = self.directory is not None and self.schedule.due(steps_since, since)
         stop, due = self.agree([self.stop.wanted(), int(due)])

@@ -115,15 +115,48 @@ def set_epoch_base(state_dir: str | os.PathLike, channel: str, base: int) -> Non
     os.replace(tmp, folder / channel)
 
 
+HEADS_DIR = ".heads"
+
+
+def write_head(state_dir: str | os.PathLike, channel: str, fifo: int, head: int) -> None:
+    """Note the head (``framing.shuffle.StreamHead``) of FIFO ``<channel>_<fifo>``: the TensorFlow
+    readers' way to tell the Keras helpers (the compiled op writes the same file)."""
+    folder = Path(state_dir) / HEADS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{channel}_{fifo}").write_text(f"{head:016x}")
+
+
+def read_head(state_dir: str | os.PathLike, channel: str, fifo: int) -> int | None:
+    try:
+        return int((Path(state_dir) / HEADS_DIR / f"{channel}_{fifo}").read_text().strip(), 16)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def head_mismatch_line(channel: str, fifo, saved_fifo, epoch: int, dropped: str) -> str:
+    """The line a resumed reader prints when the FIFO it reads the stopped epoch from does not start
+    with the records the stopped attempt's did (an order of the channel's objects not reproduced)."""
+    return (
+        f"sagemaker-dist: WARNING: {channel}_{fifo}, read for epoch {epoch + 1} after a restart, does not "
+        f"start with the records the stopped attempt's {channel}_{saved_fifo} started with: the channel's "
+        f"objects did not come in the same order again, so the {dropped} dropped as trained before the "
+        "stop are not exactly those (some records of that epoch are trained twice, others not at all)"
+    )
+
+
 @dataclass
 class ReaderPosition:
     """Where a reader is: ``epoch`` (the shuffle's), ``records`` of it handed out, ``fifo`` (the FIFO
-    number it reads; None for a File channel or before it opened one), ``done`` once read to the end."""
+    number it reads; None for a File channel or before it opened one), ``done`` once read to the end,
+    ``head`` the digest of its stream's first records (``StreamHead``) once read; ``expected``: the head
+    the stopped attempt's stream had, with its FIFO (a loaded state inside an epoch, this rank's)."""
 
     epoch: int
     records: int = 0
     fifo: int | None = None
     done: bool = False
+    head: int | None = None
+    expected: tuple[int, int | None] | None = None
 
     def after(self, resume: ReaderPosition | None, next_epoch: int) -> ReaderPosition:
         """The position a ``state_dict()`` reports: a loaded one not yet iterated, else the iteration
@@ -134,18 +167,20 @@ class ReaderPosition:
             return ReaderPosition(epoch=next_epoch)
         return self
 
-    def to_dict(self, shuffle: dict | None, channel: str) -> dict:
+    def to_dict(self, shuffle: dict | None, channel: str, rank: int = 0) -> dict:
         return {
             "version": STATE_VERSION,
             "channel": channel,
+            "rank": rank,
             "epoch": self.epoch,
             "records": self.records,
             "fifo": self.fifo,
+            "head": self.head,
             "shuffle": shuffle,
         }
 
     @classmethod
-    def from_dict(cls, state: dict, shuffle: dict | None, channel: str) -> ReaderPosition:
+    def from_dict(cls, state: dict, shuffle: dict | None, channel: str, rank: int = 0) -> ReaderPosition:
         """The position in ``state``; a state inside an epoch of another channel or another shuffle (seed,
         window, rank) is refused: its records would be others."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
@@ -153,7 +188,14 @@ class ReaderPosition:
                 f"channel {channel!r}: {state!r} is not a reader state of version {STATE_VERSION} "
                 "(a state_dict() of PipeBatches or RecordBatches)"
             )
-        position = cls(epoch=int(state["epoch"]), records=int(state["records"]), fifo=state.get("fifo"))
+        position = cls(
+            epoch=int(state["epoch"]),
+            records=int(state["records"]),
+            fifo=state.get("fifo"),
+            head=state.get("head"),
+        )
+        if position.records and state.get("head") is not None and state.get("rank", rank) == rank:
+            position.expected = (int(state["head"]), state.get("fifo"))  # this rank's stream's head
         if position.epoch < 0 or position.records < 0:
             raise ReaderStateError(
                 f"channel {channel!r}: the state's epoch and records must be >= 0: {state!r}"

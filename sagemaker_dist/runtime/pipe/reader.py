@@ -18,7 +18,7 @@ import numpy as np
 from sagemaker_dist.contract.paths import fifo_name
 from sagemaker_dist.runtime.fifo import FifoReader
 from sagemaker_dist.runtime.framing import frame_views, make_framer
-from sagemaker_dist.runtime.framing.shuffle import EpochOrder
+from sagemaker_dist.runtime.framing.shuffle import HEAD_RECORDS, EpochOrder, StreamHead
 from sagemaker_dist.runtime.pipe.epochs import next_epoch_fifo
 
 # Chunks whose records average at least this many bytes cross as one bytes object per record (one
@@ -147,6 +147,7 @@ class EpochReader:
             chunks = frame_views(
                 reader.readinto, framer, self.chunk_size, ready=reader.ready, read=reader.read, group=group
             )
+            chunks = self._headed(chunks, epoch)
             if self.shuffle is not None:  # whole windows, already (blob, starts, lengths, records)
                 from sagemaker_dist.runtime.pipe.order import epoch_base
 
@@ -166,6 +167,31 @@ class EpochReader:
             framer.warn_skipped()
             if self.benchmark:
                 self._report(framer.epoch, framer.records, reader, started, progress=False)
+
+    def _headed(self, chunks, fifo: int):
+        """``chunks`` as they are; the head of their records noted (``pipe.order.write_head``) once known."""
+        from sagemaker_dist.runtime.pipe.order import write_head
+
+        head = StreamHead()
+        for chunk in chunks:
+            if not head.done:
+                if isinstance(chunk, list):
+                    records = chunk
+                else:  # a copy of the first chunk's bytes (no export of the framer's buffer kept)
+                    view, starts, lengths, extra = chunk
+                    blob = view.tobytes() + b"".join(extra)
+                    wanted = HEAD_RECORDS - head.count
+                    records = [
+                        blob[s : s + n] for s, n in zip(starts[:wanted].tolist(), lengths[:wanted].tolist())
+                    ]
+                for record in records:
+                    head.add(record)
+                    if head.done:
+                        write_head(self.state_dir, self.channel, fifo, head.value)
+                        break
+            yield chunk
+        if not head.done:
+            write_head(self.state_dir, self.channel, fifo, head.value)
 
     def _report(self, epoch, records, reader, started, progress: bool):
         """``<channel>_<epoch> Iterator records: N, ...`` every ``interval`` records (the words AWS's

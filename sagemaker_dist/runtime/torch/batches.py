@@ -27,9 +27,15 @@ from sagemaker_dist.contract.paths import fifo_name
 from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT, FifoReader
 from sagemaker_dist.runtime.file_channel import FileChannelError, channel_files
 from sagemaker_dist.runtime.framing import DEFAULT_CHUNK, frame_views, make_framer
-from sagemaker_dist.runtime.framing.shuffle import EpochOrder, ShuffleWindow, shuffled
+from sagemaker_dist.runtime.framing.shuffle import (
+    HEAD_RECORDS,
+    EpochOrder,
+    ShuffleWindow,
+    StreamHead,
+    shuffled,
+)
 from sagemaker_dist.runtime.pipe.epochs import next_epoch_fifo
-from sagemaker_dist.runtime.pipe.order import ReaderPosition, replay_fifos
+from sagemaker_dist.runtime.pipe.order import ReaderPosition, head_mismatch_line, replay_fifos
 from sagemaker_dist.runtime.pipe.reader import read_ahead
 
 DEFAULT_PREFETCH = 4  # batches the reader thread prepares ahead of the loop
@@ -229,13 +235,14 @@ class PipeBatches:
     def state_dict(self) -> dict:
         """The reader's position: the epoch under way (or the next, once one was read to its end), the
         records of it handed out, the FIFO it reads; plain values, for any checkpoint."""
-        return self.position.after(self._resume, self.epoch).to_dict(self._shuffle_state(), self.channel)
+        position = self.position.after(self._resume, self.epoch)
+        return position.to_dict(self._shuffle_state(), self.channel, self.rank)
 
     def load_state_dict(self, state: dict) -> None:
         """Start the next iteration where ``state`` (a ``state_dict()``) was: its epoch, the records handed
         out of it dropped unread into batches. A state of another shuffle is refused when it is inside
         an epoch (its records would be another set)."""
-        position = ReaderPosition.from_dict(state, self._shuffle_state(), self.channel)
+        position = ReaderPosition.from_dict(state, self._shuffle_state(), self.channel, self.rank)
         self._resume = position
         self.epoch = position.epoch
 
@@ -250,7 +257,8 @@ class PipeBatches:
         epoch = self.epoch
         self.epoch = epoch + 1
         skip = resume.records if resume is not None and resume.epoch == epoch else 0
-        position = self.position = ReaderPosition(epoch=epoch, records=skip)
+        expected = resume.expected if resume is not None and skip else None
+        position = self.position = ReaderPosition(epoch=epoch, records=skip, expected=expected)
         pairs = self._epoch(epoch, skip, resume.fifo if resume is not None else None, position)
         with contextlib.closing(pairs):
             if self.device is not None:
@@ -301,6 +309,29 @@ class PipeBatches:
                     yield from _item_records(item)
             framer.warn_skipped()
 
+    def _note_head(self, head: StreamHead, skip: int) -> None:
+        """The stream's head is known: kept in the position; on a resumed epoch, compared with the head of
+        the stream the stopped attempt read (a mismatch is said in a line: never silently)."""
+        position = self.position
+        position.head = head.value
+        if position.expected is not None and position.expected[0] != head.value:
+            line = head_mismatch_line(
+                self.channel, position.fifo, position.expected[1], position.epoch, f"{skip} record(s)"
+            )
+            print(line, flush=True)
+
+    def _headed(self, records, skip: int):
+        """``records`` (in stream order), their head noted on the way."""
+        head = StreamHead()
+        for record in records:
+            if head.count < HEAD_RECORDS:
+                head.add(record)
+                if head.done:
+                    self._note_head(head, skip)
+            yield record
+        if not head.done:
+            self._note_head(head, skip)
+
     def _batches(self, epoch: int, streams: list[Callable], skip: int = 0):
         """``(batch, records in it)`` of one epoch's streams (``streams`` open each: the FIFO, or a File
         channel's files), made in the reader thread, after dropping the first ``skip`` records (read, not
@@ -312,9 +343,9 @@ class PipeBatches:
         pinned = torch.cuda.is_available() if self.pin_memory is None else self.pin_memory
         pending: list = []
         source = self._stream_records(epoch, streams)
-        records = source
+        records = self._headed(source, skip)
         if self.shuffle is not None:
-            records = shuffled(source, EpochOrder(self.shuffle, self._stream_key, epoch))
+            records = shuffled(records, EpochOrder(self.shuffle, self._stream_key, epoch))
         if skip:
             records = itertools.islice(records, skip, None)
         try:

@@ -24,7 +24,13 @@ import numpy as np
 
 from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT
 from sagemaker_dist.runtime.framing.batch_fill import Batch, StreamFill, compiled_available, gather
-from sagemaker_dist.runtime.framing.shuffle import EpochOrder, ShuffleWindow, inverse
+from sagemaker_dist.runtime.framing.shuffle import (
+    HEAD_RECORDS,
+    EpochOrder,
+    ShuffleWindow,
+    StreamHead,
+    inverse,
+)
 from sagemaker_dist.runtime.torch.batches import DEFAULT_PREFETCH, PipeBatches
 
 FIRST_BATCH_BYTES = 1 << 20  # a ragged batch's first buffer; later ones start at the last one's size
@@ -274,6 +280,19 @@ class _Cutter:
         return self.reader._tensors(batch), count
 
 
+class _HeadOf:
+    """The stream head of a shuffled epoch, fed each window as it is read (in stream order)."""
+
+    def __init__(self, reader: RecordBatches, skip: int):
+        self.reader, self.skip, self.head = reader, skip, StreamHead()
+        self.noted = False
+
+    def feed(self, window: Batch | None, end: bool = False) -> None:
+        if not self.noted and (window is not None or end):
+            self.reader._feed_head(self.head, window, self.skip, end)
+            self.noted = self.head.done or end
+
+
 class _Span(NamedTuple):
     """Rows ``first .. first + n`` of an arena, records in their order."""
 
@@ -422,6 +441,7 @@ class RecordBatches(PipeBatches):
         group: list = []
         group_bytes, first = 0, True
         batch = None
+        head, dropped = StreamHead(), skip
         fills = self._fills(epoch, streams)
         try:
             for fill, ready in fills:
@@ -434,6 +454,8 @@ class RecordBatches(PipeBatches):
                         batch = Batch(size, capacity, allocate)
                     if not fill.fill(batch):
                         break
+                    if not head.done:
+                        self._feed_head(head, batch, dropped)
                     if not fixed:
                         capacity = batch.nbytes + batch.nbytes // 8
                     if skip:  # records trained before a stop: read, dropped (their buffer reused)
@@ -444,6 +466,8 @@ class RecordBatches(PipeBatches):
                     batch = None
         finally:
             fills.close()
+        if not head.done:
+            self._feed_head(head, batch, dropped, end=True)
         if batch is not None and batch.count and not skip and not self.drop_last:
             group.append((self._tensors(batch), batch.count))
         if group:
@@ -461,10 +485,11 @@ class RecordBatches(PipeBatches):
             huge = not fixed or fixed < HUGE_PAGES_BELOW
             windows_pool = self._buffers[("window", pinned)] = _Buffers(pinned, WINDOWS_KEPT, huge_pages=huge)
         cut = _Cutter(self, allocate, skip)
+        head = _HeadOf(self, skip)
         if fixed:
-            windows = self._fixed_windows(epoch, streams, order, pinned)
+            windows = self._fixed_windows(epoch, streams, order, pinned, head)
         else:
-            windows = self._ragged_windows(epoch, streams, order, windows_pool)
+            windows = self._ragged_windows(epoch, streams, order, windows_pool, head)
         try:
             for window in windows:
                 yield from cut.add(window)
@@ -472,7 +497,7 @@ class RecordBatches(PipeBatches):
             windows.close()
         yield from cut.finish()
 
-    def _fixed_windows(self, epoch: int, streams: list, order: EpochOrder, pinned: bool):
+    def _fixed_windows(self, epoch: int, streams: list, order: EpochOrder, pinned: bool, head):
         """Each window of records of one size as a ``_Span`` of an arena, its rows in its order: every
         record read straight into its row; a window the stream's end cut short keeps the rows that came
         (``(window, rows)``, gathered batch by batch)."""
@@ -487,8 +512,10 @@ class RecordBatches(PipeBatches):
                     window.rows = inverse(order.order(size))
                 if not fill.fill(window):
                     break
+                head.feed(window)
                 yield _Span(arena, start, size)
                 window = None
+        head.feed(window, end=True)
         if window is not None and window.count:  # its records' rows, in order: gathered batch by batch
             rows = np.sort(window.rows[: window.count])
             window.count = size  # every row a record of record_bytes, for gather
@@ -508,7 +535,7 @@ class RecordBatches(PipeBatches):
             start = arena.place(size)
         return arena, start
 
-    def _ragged_windows(self, epoch: int, streams: list, order: EpochOrder, allocate):
+    def _ragged_windows(self, epoch: int, streams: list, order: EpochOrder, allocate, head):
         """Each window of records of any size as ``(window, order)``: the records as they came, and the
         order they go out in."""
         capacity = FIRST_BATCH_BYTES
@@ -520,11 +547,26 @@ class RecordBatches(PipeBatches):
                     window = Batch(order.window.records, capacity, allocate)
                 if not fill.fill(window, stop_bytes=limit):
                     break
+                head.feed(window)
                 capacity = min(window.nbytes + window.nbytes // 8, limit + limit // 8)
                 yield window, order.order(window.count)
                 window = None
+        head.feed(window, end=True)
         if window is not None and window.count:
             yield window, order.order(window.count)
+
+    def _feed_head(self, head: StreamHead, batch: Batch | None, skip: int, end: bool = False) -> None:
+        """Add ``batch``'s records, in stream order, to the stream's head; note it once known."""
+        if batch is not None:
+            fixed, rows, data = self.record_bytes, batch.rows, batch.data
+            for i in range(min(batch.count, HEAD_RECORDS - head.count)):
+                if rows is not None:  # a window of records of one size: record i is at its row
+                    row = int(rows[i])
+                    head.add(data[row * fixed : (row + 1) * fixed])
+                else:
+                    head.add(data[int(batch.offsets[i]) : int(batch.offsets[i + 1])])
+        if head.done or end:
+            self._note_head(head, skip)
 
     def _tensors(self, batch: Batch):
         """The batch as a [n, record_bytes] tensor, or a RaggedBatch, over its own buffers (no copy)."""

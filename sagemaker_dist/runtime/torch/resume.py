@@ -19,11 +19,12 @@ from sagemaker_dist.runtime.torch.batches import PipeBatches
 
 
 def reader_checkpoint(reader) -> dict | None:
-    """The reader's part of a checkpoint (plain values): the FIFO its current epoch reads."""
+    """The reader's part of a checkpoint (plain values): the FIFO its current epoch reads, and that
+    stream's head (whose rank)."""
     if not isinstance(reader, PipeBatches):
         return None
     position = reader.position
-    return {"epoch": position.epoch, "fifo": position.fifo}
+    return {"epoch": position.epoch, "fifo": position.fifo, "head": position.head, "rank": reader.rank}
 
 
 def begin_epoch(reader, epoch: int, skip_batches: int, saved: dict | None) -> int:
@@ -36,9 +37,11 @@ def begin_epoch(reader, epoch: int, skip_batches: int, saved: dict | None) -> in
     if not skip_batches:
         reader.set_epoch(epoch)
         return 0
-    fifo = (saved or {}).get("fifo") if (saved or {}).get("epoch") == epoch else None
+    saved = saved if (saved or {}).get("epoch") == epoch else {}
     state = reader.state_dict()
-    state.update(epoch=epoch, records=skip_batches * reader.batch_size, fifo=fifo)
+    state.update(epoch=epoch, records=skip_batches * reader.batch_size, fifo=saved.get("fifo"))
+    # the saving rank's stream head: that rank's reader checks the stream it replays against it
+    state.update(head=saved.get("head"), rank=saved.get("rank"))
     reader.load_state_dict(state)
     return 0
 

@@ -256,3 +256,32 @@ def test_batches_kept_while_later_windows_are_read_stay_as_they_were(tmp_path, k
     # batches of one buffer, one after another (views of the windows' rows, not copies of them)
     adjacent = sum(b.data_ptr() == a.data_ptr() + a.numel() for a, b in zip(kept[0], kept[0][1:]))
     assert adjacent >= 40  # all but where a held arena made the reader take a new one
+
+
+@pytest.mark.parametrize("kind", READERS)
+def test_every_reader_notes_its_streams_head_and_a_resume_onto_other_records_says_so(tmp_path, kind, capfd):
+    """The head (the digest of a stream's first 16 records) is the same in every reader; a reader
+    resumed with a state whose stream began otherwise (the channel's order not reproduced) says so."""
+    records = [record(i) for i in range(100)]
+    stream = b"".join(encode_tfrecord(r) for r in records)
+    head = sh.StreamHead()
+    for r in records[:16]:
+        head.add(r)
+    config, feeder = channel(tmp_path / "one", [stream])
+    one = reader(kind, config, 8, sh.ShuffleWindow(2, records=10))
+    it = iter(one)
+    next(it)
+    it.close()
+    feeder.join(10)
+    state = one.state_dict()
+    assert state["head"] == head.value and state["rank"] == 0
+    config, feeder = channel(tmp_path / "two", [b"".join(encode_tfrecord(r) for r in records[::-1])])
+    two = reader(kind, config, 8, sh.ShuffleWindow(2, records=10))
+    two.load_state_dict(state)  # the same channel, but its FIFO now carries the records in another order
+    rest = epoch_ids(two)
+    feeder.join(10)
+    assert len(rest) == 100 - 8
+    assert (
+        "train_0_0, read for epoch 1 after a restart, does not start with the records"
+        in capfd.readouterr().out
+    )

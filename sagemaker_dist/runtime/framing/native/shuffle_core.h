@@ -73,4 +73,13 @@ static inline uint64_t sd_window_order(uint64_t window_key, uint64_t size, uint6
     return k;
 }
 
+/* A stream's head: the digest of its first SD_HEAD_RECORDS records (fewer where it has fewer), folded in
+ * stream order from each record's CRC32C and length. A resumed job compares the head of the FIFO it
+ * replays with the stopped attempt's: equal heads say the FIFO carries the same records again. */
+#define SD_HEAD_RECORDS 16
+
+static inline uint64_t sd_head_fold(uint64_t head, uint32_t crc, uint64_t length) {
+    return sd_mix64(head ^ (((uint64_t)crc << 32) | (length & 0xFFFFFFFFull)));
+}
+
 #endif /* SAGEMAKER_DIST_SHUFFLE_CORE_H_ */

@@ -11,7 +11,8 @@
 // the channel, epoch and byte offset, in the Python reader's words (tests run the same checks on
 // both). A length field is only the stream's claim: each is checked against max_record_bytes before
 // any arithmetic on it or any allocation, and a large record's tensor grows as its bytes come.
-// With a shuffle window (shuffle_records > 0) each window of records is read whole and handed out in
+// With a shuffle window (shuffle_records > 0) each window of records is read whole (each record in its
+// tensor string, moved out later: no copy) and handed out in
 // the order framing/native/shuffle_core.h draws from the stream's key and the epoch, the same order
 // every other reader gives the stream.
 #include "pipe_support.h"
@@ -180,6 +181,8 @@ class PipeDataset : public DatasetBase {
       }
       started_ = std::chrono::steady_clock::now();
       next_report_ = c_.interval;
+      head_ = 0;
+      head_count_ = 0;
       if (c_.shuffle_records > 0) {
         epoch_key_ = sd_epoch_key(c_.stream_key, static_cast<uint64_t>(epoch_ + EpochBase(c_.state_dir, c_.channel)));
         window_index_ = 0;
@@ -202,24 +205,7 @@ class PipeDataset : public DatasetBase {
           *eof = window_eof_;
           return window_error_;
         }
-        window_.clear();
-        uint64_t nbytes = 0;
-        while (static_cast<int64_t>(window_.size()) < c_.shuffle_records &&
-               nbytes < static_cast<uint64_t>(c_.shuffle_bytes)) {
-          tstring record;
-          bool end = false;
-          Status s = Next(ctx, &record, &end);
-          if (!s.ok()) {
-            window_error_ = s;
-            break;
-          }
-          if (end) {
-            window_eof_ = true;
-            break;
-          }
-          nbytes += record.size();
-          window_.push_back(std::move(record));
-        }
+        TF_RETURN_IF_ERROR(FillWindow(ctx));
         if (window_.empty()) {
           *eof = window_eof_;
           return window_error_;
@@ -232,6 +218,30 @@ class PipeDataset : public DatasetBase {
         out_ = 0;
       }
       *out = std::move(window_[order_[out_++]]);
+      return absl::OkStatus();
+    }
+
+    // Reads the next window: its records moved into window_, each in its own tensor string (moved out
+    // again in the window's order: measured, cheaper than one buffer for the window and a copy out).
+    Status FillWindow(IteratorContext* ctx) {
+      window_.clear();
+      uint64_t nbytes = 0;
+      while (static_cast<int64_t>(window_.size()) < c_.shuffle_records &&
+             nbytes < static_cast<uint64_t>(c_.shuffle_bytes)) {
+        tstring record;
+        bool end = false;
+        Status s = Next(ctx, &record, &end);
+        if (!s.ok()) {
+          window_error_ = s;
+          break;
+        }
+        if (end) {
+          window_eof_ = true;
+          break;
+        }
+        nbytes += record.size();
+        window_.push_back(std::move(record));
+      }
       return absl::OkStatus();
     }
 
@@ -286,9 +296,17 @@ class PipeDataset : public DatasetBase {
         Status s = c_.format == "TFRecord"   ? NextTFRecord(ctx, out, eof, &skipped)
                    : c_.format == "RecordIO" ? NextRecordIO(ctx, out, eof)
                                              : NextLine(ctx, out, eof);
-        if (!s.ok() || *eof) return s;
+        if (!s.ok()) return s;
+        if (*eof) {
+          if (head_count_ < SD_HEAD_RECORDS) WriteHead();  // a stream of fewer records: its head is all
+          return s;
+        }
         if (skipped) continue;
         ++records_;
+        if (head_count_ < SD_HEAD_RECORDS) {  // the stream's head (shuffle_core.h), noted for a resume
+          head_ = sd_head_fold(head_, sd_crc32c(out->data(), out->size()), out->size());
+          if (++head_count_ == SD_HEAD_RECORDS) WriteHead();
+        }
         if (c_.interval > 0 && records_ >= next_report_) {  // with or without `benchmark`, as AWS's
           Report(true);
           next_report_ += c_.interval;
@@ -425,6 +443,19 @@ class PipeDataset : public DatasetBase {
       }
     }
 
+    // <state_dir>/.heads/<channel>_<epoch>: the stream's head, as pipe/order.py's write_head writes it.
+    void WriteHead() {
+      head_count_ = SD_HEAD_RECORDS;  // noted once
+      std::string dir = c_.state_dir + "/.heads";
+      if (!MakeDirs(dir).ok()) return;
+      std::string path = absl::StrCat(dir, "/", c_.channel, "_", epoch_);
+      ::FILE* f = fopen((path + ".tmp").c_str(), "w");
+      if (f == nullptr) return;
+      fprintf(f, "%016llx", static_cast<unsigned long long>(head_));
+      fclose(f);
+      rename((path + ".tmp").c_str(), path.c_str());
+    }
+
     // "<channel>_<epoch> Iterator records: N, ..." every benchmark_records_interval records (the words
     // AWS's reader prints), "<channel>_<epoch> epoch end: N records, ..." at the end with `benchmark`.
     void Report(bool progress) {
@@ -446,7 +477,8 @@ class PipeDataset : public DatasetBase {
     int64_t epoch_ = 0, calls_ = 0, records_ = 0, skipped_ = 0, bad_in_a_row_ = 0, next_report_ = 0;
     std::chrono::steady_clock::time_point started_;
     // the shuffle window: its records as they came, the order they go out in, how many went out
-    uint64_t epoch_key_ = 0, window_index_ = 0;
+    uint64_t epoch_key_ = 0, window_index_ = 0, head_ = 0;
+    int head_count_ = 0;
     std::vector<tstring> window_;
     std::vector<int64_t> order_, scratch_;
     size_t out_ = 0;
