@@ -2,7 +2,8 @@
 (one sub-folder per class) packed into 8 shards, the shards folder given as ``--train`` (mirrored into the
 embedded S3), 2 hosts x 2 ranks each reading its own Pipe-mode FIFO with ``PipeBatches`` and
 ``sample_decoder``, images decoded with ``decode_jpeg_batch``. The job ends 0 and every image was
-trained once, with its own bytes and its class folder's label."""
+trained once, with its own bytes and its class folder's label. And the raw-objects layout: one JPEG per
+S3 object, wrapped in RecordIO by the feeder, read by ``RecordBatches``."""
 
 from __future__ import annotations
 
@@ -79,3 +80,37 @@ def test_pack_then_a_2x2_torchrun_job_trains_every_image_once_with_its_label(tmp
     assert sorted(r["key"] for r in rows) == [f"{i:06d}" for i in range(90)]  # each sample once
     assert {r["sha256"]: r["label"] for r in rows} == expected  # its own bytes, its class folder's label
     assert "sagemaker-dist-metrics: epoch=1 loss=" in job.stdout
+
+
+def test_raw_objects_one_jpeg_each_stream_as_recordio_records_and_decode(s3, bucket, tmp_path):
+    """The raw-objects layout as its page shows it: JPEG objects under a prefix, the channel's
+    RecordWrapperType RecordIO, a torchrun job of 2 ranks reading them with RecordBatches and decoding
+    them with decode_jpeg_batch: every object is one record, decoded once."""
+    import re
+
+    import numpy as np
+    from PIL import Image
+
+    from sagemaker_dist import DistributedEstimator, LocalBackend
+
+    rng = np.random.default_rng(0)
+    for i in range(40):
+        out = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (20 + i % 5, 24, 3), dtype=np.uint8)).save(out, format="JPEG")
+        s3.put_object(Bucket=bucket, Key=f"images/{i:03d}.jpg", Body=out.getvalue())
+    estimator = DistributedEstimator(
+        "train_raw_images_torch.py",
+        source_dir=str(SCRIPTS),
+        role="arn:aws:iam::000000000000:role/local",
+        instance_type="ml.c5.xlarge",
+        instance_count=1,
+        processes_per_host=2,
+        distribution="torchrun",
+        record_wrapper="RecordIO",
+        output_path=f"s3://{bucket}/jobs",
+    )
+    job = estimator.launch({"train": f"s3://{bucket}/images/"}, backend=LocalBackend(work_dir=str(tmp_path)))
+    decoded = [
+        re.search(r"rank (\d): decoded (\d+) images of shape \(3, 16, 16\)", line) for line in job.output
+    ]
+    assert sorted(int(m.group(2)) for m in decoded if m) == [20, 20]  # 40 objects, 40 records
