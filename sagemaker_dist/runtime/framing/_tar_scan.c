@@ -38,6 +38,36 @@ typedef struct {
     unsigned char own[256 + 1 + 100];
 } Name;
 
+/* A regular file's name: a pax path, else a GNU long name, else the header's (a ustar prefix, a slash and
+ * the name field; or the name field alone), as framing/tar.py's read_entry takes it. */
+static void entry_name(Name *name, const unsigned char *h, const unsigned char *pax_path, size_t pax_path_len,
+                       const unsigned char *long_name, size_t long_len) {
+    if (pax_path != NULL) {
+        name->p = pax_path;
+        name->len = pax_path_len;
+        return;
+    }
+    if (long_name != NULL) {
+        name->p = long_name;
+        name->len = long_len;
+        return;
+    }
+    const unsigned char *nul = memchr(h, 0, 100);
+    size_t n = nul ? (size_t)(nul - h) : 100;
+    if (memcmp(h + 257, "ustar\0" "00", 8) == 0 && h[345] != 0) {
+        const unsigned char *pnul = memchr(h + 345, 0, 155);
+        size_t plen = pnul ? (size_t)(pnul - (h + 345)) : 155;
+        memcpy(name->own, h + 345, plen);
+        name->own[plen] = '/';
+        memcpy(name->own + plen + 1, h, n);
+        name->p = name->own;
+        name->len = plen + 1 + n;
+    } else {
+        name->p = h;
+        name->len = n;
+    }
+}
+
 /* The value of pax record `key` in the records at p (n bytes): 1 and *value, *len; 0 if absent; -1 where
  * the records are not well formed or hold a sparse file's (left to the Python walk). */
 static int pax_find(const unsigned char *p, uint64_t n, const char *key, const unsigned char **value, size_t *len) {
@@ -185,28 +215,7 @@ static Result walk(const unsigned char *buf, uint64_t end, int64_t *starts, int6
         int kept = 0;
         size_t klen = 0, ext_at = 0;
         if (regular) {
-            if (pax_path != NULL) {
-                name.p = pax_path;
-                name.len = pax_path_len;
-            } else if (long_name != NULL) {
-                name.p = long_name;
-                name.len = long_len;
-            } else {
-                const unsigned char *nul = memchr(h, 0, 100);
-                size_t n = nul ? (size_t)(nul - h) : 100;
-                if (memcmp(h + 257, "ustar\0" "00", 8) == 0 && h[345] != 0) {
-                    const unsigned char *pnul = memchr(h + 345, 0, 155);
-                    size_t plen = pnul ? (size_t)(pnul - (h + 345)) : 155;
-                    memcpy(name.own, h + 345, plen);
-                    name.own[plen] = '/';
-                    memcpy(name.own + plen + 1, h, n);
-                    name.p = name.own;
-                    name.len = plen + 1 + n;
-                } else {
-                    name.p = h;
-                    name.len = n;
-                }
-            }
+            entry_name(&name, h, pax_path, pax_path_len, long_name, long_len);
             int k = sd_tar_key(name.p, name.len, &klen, &ext_at);
             if (k < 0) goto fallback;
             kept = k == 1;
@@ -304,28 +313,7 @@ static PyObject *sample(PyObject *self, PyObject *arg) {
         uint64_t stop = data + size + (SD_TAR_BLOCK - size % SD_TAR_BLOCK) % SD_TAR_BLOCK;
         if (stop > end) goto fallback;
         if (type == '0' || type == 0 || type == '7') {
-            if (pax_path != NULL) {
-                name.p = pax_path;
-                name.len = pax_path_len;
-            } else if (long_name != NULL) {
-                name.p = long_name;
-                name.len = long_len;
-            } else {
-                const unsigned char *nul = memchr(h, 0, 100);
-                size_t n = nul ? (size_t)(nul - h) : 100;
-                if (memcmp(h + 257, "ustar\0" "00", 8) == 0 && h[345] != 0) {
-                    const unsigned char *pnul = memchr(h + 345, 0, 155);
-                    size_t plen = pnul ? (size_t)(pnul - (h + 345)) : 155;
-                    memcpy(name.own, h + 345, plen);
-                    name.own[plen] = '/';
-                    memcpy(name.own + plen + 1, h, n);
-                    name.p = name.own;
-                    name.len = plen + 1 + n;
-                } else {
-                    name.p = h;
-                    name.len = n;
-                }
-            }
+            entry_name(&name, h, pax_path, pax_path_len, long_name, long_len);
             size_t klen, ext_at;
             int k = sd_tar_key(name.p, name.len, &klen, &ext_at);
             if (k < 0) goto fallback;
