@@ -2,8 +2,9 @@
 (one sub-folder per class) packed into 8 shards, the shards folder given as ``--train`` (mirrored into the
 embedded S3), 2 hosts x 2 ranks each reading its own Pipe-mode FIFO with ``PipeBatches`` and
 ``sample_decoder``, images decoded with ``decode_jpeg_batch``. The job ends 0 and every image was
-trained once, with its own bytes and its class folder's label. And the raw-objects layout: one JPEG per
-S3 object, wrapped in RecordIO by the feeder, read by ``RecordBatches``."""
+trained once, with its own bytes and its class folder's label. Shards written by the ``webdataset``
+library and by GNU tar, through the same kind of job, sample by sample. And the raw-objects layout: one
+JPEG per S3 object, wrapped in RecordIO by the feeder, read by ``RecordBatches``."""
 
 from __future__ import annotations
 
@@ -114,3 +115,55 @@ def test_raw_objects_one_jpeg_each_stream_as_recordio_records_and_decode(s3, buc
         re.search(r"rank (\d): decoded (\d+) images of shape \(3, 16, 16\)", line) for line in job.output
     ]
     assert sorted(int(m.group(2)) for m in decoded if m) == [20, 20]  # 40 objects, 40 records
+
+
+def test_shards_of_webdataset_and_gnu_tar_stream_through_a_2x2_job_sample_by_sample(tmp_path):
+    """Shards written by the webdataset library and by GNU tar (pax, names over 100 bytes), a folder given
+    as --train, 2 hosts x 2 ranks reading with a script written from the docs: every sample's key and every
+    file's bytes as the webdataset library reads the same shards."""
+    import random
+
+    wds = pytest.importorskip("webdataset")
+    data = tmp_path / "shards"
+    data.mkdir()
+    rng = random.Random(9)
+    for n in range(2):
+        with wds.TarWriter(str(data / f"wds-{n}.tar")) as writer:
+            for i in range(25 + 10 * n):
+                writer.write(
+                    {
+                        "__key__": f"w{n}/{i:04d}",
+                        "bin": rng.randbytes(rng.randint(0, 3000)),
+                        "cls": str(i % 3),
+                    }
+                )
+    for n in range(2):
+        tree = tmp_path / f"tree{n}" / ("deep" * 30)
+        tree.mkdir(parents=True)
+        for i in range(20 + 7 * n):
+            stem = f"{'x' * 110}{n}-{i:03d}"
+            (tree / f"{stem}.bin").write_bytes(rng.randbytes(rng.randint(1, 3000)))
+            (tree / f"{stem}.cls").write_bytes(str(i % 3).encode())
+        command = ["tar", "--format=pax", "--sort=name", "-cf", str(data / f"gnu-{n}.tar"), "."]
+        subprocess.run(command, cwd=tmp_path / f"tree{n}", check=True)
+    expected = {}
+    for shard in sorted(data.iterdir()):
+        for sample in wds.WebDataset(str(shard), shardshuffle=False):
+            row = {ext: hashlib.sha256(sample[ext]).hexdigest() for ext in ("bin", "cls")}
+            expected[sample["__key__"]] = row
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [*CLI, "local", "--entry-point", "read_samples_torch.py", "--source-dir", str(SCRIPTS)]
+    argv += ["--train", str(data), "--distribution", "torchrun", "--hosts", "2", "--processes-per-host", "2"]
+    argv += ["--epochs", "1", "-p", f"out={out}", "--s3-state-dir", str(tmp_path / "s3")]
+    argv += ["--work-dir", str(tmp_path / "work"), "--timeout", "300"]
+    job = subprocess.run(argv, capture_output=True, text=True, timeout=360, env=_env())
+    assert job.returncode == 0, job.stdout[-4000:] + job.stderr[-4000:]
+    rows = [
+        json.loads(line)
+        for rank in range(4)
+        for line in (out / f"samples-rank{rank}.jsonl").read_text().splitlines()
+    ]
+    got = {row.pop("key"): row for row in rows}
+    assert len(rows) == len(got) == len(expected) == 25 + 35 + 20 + 27  # each sample once
+    assert got == expected
