@@ -2,7 +2,8 @@
 
 A DataLoader with workers cannot read a FIFO (each worker would get a copy of the dataset and they
 would split one pipe's bytes), so one thread per epoch reads the FIFO, frames the records
-(``runtime.framing``: TFRecord, RecordIO or text lines), decodes each record (``decode``), collates
+(``runtime.framing``: TFRecord, RecordIO, text lines or WebDataset samples), decodes each record
+(``decode``), collates
 ``batch_size`` of them (``collate``, default ``torch.utils.data.default_collate``) and, where CUDA
 is, pins the batch, up to ``prefetch`` batches ahead. Each iteration opens the channel's next FIFO
 (``<channel>_<n>``, the epoch counter shared with every reader on the host), and closing an iteration
@@ -133,7 +134,8 @@ class PipeBatches:
     ``job``: the ``DdpJob`` of ``setup_ddp`` (its channel for ``role``), or a channel name with
     ``config`` (a ``ContainerConfig``). ``decode(record: bytes)`` makes a sample (tensors, arrays,
     numbers, or a tuple/dict of them); the default keeps the bytes. ``record_format``: "TFRecord"
-    (default; "RecordIO" when the channel's RecordWrapperType is RecordIO), "RecordIO" or "TextLine".
+    (default; "RecordIO" when the channel's RecordWrapperType is RecordIO), "RecordIO", "TextLine" or
+    "WebDataset" (tar shards, a record per sample: ``sample_decoder`` decodes it).
     ``max_record_bytes``: the longest record accepted (refused before anything is allocated for it).
     ``drop_last`` drops a last, smaller batch. ``pin_memory``: None pins where CUDA is. ``device``: None
     hands out batches in (pinned) host memory; a device (``"cuda"``, ``job.device``) hands them out

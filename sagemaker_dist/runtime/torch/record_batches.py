@@ -4,7 +4,8 @@
 epoch's FIFO (or a File channel's files) to the compiled batch reader (``framing._record_reader``),
 which reads, frames (TFRecord, RecordIO, text lines) and checks both TFRecord CRCs with the GIL
 released, and copies each record once into the batch's tensor, allocated in pinned memory where
-CUDA is. Records of one size (``record_bytes=``) come as a ``[n, record_bytes]`` tensor; records of
+CUDA is (WebDataset samples are framed by ``framing.tar``, their walk in C, and copied in runs). Records
+of one size (``record_bytes=``) come as a ``[n, record_bytes]`` tensor; records of
 any size as a ``RaggedBatch``: one data tensor and int64 offsets (``.padded()`` makes a padded
 ``[n, longest]`` tensor of it). Where the extension is not built, the Python framers fill the same
 tensors. Unpinned buffers are reused once no tensor holds them (a batch kept by the script stays as
