@@ -325,4 +325,6 @@ def test_a_file_swapped_for_a_link_after_the_scan_is_not_followed(tmp_path, imag
     swapped.symlink_to(tmp_path / "secret.jpg")
     with pytest.raises(PackInputError, match="00.jpg: could not be read while packing"):
         pack(plan, tmp_path / "out", progress=False)
-    assert not (tmp_path / "out" / "index.json").exists() and not list((tmp_path / "out" / "shards").iterdir())
+    assert not (tmp_path / "out" / "index.json").exists() and not list(
+        (tmp_path / "out" / "shards").iterdir()
+    )

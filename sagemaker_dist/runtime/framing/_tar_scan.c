@@ -38,36 +38,6 @@ typedef struct {
     unsigned char own[256 + 1 + 100];
 } Name;
 
-/* A regular file's name: a pax path, else a GNU long name, else the header's (a ustar prefix, a slash and
- * the name field; or the name field alone), as framing/tar.py's read_entry takes it. */
-static void entry_name(Name *name, const unsigned char *h, const unsigned char *pax_path, size_t pax_path_len,
-                       const unsigned char *long_name, size_t long_len) {
-    if (pax_path != NULL) {
-        name->p = pax_path;
-        name->len = pax_path_len;
-        return;
-    }
-    if (long_name != NULL) {
-        name->p = long_name;
-        name->len = long_len;
-        return;
-    }
-    const unsigned char *nul = memchr(h, 0, 100);
-    size_t n = nul ? (size_t)(nul - h) : 100;
-    if (memcmp(h + 257, "ustar\0" "00", 8) == 0 && h[345] != 0) {
-        const unsigned char *pnul = memchr(h + 345, 0, 155);
-        size_t plen = pnul ? (size_t)(pnul - (h + 345)) : 155;
-        memcpy(name->own, h + 345, plen);
-        name->own[plen] = '/';
-        memcpy(name->own + plen + 1, h, n);
-        name->p = name->own;
-        name->len = plen + 1 + n;
-    } else {
-        name->p = h;
-        name->len = n;
-    }
-}
-
 /* The value of pax record `key` in the records at p (n bytes): 1 and *value, *len; 0 if absent; -1 where
  * the records are not well formed or hold a sparse file's (left to the Python walk). */
 static int pax_find(const unsigned char *p, uint64_t n, const char *key, const unsigned char **value, size_t *len) {
@@ -103,6 +73,59 @@ static int pax_find(const unsigned char *p, uint64_t n, const char *key, const u
     return found;
 }
 
+/* What the metadata headers before an entry said: a GNU long name, pax path and size records. */
+typedef struct {
+    const unsigned char *long_name, *pax_path, *pax_size;
+    size_t long_len, pax_path_len, pax_size_len;
+} Meta;
+
+/* Take the data of a metadata member ('L', 'K', 'x', 'g'): 0, or -1 where the Python walk must (pax
+ * records not well formed, a sparse file's, a global header that sets a path or size). */
+static int read_meta(Meta *m, unsigned char type, const unsigned char *data, uint64_t size) {
+    if (type == 'L') {
+        const unsigned char *nul = memchr(data, 0, (size_t)size);
+        m->long_name = data;
+        m->long_len = nul ? (size_t)(nul - data) : (size_t)size;
+    } else if (type == 'x') {
+        if (pax_find(data, size, "path", &m->pax_path, &m->pax_path_len) < 0) return -1;
+        if (pax_find(data, size, "size", &m->pax_size, &m->pax_size_len) < 0) return -1;
+    } else if (type == 'g') {
+        const unsigned char *v;
+        size_t vlen;
+        if (pax_find(data, size, "path", &v, &vlen) != 0 || pax_find(data, size, "size", &v, &vlen) != 0) return -1;
+    }
+    return 0;
+}
+
+/* A regular file's name: a pax path, else a GNU long name, else the header's (a ustar prefix, a slash and
+ * the name field; or the name field alone), as framing/tar.py's read_entry takes it. */
+static void entry_name(Name *name, const unsigned char *h, const Meta *m) {
+    if (m->pax_path != NULL) {
+        name->p = m->pax_path;
+        name->len = m->pax_path_len;
+        return;
+    }
+    if (m->long_name != NULL) {
+        name->p = m->long_name;
+        name->len = m->long_len;
+        return;
+    }
+    const unsigned char *nul = memchr(h, 0, 100);
+    size_t n = nul ? (size_t)(nul - h) : 100;
+    if (memcmp(h + 257, "ustar\0" "00", 8) == 0 && h[345] != 0) {
+        const unsigned char *pnul = memchr(h + 345, 0, 155);
+        size_t plen = pnul ? (size_t)(pnul - (h + 345)) : 155;
+        memcpy(name->own, h + 345, plen);
+        name->own[plen] = '/';
+        memcpy(name->own + plen + 1, h, n);
+        name->p = name->own;
+        name->len = plen + 1 + n;
+    } else {
+        name->p = h;
+        name->len = n;
+    }
+}
+
 static int ext_equal(const unsigned char *a, size_t alen, const unsigned char *b, size_t blen) {
     if (alen != blen) return 0;
     for (size_t i = 0; i < alen; i++) {
@@ -132,8 +155,7 @@ static Result walk(const unsigned char *buf, uint64_t end, int64_t *starts, int6
     Name name;
     while (pos < end) {
         uint64_t start = pos; /* the entry's first header (metadata headers before its own included) */
-        const unsigned char *long_name = NULL, *pax_path = NULL, *pax_size = NULL;
-        size_t long_len = 0, pax_path_len = 0, pax_size_len = 0;
+        Meta meta = {NULL, NULL, NULL, 0, 0, 0};
         int zero = 0, cut = 0;
         const unsigned char *h = NULL;
         uint64_t size = 0;
@@ -159,20 +181,7 @@ static Result walk(const unsigned char *buf, uint64_t end, int64_t *starts, int6
                     need = stop;
                     break;
                 }
-                const unsigned char *data = h + SD_TAR_BLOCK;
-                if (type == 'L') {
-                    const unsigned char *nul = memchr(data, 0, (size_t)size);
-                    long_name = data;
-                    long_len = nul ? (size_t)(nul - data) : (size_t)size;
-                } else if (type == 'x') {
-                    if (pax_find(data, size, "path", &pax_path, &pax_path_len) < 0) goto fallback;
-                    if (pax_find(data, size, "size", &pax_size, &pax_size_len) < 0) goto fallback;
-                } else if (type == 'g') {
-                    const unsigned char *v;
-                    size_t vlen;
-                    if (pax_find(data, size, "path", &v, &vlen) != 0 || pax_find(data, size, "size", &v, &vlen) != 0)
-                        goto fallback;
-                }
+                if (read_meta(&meta, type, h + SD_TAR_BLOCK, size) < 0) goto fallback;
                 pos = stop;
                 continue;
             }
@@ -193,12 +202,12 @@ static Result walk(const unsigned char *buf, uint64_t end, int64_t *starts, int6
             consumed = pos;
             continue;
         }
-        if (pax_size != NULL) { /* a decimal size, as int() reads it: digits only here */
+        if (meta.pax_size != NULL) { /* a decimal size, as int() reads it: digits only here */
             uint64_t v = 0;
-            if (!pax_size_len || pax_size_len > 18) goto fallback;
-            for (size_t i = 0; i < pax_size_len; i++) {
-                if (pax_size[i] < '0' || pax_size[i] > '9') goto fallback;
-                v = v * 10 + (uint64_t)(pax_size[i] - '0');
+            if (!meta.pax_size_len || meta.pax_size_len > 18) goto fallback;
+            for (size_t i = 0; i < meta.pax_size_len; i++) {
+                if (meta.pax_size[i] < '0' || meta.pax_size[i] > '9') goto fallback;
+                v = v * 10 + (uint64_t)(meta.pax_size[i] - '0');
             }
             size = v;
         }
@@ -215,7 +224,7 @@ static Result walk(const unsigned char *buf, uint64_t end, int64_t *starts, int6
         int kept = 0;
         size_t klen = 0, ext_at = 0;
         if (regular) {
-            entry_name(&name, h, pax_path, pax_path_len, long_name, long_len);
+            entry_name(&name, h, &meta);
             int k = sd_tar_key(name.p, name.len, &klen, &ext_at);
             if (k < 0) goto fallback;
             kept = k == 1;
@@ -285,35 +294,27 @@ static PyObject *sample(PyObject *self, PyObject *arg) {
     Name name;
     if (members == NULL) goto error;
     while (pos < end) {
-        const unsigned char *long_name = NULL, *pax_path = NULL, *pax_size = NULL, *h = NULL;
-        size_t long_len = 0, pax_path_len = 0, pax_size_len = 0;
+        Meta meta = {NULL, NULL, NULL, 0, 0, 0};
+        const unsigned char *h = NULL;
         uint64_t size = 0;
         for (;;) {
-            if (end - pos < SD_TAR_BLOCK) goto fallback;
+            if (pos > end || end - pos < SD_TAR_BLOCK) goto fallback; /* (a padded metadata member may end past it) */
             h = buf + pos;
             if (sd_tar_zero(h) || !sd_tar_checksum_ok(h) || !sd_tar_octal(h + 124, 12, &size)) goto fallback;
             unsigned char type = h[156];
-            if (type != 'L' && type != 'K' && type != 'x') break;
+            if (type != 'L' && type != 'K' && type != 'x' && type != 'g') break;
             if (size > MAX_METADATA || size > end - pos - SD_TAR_BLOCK) goto fallback;
-            const unsigned char *data = h + SD_TAR_BLOCK;
-            if (type == 'L') {
-                const unsigned char *nul = memchr(data, 0, (size_t)size);
-                long_name = data;
-                long_len = nul ? (size_t)(nul - data) : (size_t)size;
-            } else if (type == 'x') {
-                if (pax_find(data, size, "path", &pax_path, &pax_path_len) < 0) goto fallback;
-                if (pax_find(data, size, "size", &pax_size, &pax_size_len) < 0) goto fallback;
-            }
+            if (read_meta(&meta, type, h + SD_TAR_BLOCK, size) < 0) goto fallback;
             pos += SD_TAR_BLOCK + size + (SD_TAR_BLOCK - size % SD_TAR_BLOCK) % SD_TAR_BLOCK;
         }
         unsigned char type = h[156];
-        if (type == 'g' || type == 'S' || type == 'M' || pax_size != NULL) goto fallback;
+        if (type == 'S' || type == 'M' || meta.pax_size != NULL) goto fallback;
         if (size > end - pos - SD_TAR_BLOCK) goto fallback;
         uint64_t data = pos + SD_TAR_BLOCK;
         uint64_t stop = data + size + (SD_TAR_BLOCK - size % SD_TAR_BLOCK) % SD_TAR_BLOCK;
         if (stop > end) goto fallback;
         if (type == '0' || type == 0 || type == '7') {
-            entry_name(&name, h, pax_path, pax_path_len, long_name, long_len);
+            entry_name(&name, h, &meta);
             size_t klen, ext_at;
             int k = sd_tar_key(name.p, name.len, &klen, &ext_at);
             if (k < 0) goto fallback;
