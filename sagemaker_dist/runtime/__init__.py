@@ -44,7 +44,7 @@ _LAZY = {
     "ExampleParseError": "sagemaker_dist.runtime.torch.records",
     # WebDataset samples (record_format="WebDataset"): a record is one sample's tar members
     "parse_sample": "sagemaker_dist.runtime.framing.tar",
-    "iter_records": "sagemaker_dist.runtime.framing.stream",
+    "tar_records": "sagemaker_dist.runtime.framing.stream",
     "sample_decoder": "sagemaker_dist.runtime.torch.samples",
     "SampleDecodeError": "sagemaker_dist.runtime.torch.samples",
 }

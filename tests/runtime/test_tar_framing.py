@@ -29,8 +29,9 @@ from sagemaker_dist.contract.tar_format import (
     tar_member,
 )
 from sagemaker_dist.launch.tar_shards import WebDatasetWriter
-from sagemaker_dist.runtime.framing import TarError, iter_records, make_framer, parse_sample
+from sagemaker_dist.runtime.framing import TarError, iter_records, make_framer
 from sagemaker_dist.runtime.framing.base import RecordFormatError
+from sagemaker_dist.runtime.framing.tar import parse_sample
 
 wds = pytest.importorskip("webdataset")
 
@@ -386,3 +387,14 @@ def test_a_sample_record_parses_alike_in_c_and_in_python(walk, edits, names, cut
     if walk == "compiled":
         assert parsed(tar._native) == python
         assert tar._native.sample(bytes(record)) is None or isinstance(python, dict)
+
+
+def test_tar_records_frames_a_shard_in_memory_or_an_open_file(tmp_path, shards):
+    from sagemaker_dist.runtime import tar_records
+
+    expected = reference(shards[0])
+    assert [parse_sample(r) for r in tar_records(shards[0].read_bytes())] == expected
+    with open(shards[0], "rb") as f:
+        assert [parse_sample(r) for r in tar_records(f)] == expected
+    with pytest.raises(RecordFormatError, match="channel 'tar', epoch 0, byte offset 0: WebDataset"):
+        list(tar_records(b"\x01" * 600))

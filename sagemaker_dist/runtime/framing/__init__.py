@@ -5,7 +5,7 @@ WebDataset tar shards (a record per sample).
 - ``tfrecord``, ``recordio``, ``textline``, ``tar``: one framer per format (``tar.parse_sample`` reads a
   sample record as a dict of extension -> bytes);
 - ``stream``: a framer by format name and the read loops (``frame_views``, ``frame_stream``,
-  ``iter_records``).
+  ``iter_records``, and ``tar_records`` for WebDataset shards in memory or a file).
 
 The byte formats themselves (constants, encoders) are ``sagemaker_dist.contract.record_formats``:
 writers share them. Pure Python plus the C-backed ``crc32c`` package and numpy; no TensorFlow here.
@@ -29,7 +29,7 @@ from sagemaker_dist.runtime.framing.stream import (
     iter_records,
     make_framer,
 )
-from sagemaker_dist.runtime.framing.tar import TarError, TarFramer, parse_sample
+from sagemaker_dist.runtime.framing.tar import TarError, TarFramer
 from sagemaker_dist.runtime.framing.textline import TextLineFramer
 from sagemaker_dist.runtime.framing.tfrecord import TFRecordFramer
 
@@ -50,5 +50,4 @@ __all__ = [
     "frame_views",
     "iter_records",
     "make_framer",
-    "parse_sample",
 ]

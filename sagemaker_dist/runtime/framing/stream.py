@@ -175,3 +175,14 @@ def iter_records(
     for blob, starts, lengths in frame_stream(readinto, framer, chunk_size):
         for s, n in zip(starts.tolist(), lengths.tolist()):
             yield blob[s : s + n]
+
+
+def tar_records(source, max_record_bytes: int | None = None) -> Iterator[bytes]:
+    """The sample records of WebDataset shards, one after another as the readers frame a channel: a shard
+    read into memory (``bytes``), or a binary file object (anything with ``readinto``: an open file).
+    Each is ``framing.tar.parse_sample``'s (or ``sample_decoder``'s) input; errors are the readers' (a
+    ``RecordFormatError`` naming the byte offset)."""
+    import io
+
+    reader = source if hasattr(source, "readinto") else io.BytesIO(source)
+    return iter_records(reader.readinto, "WebDataset", channel="tar", max_record_bytes=max_record_bytes)
