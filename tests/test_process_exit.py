@@ -128,11 +128,10 @@ def test_pytest_main_called_by_another_program_returns_to_it(tmp_path):
     assert _marks(tmp_path) == ["atexit", "teardown"]
 
 
-# The suite's heaviest in-process mix, small: TensorFlow and PyTorch with the compiled readers
-# (test_torch_runtime_parts, test_record_batches), Horovod with Open MPI left up to the end.
+# The suite's heaviest in-process mix, small: TensorFlow (TensorBoard's writer) and PyTorch with the
+# compiled readers (test_torch_runtime_parts), Horovod with Open MPI left up to the end.
 HEAVY = [
     "tests/runtime/torch/test_torch_runtime_parts.py",
-    "tests/runtime/torch/test_record_batches.py",
     "tests/runtime/test_horovod_keras.py",
     "-k",
     "not test_horovod_keras or shard_smaller_than_a_batch",

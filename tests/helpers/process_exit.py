@@ -18,8 +18,10 @@ of ``-m "not slow"`` (gdb ``thread apply all bt`` from ``pytest_sessionfinish``)
 - Python daemon threads blocked in ``recv``, ``accept`` or the ``open`` of a FIFO.
 
 A daemon thread inside PyTorch's C++ at interpreter exit kills the process every time ("terminate
-called without an active exception", status 134); a thread inside a library whose statics are being
-destroyed can kill it now and then (SIGSEGV, 139, after a summary that says every test passed).
+called without an active exception", status 134; gdb: ``pybind11::gil_scoped_release`` ->
+``PyEval_RestoreThread`` -> ``take_gil`` -> ``PyThread_exit_thread`` -> ``pthread_exit``'s forced
+unwind -> ``std::terminate``); a thread inside a library whose statics are being destroyed can kill it
+now and then (SIGSEGV, 139, after a summary that says every test passed).
 Which threads are there, and where they are at that moment, changes with every test, so no single
 join or import order rules it out.
 
