@@ -1,4 +1,4 @@
-"""Defects of the torchrun runtime a user met (issue 48), each on real parts: Gloo process groups on
+"""Defects of the torchrun runtime a user met, each on real parts: Gloo process groups on
 127.0.0.1 (one rank in this process, a second in a subprocess), the channel claims' real flocks, real
 threads and signals.
 
