@@ -227,6 +227,10 @@ class ChannelFeeder(threading.Thread):
         self.max_epochs = max_epochs
         self.stats = FeedStats(host_name or f"algo-{host_index + 1}", spec.name)
         self.fifos: list[Path] = []
+        if spec.shuffle_seed is not None and spec.input_mode == "Pipe" and self.data_dir.is_dir():
+            # the readers' resume replays the FIFOs up to a stopped epoch's where objects come in another
+            # order each epoch: said beside the FIFOs (before any), for a seed the job's layout lacks
+            per_epoch_order_marker(self.data_dir, spec.name).touch(mode=0o600)
 
     def close(self) -> None:
         """After the job: let the thread end (if it was started) and remove the FIFOs it made."""
@@ -239,10 +243,6 @@ class ChannelFeeder(threading.Thread):
 
     def run(self) -> None:
         try:
-            if self.spec.shuffle_seed is not None and self.spec.input_mode == "Pipe":
-                # the readers' resume replays the FIFOs up to a stopped epoch's where objects come in
-                # another order each epoch: said beside the FIFOs for a seed the job's layout lacks
-                per_epoch_order_marker(self.data_dir, self.spec.name).touch(mode=0o600)
             epoch = 0
             while not self.stop_event.is_set() and (self.max_epochs is None or epoch < self.max_epochs):
                 self._feed_epoch(epoch)

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 import struct
-import threading
 from types import SimpleNamespace
 
 import pytest
+from test_local_feeder import _Feed
 
 from sagemaker_dist.aws.s3_objects import s3_client
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
-from sagemaker_dist.host.channel_objects import ChannelSpec, resolve_objects
-from sagemaker_dist.host.feeder import ChannelFeeder
+from sagemaker_dist.host.channel_objects import ChannelSpec
 from sagemaker_dist.launch.shard_writer import write_shards
 from sagemaker_dist.launch.sharding import ShardingError, plan_shards
 from sagemaker_dist.local.demo_data import tfrecord_frame
@@ -86,24 +85,6 @@ def _names(data: bytes) -> list[str]:
     return names
 
 
-class _Feeding:
-    def __init__(self, spec, root):
-        self.stop, self.errors = threading.Event(), []
-        client = s3_client()
-        self.feeder = ChannelFeeder(
-            spec, resolve_objects(spec, client), root, 0, 1, client, self.stop, self.errors.append
-        )
-
-    def __enter__(self):
-        self.feeder.start()
-        return self.feeder
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.feeder.join(5)
-        self.feeder.close()
-
-
 def test_a_restarted_reader_replays_a_per_epoch_feeders_fifos_to_read_the_stopped_epochs_objects(
     s3, bucket, tmp_path
 ):
@@ -119,14 +100,14 @@ def test_a_restarted_reader_replays_a_per_epoch_feeders_fifos_to_read_the_stoppe
         r: SimpleNamespace(data_dir=r / "data", pipe_state_dir=r / "state", layout=None)
         for r in (first, second)
     }
-    with _Feeding(spec, first / "data"):
+    with _Feed(spec, s3_client(), first / "data"):
         for _ in range(3):
             number, path = next_epoch_fifo(first / "state", first / "data", "train_0", 10)
             epochs.append(_names(_read_all(path)))
         assert per_epoch_order_marker(first / "data", "train_0").exists()
     assert len({tuple(e) for e in epochs}) == 3 and all(sorted(e) == names for e in epochs)
     assert not per_epoch_order_marker(first / "data", "train_0").exists()  # removed with the FIFOs
-    with _Feeding(spec, second / "data") as feeder:  # the restarted job: FIFOs from _0 again
+    with _Feed(spec, s3_client(), second / "data") as feeder:  # the restarted job: FIFOs from _0 again
         assert replay_fifos(config[second], "train_0", 2, 10) == 2  # _0 and _1 opened, closed unread
         number, path = next_epoch_fifo(second / "state", second / "data", "train_0", 10)
         again = _names(_read_all(path))

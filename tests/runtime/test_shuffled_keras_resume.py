@@ -1,59 +1,52 @@
 """A shuffled Keras epoch stopped and resumed exactly: real ``horovodrun -np 2 --gloo`` ranks, real FIFOs.
 
 Each rank's shard is 64 records with ids (``rank * 1000 + i``), read by ``rank_dataset(...,
-shuffle=ShuffleWindow(5, records=24))`` in batches of 4 for 3 epochs; rank 0 asks for a stop at its
-22nd per-step agreement (inside epoch 1, 0-based), every rank stops after the same step and rank 0
-checkpoints it; the next attempt gets a fresh /opt/ml tree (FIFOs from ``_0`` again). Counted per rank
-and epoch over both attempts: every id exactly once, in the order the uninterrupted job trains them
-(the window's arithmetic on the FIFO's stream), another order each epoch; with the channel's objects
-in another order each epoch (a ShuffleConfig in the layout: FIFO n carries the n-th permutation), the
-resumed epoch reads the FIFO the stopped one read.
+shuffle=ShuffleWindow(5, records=24))`` in batches of 4 for 3 epochs (``local_scripts/train_ids.py``);
+rank 0 asks for a stop at its 22nd per-step agreement (inside epoch 1, 0-based), every rank stops after
+the same step and rank 0 checkpoints it; the next attempt gets a fresh /opt/ml tree (FIFOs from ``_0``
+again). Counted per rank and epoch over both attempts: every id exactly once, in the order the
+uninterrupted job trains them (the window's arithmetic on the FIFO's stream), another order each epoch;
+with the channel's objects in another order each epoch (a ShuffleConfig in the layout: FIFO n carries
+the n-th permutation), the resumed epoch reads the FIFO the stopped one read.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers.stop_jobs import feed_fifo
+from helpers import shuffled_ids
+from helpers.stop_jobs import feed_fifo, trained_segments
 
 from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, plan_layout
 from sagemaker_dist.contract.record_formats import encode_tfrecord
-from sagemaker_dist.local.demo_data import encode_example
+from sagemaker_dist.local.demo_data import encode_example, generate_examples
 from sagemaker_dist.runtime.checkpoint_format import list_checkpoints
 from sagemaker_dist.runtime.framing import shuffle as sh
 
 pytestmark = [pytest.mark.slow, pytest.mark.horovod, pytest.mark.tensorflow, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = Path(__file__).with_name("keras_shuffle_resume_script.py")
+SCRIPT = REPO / "tests" / "helpers" / "local_scripts" / "train_ids.py"
 WORLD, EPOCHS, BATCH, RECORDS, OBJECT, SEED, WINDOW = 2, 3, 4, 64, 8, 5, 24
 SHUFFLE_CONFIG_SEED = 11
 ATTEMPT_TIMEOUT_S = 240
 
 
 def fifo_ids(rank: int, fifo: int, per_epoch: bool) -> list[int]:
-    objects = [list(range(rank * 1000 + o, rank * 1000 + o + OBJECT)) for o in range(0, RECORDS, OBJECT)]
-    if per_epoch:
-        random.Random(f"{SHUFFLE_CONFIG_SEED}:{fifo}").shuffle(objects)
-    return [i for obj in objects for i in obj]
+    return shuffled_ids.fifo_ids(rank, fifo, RECORDS, OBJECT, SHUFFLE_CONFIG_SEED if per_epoch else None)
 
 
 def reference(rank: int, epoch: int, fifo: int, per_epoch: bool) -> list[int]:
     ids = fifo_ids(rank, fifo, per_epoch)
-    window = sh.ShuffleWindow(SEED, records=WINDOW)
-    order = sh.EpochOrder(window, window.stream_key(rank, f"train_{rank}"), epoch)
-    out = []
-    for start in range(0, len(ids), WINDOW):
-        chunk = ids[start : start + WINDOW]
-        out += [chunk[i] for i in order.order(len(chunk)).tolist()]
-    return out
+    return shuffled_ids.window_order(
+        ids, [1] * len(ids), sh.ShuffleWindow(SEED, records=WINDOW), rank, f"train_{rank}", epoch
+    )
 
 
 def write_tree(root: Path, per_epoch: bool) -> None:
@@ -68,22 +61,29 @@ def write_tree(root: Path, per_epoch: bool) -> None:
     (config / "resourceconfig.json").write_text(json.dumps(resource))
 
 
-def run_attempt(attempt: int, root: Path, out: Path, per_epoch: bool, **env) -> subprocess.CompletedProcess:
+def run_attempt(root: Path, out: Path, per_epoch: bool, *more) -> subprocess.CompletedProcess:
     write_tree(root, per_epoch)
     deadline = time.monotonic() + ATTEMPT_TIMEOUT_S
+    images = list(generate_examples(RECORDS, seed=0))
     for rank in range(WORLD):
         before = None
         for fifo in range(EPOCHS):
             data = b"".join(
-                encode_tfrecord(encode_example({"id": i})) for i in fifo_ids(rank, fifo, per_epoch)
+                encode_tfrecord(
+                    encode_example(
+                        {"image": images[i % RECORDS][0], "label": images[i % RECORDS][1], "id": i}
+                    )
+                )
+                for i in fifo_ids(rank, fifo, per_epoch)
             )
             before = feed_fifo(root / "input" / "data" / f"train_{rank}_{fifo}", data, deadline, before)
-    environ = {**os.environ, **env, "SAGEMAKER_DIST_OPT_ML": str(root), "PYTHONPATH": str(REPO)}
+    environ = {**os.environ, "SAGEMAKER_DIST_OPT_ML": str(root), "PYTHONPATH": str(REPO)}
     environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     horovodrun = str(Path(sys.executable).with_name("horovodrun"))
     command = [
-        horovodrun, "-np", str(WORLD), "-H", f"localhost:{WORLD}", "--gloo",
-        sys.executable, str(SCRIPT), str(out), str(attempt), str(EPOCHS), str(BATCH), str(SEED), str(WINDOW),
+        horovodrun, "-np", str(WORLD), "-H", f"localhost:{WORLD}", "--gloo", sys.executable, str(SCRIPT),
+        "--out", str(out), "--epochs", str(EPOCHS), "--batch_size", str(BATCH), "--pause", "0",
+        "--shuffle_seed", str(SEED), "--shuffle_window", str(WINDOW), *more,
     ]  # fmt: skip
     return subprocess.run(
         command,
@@ -95,17 +95,11 @@ def run_attempt(attempt: int, root: Path, out: Path, per_epoch: bool, **env) -> 
     )
 
 
-def trained(out: Path, rank: int, attempt: str) -> tuple[list, dict[int, list[int]]]:
-    start, by_epoch = None, {}
-    for line in (out / f"trained-rank{rank}.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if row["attempt"] != attempt:
-            continue
-        if "start" in row:
-            start = row["start"]
-        else:
-            by_epoch.setdefault(row["epoch"], []).extend(row["ids"])
-    return start, by_epoch
+def trained(out: Path, rank: int) -> tuple[dict, dict]:
+    """The two attempts of ``rank``: each its start line and its ids by epoch."""
+    one, two = trained_segments(out / f"trained-rank{rank}.jsonl")
+    flat = [{e: [i for b in batches for i in b] for e, batches in a["epochs"].items()} for a in (one, two)]
+    return (one["start"], flat[0]), (two["start"], flat[1])
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["same-objects", "ShuffleConfig"])
@@ -113,11 +107,11 @@ def attempts(request, tmp_path_factory):
     base = tmp_path_factory.mktemp("keras-shuffle")
     out = base / "out"
     out.mkdir()
-    first = run_attempt(1, base / "attempt1", out, request.param, STOP_AT_AGREEMENT="22")
+    first = run_attempt(base / "attempt1", out, request.param, "--stop_after_steps", "22")
     checkpoints = base / "attempt2" / "checkpoints"
     checkpoints.parent.mkdir()
     (base / "attempt1" / "checkpoints").rename(checkpoints)  # what the checkpoint S3 URI restores
-    second = run_attempt(2, base / "attempt2", out, request.param)
+    second = run_attempt(base / "attempt2", out, request.param)
     return first, second, out, request.param, checkpoints
 
 
@@ -131,9 +125,8 @@ def test_the_stopped_epoch_is_trained_once_in_the_uninterrupted_order(attempts):
     assert stop.meta["reader"]["head"] is not None  # the stopped stream's head, checked on resume
     assert "does not start with the records" not in second.stdout + second.stderr
     for rank in range(WORLD):
-        _, one = trained(out, rank, "1")
-        start, two = trained(out, rank, "2")
-        assert start == [1, stop.step]
+        (_, one), (start, two) = trained(out, rank)
+        assert (start["epoch"], start["step"]) == (1, stop.step)
         shard = sorted(fifo_ids(rank, 0, False))
         assert 0 not in two and len(one[1]) == stop.step * BATCH
         for epoch, ids in ((0, one[0]), (1, one[1] + two[1]), (2, two[2])):

@@ -9,7 +9,9 @@ import os
 
 import numpy as np
 import pytest
-from helpers.runtime_helpers import FifoFeeder, write_opt_ml
+from helpers.runtime_helpers import write_opt_ml
+from helpers.shuffled_ids import window_order
+from test_pipe_dataset import feed
 
 from sagemaker_dist.contract.layout import plan_layout
 from sagemaker_dist.contract.record_formats import encode_recordio, encode_tfrecord
@@ -31,12 +33,6 @@ def opt_ml(tmp_path, monkeypatch, pipe_reader):
     return tmp_path
 
 
-def feed(root, channel, epochs) -> FifoFeeder:
-    feeder = FifoFeeder(root / "input" / "data", channel, epochs)
-    feeder.start()
-    return feeder
-
-
 def record(i: int) -> bytes:
     return i.to_bytes(4, "little") * 25
 
@@ -45,21 +41,8 @@ def ident(r: bytes) -> int:
     return int.from_bytes(r[:4], "little")
 
 
-def windows(sizes, window: sh.ShuffleWindow) -> list[range]:
-    out, start, nbytes = [], 0, 0
-    for i, n in enumerate(sizes):
-        nbytes += n
-        if i + 1 - start >= window.records or nbytes >= window.bytes:
-            out.append(range(start, i + 1))
-            start, nbytes = i + 1, 0
-    if start < len(sizes):
-        out.append(range(start, len(sizes)))
-    return out
-
-
 def reference(sizes, window: sh.ShuffleWindow, rank: int, channel: str, epoch: int) -> list[int]:
-    order = sh.EpochOrder(window, window.stream_key(rank, channel), epoch)
-    return [i for w in windows(sizes, window) for i in [w[k] for k in order.order(len(w)).tolist()]]
+    return window_order(list(range(len(sizes))), sizes, window, rank, channel, epoch)
 
 
 def test_records_and_batches_come_in_the_seeded_window_order_another_each_epoch(opt_ml):

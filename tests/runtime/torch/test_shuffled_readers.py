@@ -12,6 +12,7 @@ import os
 import numpy as np
 import pytest
 from helpers.runtime_helpers import FifoFeeder, write_opt_ml
+from helpers.shuffled_ids import expected_windows, window_order
 
 from sagemaker_dist.contract.layout import plan_layout
 from sagemaker_dist.contract.record_formats import encode_recordio, encode_tfrecord
@@ -70,19 +71,6 @@ def epoch_ids(batches) -> list[int]:
     return [ident(r) for b in batches for r in records_of(b)]
 
 
-def expected_windows(sizes: list[int], window: sh.ShuffleWindow) -> list[range]:
-    """The windows the rule cuts a stream of records of ``sizes`` into."""
-    out, start, nbytes = [], 0, 0
-    for i, n in enumerate(sizes):
-        nbytes += n
-        if i + 1 - start >= window.records or nbytes >= window.bytes:
-            out.append(range(start, i + 1))
-            start, nbytes = i + 1, 0
-    if start < len(sizes):
-        out.append(range(start, len(sizes)))
-    return out
-
-
 def test_the_window_order_is_the_same_arithmetic_in_c_and_python():
     for size, n in [(1, 1), (2, 2), (7, 3), (1000, 1000), (16384, 1700), (16384, 16384), (5, 0)]:
         key = sh.window_key(sh.epoch_key(sh.stream_key(11, 2, "train_2"), 4), 9)
@@ -109,10 +97,7 @@ def test_every_reader_puts_the_stream_in_the_same_seeded_order_inside_bounded_wi
     feeder.join(10)
     assert feeder.error is None
     # the reference: the order the arithmetic gives, window by window
-    order = sh.EpochOrder(window, window.stream_key(0, "train_0"), 0)
-    reference = []
-    for w in expected_windows([100] * 1000, window):
-        reference += [w[i] for i in order.order(len(w)).tolist()]
+    reference = window_order(list(range(1000)), [100] * 1000, window, 0, "train_0", 0)
     assert first == reference and again == first  # the same epoch: the same order
     assert sorted(second) == list(range(1000)) and second != first  # another epoch: another order
     assert first != list(range(1000))
@@ -133,12 +118,9 @@ def test_records_of_any_size_close_a_window_at_its_byte_bound(tmp_path, kind):
     feeder.join(10)
     assert sorted(got) == sorted(records)
     position = {r: i for i, r in enumerate(records)}
-    order = sh.EpochOrder(window, window.stream_key(0, "train_0"), 0)
-    reference = []
     for w in expected_windows(sizes, window):
         assert sum(sizes[i] for i in w) < window.bytes + max(sizes[i] for i in w)  # the bound
-        reference += [w[i] for i in order.order(len(w)).tolist()]
-    assert [position[r] for r in got] == reference
+    assert [position[r] for r in got] == window_order(list(range(len(sizes))), sizes, window, 0, "train_0", 0)
 
 
 def test_equal_seeds_give_equal_orders_and_the_seed_rank_and_channel_each_change_it(tmp_path):
@@ -248,10 +230,7 @@ def test_batches_kept_while_later_windows_are_read_stay_as_they_were(tmp_path, k
     feeder.join(10)
     for epoch, held in enumerate(kept):
         assert [len(b) for b in held] == [5] * 60
-        order = sh.EpochOrder(window, window.stream_key(0, "train_0"), epoch)
-        reference = [
-            w[i] for w in expected_windows([100] * 300, window) for i in order.order(len(w)).tolist()
-        ]
+        reference = window_order(list(range(300)), [100] * 300, window, 0, "train_0", epoch)
         assert [ident(r) for b in held for r in records_of(b)] == reference
     # batches of one buffer, one after another (views of the windows' rows, not copies of them)
     adjacent = sum(b.data_ptr() == a.data_ptr() + a.numel() for a, b in zip(kept[0], kept[0][1:]))

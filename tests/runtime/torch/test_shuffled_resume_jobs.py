@@ -12,11 +12,11 @@ objects in the n-th permutation, so the resumed epoch must read the FIFO the sto
 
 from __future__ import annotations
 
-import random
 import shutil
 from pathlib import Path
 
 import pytest
+from helpers import shuffled_ids
 from helpers.runtime_helpers import write_opt_ml
 from helpers.torchrun_job import run_torchrun
 
@@ -35,12 +35,7 @@ SHUFFLE_CONFIG_SEED = 11
 
 
 def fifo_ids(rank: int, fifo: int, per_epoch: bool) -> list[int]:
-    """The ids FIFO ``fifo`` of rank ``rank`` carries, in stream order: objects of OBJECT records, in key
-    order, or (``per_epoch``) in the permutation a ShuffleConfig draws for that FIFO."""
-    objects = [list(range(rank * 1000 + o, rank * 1000 + o + OBJECT)) for o in range(0, RECORDS, OBJECT)]
-    if per_epoch:
-        random.Random(f"{SHUFFLE_CONFIG_SEED}:{fifo}").shuffle(objects)
-    return [i for obj in objects for i in obj]
+    return shuffled_ids.fifo_ids(rank, fifo, RECORDS, OBJECT, SHUFFLE_CONFIG_SEED if per_epoch else None)
 
 
 def encode(ids: list[int], reader: str) -> bytes:
@@ -52,13 +47,9 @@ def encode(ids: list[int], reader: str) -> bytes:
 def reference(rank: int, epoch: int, fifo: int, per_epoch: bool) -> list[int]:
     """The order the uninterrupted job trains epoch ``epoch`` of rank ``rank`` in, reading FIFO ``fifo``."""
     ids = fifo_ids(rank, fifo, per_epoch)
-    window = sh.ShuffleWindow(SEED, records=WINDOW)
-    order = sh.EpochOrder(window, window.stream_key(rank, f"train_{rank}"), epoch)
-    out = []
-    for start in range(0, len(ids), WINDOW):
-        chunk = ids[start : start + WINDOW]
-        out += [chunk[i] for i in order.order(len(chunk)).tolist()]
-    return out
+    return shuffled_ids.window_order(
+        ids, [1] * len(ids), sh.ShuffleWindow(SEED, records=WINDOW), rank, f"train_{rank}", epoch
+    )
 
 
 def trained(job, rank: int) -> dict[int, list[int]]:

@@ -1,0 +1,45 @@
+"""Streams of records with ids for the shuffle tests, and the order the readers' window gives them: the
+reference a test compares what was trained with (``framing/shuffle.py``'s arithmetic, window by window)."""
+
+from __future__ import annotations
+
+import random
+
+from sagemaker_dist.runtime.framing import shuffle as sh
+
+
+def fifo_ids(
+    rank: int, fifo: int, records: int, object_records: int, shuffle_config_seed: int | None
+) -> list[int]:
+    """The ids FIFO ``fifo`` of rank ``rank`` carries, in stream order: ``records`` ids ``rank * 1000 + i``
+    in objects of ``object_records``, in key order, or (``shuffle_config_seed``) in the permutation a
+    ShuffleConfig draws for that FIFO (as the local feeder draws it)."""
+    objects = [
+        list(range(rank * 1000 + o, rank * 1000 + o + object_records))
+        for o in range(0, records, object_records)
+    ]
+    if shuffle_config_seed is not None:
+        random.Random(f"{shuffle_config_seed}:{fifo}").shuffle(objects)
+    return [i for obj in objects for i in obj]
+
+
+def expected_windows(sizes: list[int], window: sh.ShuffleWindow) -> list[range]:
+    """The windows the readers cut a stream of records of ``sizes`` bytes into."""
+    out, start, nbytes = [], 0, 0
+    for i, n in enumerate(sizes):
+        nbytes += n
+        if i + 1 - start >= window.records or nbytes >= window.bytes:
+            out.append(range(start, i + 1))
+            start, nbytes = i + 1, 0
+    if start < len(sizes):
+        out.append(range(start, len(sizes)))
+    return out
+
+
+def window_order(
+    items: list, sizes: list[int], window: sh.ShuffleWindow, rank: int, channel: str, epoch: int
+):
+    """``items`` (a stream's records, or their ids; ``sizes`` their bytes) in the order the readers give
+    them in ``epoch`` for ``rank``'s stream of ``channel``."""
+    order = sh.EpochOrder(window, window.stream_key(rank, channel), epoch)
+    return [items[w[i]] for w in expected_windows(sizes, window) for i in order.order(len(w)).tolist()]
