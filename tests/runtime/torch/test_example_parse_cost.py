@@ -16,6 +16,7 @@ import time
 import tracemalloc
 
 import pytest
+from helpers.protobuf_wire import field, varint
 
 from sagemaker_dist.runtime.torch.records import parse_example
 
@@ -23,19 +24,6 @@ N = 128 << 10  # and 4N = 512 KiB: about 0.05 s a parse; 3 to 20 s for the quadr
 REPEATS = 5
 MEMORY_RECORD = 512 << 10
 FIXED = 1 << 20  # the vectorised varint decoder's temporaries, whatever the record's size
-
-
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def field(number: int, payload: bytes) -> bytes:
-    return varint(number << 3 | 2) + varint(len(payload)) + payload
 
 
 def entry(key: bytes, feature: bytes) -> bytes:

@@ -8,6 +8,8 @@ import time
 
 import numpy as np
 import pytest
+from helpers.protobuf_wire import field as _field
+from helpers.protobuf_wire import varint as _varint
 from helpers.runtime_helpers import FifoFeeder, write_opt_ml
 
 from sagemaker_dist.contract.distributions import TORCHRUN_ENTRY
@@ -21,19 +23,6 @@ from sagemaker_dist.runtime.torch.records import ExampleParseError, parse_exampl
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.torch
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
 def _entry(name: str, feature: bytes) -> bytes:
