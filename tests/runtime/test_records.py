@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sagemaker_dist.contract.record_formats import (
+    FRAMED_FORMATS,
     RECORD_FORMATS,
     RECORDIO_MAGIC,
     encode_recordio,
@@ -33,7 +34,8 @@ pytestmark = pytest.mark.usefixtures("tfrecord_scan")  # both scans: compiled an
 
 
 def test_every_record_format_has_a_framer_and_no_other_name_is_taken():
-    assert sorted(FRAMERS) == sorted(RECORD_FORMATS)
+    assert sorted(FRAMERS) == sorted(FRAMED_FORMATS)  # RECORD_FORMATS and WebDataset (framed, no TF op)
+    assert set(RECORD_FORMATS) < set(FRAMED_FORMATS)
     with pytest.raises(ConfigurationError, match="'Parquet' is not one of RecordIO, TFRecord, TextLine"):
         make_framer("Parquet")
 
