@@ -17,6 +17,7 @@ import gzip
 import hashlib
 import io
 import os
+import stat
 import tarfile
 import tempfile
 from collections.abc import Sequence
@@ -91,7 +92,7 @@ def _names_by_file(source_dir: Path) -> dict[tuple[int, int], list[PurePosixPath
         for name in files:
             path = os.path.join(root, name)
             st = os.lstat(path)
-            if not os.path.islink(path) and os.path.isfile(path):
+            if stat.S_ISREG(st.st_mode):  # the lstat taken says it: no second look through a link
                 rel = PurePosixPath(Path(path).relative_to(source_dir).as_posix())
                 names.setdefault((st.st_dev, st.st_ino), []).append(rel)
     return names
