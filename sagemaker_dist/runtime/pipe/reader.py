@@ -31,8 +31,10 @@ READ_AHEAD_CHUNKS = 2  # chunks a reader thread frames ahead of TensorFlow (0: f
 STOP_JOIN_S = 5.0  # a consumer that stops early waits this long at most for its reader thread to end
 
 
-def read_ahead(items, depth: int, name: str):
+def read_ahead(items, depth: int, name: str, reader: str = "PipeModeDataset"):
     """Yield ``items``, produced by a thread up to ``depth`` items ahead; its errors are raised here.
+
+    The thread is named ``<reader>-<name>`` (the reader class and the FIFO), as a stack dump shows it.
 
     The thread reads the FIFO while TensorFlow converts and batches the chunks before: readv and
     crc32c release the GIL. When the consumer stops early, the thread stops at its next item.
@@ -69,7 +71,7 @@ def read_ahead(items, depth: int, name: str):
         first = next(items)
     except StopIteration:
         return
-    thread = threading.Thread(target=produce, name=f"PipeModeDataset-{name}", daemon=True)
+    thread = threading.Thread(target=produce, name=f"{reader}-{name}", daemon=True)
     thread.start()
     try:
         yield first

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sagemaker_dist.contract.paths import fifo_name
+from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT, FifoReader
 from sagemaker_dist.runtime.file_channel import FileChannelError, channel_files
 from sagemaker_dist.runtime.framing import DEFAULT_CHUNK, frame_views, make_framer
@@ -38,6 +39,7 @@ from sagemaker_dist.runtime.framing.shuffle import (
 from sagemaker_dist.runtime.pipe.epochs import next_epoch_fifo
 from sagemaker_dist.runtime.pipe.order import ReaderPosition, head_mismatch_line, replay_fifos
 from sagemaker_dist.runtime.pipe.reader import read_ahead
+from sagemaker_dist.runtime.ranks import RankChannelError
 
 DEFAULT_PREFETCH = 4  # batches the reader thread prepares ahead of the loop
 
@@ -121,9 +123,13 @@ def _checked_device(device):
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device={device!r} is not a device torch knows ({exc}); give job.device") from None
+        raise ConfigurationError(
+            f"device={device!r} is not a device torch knows ({exc}); give job.device"
+        ) from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={str(device)!r}, but CUDA is not available here; give job.device, or None")
+        raise ConfigurationError(
+            f"device={str(device)!r}, but CUDA is not available here; give job.device, or None"
+        )
     return device
 
 
@@ -185,13 +191,13 @@ class PipeBatches:
         self.rank = int(rank)
         self._stream_key = self.shuffle.stream_key(self.rank, self.channel) if self.shuffle else 0
         if int(batch_size) < 1:
-            raise ValueError(f"batch_size={batch_size!r}: give a whole number >= 1")
+            raise ConfigurationError(f"batch_size={batch_size!r}: give a whole number >= 1")
         if int(prefetch) < 1:
-            raise ValueError(f"prefetch={prefetch!r}: give a whole number >= 1")
+            raise ConfigurationError(f"prefetch={prefetch!r}: give a whole number >= 1")
         wrapper = self.config.record_wrapper(self.channel)
         self.record_format = record_format or ("RecordIO" if wrapper == "RecordIO" else "TFRecord")
         if wrapper == "RecordIO" and self.record_format != "RecordIO":
-            raise ValueError(
+            raise ConfigurationError(
                 f"channel {self.channel!r} has RecordWrapperType RecordIO, so its stream is RecordIO frames; "
                 f"pass record_format='RecordIO' (got {self.record_format!r})"
             )
@@ -210,9 +216,9 @@ class PipeBatches:
         self.max_record_bytes = max_record_bytes  # None: $SAGEMAKER_DIST_MAX_RECORD_BYTES, else 2 GiB - 1
         mode = self.config.input_mode(self.channel)
         if mode is None:
-            raise ValueError(
+            raise RankChannelError(
                 f"channel {self.channel!r} is not in the job's inputdataconfig.json (channels: "
-                f"{', '.join(self.config.channels()) or 'none'}); pass one of those, or setup_ddp's DdpJob"
+                f"{', '.join(self.config.channels) or 'none'}); pass one of those, or setup_ddp's DdpJob"
             )
         self.file_mode = mode != "Pipe"  # File or FastFile: files to read
         if self.file_mode and self.max_skip:
@@ -231,7 +237,7 @@ class PipeBatches:
     def set_epoch(self, epoch: int) -> None:
         """The next iteration reads epoch ``epoch`` (its shuffle order); each one after it the next."""
         if isinstance(epoch, bool) or int(epoch) < 0:
-            raise ValueError(f"epoch={epoch!r}: give a whole number >= 0")
+            raise ConfigurationError(f"epoch={epoch!r}: give a whole number >= 0")
         self.epoch = int(epoch)
 
     def state_dict(self) -> dict:
@@ -288,7 +294,7 @@ class PipeBatches:
             name = fifo_name(self.channel, number)
             source = self._batches(epoch, [partial(FifoReader, path)], skip)
         self.epochs_opened += 1
-        ahead = read_ahead(source, self.prefetch, name)
+        ahead = read_ahead(source, self.prefetch, name, reader=type(self).__name__)
         with contextlib.closing(ahead):  # an iteration closed early stops the thread, which closes the FIFO
             yield from ahead
 

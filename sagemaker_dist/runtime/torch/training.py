@@ -32,6 +32,7 @@ from pathlib import Path
 
 from sagemaker_dist.contract.metric_line import metric_line
 from sagemaker_dist.contract.stop_lines import resumed_line, since_request, stopped_line
+from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime.torch.checkpointing import restore_torch_checkpoint, save_torch_checkpoint
 from sagemaker_dist.runtime.torch.epochs import AgreedEpoch, agreed_batches
 from sagemaker_dist.runtime.torch.resume import begin_epoch, reader_checkpoint, resume_point
@@ -77,19 +78,21 @@ class PipeTraining:
         async_save: bool = True,
     ):
         if int(epochs) < 1:
-            raise ValueError(f"epochs={epochs!r}: give a whole number >= 1")
+            raise ConfigurationError(f"epochs={epochs!r}: give a whole number >= 1")
         if checkpoint_every_steps is not None and int(checkpoint_every_steps) < 1:
-            raise ValueError(
+            raise ConfigurationError(
                 f"checkpoint_every_steps={checkpoint_every_steps!r}: give a whole number >= 1 (or None)"
             )
         self.sharded = is_sharded(model)
         if self.sharded and join:
-            raise ValueError(
+            raise ConfigurationError(
                 "join=True trains uneven shards through torch's Join, which FSDP2 models do not "
                 "support; leave join off (each epoch then ends at the shortest rank's last batch)"
             )
         if tensorboard_interval is not None and not float(tensorboard_interval) > 0:
-            raise ValueError(f"tensorboard_interval={tensorboard_interval!r}: give a number of seconds > 0")
+            raise ConfigurationError(
+                f"tensorboard_interval={tensorboard_interval!r}: give a number of seconds > 0"
+            )
         self.tensorboard_interval = tensorboard_interval
         self.job, self.model, self.optimizer, self.scheduler = job, model, optimizer, scheduler
         self.total_epochs = int(epochs)

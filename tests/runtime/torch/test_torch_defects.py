@@ -8,7 +8,9 @@ threads and signals.
 - ``setup_ddp(environ=...)`` meets at that environ's ``MASTER_ADDR:MASTER_PORT``, not ``os.environ``'s;
 - a process group the script started is not destroyed by ``DdpJob.close`` (nor by a ``PipeTraining``
   stop);
-- bad arguments and variables raise the project's ``ConfigurationError``;
+- bad arguments and variables raise the project's ``ConfigurationError``; a channel the job lacks is the
+  same ``RankChannelError`` in the readers as in ``setup_ddp`` (it was a ``TypeError`` building its message);
+- the reader thread is named after its reader and FIFO (``PipeBatches-train_0_0``), not ``PipeModeDataset``;
 - ``StopRequest.install`` off the main thread says that SIGTERM will not be caught.
 """
 
@@ -281,6 +283,49 @@ def test_a_stop_grace_that_is_no_number_of_seconds_is_a_configuration_error(monk
     assert signal.getsignal(signal.SIGTERM) is before
     with pytest.raises(ConfigurationError, match=r"grace=0: give the seconds"):
         install_stop(0, grace=0)
+
+
+def test_a_channel_not_in_the_job_is_the_same_rank_channel_error_as_setup_ddps(tmp_path):
+    from sagemaker_dist.runtime import PipeBatches, RecordBatches
+    from sagemaker_dist.runtime.config import ContainerConfig
+
+    config = ContainerConfig.load(_job_root(tmp_path, 2), {})
+    for reader in (PipeBatches, RecordBatches):
+        with pytest.raises(RankChannelError, match=r"channel 'train_7' is not in the job's inputdataconfig"):
+            reader("train_7", 4, config=config)
+
+
+@pytest.mark.parametrize("arguments", [{"batch_size": 0}, {"prefetch": 0}, {"device": "no-such-device"}])
+def test_a_reader_argument_out_of_range_is_a_configuration_error(tmp_path, arguments):
+    from sagemaker_dist.runtime import PipeBatches
+    from sagemaker_dist.runtime.config import ContainerConfig
+
+    config = ContainerConfig.load(_job_root(tmp_path, 1), {})
+    settings = {"batch_size": 4, **arguments}
+    with pytest.raises(ConfigurationError, match=rf"{next(iter(arguments))}="):
+        PipeBatches("train_0", config=config, **settings)
+
+
+@pytest.mark.parametrize("reader_class", ["PipeBatches", "RecordBatches"])
+def test_the_reader_thread_is_named_after_the_reader_and_its_fifo(tmp_path, reader_class):
+    from helpers.runtime_helpers import FifoFeeder
+
+    from sagemaker_dist import runtime
+    from sagemaker_dist.contract.record_formats import encode_tfrecord
+    from sagemaker_dist.runtime.config import ContainerConfig
+
+    root = _job_root(tmp_path, 1)
+    feeder = FifoFeeder(
+        root / "input" / "data", "train_0", [b"".join(encode_tfrecord(b"x" * 8) for _ in range(64))]
+    )
+    feeder.start()
+    reader = getattr(runtime, reader_class)("train_0", 4, config=ContainerConfig.load(root, {}))
+    batches = iter(reader)
+    next(batches)
+    names = [t.name for t in threading.enumerate() if t.name.endswith("-train_0_0")]
+    batches.close()
+    feeder.join(10)
+    assert names == [f"{reader_class}-train_0_0"]
 
 
 @pytest.mark.parametrize("skip", [-1, "2", 1.5])
