@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import json
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -549,3 +550,38 @@ def test_the_circle_check_catches_a_circle(tmp_path):
         (tmp_path / f"{name}.py").write_text(text)
         sources.append((name, tmp_path / f"{name}.py"))
     assert _circles(_import_graph(sources, set(files))) == [["a", "b"]]
+
+
+CONTRACT_PREFIX = "sagemaker_dist.contract"
+_OPT_ML_PATH = re.compile(r"(^|:)/opt/ml(/|$)")
+
+
+def _opt_ml_paths(path: Path) -> list[str]:
+    """String literals (f-strings' literal parts too) that are ``/opt/ml`` paths: starting with it, or
+    after a colon as in a volume spec; prose that mentions the tree is left alone."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and _OPT_ML_PATH.search(node.value):
+            found.append(f"line {node.lineno}: {node.value[:60]!r}")
+    return found
+
+
+def test_opt_ml_is_spelled_only_in_the_contract():
+    """SageMaker's container root is one contract rule (``contract.paths.DEFAULT_ROOT`` and the paths
+    under it): a launcher, host or platform module that writes the literal drifts from it unseen."""
+    hits = []
+    for module, path in _sources():
+        if not module.startswith(CONTRACT_PREFIX):
+            hits += [f"{module} {hit}" for hit in _opt_ml_paths(path)]
+    assert hits == [], "/opt/ml spelled outside the contract:\n" + "\n".join(hits)
+
+
+def test_the_opt_ml_rule_catches_a_path_and_not_prose(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        'ROOT = "/opt/ml"\n'
+        'volume = f"{tree}:/opt/ml"\n'
+        'model = "/opt/ml/model"\n'
+        'help = "where the per-host /opt/ml trees go"\n'
+    )
+    assert sorted(hit.split(":")[0] for hit in _opt_ml_paths(bad)) == ["line 1", "line 2", "line 3"]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from sagemaker_dist.contract.paths import DEFAULT_ROOT
 from sagemaker_dist.errors import ConfigurationError
 
 ENGINE = "podman"
@@ -71,7 +72,7 @@ class ClusterPlan:
         command = [ENGINE, "create", "--rm", "--name", host.container, "--label", f"{LABEL}={self.network}",
                    "--network", self.network, "--ip", host.address, "--hostname", host.name]  # fmt: skip
         command += [f"--add-host={h.name}:{h.address}" for h in self.hosts]
-        command += ["--volume", f"{tree}:/opt/ml"]
+        command += ["--volume", f"{tree}:{DEFAULT_ROOT}"]
         for key in sorted(env_names):
             command += ["--env", key]
         return [*command, image, "train"]

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sagemaker_dist.contract.distributions import distribution
+from sagemaker_dist.contract.paths import DEFAULT_ROOT
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.launchers.base import RankGroup
 from sagemaker_dist.local.launchers.toolkit_host import SSHD_STUB
@@ -109,7 +110,7 @@ def container_host_command(
     ``train``; given ``sshd_stub``, that file in place of the image's /usr/sbin/sshd."""
     command = [ENGINE, "run", "--rm", "--name", name, "--network", "host"]
     command += [f"--add-host={host}:127.0.0.1" for host in hosts]
-    command += ["--volume", f"{tree}:/opt/ml"]
+    command += ["--volume", f"{tree}:{DEFAULT_ROOT}"]
     if sshd_stub is not None:
         command += ["--volume", f"{sshd_stub}:/usr/sbin/sshd:ro"]
     for key in env_names:

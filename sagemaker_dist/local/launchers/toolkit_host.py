@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from sagemaker_dist.contract.paths import DEFAULT_ROOT
+
 SSHD_STUB = (
     "#!/bin/sh\n# stands in for sshd: the toolkit's MPI master only starts it\nexec sleep 2147483647\n"
 )
@@ -67,8 +69,8 @@ def prepare_host(tree: Path, state: Path, hosts: list[str]) -> None:
     state.mkdir(parents=True, exist_ok=True)
     _mount("-t", "tmpfs", "-o", "mode=0700,size=64m", "tmpfs", str(state))
     _overlay("/opt", state, {})
-    Path("/opt/ml").mkdir(exist_ok=True)
-    _mount("--bind", str(tree), "/opt/ml")
+    Path(DEFAULT_ROOT).mkdir(exist_ok=True)
+    _mount("--bind", str(tree), DEFAULT_ROOT)
     _overlay("/usr/sbin", state, {"sshd": SSHD_STUB})
     etc_hosts = state / "hosts"
     etc_hosts.write_text(hosts_file(hosts))

@@ -24,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from sagemaker_dist.contract.paths import DEFAULT_ROOT
+
 INSTEAD = "use launcher 'horovodrun' or 'mpirun' instead"
 _PROBE_S = 30
 
@@ -36,7 +38,7 @@ _PROBE = (
 _MOUNT_FAILED = re.compile(r"toolkit host: mount (?P<args>.*?) (?P<target>/\S*) failed: (?P<why>.*)", re.S)
 _STEPS = {
     "/opt": "an overlay mount on /opt",
-    "/opt/ml": "a bind mount on /opt/ml",
+    DEFAULT_ROOT: f"a bind mount on {DEFAULT_ROOT}",
     "/usr/sbin": "an overlay mount on /usr/sbin",
     "/etc/hosts": "a bind mount on /etc/hosts",
 }
