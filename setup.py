@@ -82,7 +82,7 @@ setup(
         Extension(
             f"sagemaker_dist.runtime.framing.{name}",
             [f"sagemaker_dist/runtime/framing/{name}.c"],
-            depends=[f"sagemaker_dist/runtime/framing/native/{h}.h" for h in ("record_core", "shuffle_core")],
+            depends=[f"sagemaker_dist/runtime/framing/native/{h}.h" for h in ("record_core", "shuffle_core", "tar_core")],
             extra_compile_args=["-O3"],
             optional=True,
         )
