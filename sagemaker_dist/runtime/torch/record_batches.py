@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import mmap
-import sys
 import threading
+import weakref
 from collections import deque
 from typing import Any, NamedTuple
 
@@ -87,67 +87,81 @@ class RaggedBatch(NamedTuple):
         return RaggedBatch(self.data.to(*args, **kwargs), self.offsets.to(*args, **kwargs))
 
 
+class _Slot:
+    """A buffer lent out as one numpy view at a time. The view handed to ``torch.from_numpy`` lives as long
+    as any tensor over its memory (the tensor's storage holds it, and so does every slice or ``.numpy()``
+    of it), so a finalizer on the view says when nothing uses the buffer any more: then it may be refilled
+    (a batch the script keeps is never written over)."""
+
+    __slots__ = ("array", "in_use")
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+        self.in_use = False
+
+    def lend(self, start: int, end: int) -> np.ndarray:
+        view = self.array[start:end]
+        self.in_use = True
+        weakref.finalize(view, self._release).atexit = False
+        return view
+
+    def _release(self) -> None:
+        self.in_use = False
+
+
 class _Buffers:
     """Allocates the batches' tensors: pinned (torch's caching host allocator reuses them), or from a
-    pool of arrays reused once no tensor uses them any more (no fresh pages to fault in per batch)."""
+    pool of arrays reused once nothing uses them any more (no fresh pages to fault in per batch).
+    ``tensors=False``: numpy arrays only (buffers the reader keeps to itself, never pinned)."""
 
-    def __init__(self, pinned: bool, keep: int, huge_pages: bool = False):
-        import torch
-
-        self.torch = torch
-        self.pinned = pinned
+    def __init__(self, pinned: bool, keep: int, huge_pages: bool = False, tensors: bool = True):
+        self.pinned = pinned and tensors
+        self.tensors = tensors
         self.keep = keep
         self.huge_pages = huge_pages
-        self.pool: list = []
+        self.pool: list[_Slot] = []
         self.lock = threading.Lock()  # an epoch left early may still be filling while the next one starts
 
     def __call__(self, nbytes: int):
-        torch = self.torch
         if self.pinned:
+            torch = _torch()
             tensor = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
             return tensor, tensor.numpy()
         with self.lock:
-            return self._from_pool(nbytes)
-
-    def _from_pool(self, nbytes: int):
-        torch = self.torch
-        for array in self.pool:
-            # 3: the pool's list, this loop's name and getrefcount's argument: no tensor holds it
-            if sys.getrefcount(array) == 3 and nbytes <= len(array) <= 2 * nbytes:
-                break
-        else:
-            array = _plain_array(nbytes, self.huge_pages)
-            self.pool.append(array)
-            if len(self.pool) > self.keep:
-                self.pool.pop(0)
-        array = array[:nbytes]  # a view: while it lives, the array is in use
-        return torch.from_numpy(array), array
+            for slot in self.pool:
+                if not slot.in_use and nbytes <= len(slot.array) <= 2 * nbytes:
+                    break
+            else:
+                slot = _Slot(_plain_array(nbytes, self.huge_pages))
+                self.pool.append(slot)
+                if len(self.pool) > self.keep:
+                    self.pool.pop(0)  # its memory goes once its views do
+            view = slot.lend(0, nbytes)
+        return (_torch().from_numpy(view) if self.tensors else view), view
 
 
 class _Arena:
     """Shuffle windows of records of one size, placed one after another in one buffer (back to its start
     where the next does not fit), so that a batch across two windows is one span of rows: a view, not a
-    copy. Every span handed out is a tensor of its own over a numpy view of its rows, whose references
-    say whether anything (a batch the script keeps, a view of it) still holds it; a window is only
-    placed over rows nothing holds (``place`` says None otherwise: the reader takes a new arena)."""
+    copy. Every span handed out is a tensor of its own over a numpy view of its rows, tracked as a lent
+    view of the arena (``_Slot``); a window is only placed over rows no live view covers (``place`` says
+    None otherwise: the reader takes a new arena)."""
 
     def __init__(self, rows: int, row_bytes: int, pinned: bool, huge_pages: bool):
-        import torch
-
         self.rows, self.row_bytes = int(rows), int(row_bytes)
         if pinned:
+            torch = _torch()
             self._tensor = torch.empty(self.rows * self.row_bytes, dtype=torch.uint8, pin_memory=True)
             self.array = self._tensor.numpy()
         else:
             self.array = _plain_array(self.rows * self.row_bytes, huge_pages)
         self.end = 0  # the row after the last window placed
-        self.handed: deque = deque()  # (first row, end row, its numpy view)
+        self.handed: deque = deque()  # (first row, end row, the _Slot its view was lent by)
 
     def place(self, n: int) -> int | None:
         """The first row of a window of ``n`` rows: after the last one, or at the start."""
         start = self.end if self.end + n <= self.rows else 0
-        # 2: the tuple's slot and getrefcount's argument: no tensor over the view any more
-        self.handed = deque(h for h in self.handed if sys.getrefcount(h[2]) > 2)
+        self.handed = deque(h for h in self.handed if h[2].in_use)
         if n > self.rows or any(a < start + n and start < b for a, b, _ in self.handed):
             return None
         self.end = start + n
@@ -160,11 +174,10 @@ class _Arena:
 
     def span(self, first: int, end: int):
         """Rows ``first .. end`` as a ``[end - first, row_bytes]`` tensor, tracked while it lives."""
-        import torch
-
-        view = self.array[first * self.row_bytes : end * self.row_bytes]
-        self.handed.append((first, end, view))
-        return torch.from_numpy(view).view(end - first, self.row_bytes)
+        slot = _Slot(self.array)
+        view = slot.lend(first * self.row_bytes, end * self.row_bytes)
+        self.handed.append((first, end, slot))
+        return _torch().from_numpy(view).view(end - first, self.row_bytes)
 
 
 class _Cutter:
