@@ -69,7 +69,7 @@ def test_a_kept_batch_slice_or_numpy_view_keeps_its_bytes_while_later_epochs_are
     first = iter(batches)
     whole = next(first)
     expected_whole = rows(whole)
-    kept_slice = data_of(next(first))[3:3 + SIZE]  # a slice only: the batch's own tensor is gone
+    kept_slice = data_of(next(first))[3 : 3 + SIZE]  # a slice only: the batch's own tensor is gone
     expected_slice = bytes(kept_slice.numpy())
     kept_numpy = data_of(next(first)).numpy()  # a numpy view only
     expected_numpy = kept_numpy.tobytes()
