@@ -20,7 +20,12 @@
  *   the others are errors at `offset`: BAD_HEADER (TFRecord length CRC; a: the length field),
  *   TOO_LONG (a: the length, b: 1 when it is at least that), BAD_MAGIC (a: the magic), BAD_FLAG
  *   (a: the flag, b: 1 when it was to start a record), TRUNCATED (a: bytes after the last complete
- *   record, b: the frame's size when known, else 0), WRONG_SIZE (a: the record's length).
+ *   record, b: the frame's size when known, else 0), WRONG_SIZE (a: the record's length);
+ *   FALLBACK (WebDataset): an entry native/tar_core.h's walk does not take (an error among them, or valid
+ *   tar it leaves out, as base-256 sizes): take() the bytes read, and frame them and the rest of the
+ *   descriptor with framing/tar.py, which names what is wrong.
+ * WebDataset: a record is a sample (its members' bytes as in the stream); the walk frames a buffer of
+ * samples at once, each then copied once into data.
  * Lengths are checked against max_record_bytes before any arithmetic on them or any allocation; the
  * internal buffer (1 MiB) grows only as bytes come (to at most twice what came, or READ_STEP), and a
  * ROOM request asks for no more than the bytes that came plus READ_STEP of a record's claimed length.
@@ -39,13 +44,14 @@
 
 #include "native/record_core.h"
 #include "native/shuffle_core.h"
+#include "native/tar_core.h"
 
 #define API 2
 #define BUFFER_BYTES ((size_t)1 << 20) /* the internal buffer at first, and so the largest read */
 #define LARGE_RECORD ((uint64_t)32 << 10) /* framing/base.py's LARGE_RECORD_BYTES */
 #define READ_STEP ((uint64_t)64 << 20)    /* framing/base.py's READ_STEP */
 
-enum { FMT_TFRECORD, FMT_RECORDIO, FMT_TEXTLINE };
+enum { FMT_TFRECORD, FMT_RECORDIO, FMT_TEXTLINE, FMT_WEBDATASET };
 
 enum {
     ST_FULL = 0,
@@ -58,6 +64,7 @@ enum {
     ST_BAD_FLAG = 7,
     ST_TRUNCATED = 8,
     ST_WRONG_SIZE = 9,
+    ST_FALLBACK = 10, /* WebDataset: an entry the walk leaves to framing/tar.py (take() its bytes) */
     /* inside this file only */
     ST_NEXT = 100, /* a record was added */
     ST_OS_ERROR,
@@ -79,6 +86,12 @@ typedef struct {
     uint64_t rec_at, rec_n, rec_got;
     size_t scanned; /* TextLine: bytes of the line at buf[begin] already searched for its newline */
     uint64_t e_offset, e_a, e_b;
+    /* WebDataset: the last walk of buf[begin:end] (walked), its samples (tar_starts, tar_lengths, from
+     * begin; the next to hand out tar_next), what it consumed and needs next */
+    int64_t *tar_starts, *tar_lengths;
+    size_t tar_room;
+    int tar_walked;
+    int64_t tar_count, tar_next, tar_consumed, tar_need;
 } Reader;
 
 typedef struct {
@@ -329,6 +342,60 @@ static int textline_next(Reader *r, Batch *b) {
     }
 }
 
+/* ---- WebDataset (tar): native/tar_core.h's walk over the buffer, each sample copied once into data ---- */
+
+/* Hand out the next sample of the last walk; else drop what it consumed, read what it needs and walk
+ * again. The walk takes the usual entries only: at any other (an error among them) the reader stops with
+ * FALLBACK and the caller frames the rest (take()) with framing/tar.py, which names what is wrong. */
+static int tar_next(Reader *r, Batch *b) {
+    for (;;) {
+        if (r->tar_walked) {
+            if (r->tar_next < r->tar_count) {
+                uint64_t start = (uint64_t)r->tar_starts[r->tar_next], n = (uint64_t)r->tar_lengths[r->tar_next];
+                if (b->fixed && n != b->fixed) return fail(r, ST_WRONG_SIZE, r->offset + start, n, 0);
+                if (b->cap - b->nbytes < n) return room(r, b->nbytes + n, b->nbytes);
+                memcpy(dest(b), r->buf + r->begin + start, (size_t)n);
+                r->tar_next++;
+                add_record(r, b, n);
+                return ST_NEXT;
+            }
+            consume(r, (size_t)r->tar_consumed);
+            r->tar_walked = 0;
+            size_t have = r->end - r->begin;
+            if (r->eof) { /* walked as the stream's last bytes: all consumed */
+                if (have) return fail(r, ST_FALLBACK, r->offset, 0, 0);
+                return ST_END;
+            }
+            uint64_t want = (uint64_t)r->tar_need > have ? (uint64_t)r->tar_need : (uint64_t)have + 1;
+            int s = fill(r, want); /* what is left is a sample or an entry in progress: more bytes first */
+            if (s) return s;
+        } else if (r->begin == r->end && !r->eof) {
+            int s = fill(r, 1);
+            if (s) return s;
+        }
+        size_t have = r->end - r->begin;
+        if (!have && r->eof) return ST_END;
+        size_t slots = have / SD_TAR_BLOCK + 1;
+        if (slots > r->tar_room) {
+            size_t grown = slots > 2 * r->tar_room ? slots : 2 * r->tar_room;
+            int64_t *starts = realloc(r->tar_starts, grown * sizeof(int64_t));
+            if (starts == NULL) return ST_NO_MEMORY;
+            r->tar_starts = starts;
+            int64_t *lengths = realloc(r->tar_lengths, grown * sizeof(int64_t));
+            if (lengths == NULL) return ST_NO_MEMORY;
+            r->tar_lengths = lengths;
+            r->tar_room = grown;
+        }
+        SdTarWalk w = sd_tar_walk(r->buf + r->begin, have, r->tar_starts, r->tar_lengths, r->max_record, r->eof);
+        if (w.status || (r->eof && w.need)) return fail(r, ST_FALLBACK, r->offset, 0, 0);
+        r->tar_walked = 1;
+        r->tar_count = w.count;
+        r->tar_next = 0;
+        r->tar_consumed = w.consumed;
+        r->tar_need = w.need;
+    }
+}
+
 /* ---- the Python type ---- */
 
 static int Reader_init(Reader *self, PyObject *args, PyObject *kwds) {
@@ -347,8 +414,11 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kwds) {
         self->format = FMT_RECORDIO;
     } else if (strcmp(format, "TextLine") == 0) {
         self->format = FMT_TEXTLINE;
+    } else if (strcmp(format, "WebDataset") == 0) {
+        self->format = FMT_WEBDATASET;
     } else {
-        PyErr_Format(PyExc_ValueError, "record_format %s is not one of TFRecord, RecordIO, TextLine", format);
+        PyErr_Format(PyExc_ValueError, "record_format %s is not one of TFRecord, RecordIO, TextLine, WebDataset",
+                     format);
         return -1;
     }
     if (fd < 0) {
@@ -369,11 +439,15 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kwds) {
     self->offset = self->records = self->rec_at = self->rec_n = self->rec_got = 0;
     self->scanned = 0;
     self->header_cache[0] = self->header_cache[1] = 0;
+    self->tar_walked = 0;
+    self->tar_count = self->tar_next = self->tar_consumed = self->tar_need = 0;
     return 0;
 }
 
 static void Reader_dealloc(Reader *self) {
     free(self->buf);
+    free(self->tar_starts);
+    free(self->tar_lengths);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -435,9 +509,10 @@ static PyObject *Reader_fill(Reader *self, PyObject *args) {
     for (;;) {
         s = ST_FULL;
         while (b.count < batch && !(stop_bytes && b.nbytes >= stop_bytes)) {
-            s = self->format == FMT_TFRECORD   ? tfrecord_next(self, &b)
-                : self->format == FMT_RECORDIO ? recordio_next(self, &b)
-                                               : textline_next(self, &b);
+            s = self->format == FMT_TFRECORD     ? tfrecord_next(self, &b)
+                : self->format == FMT_RECORDIO   ? recordio_next(self, &b)
+                : self->format == FMT_WEBDATASET ? tar_next(self, &b)
+                                                 : textline_next(self, &b);
             if (s != ST_NEXT) break;
             s = ST_FULL;
         }
@@ -462,6 +537,18 @@ static PyObject *Reader_fill(Reader *self, PyObject *args) {
                          (unsigned long long)self->e_a, (unsigned long long)self->e_b);
 }
 
+/* take() -> bytes: the stream's bytes read but not handed out (after FALLBACK: for framing/tar.py to frame
+ * them, then the rest of the descriptor); the reader moves past them. */
+static PyObject *Reader_take(Reader *self, PyObject *unused) {
+    if (self->busy) return PyErr_Format(PyExc_RuntimeError, "Reader.fill is running in another thread");
+    if (self->buf == NULL) return PyErr_Format(PyExc_RuntimeError, "Reader.__init__ was not called");
+    PyObject *out = PyBytes_FromStringAndSize((const char *)self->buf + self->begin, (Py_ssize_t)(self->end - self->begin));
+    if (out == NULL) return NULL;
+    consume(self, self->end - self->begin);
+    self->tar_walked = 0;
+    return out;
+}
+
 static PyObject *Reader_get_records(Reader *self, void *closure) { return PyLong_FromUnsignedLongLong(self->records); }
 static PyObject *Reader_get_offset(Reader *self, void *closure) { return PyLong_FromUnsignedLongLong(self->offset); }
 
@@ -469,6 +556,7 @@ static PyMethodDef Reader_methods[] = {
     {"fill", (PyCFunction)Reader_fill, METH_VARARGS,
      "fill(data, offsets, count, nbytes, batch, record_bytes, rows=None, stop_bytes=0) -> (status, count, nbytes, "
      "offset, a, b)"},
+    {"take", (PyCFunction)Reader_take, METH_NOARGS, "take() -> bytes read but not handed out; the reader moves past them"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -611,6 +699,7 @@ PyMODINIT_FUNC PyInit__record_reader(void) {
         {"END", ST_END},        {"ROOM", ST_ROOM},        {"CORRUPT", ST_CORRUPT},
         {"BAD_HEADER", ST_BAD_HEADER}, {"TOO_LONG", ST_TOO_LONG}, {"BAD_MAGIC", ST_BAD_MAGIC},
         {"BAD_FLAG", ST_BAD_FLAG}, {"TRUNCATED", ST_TRUNCATED}, {"WRONG_SIZE", ST_WRONG_SIZE},
+        {"FALLBACK", ST_FALLBACK},
     };
     for (size_t i = 0; i < sizeof(constants) / sizeof(constants[0]); i++) {
         if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0) {

@@ -3,9 +3,9 @@
 A ``Batch`` is one buffer of bytes (records one after another) and the offsets of its records; a
 ``StreamFill`` per stream (a FIFO, a file) fills batches from it. The compiled path
 (``_record_reader``, built at install where a C compiler is) reads the descriptor, frames and checks
-both TFRecord CRCs with the GIL released and copies each record once into the batch (TFRecords of
-``LARGE_RECORD_BYTES`` or more: the kernel's copy out of the pipe is the record's). The Python path
-(``frame_views`` and a copy per record) keeps the same contract. Both refuse a record over
+both TFRecord CRCs (or walks tar headers) with the GIL released and copies each record once into the
+batch (TFRecords of ``LARGE_RECORD_BYTES`` or more: the kernel's copy out of the pipe is the record's).
+The Python path (``frame_views`` and a copy per record) keeps the same contract. Both refuse a record over
 ``max_record_bytes`` before allocating for it, grow a batch only for bytes that came (a length the
 stream claims is trusted up to ``READ_STEP``), and raise the framers' own ``RecordFormatError``\\ s.
 No PyTorch here: the caller's ``allocate(nbytes)`` makes the buffers (``runtime.torch.record_batches``
@@ -31,8 +31,12 @@ if _native is not None and getattr(_native, "API", 0) != _NATIVE_API:  # pragma:
     _native = None  # rebuilt by pip install -e . (scripts/setup.sh)
 
 _HEADER_BYTES = {"TFRecord": 12, "RecordIO": 8, "TextLine": 0, "WebDataset": 0}  # a frame's start to its data
-# The formats the compiled reader frames; any other (WebDataset samples) fills batches through its framer
-COMPILED_FORMATS = ("TFRecord", "RecordIO", "TextLine")
+# The formats the compiled reader frames; any other fills batches through its framer. WebDataset samples:
+# the walk of native/tar_core.h, which leaves an unusual entry (an error among them) and the rest of the
+# stream to framing/tar.py (FALLBACK)
+COMPILED_FORMATS = ("TFRecord", "RecordIO", "TextLine") + (
+    ("WebDataset",) if _native is not None and hasattr(_native, "FALLBACK") else ()
+)
 
 # allocate(nbytes) -> (holder, a writable uint8 numpy array of nbytes over the holder's memory)
 Allocate = Callable[[int], tuple[Any, np.ndarray]]
@@ -119,17 +123,41 @@ class StreamFill:
                 "pip install -e . needs a C compiler"
             )
         self.compiled = bool(compiled) and framer.format_name in COMPILED_FORMATS
+        self._source, self._chunk_size = reader, chunk_size
         if self.compiled:
             self._reader = _native.Reader(reader.fileno(), framer.format_name, framer.max_record)
         else:
-            ready = getattr(reader, "ready", None)
-            self._items = frame_views(reader.readinto, framer, chunk_size, ready=ready)
-            self._blob = b""
-            self._starts: list[int] = []
-            self._lengths: list[int] = []
-            self._next = 0
-            self._base = 0
-            self._run_starts = self._run_lengths = np.empty(0, dtype=np.int64)
+            self._frame_in_python(reader.readinto)
+
+    def _frame_in_python(self, readinto) -> None:
+        ready = getattr(self._source, "ready", None)
+        self._items = frame_views(readinto, self.framer, self._chunk_size, ready=ready)
+        self._blob = b""
+        self._starts: list[int] = []
+        self._lengths: list[int] = []
+        self._next = 0
+        self._base = 0
+        self._run_starts = self._run_lengths = np.empty(0, dtype=np.int64)
+
+    def _hand_over(self) -> None:
+        """The compiled reader met a tar entry its walk does not take (an error among them): the framer
+        frames the rest of the stream, from the bytes the reader holds, and names what is wrong."""
+        framer, reader = self.framer, self._reader
+        framer.offset, framer.records, framer.need = reader.offset, reader.records, 0
+        head = memoryview(reader.take())
+        source, at = self._source, 0
+
+        def readinto(buf) -> int:
+            nonlocal at
+            if at < len(head):
+                n = min(len(buf), len(head) - at)
+                buf[:n] = head[at : at + n]
+                at += n
+                return n
+            return source.readinto(buf)
+
+        self.compiled = False
+        self._frame_in_python(readinto)
 
     def fill(self, batch: Batch, stop_bytes: int = 0) -> bool:
         """Add records to ``batch`` until it is full, or holds ``stop_bytes`` bytes or more (True), or the
@@ -169,6 +197,9 @@ class StreamFill:
             if status == native.ROOM:
                 batch.grow(a, b)
                 continue
+            if status == getattr(native, "FALLBACK", None):
+                self._hand_over()
+                return self._fill_python(batch, stop_bytes)
             framer.offset = offset  # the errors below name the record's offset (pos 0 from it)
             if status == native.CORRUPT:
                 framer.corrupted(f"data CRC mismatch in a {a}-byte record", 0)  # raises, or skips it

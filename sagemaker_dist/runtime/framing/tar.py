@@ -20,9 +20,11 @@ long names) are refused past ``MAX_METADATA_BYTES``; the buffer grows only as by
 (``framing.stream``). Every header's checksum is checked; a header that is not valid tar is a
 ``RecordFormatError`` naming its byte offset in the stream.
 
-Where a C compiler was at install, ``_tar_scan`` walks a buffer in C; it takes the usual entries and
-leaves the buffer to the Python walk at the first one it does not (an error among them), so what is
-handed out, and every error's words, are the Python walk's.
+Where a C compiler was at install, the walk of ``native/tar_core.h`` takes the usual entries in C:
+``_tar_scan`` runs it over a buffer for this framer, and the batch reader (``_record_reader``, what
+``RecordBatches`` reads a channel with) frames a FIFO's samples with it straight into a batch. At the
+first entry it does not take (an error among them) the bytes go to the Python walk, so what is handed
+out, and every error's words, are the Python walk's.
 """
 
 from __future__ import annotations

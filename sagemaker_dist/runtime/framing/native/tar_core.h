@@ -20,6 +20,22 @@
 #define SD_TAR_MAX_EXTS 32                      /* files a sample may have here; more: the Python walk */
 #define SD_TAR_EXT_BYTES 1024                   /* their extensions' bytes, all told */
 
+/* record_core.h's sd_tar_checksum_ok, the same answer in a loop the compiler makes wide: the unsigned sum
+ * of all 512 bytes first (the usual case), the signed one only where that does not match. */
+static inline int sd_tar_header_ok(const unsigned char *h) {
+    uint64_t stored;
+    if (!sd_tar_octal(h + 148, 8, &stored)) return 0;
+    uint32_t sum = 8 * ' ', field = 0;
+    for (int i = 0; i < SD_TAR_BLOCK; i++) sum += h[i];
+    for (int i = 148; i < 156; i++) field += h[i];
+    sum -= field;
+    if (stored == sum) return 1;
+    uint32_t high = 0;
+    for (int i = 0; i < SD_TAR_BLOCK; i++) high += h[i] >> 7;
+    for (int i = 148; i < 156; i++) high -= h[i] >> 7;
+    return stored + 256 * (uint64_t)high == sum;
+}
+
 typedef struct {
     const unsigned char *p; /* the name: in buf, or in `own` (a ustar prefix and name joined) */
     size_t len;
@@ -164,7 +180,7 @@ static inline SdTarWalk sd_tar_walk(const unsigned char *buf, uint64_t end, int6
                 zero = 1;
                 break;
             }
-            if (!sd_tar_checksum_ok(h) || !sd_tar_octal(h + 124, 12, &size)) goto fallback;
+            if (!sd_tar_header_ok(h) || !sd_tar_octal(h + 124, 12, &size)) goto fallback;
             unsigned char type = h[156];
             if (type == 'L' || type == 'K' || type == 'x' || type == 'g') {
                 if (size > SD_TAR_MAX_METADATA) goto fallback;
