@@ -15,7 +15,7 @@ COMMAND_MODULES = (
     "sagemaker_dist.cli.sharding",
     "sagemaker_dist.cli.launch",
     "sagemaker_dist.cli.local",
-    "sagemaker_dist.cli.platforms",
+    "sagemaker_dist.cli.platforms",  # the platforms: pipe-agent, k8s, slurm; runs every job command
     "sagemaker_dist.cli.tune",
     "sagemaker_dist.cli.pack",
 )

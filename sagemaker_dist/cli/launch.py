@@ -1,4 +1,5 @@
-"""``sagemaker-dist launch``: create a Horovod + Pipe-mode training job from the command line.
+"""SageMaker as a platform: ``sagemaker-dist launch`` creates a Horovod + Pipe-mode training job from
+the command line, and ``tune`` (its default platform) a hyperparameter tuning job.
 
 A thin front for DistributedEstimator; ``--dry-run`` prints the validated request a launch would send
 (with S3 reachable, the shard manifests it would write, planned and shown, not written) and creates
@@ -7,11 +8,12 @@ nothing.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import dataclass
 
 from sagemaker_dist.cli import add_distribution_argument, add_region_argument, use_region
+from sagemaker_dist.cli.platform_jobs import err
 from sagemaker_dist.contract.distributions import distribution as registered
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.launch.estimator import DistributedEstimator
@@ -28,7 +30,8 @@ def _pairs(values: list[str], what: str) -> dict[str, str]:
     return pairs
 
 
-def register(subparsers) -> None:
+def register(subparsers):
+    """The ``launch`` command's parser (the registry of platforms runs it: ``SageMakerPlatform``)."""
     p = subparsers.add_parser(
         "launch",
         help="create a Horovod + Pipe-mode SageMaker training job",
@@ -69,7 +72,7 @@ def register(subparsers) -> None:
     p.add_argument("--mpi-option", action="append", default=[], help="extra mpirun option (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="print the validated request; create nothing")
     p.add_argument("--no-wait", action="store_true", help="return once the job is created")
-    p.set_defaults(func=run)
+    return p
 
 
 def _estimator(args) -> DistributedEstimator:
@@ -110,13 +113,43 @@ def _estimator(args) -> DistributedEstimator:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def _inputs(args) -> dict[str, str]:
     inputs = {"train": args.train, **_pairs(args.channel, "--channel")}
     for role in ("validation", "eval"):
         if getattr(args, role):
             inputs[role] = getattr(args, role)
-    est = _estimator(args)
-    if args.dry_run:
+    return inputs
+
+
+@dataclass(frozen=True)
+class SageMakerJob:
+    """The job rendered for SageMaker: the estimator and its inputs (``prepare`` shards and uploads)."""
+
+    estimator: DistributedEstimator
+    inputs: dict
+
+
+class SageMakerPlatform:
+    """A job as a CreateTrainingJob request (``--dry-run`` prints it), a ``TrainingJobHandle`` to wait
+    for once created; tuning is a SageMaker tuning job. ``tune``'s default platform, so no option of
+    ``tune`` names it."""
+
+    name = "sagemaker"
+    command = "launch"
+    tune_option = None
+    tune_help = None
+    tune_only: dict[str, str] = {}
+    register = staticmethod(register)
+
+    def add_tune_options(self, p) -> None:
+        pass  # tune's own options are SageMaker's: none of its own
+
+    def render(self, args, stack) -> SageMakerJob | None:
+        """The estimator and inputs; with --dry-run, the plan and the request printed instead (None)."""
+        inputs = _inputs(args)
+        est = _estimator(args)
+        if not args.dry_run:
+            return SageMakerJob(est, inputs)
         for line in est.plan(inputs).explain():
             print(line)
         request, planned = est.dry_run(
@@ -125,11 +158,55 @@ def run(args: argparse.Namespace) -> int:
         for role, uri, objects, size in planned:
             print(f"{role}: {uri}: {objects} object(s), {size} bytes (planned, not written)")
         print(json.dumps(request, indent=2))
+        return None
+
+    def submit(self, args, job: SageMakerJob):
+        """Shards and source uploaded, the training job created: its handle."""
+        return job.estimator.launch(job.inputs, args.job_name, wait=False)
+
+    def wait(self, args, handle) -> int:
+        """Its progress until it ends (not with --no-wait), then its ARN; 1 if it failed."""
+        if not args.no_wait:
+            try:
+                handle.wait(poll=30.0, timeout=None, printer=print)
+            except TrainingJobFailed as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
+        print(handle.arn)
         return 0
-    try:
-        handle = est.launch(inputs, args.job_name, wait=not args.no_wait)
-    except TrainingJobFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(handle.arn)
-    return 0
+
+    def tune(self, args, job, spec) -> int:
+        """A SageMaker tuning job over the job (--dry-run prints its request)."""
+        from sagemaker_dist.launch.tuning_handle import TuningJobFailed
+        from sagemaker_dist.launch.tuning_job import draft_tuning_request, launch_tuning
+
+        inputs = _inputs(job)
+        est = _estimator(job)
+        if job.dry_run:
+            for line in [*est.plan(inputs).explain(), *spec.describe()]:
+                err(line)
+            request, notes = draft_tuning_request(est, inputs, spec, job.job_name)
+            for note in notes:
+                err(f"note: {note}")
+            print(json.dumps(request, indent=2))
+            return 0
+        try:
+            handle = launch_tuning(est, inputs, spec, job.job_name, wait=not job.no_wait, printer=err)
+        except TuningJobFailed as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        if not job.no_wait:
+            from sagemaker_dist.errors import AwsError
+
+            try:
+                trials = handle.training_jobs()
+            except AwsError as exc:  # the report without the table; the job itself is done
+                err(f"note: could not list the training jobs: {exc}")
+                trials = None
+            for line in handle.report_lines(trials=trials):
+                print(line)
+        print(handle.arn)
+        return 0
+
+
+SAGEMAKER = SageMakerPlatform()

@@ -267,6 +267,14 @@ def _trainjob_trial(request: dict, k8s: K8sJobOptions, name: str, labels: dict) 
 
 
 TRIALS = {MPIJOB: _mpijob_trial, TRAINJOB: _trainjob_trial}
+# whether Katib needs its config and RBAC changed before it runs a kind of trial: v0.19's default
+# katib-config lists TrainJob v1alpha1 but not MPIJob v2beta1 (``katib_setup_documents``)
+KATIB_SETUP_NEEDED = {MPIJOB: True, TRAINJOB: False}
+
+
+def needs_katib_setup(experiment: Mapping) -> bool:
+    """Whether the Experiment's trials run only once ``katib_setup_documents`` are applied."""
+    return KATIB_SETUP_NEEDED[experiment["spec"]["trialTemplate"]["trialSpec"]["kind"]]
 
 
 def plan_experiment(

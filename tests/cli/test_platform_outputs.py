@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sagemaker_dist.cli.platforms import JOBS_DIR, _write_atomically
+from sagemaker_dist.cli.platform_jobs import write_atomically as _write_atomically
+from sagemaker_dist.cli.slurm import JOBS_DIR
 
 CLI = [sys.executable, "-m", "sagemaker_dist.cli"]
 
