@@ -13,6 +13,8 @@ at run time (what importing each module loads).
 - only the registry of distributions (``contract/distributions.py``) compares a distribution's name;
 - only the registry and local mode's launcher table (``local/launchers/table.py``) compare a launcher's
   name;
+- only the registry of platforms (``cli/platforms.py``) compares a platform's name (and only the two
+  registries a Kubernetes kind);
 - the runtime's framework-neutral core (every runtime module outside ``FRAMEWORK_SIDES``) imports no
   framework (tensorflow, keras, tf_keras, horovod, torch) at any depth, and a framework's side only
   inside a function (a convenience constructor), so importing the core loads no framework;
@@ -384,6 +386,78 @@ def test_the_launcher_rule_catches_a_comparison(tmp_path):
         bad, _launcher_names(), _launcher_name_constants(), LAUNCHER_NAME_MODULES
     )
     assert [h.split(":")[0] for h in found] == ["4", "5", "6", "7", "8"], found
+
+
+PLATFORM_REGISTRY_MODULE = "sagemaker_dist.cli.platforms"
+# where the platforms' names live: the registry of platforms, and the registry of distributions for
+# Kubernetes' kinds (MPIJob, TrainJob: the k8s row's options, which a job's distribution picks)
+PLATFORM_NAME_MODULES = (PLATFORM_REGISTRY_MODULE, REGISTRY_MODULE)
+
+
+def _platform_names() -> tuple[str, ...]:
+    from sagemaker_dist.cli.platforms import NAMES
+    from sagemaker_dist.contract.distributions import REGISTRY
+
+    return tuple(sorted({*NAMES, *(d.kubernetes for d in REGISTRY.values() if d.kubernetes)}))
+
+
+def _platform_name_constants() -> set[str]:
+    """Module-level names of the two registries bound to a platform's name or a tuple of them."""
+    import importlib
+
+    names = _platform_names()
+    found = set()
+    for module in PLATFORM_NAME_MODULES:
+        for key, value in vars(importlib.import_module(module)).items():
+            if (isinstance(value, str) and value in names) or (
+                isinstance(value, tuple) and value and all(isinstance(v, str) and v in names for v in value)
+            ):
+                found.add(key)
+    return found
+
+
+def test_only_the_registries_compare_platform_names():
+    """The CLI and ``tune`` look a platform up in ``cli/platforms.py`` (one row each: SageMaker, local
+    mode, Kubernetes, Slurm) and call only its protocol; the Kubernetes kind is the registry of
+    distributions' word, looked up by the planners. No other module compares a platform's name: a new
+    platform is a module and a row, not a branch in the CLI, ``tune`` and the docs."""
+    constants = _platform_name_constants()
+    assert {"sagemaker", "local", "slurm", "k8s", "MPIJob", "TrainJob"} <= set(_platform_names())
+    assert {"NAMES", "DEFAULT_TUNING", "MPIJOB", "TRAINJOB"} <= constants
+    hits = []
+    for module, path in _sources():
+        if module not in PLATFORM_NAME_MODULES:
+            rel = path.relative_to(PACKAGE.parent)
+            found = _distribution_name_comparisons(path, _platform_names(), constants, PLATFORM_NAME_MODULES)
+            hits += [f"{rel}:{hit}" for hit in found]
+    assert hits == [], "a platform's name compared outside the registries:\n" + "\n".join(hits)
+
+
+def test_the_platform_rule_catches_a_comparison(tmp_path):
+    """The checker itself: a platform's name or a Kubernetes kind compared as a literal, an imported
+    constant or one read off the registry is reported; asking the registry is not."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from sagemaker_dist.cli.platforms import DEFAULT_TUNING, NAMES as N\n"
+        "from sagemaker_dist.contract.distributions import TRAINJOB\n"
+        "from sagemaker_dist.cli import platforms\n"
+        "a = mode == 'local'\n"
+        "b = mode != 'k8s'\n"
+        "c = x in ('slurm', 'other')\n"
+        "d = experiment['kind'] == 'TrainJob'\n"
+        "e = y == DEFAULT_TUNING\n"
+        "f = z in N\n"
+        "g = w is TRAINJOB\n"
+        "h = v == platforms.DEFAULT_TUNING\n"
+        "match m:\n"
+        "    case 'sagemaker':\n"
+        "        pass\n"
+        "ok = platform(args.platform).tune_option and name == 'locals' and TRIALS[kind]\n"
+    )
+    found = _distribution_name_comparisons(
+        bad, _platform_names(), _platform_name_constants(), PLATFORM_NAME_MODULES
+    )
+    assert [h.split(":")[0] for h in found] == ["4", "5", "6", "7", "8", "9", "10", "11", "13"], found
 
 
 FRAMEWORKS = ("tensorflow", "keras", "tf_keras", "horovod", "torch")
