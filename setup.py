@@ -20,6 +20,8 @@ TF_LATEST = ["tensorflow-cpu==2.21.0", "tensorboard==2.21.0"]
 HOROVOD = ["horovod==0.28.1"]
 # distribution torchrun: DDP over Pipe channels (runtime.torch); tensorboard for torch.utils.tensorboard
 TORCH = ["torch==2.13.0", "tensorboard>=2.15,<3"]
+# PipeTraining(checkpoint_s3_uri=...): a sharded model's DCP checkpoints straight to S3 (the DLC's own)
+S3TORCHCONNECTOR = ["s3torchconnector[dcp]==1.5.0"]  # [dcp]: tenacity, which its DCP writer imports
 # scripts/docs.sh: the site (mkdocs-material, the API reference from the docstrings, the executed notebook)
 # and the benchmark plots
 DOCS = [
@@ -69,7 +71,8 @@ setup(
         "horovod": HOROVOD,
         "torch": TORCH + RUNTIME,
         "local": SDK + LOCAL + OPTUNA,
-        "dev": DEV + RUNTIME + OPTUNA,
+        "s3torchconnector": S3TORCHCONNECTOR,
+        "dev": DEV + RUNTIME + OPTUNA + S3TORCHCONNECTOR,
         "docs": DOCS,
         "test": TEST,
     },
