@@ -20,7 +20,8 @@ from sagemaker_dist.errors import ConfigurationError
 
 __all__ = [
     "DEFAULT_TUNING", "NAMES", "REGISTRY", "Platform", "platform", "register", "run_job", "tuning_platforms",
-    "DEFAULT_IMAGE", "JOBS_DIR", "k8s_command", "pipe_agent_command", "slurm_command",  # their old home
+    # also here: the pipe agent's, Kubernetes' and Slurm's names
+    "DEFAULT_IMAGE", "JOBS_DIR", "k8s_command", "pipe_agent_command", "slurm_command",
 ]  # fmt: skip
 
 
