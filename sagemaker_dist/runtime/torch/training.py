@@ -54,7 +54,9 @@ class PipeTraining:
     helpers). ``state`` (a dict) is saved in each checkpoint and restored into (plain JSON values for
     a sharded model). ``checkpoint_every_steps``: also checkpoint every that many steps inside an
     epoch. ``async_save``: a sharded model's epoch and step checkpoints are written while training
-    goes on (the stop's is always written before the ranks exit).
+    goes on (the stop's is always written before the ranks exit). ``checkpoint_s3_uri``: a sharded
+    model's checkpoints go straight to this ``s3://`` prefix from every rank (s3torchconnector, the
+    ``s3torchconnector`` extra) instead of ``checkpoint_dir``.
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class PipeTraining:
         state: dict | None = None,
         checkpoint_every_steps: int | None = None,
         async_save: bool = True,
+        checkpoint_s3_uri: str | None = None,
     ):
         if int(epochs) < 1:
             raise ConfigurationError(f"epochs={epochs!r}: give a whole number >= 1")
@@ -93,6 +96,8 @@ class PipeTraining:
             raise ConfigurationError(
                 f"tensorboard_interval={tensorboard_interval!r}: give a number of seconds > 0"
             )
+        if checkpoint_s3_uri is not None:
+            _check_s3_checkpoints(checkpoint_s3_uri, self.sharded, checkpoint_dir)
         self.tensorboard_interval = tensorboard_interval
         self.job, self.model, self.optimizer, self.scheduler = job, model, optimizer, scheduler
         self.total_epochs = int(epochs)
@@ -107,7 +112,7 @@ class PipeTraining:
         self.sharded_checkpoints = None
         if self.sharded and self.checkpoint_dir is not None:
             self.sharded_checkpoints = ShardedCheckpoints(
-                self.checkpoint_dir,
+                checkpoint_s3_uri or self.checkpoint_dir,
                 model=model,
                 optimizer=optimizer,
                 scheduler=scheduler,
@@ -294,6 +299,23 @@ class PipeTraining:
         if self._syncer is not None:
             self._syncer.stop()
             self._syncer = None
+
+
+def _check_s3_checkpoints(uri, sharded: bool, checkpoint_dir) -> None:
+    """``checkpoint_s3_uri`` serves a sharded model, whose every rank writes its own shard."""
+    if not (isinstance(uri, str) and uri.startswith("s3://") and uri[5:].split("/", 1)[0]):
+        raise ConfigurationError(f"checkpoint_s3_uri={uri!r}: give s3://bucket/prefix")
+    if not sharded:
+        raise ConfigurationError(
+            "checkpoint_s3_uri= writes a sharded (FSDP2) model's checkpoints straight to S3 from every "
+            "rank; this model is whole on every rank, so rank 0 writes it to checkpoint_dir, which "
+            "SageMaker syncs with the estimator's checkpoint_s3_uri. Leave checkpoint_s3_uri out"
+        )
+    if checkpoint_dir is False or checkpoint_dir:
+        raise ConfigurationError(
+            f"checkpoint_s3_uri={uri!r} and checkpoint_dir={checkpoint_dir!r}: a sharded model's "
+            "checkpoints go to one of them; give one"
+        )
 
 
 def _save_group(timeout_s: float):

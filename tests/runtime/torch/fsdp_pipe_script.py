@@ -9,7 +9,7 @@ when a periodic checkpoint is written in the background while training goes on) 
 ``$TEST_EPOCHS`` epochs, a step checkpoint every ``$TEST_EVERY`` steps; ``$TEST_STOP_AT`` = ``E:S``: rank
 1 sends itself SIGTERM after step S of epoch E; ``$TEST_SLOW_CHECKPOINT`` (a checkpoint's name): rank
 1's storage takes 120 s to write that checkpoint (a rank that cannot finish its shard in the stop
-window).
+window); ``$TEST_CHECKPOINT_S3_URI``: the checkpoints go straight to that S3 prefix.
 """
 
 from __future__ import annotations
@@ -83,7 +83,14 @@ def main() -> None:
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.9)
     batches = RecordBatches(job, 4, record_bytes=RECORD_BYTES)
     training = PipeTraining(
-        job, model, optimizer, scheduler, epochs=EPOCHS, checkpoint_every_steps=EVERY, keep=None
+        job,
+        model,
+        optimizer,
+        scheduler,
+        epochs=EPOCHS,
+        checkpoint_every_steps=EVERY,
+        keep=None,
+        checkpoint_s3_uri=os.environ.get("TEST_CHECKPOINT_S3_URI"),
     )
     training.state["batches_seen"] = 0
     try:
