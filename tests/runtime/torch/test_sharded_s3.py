@@ -16,14 +16,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("s3torchconnector")
 
+from test_sharded_checkpoints import Planted, assert_snapshot, parts, snapshot, train  # noqa: E402
+
 from sagemaker_dist.runtime.torch.checkpointing import UnsafeCheckpointError  # noqa: E402
 from sagemaker_dist.runtime.torch.sharded import (  # noqa: E402
     METADATA_FILE,
     ShardedCheckpoints,
     read_sharded_checkpoint,
 )
-
-from test_sharded_checkpoints import Planted, assert_snapshot, parts, snapshot, train  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::UserWarning")]
 
