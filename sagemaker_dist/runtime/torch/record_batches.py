@@ -32,6 +32,7 @@ from sagemaker_dist.runtime.framing.shuffle import (
     StreamHead,
     inverse,
 )
+from sagemaker_dist.runtime.pipe.reader import read_ahead
 from sagemaker_dist.runtime.torch.batches import DEFAULT_PREFETCH, PipeBatches
 
 FIRST_BATCH_BYTES = 1 << 20  # a ragged batch's first buffer; later ones start at the last one's size
@@ -193,10 +194,14 @@ class _Cutter:
         self.carry: list = []  # pieces of the next batch: row tensors, (tensor, rows), (window, order)
         self.carried = 0
         self.first = True
+        self.gathered = allocate  # the buffers of a window's gathered batches
 
     def add(self, window):
         if isinstance(window, _Span):
             yield from self._groups(self._add_span(window))
+            return
+        if isinstance(window, tuple) and not self.reader.record_bytes:
+            yield from self._groups(self._add_ragged(*window))
             return
         if isinstance(window, tuple):
             source, order = window
@@ -218,6 +223,47 @@ class _Cutter:
             if self.carried == self.size:
                 batches.append(self._join())
         yield from self._groups(batches)
+
+    def _add_ragged(self, window: Batch, order: np.ndarray) -> list:
+        """The batches of a window of records of any size: the one carried from the window before
+        completed, then every whole batch of this one gathered in one call (GIL released) into one
+        buffer, each batch a view of it; the rest carried. Every record is copied once, out of the
+        window."""
+        n, size, batches = len(order), self.size, []
+        i = min(self.skip, n)
+        self.skip -= i
+        if self.carried and i < n:
+            take = min(size - self.carried, n - i)
+            self.carry.append((window, order[i : i + take]))
+            self.carried += take
+            i += take
+            if self.carried == size:
+                batches.append(self._join())
+        whole = (n - i) // size
+        if whole:
+            batches.extend(self._gathered(window, order[i : i + whole * size], whole))
+            i += whole * size
+        if i < n:
+            self.carry.append((window, order[i:]))
+            self.carried += n - i
+        return batches
+
+    def _gathered(self, window: Batch, order: np.ndarray, count: int) -> list:
+        """``count`` whole batches of ``window``'s records in ``order``, as views of one buffer (and of one
+        buffer of their offsets, each batch's from 0)."""
+        torch, size = _torch(), self.size
+        holder, data = self.gathered(int(_lengths(window)[order].sum()))
+        out = Batch.over(holder, data, len(order))
+        gather(out, window, order)
+        ends = out.offsets
+        starts = ends[:-1:size]  # each batch's first byte
+        offsets_holder, offsets = self.gathered(8 * count * (size + 1))
+        offsets = offsets.view(np.int64).reshape(count, size + 1)
+        np.subtract(ends[:-1].reshape(count, size), starts[:, None], out=offsets[:, :size])
+        np.subtract(ends[size::size], starts, out=offsets[:, size])
+        offsets = offsets_holder.view(torch.int64).view(count, size + 1)
+        bounds = ends[::size].tolist()
+        return [(RaggedBatch(holder[bounds[j] : bounds[j + 1]], offsets[j]), size) for j in range(count)]
 
     def _add_span(self, span: _Span) -> list:
         """The batches of a window whose rows are in order in an arena: views of its rows, and of the
@@ -322,8 +368,12 @@ def _torch():
 
 
 def _lengths(window: Batch):
-    offsets = window.offsets[: window.count + 1]
-    return offsets[1:] - offsets[:-1]
+    """The window's record lengths (worked out once a window)."""
+    lengths = getattr(window, "lengths", None)
+    if lengths is None or len(lengths) != window.count:
+        offsets = window.offsets[: window.count + 1]
+        lengths = window.lengths = offsets[1:] - offsets[:-1]
+    return lengths
 
 
 def _nbytes(tensors) -> int:
@@ -408,6 +458,7 @@ class RecordBatches(PipeBatches):
             )
         self.compiled = compiled_available() if compiled is None else bool(compiled)
         self._buffers: dict = {}  # pinned or not (and windows' apart) -> the buffers, kept over epochs
+        self._window_capacity = FIRST_BATCH_BYTES  # a shuffle window's buffer of records of any size
 
     def _epoch(self, *args):
         # The reader thread hands over groups of (batch, records) pairs; they go on one by one.
@@ -493,17 +544,31 @@ class RecordBatches(PipeBatches):
         order = EpochOrder(self.shuffle, self._stream_key, epoch)
         fixed = self.record_bytes or 0
         allocate = self._allocator(pinned, self.batch_size * fixed if fixed else FIRST_BATCH_BYTES)
-        # the windows' buffers: a pool of their own, the one being filled and those still handed out
-        windows_pool = self._buffers.get(("window", pinned))
-        if windows_pool is None:
-            huge = not fixed or fixed < HUGE_PAGES_BELOW
-            windows_pool = self._buffers[("window", pinned)] = _Buffers(pinned, WINDOWS_KEPT, huge_pages=huge)
         cut = _Cutter(self, allocate, skip)
         head = _HeadOf(self, skip)
         if fixed:
             windows = self._fixed_windows(epoch, streams, order, pinned, head)
         else:
-            windows = self._ragged_windows(epoch, streams, order, windows_pool, head)
+            # the windows' buffers, the reader's own: the one being filled, the one read ahead, the one
+            # being gathered from, the one the carried batch is gathered from
+            windows_pool = self._buffers.get("window")
+            if windows_pool is None:
+                windows_pool = self._buffers["window"] = _Buffers(
+                    False, 2 * WINDOWS_KEPT, True, tensors=False
+                )
+            # the gathered batches' buffers (a window's whole batches each): those the loop holds, one more
+            gathered = self._buffers.get(("gathered", pinned))
+            if gathered is None:
+                gathered = self._buffers[("gathered", pinned)] = _Buffers(pinned, 2 * WINDOWS_KEPT)
+            cut.gathered = gathered
+            # The next window is read (a thread of its own, in C with the GIL released) while this one is
+            # gathered into batches: the FIFO is drained while the records are copied out of the window.
+            windows = read_ahead(
+                self._ragged_windows(epoch, streams, order, windows_pool, head),
+                1,
+                f"{self.channel} windows",
+                reader=type(self).__name__,
+            )
         try:
             for window in windows:
                 yield from cut.add(window)
@@ -551,18 +616,18 @@ class RecordBatches(PipeBatches):
 
     def _ragged_windows(self, epoch: int, streams: list, order: EpochOrder, allocate, head):
         """Each window of records of any size as ``(window, order)``: the records as they came, and the
-        order they go out in."""
-        capacity = FIRST_BATCH_BYTES
+        order they go out in. A window's buffer starts at the size the last whole one needed (kept over
+        epochs): growing it again each epoch took fresh memory for every step."""
         window = None
         limit = self.shuffle.bytes
         for fill, _ in self._fills(epoch, streams):
             while True:
                 if window is None:
-                    window = Batch(order.window.records, capacity, allocate)
+                    window = Batch(order.window.records, self._window_capacity, allocate)
                 if not fill.fill(window, stop_bytes=limit):
                     break
                 head.feed(window)
-                capacity = min(window.nbytes + window.nbytes // 8, limit + limit // 8)
+                self._window_capacity = min(window.nbytes + window.nbytes // 8, limit + limit // 8)
                 yield window, order.order(window.count)
                 window = None
         head.feed(window, end=True)
