@@ -2,27 +2,25 @@
 
 A DDP model is whole on every rank, so rank 0 saves it (``checkpointing.py``). An FSDP2 model
 (``fully_shard``) is not whole anywhere: each rank saves its own shard of the model and the optimizer
-with DCP into the same checkpoint directory, and a checkpoint loads onto any number of ranks (DCP
-reshards). The directory has the same names and completeness rule as every other checkpoint here
-(``runtime/checkpoint_format.py``): ``<root>/checkpoints/epoch-NNNNN[-step-SSSSSS]`` holding
-``__<rank>_<n>.distcp`` (the shards), ``dcp.metadata`` (DCP's index of them; a name without the leading
-dot that DCP gives it, since checkpoint mirrors skip dot files as in progress) and ``meta.json`` (position,
-scheduler, extras as plain JSON, and every file with its size: the commit marker).
+with DCP into the same checkpoint, and a checkpoint loads onto any number of ranks (DCP reshards). A
+checkpoint has the same names and completeness rule as every other checkpoint here
+(``runtime/checkpoint_format.py``): ``epoch-NNNNN[-step-SSSSSS]`` holding ``__<rank>_<n>.distcp`` (the
+shards), ``dcp.metadata`` (DCP's index of them; a name without the leading dot that DCP gives it, since
+checkpoint mirrors skip dot files as in progress) and ``meta.json`` (position, scheduler, extras as plain
+JSON, and every file with its size: the commit marker).
 
-A save: every rank writes its shard into ``.tmp-<name>-<token>-<n>`` (each host's copy of the checkpoint
-directory: on SageMaker, each host syncs its own to the same S3 prefix); the ranks then say which files
-they wrote and their sizes (one gather); rank 0 writes ``meta.json`` last, fsyncs and renames the
-directory into place, and only then do the other hosts rename theirs. A rank that fails or is killed
-before that leaves a ``.tmp-*`` directory that never counts, and the previous complete checkpoint stays in
-force. ``save(..., blocking=False)`` copies the state to host memory (the only part the loop waits for) and
+A save: every rank writes its shard (into its host's ``.tmp-<name>-<token>-<n>`` copy of a checkpoint
+directory, or straight under the checkpoint's S3 prefix: ``sharded_storage.py``); the ranks then say
+which files they wrote and their sizes (one gather); rank 0 writes ``meta.json`` last (and renames its
+host's directory into place; then the other hosts rename theirs). A rank that fails or is killed before
+that leaves files that never count, and the previous complete checkpoint stays in force.
+``save(..., blocking=False)`` copies the state to host memory (the only part the loop waits for) and
 writes it with ``dcp.async_save`` on a Gloo group of its own, committing from a thread when every rank is
-done; the next save first waits for it, so at most one is in flight.
+done; the next save first waits for it, so at most one is in flight (``sharded_saves.py``).
 
-Nothing in a checkpoint runs code when loaded: whoever can write the checkpoint prefix in S3 writes what
-every rank reads. ``dcp.metadata`` is a pickle, read with an unpickler that builds DCP's metadata classes
-and nothing else; the shards' tensors are read with ``weights_only=True``, and so are their plain values
-(DCP's own planner reads those with ``weights_only=False``); a shard file must be one listed in
-``meta.json``, inside the checkpoint. Anything else is ``UnsafeCheckpointError``, naming the file.
+Nothing in a checkpoint runs code when loaded (``sharded_safety.py``): ``dcp.metadata`` is read with an
+unpickler that builds DCP's metadata classes only, every shard must be a file ``meta.json`` lists, and
+the shards' values are read ``weights_only``, from a directory and from S3 alike.
 """
 
 from __future__ import annotations

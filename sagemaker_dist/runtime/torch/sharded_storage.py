@@ -314,9 +314,9 @@ class S3Store:
             out.write(json.dumps(meta, indent=1, sort_keys=True).encode())
 
     def prune(self, keep: int | None) -> list[str]:
-        found = self.complete()
         if keep is None or keep <= 0:
-            return [c.path.name for c in found]
+            return []  # nothing to delete (only a directory's other hosts use the names)
+        found = self.complete()
         for old in found[:-keep]:
             self._delete(old.path)
         return [c.path.name for c in found[-keep:]]

@@ -161,3 +161,24 @@ def test_a_planted_value_in_an_s3_shard_is_refused_and_never_runs(s3, bucket, ur
     with pytest.raises(UnsafeCheckpointError, match="optim.param_groups.0.lr"):
         saver(uri, *parts()).restore()
     assert not marker.exists()
+
+
+def test_checkpoint_s3_uri_serves_sharded_models_only():
+    from sagemaker_dist.errors import ConfigurationError
+    from sagemaker_dist.runtime.torch.training import PipeTraining
+
+    model, _, _ = parts()  # whole on every rank: rank 0's checkpoints, synced by SageMaker
+    with pytest.raises(ConfigurationError, match=r"checkpoint_s3_uri= writes a sharded \(FSDP2\)"):
+        PipeTraining(None, model, epochs=1, checkpoint_s3_uri="s3://bucket/ckpt")
+    with pytest.raises(ConfigurationError, match=r"give s3://bucket/prefix"):
+        PipeTraining(None, model, epochs=1, checkpoint_s3_uri="/opt/ml/checkpoints")
+
+
+def test_without_s3torchconnector_an_s3_location_says_which_extra(monkeypatch):
+    import sys
+
+    from sagemaker_dist.errors import ConfigurationError
+
+    monkeypatch.setitem(sys.modules, "s3torchconnector", None)  # as where it is not installed
+    with pytest.raises(ConfigurationError, match=r"pip install 'sagemaker-dist\[s3torchconnector\]'"):
+        saver("s3://bucket/ckpt", *parts())
