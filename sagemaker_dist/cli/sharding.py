@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 
 from sagemaker_dist.aws.instances import processes_per_host
-from sagemaker_dist.aws.s3_objects import list_objects
 from sagemaker_dist.cli import add_distribution_argument
 from sagemaker_dist.contract.distributions import distribution
 from sagemaker_dist.contract.layout import (
@@ -24,7 +23,7 @@ from sagemaker_dist.contract.layout import (
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.launch.shard_writer import MANIFEST, MODES, check_output_outside_source, write_shards
-from sagemaker_dist.launch.sharding import ShardPlan, check_host_split, plan_shards
+from sagemaker_dist.launch.sharding import ShardPlan, check_host_split
 
 
 def _add_layout_arguments(p: argparse.ArgumentParser) -> None:
@@ -111,10 +110,13 @@ def _print(lines) -> None:
 
 
 def _plan_for(args, layout: ChannelLayout) -> ShardPlan:
-    objects = list_objects(args.source, suffix=args.suffix)
+    from sagemaker_dist.launch.pack_index import describe_records, plan_prefix
+
     train = layout.role("train")
-    plan = plan_shards([(o.key, o.size) for o in objects], train.count)
+    plan, index_uri = plan_prefix(args.source, train.count, suffix=args.suffix)
     check_host_split(plan, layout.hosts, train.distribution, args.role)
+    if index_uri is not None:
+        print(describe_records(plan, index_uri))
     return plan
 
 

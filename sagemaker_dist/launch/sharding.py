@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import heapq
 import operator
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from itertools import islice
 from typing import NoReturn
 
@@ -40,6 +40,8 @@ class ShardPlan:
 
     shards: list[list[str]]
     sizes: list[list[int]]  # parallel to ``shards``: bytes of each key
+    # parallel to ``shards``: records of each key, where a pack's index gives them (launch.pack_index)
+    records: list[list[int]] | None = None
 
     def __repr__(self) -> str:  # a million keys would drown a traceback
         if self.num_objects <= 20:
@@ -60,6 +62,11 @@ class ShardPlan:
     @property
     def objects_per_shard(self) -> list[int]:
         return [len(s) for s in self.shards]
+
+    @property
+    def records_per_shard(self) -> list[int] | None:
+        """Records each worker reads, where known (a pack's index); else None."""
+        return None if self.records is None else [sum(r) for r in self.records]
 
     @property
     def total_bytes(self) -> int:
@@ -278,6 +285,11 @@ def plan_shards(
     shards = [_pick(keys, picks[start:end]) for start, end in spans]
     shard_sizes = [size_list[start:end] for start, end in spans]
     return ShardPlan(shards=shards, sizes=shard_sizes)
+
+
+def with_records(plan: ShardPlan, records: Mapping[str, int]) -> ShardPlan:
+    """``plan`` with each key's record count (``records[key]``) beside its size."""
+    return replace(plan, records=[[records[k] for k in keys] for keys in plan.shards])
 
 
 def seeded_order(count: int, seed: int, shard: int) -> np.ndarray:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sagemaker_dist.aws.s3_objects import list_objects
 from sagemaker_dist.contract.layout import PER_WORKER, ChannelLayout
 from sagemaker_dist.launch.inputs import ChannelSource, JobInputs
+from sagemaker_dist.launch.pack_index import describe_records, plan_prefix
 from sagemaker_dist.launch.shard_writer import MANIFEST, plan_shard_set, write_shards
-from sagemaker_dist.launch.sharding import ShardPlan, check_host_split, plan_shards
+from sagemaker_dist.launch.sharding import ShardPlan, check_host_split
 
 
 @dataclass
@@ -33,8 +33,10 @@ def plan_role_shards(inputs: JobInputs, layout: ChannelLayout, shards_uri: str, 
         spec = inputs.roles[r.role]
         if isinstance(spec, str) and r.spread == PER_WORKER:
             say(f"sharding {spec} into {r.count} manifest(s) for {r.role}")
-            objects = list_objects(spec, client=client)  # raises EmptyPrefixError if there are none
-            plan = plan_shards([(o.key, o.size) for o in objects], r.count)
+            # raises EmptyPrefixError if there are none; a pack's shards are checked against its index
+            plan, index_uri = plan_prefix(spec, r.count, client=client)
+            if index_uri is not None:
+                say(describe_records(plan, index_uri))
             check_host_split(plan, layout.hosts, r.distribution, r.role)
             planned = plan_shard_set(plan, spec, shards_uri, MANIFEST, r.role)
             staged.writes.append((plan, spec, r.role))

@@ -1,0 +1,168 @@
+"""The index a pack leaves beside its shards, read where the shards are planned.
+
+``sagemaker-dist pack`` writes ``OUTPUT/shards/shard-*.tar`` (the channel's data) and, last,
+``OUTPUT/index.json`` (each shard's records and bytes). A prefix ``.../shards/`` whose parent holds an
+index is a pack's output: :func:`plan_prefix` checks the listing against the index (the same shards, of
+the same sizes: a shard changed, missing or added since the pack is refused before any job starts) and
+plans with each shard's record count, so the plan says how many samples each worker reads. A
+``.../shards/`` whose pack left markers but no index did not finish, and the pack's own root (index and
+markers beside the shards) is not a channel's data: both are refused with the prefix to use.
+"""
+
+from __future__ import annotations
+
+import json
+
+from sagemaker_dist.aws.s3_objects import (
+    S3Object,
+    describe_client_error,
+    list_objects,
+    make_client,
+    parse_s3_uri,
+    unreachable,
+)
+from sagemaker_dist.errors import DataError
+from sagemaker_dist.launch.pack import INDEX, MARKERS_DIR, SHARDS_DIR
+from sagemaker_dist.launch.sharding import ShardPlan, plan_shards, with_records
+
+DIFFERENCES_SHOWN = 3
+
+
+class PackIndexError(DataError):
+    """A pack's shards that disagree with its index, or a pack that did not finish."""
+
+
+def _folder(uri: str) -> str:
+    return uri if uri.endswith("/") else uri + "/"
+
+
+def pack_root(prefix: str) -> str | None:
+    """``s3://b/out/`` for a prefix ``s3://b/out/shards/`` (a pack's channel data), else None."""
+    folder = _folder(prefix)
+    tail = f"/{SHARDS_DIR}/"
+    if not folder.endswith(tail) or folder.count("/") < 4:  # (s3://shards/ is a bucket, no pack's folder)
+        return None
+    return folder[: -len(SHARDS_DIR) - 1]
+
+
+def _get(client, bucket: str, key: str) -> bytes | None:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    except ClientError as exc:
+        if str(exc.response.get("Error", {}).get("Code", "")) in ("NoSuchKey", "404"):
+            return None
+        raise describe_client_error(exc, bucket, f"read s3://{bucket}/{key}") from exc
+    except BotoCoreError as exc:
+        raise unreachable(exc, f"read s3://{bucket}/{key}") from exc
+
+
+def _any_under(client, bucket: str, prefix: str) -> bool:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return bool(client.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1).get("Contents"))
+    except ClientError as exc:
+        raise describe_client_error(exc, bucket, f"list s3://{bucket}/{prefix}") from exc
+    except BotoCoreError as exc:
+        raise unreachable(exc, f"list s3://{bucket}/{prefix}") from exc
+
+
+def find_pack_index(prefix: str, client=None) -> tuple[str, dict] | None:
+    """``(its URI, the index)`` of the pack whose shards ``prefix`` holds; None where it is no pack's
+    ``shards/``. A pack that left its markers but no index (it did not finish) is a PackIndexError."""
+    root = pack_root(prefix)
+    if root is None:
+        return None
+    client = client or make_client()
+    bucket, key = parse_s3_uri(root)
+    raw = _get(client, bucket, key + INDEX)
+    if raw is None:
+        if _any_under(client, bucket, f"{key}{MARKERS_DIR}/"):
+            raise PackIndexError(
+                f"{root} holds a pack's shards and markers but no {INDEX}: that pack did not finish "
+                "(run sagemaker-dist pack again; it keeps the shards already complete)"
+            )
+        return None
+    try:
+        index = json.loads(raw)
+        if not isinstance(index, dict) or not isinstance(index.get("shards"), list):
+            raise ValueError("no list of shards")
+    except ValueError as exc:
+        raise PackIndexError(f"{root}{INDEX} is not a pack index ({exc})") from None
+    return root + INDEX, index
+
+
+def records_by_key(prefix: str, objects: list[S3Object], index_uri: str, index: dict) -> dict[str, int]:
+    """Each listed key's record count from ``index``; a PackIndexError naming the first differences where
+    the listing and the index do not hold the same shards of the same sizes."""
+    bucket, key = parse_s3_uri(_folder(prefix))
+    base = key[: -len(SHARDS_DIR) - 1]  # the index names shards from the pack's root: shards/shard-0.tar
+    try:
+        indexed = {base + s["name"]: (int(s["bytes"]), int(s["records"])) for s in index["shards"]}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PackIndexError(f"{index_uri} lists a shard without a name, bytes or records ({exc})") from None
+    listed = {o.key: o.size for o in objects}
+    differences = []
+    for k in sorted(set(listed) | set(indexed)):
+        if k not in indexed:
+            differences.append(f"s3://{bucket}/{k} ({listed[k]} bytes) is not in the index")
+        elif k not in listed:
+            differences.append(f"s3://{bucket}/{k} is in the index but not in S3")
+        elif listed[k] != indexed[k][0]:
+            differences.append(f"s3://{bucket}/{k} is {listed[k]} bytes, {indexed[k][0]} in the index")
+    if differences:
+        shown = "; ".join(differences[:DIFFERENCES_SHOWN])
+        extra = len(differences) - DIFFERENCES_SHOWN
+        more = f" (and {extra} more)" if extra > 0 else ""
+        raise PackIndexError(
+            f"{prefix} disagrees with its pack's index {index_uri}: {shown}{more}. The shards changed after "
+            "the pack: run sagemaker-dist pack again, or train from a prefix that is no pack's"
+        )
+    return {k: indexed[k][1] for k in listed}
+
+
+def _refuse_pack_root(prefix: str, objects: list[S3Object]) -> None:
+    """A pack's root lists its index and markers beside the shards: none of them is a record."""
+    _, key = parse_s3_uri(_folder(prefix))
+    names = {o.key[len(key) :] for o in objects}
+    if INDEX in names and any(n.startswith(f"{MARKERS_DIR}/") for n in names):
+        raise PackIndexError(
+            f"{prefix} is a pack's output (its {INDEX} and {MARKERS_DIR}/ markers beside the shards): the "
+            f"channel's data is {_folder(prefix)}{SHARDS_DIR}/"
+        )
+
+
+def plan_prefix(
+    prefix: str,
+    num_shards: int,
+    *,
+    client=None,
+    suffix: str | None = None,
+    order_seed: int | None = None,
+) -> tuple[ShardPlan, str | None]:
+    """List ``prefix``, check it against its pack's index where it is a pack's ``shards/``, and split it
+    into ``num_shards`` shards balanced by bytes (``plan_shards``); ``(plan, the index's URI or None)``.
+    With an index, ``plan.records`` holds each object's records (``records_per_shard``: each worker's)."""
+    client = client or make_client()
+    objects = list_objects(prefix, suffix=suffix, client=client)
+    found = find_pack_index(prefix, client)
+    if found is None:
+        _refuse_pack_root(prefix, objects)
+    plan = plan_shards([(o.key, o.size) for o in objects], num_shards, order_seed=order_seed)
+    if found is None:
+        return plan, None
+    index_uri, index = found
+    if suffix:  # the index's shards the filter keeps: the listing is compared with those
+        index = {**index, "shards": [s for s in index["shards"] if str(s.get("name", "")).endswith(suffix)]}
+    return with_records(plan, records_by_key(prefix, objects, index_uri, index)), index_uri
+
+
+def describe_records(plan: ShardPlan, index_uri: str) -> str:
+    """One line: the records the index gives and how they fall to the workers."""
+    per = plan.records_per_shard or []
+    return (
+        f"pack index {index_uri}: {sum(per)} records, {min(per, default=0)} to {max(per, default=0)} per "
+        "worker"
+    )
