@@ -81,11 +81,12 @@ def run_pack(args) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "pack",
-        help="pack a local image set (class folders, JSON lines, CSV) into balanced WebDataset or "
-        "TFRecord shards",
+        help="pack an image set (class folders, JSON lines, CSV; local or in S3) into balanced WebDataset "
+        "or TFRecord shards",
         description=(
             'Read SOURCE (a folder with one sub-folder per class, a .jsonl file of {"path", "label"} '
-            "objects, or a .csv file of path,label rows; paths relative to the file's folder), shuffle its "
+            "objects, or a .csv file of path,label rows; paths relative to the file's folder; local, or in "
+            "S3: s3://bucket/images/, s3://bucket/list.jsonl), shuffle its "
             "samples (--seed) and write them as shards balanced by bytes under OUTPUT (s3://bucket/prefix/ "
             "or a folder): OUTPUT/shards/shard-000000.tar, ... (the channel's data), then OUTPUT/index.json "
             "last. A rerun of the same plan skips the shards already complete. A path that leads out of "
@@ -93,7 +94,9 @@ def register(subparsers) -> None:
             "Example: sagemaker-dist pack ./images s3://bucket/images/ --shard-size 256MB --multiple-of 8"
         ),
     )
-    p.add_argument("source", help="a folder of class folders, a .jsonl file or a .csv file")
+    p.add_argument(
+        "source", help="a folder of class folders, a .jsonl file or a .csv file; local or s3://bucket/..."
+    )
     p.add_argument("output", help="s3://bucket/prefix/ or a local folder")
     p.add_argument("--format", default=WEBDATASET, choices=FORMATS, help="shard format (default webdataset)")
     size = p.add_mutually_exclusive_group()

@@ -1,6 +1,8 @@
-"""Pack a local image set into balanced WebDataset or TFRecord shards, in S3 or a local folder.
+"""Pack an image set (a local folder or an S3 prefix) into balanced WebDataset or TFRecord shards, in S3
+or a local folder.
 
-The source is one of three layouts:
+The source is one of three layouts, local or in S3 (``s3://bucket/images/``, ``s3://bucket/list.jsonl``:
+``launch.pack_s3``):
 
 - a folder with one sub-folder per class (an ImageFolder): ``root/<class>/<image>``; the classes are
   the sub-folders' names in sorted order, labels their positions;
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import math
 import os
@@ -134,6 +137,7 @@ class Source:
     classes: list[str] | None
     skipped: list[Skipped] = field(default_factory=list)
     ignored: int = 0  # ImageFolder files that are not images (by extension)
+    client: object = field(default=None, compare=False, repr=False)  # an S3 source's client
 
 
 def _readable_image(path: str, ext: str | None) -> tuple[str | None, os.stat_result | None]:
@@ -202,10 +206,30 @@ def scan_source(
     path_field: str = "path",
     label_field: str = "label",
     strict: bool = False,
+    client=None,
 ) -> Source:
     """List and check the samples of ``source`` (a folder of class folders, a ``.jsonl`` or a ``.csv``
-    file); see the module's docstring. Nothing is read beyond each file's first bytes."""
-    source = Path(source)
+    file; local, or in S3 through ``client``); see the module's docstring. Nothing is read beyond each
+    file's first bytes."""
+    if str(source).startswith("s3://"):
+        from sagemaker_dist.launch.pack_s3 import scan_s3_source
+
+        found = scan_s3_source(str(source), path_field, label_field, client)
+    else:
+        found = _scan_local(Path(source), path_field, label_field)
+    if strict and found.skipped:
+        first = found.skipped[0]
+        raise PackInputError(
+            f"{len(found.skipped)} file(s) of {str(source)!r} cannot be packed, the first {first.path!r}: "
+            f"{first.reason} (without --strict they are skipped and reported)"
+        )
+    if not found.items:
+        why = f"; {len(found.skipped)} skipped, the first {found.skipped[0]}" if found.skipped else ""
+        raise PackInputError(f"source {str(source)!r} holds no sample to pack{why}")
+    return found
+
+
+def _scan_local(source: Path, path_field: str, label_field: str) -> Source:
     if source.is_dir():
         found = _scan_imagefolder(source)
     elif source.is_file() and source.suffix.lower() in (".jsonl", ".ndjson"):
@@ -218,15 +242,6 @@ def scan_source(
         raise PackInputError(
             f"source {str(source)!r} is not a folder of class folders, a .jsonl file or a .csv file"
         )
-    if strict and found.skipped:
-        first = found.skipped[0]
-        raise PackInputError(
-            f"{len(found.skipped)} file(s) of {str(source)!r} cannot be packed, the first {first.path!r}: "
-            f"{first.reason} (without --strict they are skipped and reported)"
-        )
-    if not found.items:
-        why = f"; {len(found.skipped)} skipped, the first {found.skipped[0]}" if found.skipped else ""
-        raise PackInputError(f"source {str(source)!r} holds no sample to pack{why}")
     return found
 
 
@@ -263,8 +278,9 @@ def _scan_imagefolder(root: Path) -> Source:
     return Source(root, IMAGEFOLDER, items, classes, skipped, ignored)
 
 
-def _jsonl_rows(path: Path, path_field: str, label_field: str):
-    with open(path, encoding="utf-8") as f:
+def _jsonl_rows(path, path_field: str, label_field: str, text: str | None = None):
+    """The rows of the JSON Lines file ``path`` (or of ``text``, its contents, where given)."""
+    with open(path, encoding="utf-8") if text is None else io.StringIO(text) as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -290,8 +306,9 @@ def _jsonl_rows(path: Path, path_field: str, label_field: str):
             yield number, rel, label, meta
 
 
-def _csv_rows(path: Path, path_field: str, label_field: str):
-    with open(path, newline="", encoding="utf-8") as f:
+def _csv_rows(path, path_field: str, label_field: str, text: str | None = None):
+    """The rows of the CSV file ``path`` (or of ``text``, its contents, where given)."""
+    with open(path, newline="", encoding="utf-8") if text is None else io.StringIO(text, newline="") as f:
         for number, row in enumerate(csv.reader(f), 1):
             if not row or not any(cell.strip() for cell in row):
                 continue
@@ -320,6 +337,11 @@ def _scan_rows(file: Path, layout: str, rows: Iterable) -> Source:
         )
         if item is not None:
             staged.append((item, label))
+    return _labelled(root, file, layout, staged, skipped)
+
+
+def _labelled(root, file, layout: str, staged: list[tuple[Item, object]], skipped: list[Skipped]) -> Source:
+    """The rows' items with their labels as ints (names numbered), each path listed once."""
     labels, classes = _labels([label for _, label in staged])
     items = [
         Item(item.path, item.size, item.mtime_ns, label, item.meta, item.real)
@@ -465,6 +487,10 @@ def plan_pack(
 def _read_source(source: Source, item: Item) -> bytes:
     """The file's bytes: the file the scan resolved (a link put there since is not followed), still a
     regular file of the size the scan saw."""
+    if source.client is not None:
+        from sagemaker_dist.launch.pack_s3 import read_s3_item
+
+        return read_s3_item(source.client, item)
     path = item.real or _checked_file(source.root, item.path, "file")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -881,7 +907,7 @@ def pack_dataset(
     rounded up to a multiple of ``multiple_of``; shuffled with ``seed``), and write them under
     ``output`` (``s3://bucket/prefix/`` or a folder) with the index last. Returns a ``PackResult``:
     ``result.shards_uri`` is the channel's data (``--train``), ``result.index`` the index."""
-    found = scan_source(source, path_field=path_field, label_field=label_field, strict=strict)
+    found = scan_source(source, path_field=path_field, label_field=label_field, strict=strict, client=client)
     plan = plan_pack(
         found,
         format=format,

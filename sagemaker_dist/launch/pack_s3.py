@@ -1,0 +1,190 @@
+"""An image set in S3 as ``pack``'s source: the three layouts of ``launch.pack``, read from a prefix.
+
+- ``s3://bucket/images/``: an ImageFolder, ``images/<class>/<image>`` (one listing);
+- ``s3://bucket/data/list.jsonl`` or ``.csv``: rows whose paths are keys relative to the file's folder
+  (``img/1.jpg`` is ``s3://bucket/data/img/1.jpg``; the folder is listed once, not a request a row).
+
+The checks are the local ones: a path that climbs out of the file's folder (``..``, an absolute path)
+is an error; an object that is missing, or not the image its extension says (its first 16 bytes, read
+with ranged GETs, many at once), or a row without a label, is skipped and reported. A shard reads each
+object whole and refuses one whose size changed since the listing: no shard holds a half-read object.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from concurrent.futures import ThreadPoolExecutor
+
+from sagemaker_dist.aws.s3_objects import (
+    EmptyPrefixError,
+    describe_client_error,
+    list_objects,
+    make_client,
+    parse_s3_uri,
+    unreachable,
+)
+from sagemaker_dist.contract.paths import contained_name
+from sagemaker_dist.launch.pack import (
+    CSV,
+    IMAGE_MAGIC,
+    IMAGEFOLDER,
+    JSONL,
+    Item,
+    PackInputError,
+    Skipped,
+    Source,
+    _csv_rows,
+    _jsonl_rows,
+    _labelled,
+)
+
+HEADS_AT_ONCE = 16  # ranged GETs of the images' first bytes in flight
+
+
+def _call(action: str, bucket: str, fn, *args, **kwargs):
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return fn(*args, **kwargs)
+    except ClientError as exc:
+        raise describe_client_error(exc, bucket, action) from exc
+    except BotoCoreError as exc:
+        raise unreachable(exc, action) from exc
+
+
+def _listing(client, folder: str) -> dict[str, tuple[int, int]]:
+    """key -> (size, modification time in ns) of every object under ``folder`` (an S3 URI)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, prefix = parse_s3_uri(folder)
+    out: dict[str, tuple[int, int]] = {}
+    try:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for o in page.get("Contents", ()):
+                out[o["Key"]] = (int(o["Size"]), int(o["LastModified"].timestamp() * 1e9))
+    except ClientError as exc:
+        raise describe_client_error(exc, bucket, f"list {folder}") from exc
+    except BotoCoreError as exc:
+        raise unreachable(exc, f"list {folder}") from exc
+    return out
+
+
+def _head(client, bucket: str, key: str) -> bytes:
+    return _call(
+        f"read s3://{bucket}/{key}", bucket, client.get_object, Bucket=bucket, Key=key, Range="bytes=0-15"
+    )["Body"].read()
+
+
+def _checked(client, bucket: str, rows: list[tuple[str, str, int, int, object, dict | None]], skipped: list):
+    """``(item, label)`` of each ``(rel, key, size, mtime, label, meta)`` row whose object is the image its
+    extension says (its first bytes, fetched many at once); the others skipped."""
+
+    def magic_of(row):
+        ext = row[0].rpartition("/")[2].rpartition(".")[2].lower()
+        return IMAGE_MAGIC.get(ext) if "." in row[0].rpartition("/")[2] else None
+
+    checks = [row for row in rows if magic_of(row) is not None]
+    with ThreadPoolExecutor(HEADS_AT_ONCE) as pool:
+        heads = dict(zip((r[1] for r in checks), pool.map(lambda r: _head(client, bucket, r[1]), checks)))
+    out = []
+    for row in rows:
+        rel, key, size, mtime, label, meta = row
+        magic, head = magic_of(row), heads.get(key)
+        if magic is not None and not head.startswith(magic):
+            ext = rel.rpartition(".")[2]
+            skipped.append(Skipped(rel, f"not a {ext.upper()} file (its first bytes are {head[:4]!r})"))
+            continue
+        out.append((Item(rel, size, mtime, None, meta, f"s3://{bucket}/{key}"), label))
+    return out
+
+
+def _imagefolder(client, uri: str) -> Source:
+    folder = uri if uri.endswith("/") else uri + "/"
+    bucket, prefix = parse_s3_uri(folder)
+    listed = _listing(client, folder)
+    rows, skipped, ignored = [], [], 0
+    for key in sorted(listed):
+        rel = key[len(prefix) :]
+        parts = rel.split("/")
+        if key.endswith("/") or any(p.startswith(".") for p in parts):
+            continue  # folder placeholders, hidden files and folders, as a local walk skips them
+        if len(parts) < 2:
+            skipped.append(Skipped(rel, "not in a class folder (root/<class>/<image>)"))
+            continue
+        name = parts[-1]
+        if ("." in name and name.rpartition(".")[2].lower()) not in IMAGE_MAGIC:
+            ignored += 1
+            continue
+        size, mtime = listed[key]
+        rows.append((rel, key, size, mtime, parts[0], None))
+    classes = sorted({r[4] for r in rows})
+    if not classes:
+        raise PackInputError(f"{folder} has no class folders of images (root/<class>/<image>)")
+    number = {c: i for i, c in enumerate(classes)}
+    items = [
+        Item(item.path, item.size, item.mtime_ns, number[label], None, item.real)
+        for item, label in _checked(client, bucket, rows, skipped)
+    ]
+    return Source(folder, IMAGEFOLDER, items, classes, skipped, ignored, client)
+
+
+def _rows_file(client, uri: str, layout: str, path_field: str, label_field: str) -> Source:
+    bucket, key = parse_s3_uri(uri)
+    body = _call(f"read {uri}", bucket, client.get_object, Bucket=bucket, Key=key)["Body"].read()
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PackInputError(f"{uri} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    parse = _jsonl_rows if layout == JSONL else _csv_rows
+    root = uri.rpartition("/")[0] + "/"
+    base = key.rpartition("/")[0] + "/" if "/" in key else ""
+    listed = _listing(client, root)
+    name = posixpath.basename(key)
+    rows, skipped = [], []
+    for number, rel, label, meta in parse(uri, path_field, label_field, text):
+        if label is None:
+            skipped.append(Skipped(rel, f"no label ({name}, line {number})"))
+            continue
+        what = f"{name}, line {number}: path"
+        rel = str(
+            contained_name(rel, what, fix="list only files inside the source's folder", error=PackInputError)
+        )
+        found = listed.get(base + rel)
+        if found is None:
+            skipped.append(Skipped(rel, "missing"))
+            continue
+        rows.append((rel, base + rel, found[0], found[1], label, meta))
+    checked = _checked(client, bucket, rows, skipped)
+    source = _labelled(root, uri, layout, checked, skipped)
+    source.client = client
+    return source
+
+
+def scan_s3_source(uri: str, path_field: str, label_field: str, client=None) -> Source:
+    """The samples of an S3 source (``launch.pack.scan_source`` for ``s3://`` sources)."""
+    client = client or make_client()
+    lower = uri.lower()
+    if lower.endswith((".jsonl", ".ndjson")):
+        return _rows_file(client, uri, JSONL, path_field, label_field)
+    if lower.endswith(".csv"):
+        return _rows_file(client, uri, CSV, path_field, label_field)
+    try:
+        list_objects(uri if uri.endswith("/") else uri + "/", client=client)
+    except EmptyPrefixError:
+        raise PackInputError(
+            f"source {uri!r} holds no objects (an S3 source is a prefix of class folders, "
+            "a .jsonl or a .csv object)"
+        ) from None
+    return _imagefolder(client, uri)
+
+
+def read_s3_item(client, item: Item) -> bytes:
+    """The object's bytes, whole; an error where its size is not the listing's (it changed)."""
+    bucket, key = parse_s3_uri(item.real)
+    data = _call(f"read {item.real}", bucket, client.get_object, Bucket=bucket, Key=key)["Body"].read()
+    if len(data) != item.size:
+        raise PackInputError(
+            f"{item.real} changed while it was packed ({item.size} bytes when listed, now {len(data)}); "
+            "run again"
+        )
+    return data
