@@ -34,14 +34,15 @@ class LocalPlatform:
     def render(self, args, stack):
         return args  # the request is rendered as the job runs (the demo's data, an entry point's shards)
 
-    def submit(self, args, job) -> None:
-        """The job run here to its end (a failure raises ``JobFailedError``)."""
+    def submit(self, args, job) -> int | None:
+        """The job run here to its end (a failure raises ``JobFailedError``): a status other than 0, or
+        None."""
         from sagemaker_dist.cli.local import run_local_command
 
-        run_local_command(job)
+        return run_local_command(job) or None
 
-    def wait(self, args, handle) -> int:
-        return 0  # submit ran the job to its end
+    def wait(self, args, handle: int) -> int:
+        return handle  # submit ran the job to its end: its status
 
     def tune(self, args, job, spec) -> int:
         from sagemaker_dist import LocalBackend

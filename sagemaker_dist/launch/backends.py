@@ -3,6 +3,8 @@ CreateTrainingJob does; the SageMaker SDK's local mode mirrors that surface the 
 
 ``SageMakerBackend`` (the default) creates the job on SageMaker; ``sagemaker_dist.LocalBackend``
 runs it on this machine. The estimator only knows the protocol, so it never imports local mode.
+These are the Python API's; the command line's platforms (``cli/platforms.py``: SageMaker and local mode
+over these backends, Slurm and Kubernetes beside them) are rows of one registry.
 """
 
 from __future__ import annotations
