@@ -410,8 +410,11 @@ class RecordBatches(PipeBatches):
     Python framers, True requires the compiled reader.
     ``shuffle``, ``set_epoch``, ``state_dict`` and ``load_state_dict`` are ``PipeBatches``'; the window's
     order is the same as theirs. Records of one size are put straight into the rows the window's order
-    gives them (one copy each, as unshuffled); records of any size are gathered from the window into
-    each batch (a second copy).
+    gives them (one copy each, as unshuffled); records of any size are gathered out of the window in
+    its order (a second copy, in C, on a thread of its own while the next window is read), and a
+    window's batches are views of one buffer. A shuffled reader of records of any size holds up to four
+    windows (``ShuffleWindow.bytes`` each, plus an eighth): the one being read, the one read ahead, the
+    one being gathered from, and its gathered batches.
     """
 
     def __init__(
