@@ -48,10 +48,11 @@ PLAIN_PAGES_FROM = 4 << 20
 # Shuffle windows' buffers kept for reuse (data and offsets each): the window being filled, the one whose
 # batches the loop is taking, and one more
 WINDOWS_KEPT = 6
-# Records shorter than this are put in (fixed) or gathered from (any size) their window's rows in random
-# order: there the window is mapped in huge pages, where the kernel has them (a TLB miss per record
-# otherwise: 1 KB records scattered over a 16 MiB window of 4 KiB pages read at 0.55-0.75 of their speed
-# in huge pages). Longer records span pages anyway, and faulting in huge pages costs compaction.
+# Records shorter than this are put in (fixed) or gathered from (any size: the last window's mean) their
+# window's rows in random order: there the window is mapped in huge pages, where the kernel has them (a
+# TLB miss per record otherwise: 1 KB records scattered over a 16 MiB window of 4 KiB pages read at
+# 0.55-0.75 of their speed in huge pages). Longer records span pages anyway, and faulting in huge pages
+# costs compaction.
 HUGE_PAGES_BELOW = 16 << 10
 # Windows of records of one size an arena holds: the one being filled, the one being handed out, one more
 ARENA_WINDOWS = 3
@@ -631,6 +632,7 @@ class RecordBatches(PipeBatches):
                     break
                 head.feed(window)
                 self._window_capacity = min(window.nbytes + window.nbytes // 8, limit + limit // 8)
+                allocate.huge_pages = window.nbytes < HUGE_PAGES_BELOW * window.count  # by the mean record
                 yield window, order.order(window.count)
                 window = None
         head.feed(window, end=True)
