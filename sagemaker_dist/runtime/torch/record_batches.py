@@ -227,9 +227,9 @@ class _Cutter:
 
     def _add_ragged(self, window: Batch, order: np.ndarray) -> list:
         """The batches of a window of records of any size: the one carried from the window before
-        completed, then every whole batch of this one gathered in one call (GIL released) into one
-        buffer, each batch a view of it; the rest carried. Every record is copied once, out of the
-        window."""
+        completed, then the whole batches of this one, a group's worth at a time gathered in one call
+        (GIL released) into one buffer, each batch a view of it; the rest carried. Every record is copied
+        once, out of the window."""
         n, size, batches = len(order), self.size, []
         i = min(self.skip, n)
         self.skip -= i
@@ -241,9 +241,13 @@ class _Cutter:
             if self.carried == size:
                 batches.append(self._join())
         whole = (n - i) // size
-        if whole:
-            batches.extend(self._gathered(window, order[i : i + whole * size], whole))
-            i += whole * size
+        # a buffer per group's worth of batches (GROUP_BYTES at the window's mean record): buffers come
+        # back to the pool as the loop drops each group, not once it dropped a whole window's batches
+        per = max(1, GROUP_BYTES * window.count // max(window.nbytes * size, 1))
+        while whole:
+            k = min(per, whole)
+            batches.extend(self._gathered(window, order[i : i + k * size], k))
+            i, whole = i + k * size, whole - k
         if i < n:
             self.carry.append((window, order[i:]))
             self.carried += n - i
@@ -560,10 +564,11 @@ class RecordBatches(PipeBatches):
                 windows_pool = self._buffers["window"] = _Buffers(
                     False, 2 * WINDOWS_KEPT, True, tensors=False
                 )
-            # the gathered batches' buffers (a window's whole batches each): those the loop holds, one more
+            # the gathered batches' buffers (data and offsets of a group's worth each): the groups in flight
             gathered = self._buffers.get(("gathered", pinned))
             if gathered is None:
-                gathered = self._buffers[("gathered", pinned)] = _Buffers(pinned, 2 * WINDOWS_KEPT)
+                keep = 2 * (self.prefetch + POOL_EXTRA)
+                gathered = self._buffers[("gathered", pinned)] = _Buffers(pinned, keep)
             cut.gathered = gathered
             # The next window is read (a thread of its own, in C with the GIL released) while this one is
             # gathered into batches: the FIFO is drained while the records are copied out of the window.
