@@ -416,10 +416,10 @@ class RecordBatches(PipeBatches):
     ``shuffle``, ``set_epoch``, ``state_dict`` and ``load_state_dict`` are ``PipeBatches``'; the window's
     order is the same as theirs. Records of one size are put straight into the rows the window's order
     gives them (one copy each, as unshuffled); records of any size are gathered out of the window in
-    its order (a second copy, in C, on a thread of its own while the next window is read), and a
-    window's batches are views of one buffer. A shuffled reader of records of any size holds up to four
-    windows (``ShuffleWindow.bytes`` each, plus an eighth): the one being read, the one read ahead, the
-    one being gathered from, and its gathered batches.
+    its order (a second copy, in C, while a thread of its own reads the next window), a group of
+    batches at a time into one buffer, each batch a view of it. A shuffled reader of records of any size
+    holds three windows (``ShuffleWindow.bytes`` each, plus an eighth): the one being read, the one read
+    ahead, the one being gathered from.
     """
 
     def __init__(
