@@ -4,7 +4,8 @@ For each record size, the same TFRecord bytes stream through FIFOs from a separa
 (``bench_pipe_reader.py``'s: 1 MiB writes) into a new process per run, which reads two epochs (two
 FIFOs) with one reader: ``RecordBatches(record_bytes=size)`` (``fixed``: ``[256, size]`` uint8 batches,
 each record read straight into its row of the window), ``RecordBatches()`` (``ragged``: data and
-offsets, records gathered from the window into each batch) and ``PipeModeDataset(batch_size=256)``
+offsets, the records gathered out of the window a group of batches at a time, while a thread of their
+own reads the next window) and ``PipeModeDataset(batch_size=256)``
 (``pmd``: the compiled op, records moved out of the window), each without and with
 ``shuffle=ShuffleWindow(seed)`` (the default window: 16384 records, 64 MiB). The framework is imported
 before the clock; the first epoch's clock covers building the reader, the first epoch (fresh memory for
@@ -14,7 +15,8 @@ unshuffled arm's time over the shuffled arm's in the same round (the shuffled re
 the unshuffled), ``CPU ratio`` the same of the process's CPU time (user + system, every thread: what
 the read costs, less moved by other work on the machine than the wall time).
 
-    .venv/bin/python bench/bench_shuffle.py [--mb 512] [--repeats 5] [--sizes 1000,150000]
+    .venv/bin/python bench/bench_shuffle.py [--mb 512] [--repeats 5] [--sizes 1000,150000] \
+        [--readers fixed,ragged,pmd]
 """
 
 from __future__ import annotations
