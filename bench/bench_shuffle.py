@@ -15,7 +15,7 @@ unshuffled arm's time over the shuffled arm's in the same round (the shuffled re
 the unshuffled), ``CPU ratio`` the same of the process's CPU time (user + system, every thread: what
 the read costs, less moved by other work on the machine than the wall time).
 
-    .venv/bin/python bench/bench_shuffle.py [--mb 512] [--repeats 5] [--sizes 1000,150000] \
+    .venv/bin/python bench/bench_shuffle.py [--mb 512] [--repeats 5] [--sizes 1000,150000] \\
         [--readers fixed,ragged,pmd]
 """
 
