@@ -92,23 +92,25 @@ class RaggedBatch(NamedTuple):
 class _Slot:
     """A buffer lent out as one numpy view at a time. The view handed to ``torch.from_numpy`` lives as long
     as any tensor over its memory (the tensor's storage holds it, and so does every slice or ``.numpy()``
-    of it), so a finalizer on the view says when nothing uses the buffer any more: then it may be refilled
-    (a batch the script keeps is never written over)."""
+    of it), so a weak reference to the view says when nothing uses the buffer any more: then it may be
+    refilled (a batch the script keeps is never written over)."""
 
-    __slots__ = ("array", "in_use")
+    __slots__ = ("array", "in_use", "_ref")
 
     def __init__(self, array: np.ndarray):
         self.array = array
         self.in_use = False
+        self._ref = None
 
     def lend(self, start: int, end: int) -> np.ndarray:
         view = self.array[start:end]
         self.in_use = True
-        weakref.finalize(view, self._release).atexit = False
+        self._ref = weakref.ref(view, self._release)  # its callback runs as the view goes
         return view
 
-    def _release(self) -> None:
-        self.in_use = False
+    def _release(self, ref) -> None:
+        if ref is self._ref:
+            self.in_use = False
 
 
 class _Buffers:
