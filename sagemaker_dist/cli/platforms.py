@@ -1,6 +1,6 @@
 """The registry of platforms: where a job runs, one row each (SageMaker, local mode, Slurm, Kubernetes),
 every row the same ``Platform`` protocol. The job commands (``launch``, ``local``, ``k8s``, ``slurm``)
-and ``tune`` look their platform up here by name and call only the protocol; only this module compares
+and ``tune`` look their platform up here by name and call only the protocol; no other module compares
 a platform's name (``tests/test_architecture.py``). A new platform is a module with its row (its command's
 options, render, submit, wait, tune) and its line in ``REGISTRY``.
 """
