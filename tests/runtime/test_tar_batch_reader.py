@@ -137,16 +137,32 @@ def test_a_fifo_a_writer_process_fills_reads_as_the_framer_reads_it(tmp_path, st
     assert got[True][:2] == got[False][:2] and got[True][1] is None and got[True][2]
 
 
-def test_an_entry_the_walk_leaves_to_the_framer_mid_stream_and_the_rest_read_alike(tmp_path):
-    """GNU's base-256 size is valid tar the walk does not take: the framer frames from there on."""
+def base256_stream() -> bytes:
+    """Samples, one whose size is GNU's base-256 (valid tar the walk does not take), more samples."""
     member = bytearray(tar_member("b256.bin", b"z" * 700))
     member[124:136] = b"\x80" + (700).to_bytes(11, "big")
     start, n = CHKSUM
     member[start : start + n] = b"%06o\x00 " % checksum(member[:BLOCK])
     first = b"".join(tar_member(f"{i:04d}.bin", os.urandom(300)) for i in range(40))
     rest = b"".join(tar_member(f"{i:04d}.bin", os.urandom(900)) for i in range(40, 90))
-    records, error, stayed = same_as_the_framer(tmp_path, first + bytes(member) + rest + END_OF_ARCHIVE, 8)
+    return first + bytes(member) + rest + END_OF_ARCHIVE
+
+
+def test_an_entry_the_walk_leaves_to_the_framer_mid_stream_and_the_rest_read_alike(tmp_path):
+    records, error, stayed = same_as_the_framer(tmp_path, base256_stream(), 8)
     assert error is None and not stayed and len(records) == 91
+    # from a FIFO: the bytes the reader holds go to the framer first, then the rest of the pipe
+    stream = base256_stream()
+    (tmp_path / "src").write_bytes(stream)
+    got = {}
+    for compiled in (True, False):
+        fifo = tmp_path / f"train_{compiled}"
+        os.mkfifo(fifo)
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(fifo), str(tmp_path / "src"), "1000"])
+        with FifoReader(fifo) as reader:
+            got[compiled] = fill_reader(reader, compiled, batch=8)
+        assert writer.wait(30) == 0
+    assert got[True] == got[False] and got[True][1] is None and len(sum(got[True][0], [])) == 91
 
 
 def test_a_bad_checksum_a_repeated_extension_and_a_cut_stream_are_the_framers_errors(tmp_path):
