@@ -24,7 +24,7 @@ from sagemaker_dist.aws.s3_objects import (
     unreachable,
 )
 from sagemaker_dist.contract.paths import contained_name
-from sagemaker_dist.launch.pack import (
+from sagemaker_dist.launch.pack_items import (
     CSV,
     IMAGE_MAGIC,
     IMAGEFOLDER,
