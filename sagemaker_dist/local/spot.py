@@ -22,6 +22,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sagemaker_dist.contract.stop_lines import RESUMED, STOPPED, resumed_position
@@ -54,10 +55,23 @@ def rank_pids(group) -> list[int]:
 
 class Interruption:
     """One attempt's interruption: ``arm(group)`` when its ranks start; ``at`` seconds later every rank
-    gets SIGTERM, and the launcher is killed if the job has not ended ``window`` seconds after that."""
+    gets SIGTERM, and the launcher is killed if the job has not ended ``window`` seconds after that.
+    With ``when``, the signal comes as soon as ``when()`` is true (checked every ``POLL_S``), ``at``
+    seconds at the latest: an interruption at a point of the training (after its first checkpoint, inside
+    its second epoch) whatever the machine's speed."""
 
-    def __init__(self, at: float | None, echo=print, window: float = STOP_WINDOW_S):
-        self.at, self.echo, self.window = at, echo, window
+    POLL_S = 0.1
+
+    def __init__(
+        self,
+        at: float | None,
+        echo=print,
+        window: float = STOP_WINDOW_S,
+        when: Callable[[], bool] | None = None,
+    ):
+        self.at, self.echo, self.window, self.when = at, echo, window, when
+        self.armed_at: float | None = None  # time.monotonic() when the ranks started
+        self.after: float | None = None  # seconds from the ranks' start to the signal
         self.signalled_at: float | None = None  # time.monotonic()
         self.ended_after: float | None = None  # seconds from SIGTERM to the launcher's exit
         self.killed = False
@@ -67,6 +81,7 @@ class Interruption:
     def arm(self, group) -> None:
         if self.at is None:
             return
+        self.armed_at = time.monotonic()
         self._thread = threading.Thread(
             target=self._run, args=(group,), name="spot-interruption", daemon=True
         )
@@ -79,8 +94,17 @@ class Interruption:
             self._thread.join(10.0)
 
     def _due(self, group) -> bool:
-        """Wait until the interruption is due: ``at`` seconds; False if the attempt ended first."""
-        return not self._cancel.wait(self.at) and group.poll() is None
+        """Wait until the interruption is due (``at`` seconds, or ``when()`` before that); False if the
+        attempt ended first."""
+        if self.when is None:
+            return not self._cancel.wait(self.at) and group.poll() is None
+        deadline = self.armed_at + self.at
+        while not self.when() and time.monotonic() < deadline:
+            if self._cancel.wait(min(self.POLL_S, max(0.0, deadline - time.monotonic()))):
+                return False
+            if group.poll() is not None:
+                return False
+        return not self._cancel.is_set() and group.poll() is None
 
     def _run(self, group) -> None:
         if not self._due(group):
@@ -88,15 +112,17 @@ class Interruption:
         stopper = None
         if hasattr(group, "stop_like_sagemaker"):  # the image: SIGTERM to PID 1, as SageMaker sends it
             self.signalled_at = time.monotonic()
+            self.after = self.signalled_at - self.armed_at
             stopper = group.stop_like_sagemaker(self.window)
             self.echo(
                 f"[spot] interruption: podman stop --time {self.window:.0f} (SIGTERM to each container's "
-                f"PID 1, SIGKILL {self.window:.0f} s later), {self.at:g} s after the ranks started"
+                f"PID 1, SIGKILL {self.window:.0f} s later), {self.after:.1f} s after the ranks started"
             )
         else:
             pids = rank_pids(group)
             self.signalled_at = time.monotonic()
-            after = f"{self.at:g} s after the ranks started"
+            self.after = self.signalled_at - self.armed_at
+            after = f"{self.after:.1f} s after the ranks started"
             self.echo(f"[spot] interruption: SIGTERM to rank process(es) {pids}, {after}")
             for pid in pids:
                 try:
@@ -144,7 +170,7 @@ class Attempt:
                 else f"; resumed at the start of epoch {epoch}"
             )
         if self.interrupted_at is not None:
-            text += f"; interrupted {self.interrupted_at:g} s after the ranks started"
+            text += f"; interrupted {self.interrupted_at:.1f} s after the ranks started"
             if self.ended_after_signal is not None:
                 text += f", the job ended {self.ended_after_signal:.1f} s after SIGTERM"
         if self.stopped_at:
@@ -165,16 +191,27 @@ def stop_positions(lines: list[str]) -> tuple[tuple[int, int] | None, tuple[int,
     return stopped, started
 
 
-def run_interrupted(request: dict, source_dir, interrupt_at: list[float], *, run, echo=print, **kwargs):
+def run_interrupted(
+    request: dict,
+    source_dir,
+    interrupt_at: list[float],
+    *,
+    run,
+    echo=print,
+    when: Callable[[int], bool] | None = None,
+    **kwargs,
+):
     """Run ``request`` with ``run`` (``run_local``) once per interruption plus once more, as managed
-    spot training would; returns ``(attempts, last result)``, or raises the last attempt's failure."""
+    spot training would; returns ``(attempts, last result)``, or raises the last attempt's failure.
+    ``when(attempt number)``: interrupt that attempt as soon as it is true (its ``interrupt_at`` the
+    latest), as ``Interruption``'s ``when``."""
     check_interrupts(interrupt_at, request)
     attempts: list[Attempt] = []
     for number in range(1, len(interrupt_at) + 2):
         at = interrupt_at[number - 1] if number <= len(interrupt_at) else None
         if number > 1:
             echo(f"[spot] attempt {number}: starting the job again with its checkpoints restored")
-        interruption = Interruption(at, echo)
+        interruption = Interruption(at, echo, when=None if when is None else lambda n=number: when(n))
         started, error, result, lines = time.monotonic(), None, None, []
         try:
             result = run(
@@ -193,7 +230,7 @@ def run_interrupted(request: dict, source_dir, interrupt_at: list[float], *, run
         )
         attempts.append(
             Attempt(
-                number, interruption.at if signalled else None, status, interruption.ended_after, stopped,
+                number, interruption.after if signalled else None, status, interruption.ended_after, stopped,
                 resumed, time.monotonic() - started, error, result,
             )
         )  # fmt: skip

@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -233,7 +232,7 @@ def test_a_tf_mwms_job_trains_in_the_image_without_horovod(s3, bucket, tmp_path)
 
 @needs_image
 @pytest.mark.timeout(420)  # 2 attempts, each with the toolkit's 30 s sleep; about 2 min on a quiet machine
-def test_a_job_stopped_with_podman_stop_resumes_inside_the_epoch(s3, bucket, tmp_path, monkeypatch):
+def test_a_job_stopped_with_podman_stop_resumes_inside_the_epoch(s3, bucket, tmp_path):
     """SageMaker's stop, as a spot interruption brings it: ``podman stop --time 120`` of the running
     2-rank job mid-epoch (SIGTERM to PID 1 only, SIGKILL 120 s later). The image's entry point forwards it
     to both ranks, which agree on a step, checkpoint it and end; then the job again, its checkpoints
@@ -254,22 +253,14 @@ def test_a_job_stopped_with_podman_stop_resumes_inside_the_epoch(s3, bucket, tmp
         lines.append(line)
         print(line, flush=True)
 
-    class InEpoch2(spot.Interruption):
-        """Due once rank 0 has trained 44 batches (epoch 2, step 4), not after fixed seconds: the start-up
-        of the toolkit and TensorFlow takes 15 s on a quiet machine, minutes on a loaded one."""
+    def in_epoch_2(attempt: int) -> bool:
+        """Rank 0 has trained 44 batches (epoch 2, step 4): a point of the training, not fixed seconds (the
+        start-up of the toolkit and TensorFlow takes 15 s on a quiet machine, minutes on a loaded one)."""
+        logs = list(tmp_path.glob("*/hosts/algo-1/output/data/trained-rank0.jsonl"))  # attempt 1's
+        return bool(logs) and logs[0].read_text().count("\n") > 44  # the start line, 44 batches
 
-        def _due(self, group) -> bool:
-            armed = time.monotonic()
-            while not self._cancel.wait(0.1) and group.poll() is None:
-                logs = list(tmp_path.glob("*/hosts/algo-1/output/data/trained-rank0.jsonl"))  # attempt 1's
-                if logs and logs[0].read_text().count("\n") > 44:  # the start line, 44 batches
-                    self.at = round(time.monotonic() - armed, 1)
-                    return True
-            return False
-
-    monkeypatch.setattr(spot, "Interruption", InEpoch2)
     attempts, _ = spot.run_interrupted(
-        request, None, [1.0], run=run_local, echo=echo, launcher="container", image=IMAGE,
+        request, None, [300.0], run=run_local, echo=echo, when=in_epoch_2, launcher="container", image=IMAGE,
         work_dir=tmp_path, keep_work_dir=True, timeout=360,
     )  # fmt: skip
     log = "\n".join(lines)

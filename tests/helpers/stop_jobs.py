@@ -102,6 +102,22 @@ def trained_segments(path: Path) -> list[dict]:
     return attempts
 
 
+def after_batches(out: Path, batches: int, rank: int = 0):
+    """A spot interruption's ``when`` (``run_interrupted``): the first attempt is interrupted once rank
+    ``rank`` has logged ``batches`` trained batches to ``out``/trained-rank<R>.jsonl: a point of the
+    training, whatever the start-up takes on a loaded machine."""
+    path = out / f"trained-rank{rank}.jsonl"
+
+    def when(attempt: int) -> bool:
+        try:
+            lines = path.read_text().count("\n")
+        except FileNotFoundError:
+            return False
+        return attempt == 1 and lines - 1 >= batches  # the attempt's start line, then a line a batch
+
+    return when
+
+
 def check_resumed_inside_the_epoch(
     one: dict, two: dict, stopped_at: tuple[int, int], steps: int, epochs: int, split_tail: bool = False
 ):

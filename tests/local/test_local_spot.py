@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.stop_jobs import check_resumed_inside_the_epoch, shard_bytes, trained_segments
+from helpers.stop_jobs import after_batches, check_resumed_inside_the_epoch, shard_bytes, trained_segments
 
 from sagemaker_dist.contract.stop_lines import resumed_line, stopped_line
 from sagemaker_dist.errors import ConfigurationError
@@ -26,16 +26,14 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "tests" / "helpers" / "local_scripts"
 TOOLKIT_PYTHON = REPO / ".venv-toolkit" / "bin" / "python"
 FILES, PER_FILE, BATCH, EPOCHS = 4, 80, 4, 3  # 2 files a rank: 160 records, 40 steps an epoch
-# seconds after the ranks start: TensorFlow's start-up (about 6 s on a quiet machine, 15 s under load),
-# then inside the training whatever the load: a step sleeps PAUSE_S, so the uninterrupted job trains for
-# about 40 s after its start-up (a quiet machine finished a 0.12 s-a-step toolkit job of 5 epochs before
-# the 35 s interrupt). The toolkit downloads the code and starts mpirun first, and its MPI master sleeps
-# 30 s after mpirun ends.
+# The interruption comes once rank 0 has trained half of its second epoch (after_batches), whatever the
+# start-up took (TensorFlow: about 6 s on a quiet machine, 15 s under load; the toolkit downloads the code
+# and starts mpirun first, and its MPI master sleeps 30 s after mpirun ends), INTERRUPT_BY_S at the
+# latest. A step sleeps PAUSE_S: the stop, agreed a step or two after SIGTERM, lands inside the epoch.
 # "one-rank": horovodrun with a world of one (4 files: 80 steps an epoch); "counted": horovodrun with
 # train_records= (epochs of a known step count, the stop agreed in an allreduce after each step)
-INTERRUPT_AT = {"toolkit": 35.0}  # the others: 20 s
-PAUSE_S = {"toolkit": 0.2, "one-rank": 0.15}  # the others: 0.3 s a step
-EPOCHS_OF = {"toolkit": EPOCHS + 2}  # the others: EPOCHS
+INTERRUPT_BY_S = 180.0
+PAUSE_S = 0.1
 SIGTERM_TO_END_S = {"toolkit": 60.0}  # the others: 30 s
 JOB_TIMEOUT_S = 240
 CLI = [sys.executable, "-m", "sagemaker_dist.cli"]
@@ -98,14 +96,13 @@ def test_interrupted_job_restarts_and_trains_each_remaining_batch_once(s3, bucke
     out = tmp_path / "out"
     out.mkdir()
     lines: list[str] = []
-    epochs = EPOCHS_OF.get(launcher, EPOCHS)
+    epochs = EPOCHS
+    world = shape[0] * shape[1]
+    steps = FILES * PER_FILE // BATCH // world
     counted = {"train_records": FILES * PER_FILE // 2} if launcher == "counted" else {}
     attempts, result = run_interrupted(
-        _request(
-            bucket, out, *shape, epochs, distribution.get(launcher, "horovod"), PAUSE_S.get(launcher, 0.3),
-            **counted,
-        ),
-        SCRIPTS, [INTERRUPT_AT.get(launcher, 20.0)], run=run_local, echo=lines.append,
+        _request(bucket, out, *shape, epochs, distribution.get(launcher, "horovod"), PAUSE_S, **counted),
+        SCRIPTS, [INTERRUPT_BY_S], run=run_local, echo=lines.append, when=after_batches(out, steps * 3 // 2),
         launcher="toolkit" if toolkit else launcher if launcher in ("mpirun", "torchrun") else "horovodrun",
         work_dir=tmp_path / "work",
         timeout=JOB_TIMEOUT_S, **where,
@@ -117,8 +114,6 @@ def test_interrupted_job_restarts_and_trains_each_remaining_batch_once(s3, bucke
     assert first.stopped_at is not None, log[-4000:]
     assert first.ended_after_signal < SIGTERM_TO_END_S.get(launcher, 30.0), log[-4000:]
     epoch, step = first.stopped_at  # epoch counted from 1, as Keras prints it
-    world = shape[0] * shape[1]
-    steps = FILES * PER_FILE // BATCH // world
     # the stop's own checkpoint: nothing lost (one on an epoch's last step is of the whole epoch);
     # resumed where it stopped, the epoch counted from 1 in both lines
     assert second.resumed_from == ((epoch + 1, 0) if step == steps else (epoch, step)), log[-3000:]

@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers.stop_jobs import shard_bytes, trained_segments
+from helpers.stop_jobs import after_batches, shard_bytes, trained_segments
 
 from sagemaker_dist.local.backend import LocalBackend
 from sagemaker_dist.local.demo import demo_estimator
@@ -31,7 +31,11 @@ SCRIPTS = REPO / "tests" / "helpers" / "local_scripts"
 FILES, PER_FILE, BATCH, EPOCHS = 8, 80, 4, 3  # 4 ranks: 160 records a rank, 40 steps an epoch
 HOSTS, PER_HOST = 2, 2
 SEED, WINDOW = 17, 24
-INTERRUPT_AT_S = 30.0  # after the ranks start: start-up (4 ranks on 2 cores), then 0.3 s a step
+# The interruption comes once rank 0 has trained half of its second epoch, whatever the start-up of 4
+# ranks on 2 cores took, INTERRUPT_BY_S at the latest; a step sleeps PAUSE_S, so the stop, agreed a step
+# or two after SIGTERM, lands inside the epoch.
+STEPS = FILES * PER_FILE // BATCH // (HOSTS * PER_HOST)
+INTERRUPT_BY_S, PAUSE_S = 200.0, 0.1
 JOB_TIMEOUT_S = 300
 
 
@@ -44,7 +48,7 @@ def _data(s3, bucket) -> set[int]:
 
 def _request(bucket, out: Path, distribution: str, shuffle_config: bool):
     torch = distribution == "torchrun"
-    hps = {"epochs": EPOCHS, "batch_size": BATCH, "pause": 0.3, "out": str(out), "helper": "horovod",
+    hps = {"epochs": EPOCHS, "batch_size": BATCH, "pause": PAUSE_S, "out": str(out), "helper": "horovod",
            "shuffle_seed": SEED, "shuffle_window": WINDOW}  # fmt: skip
     layout = {"strategy": "per-local-rank", "shuffle_seed": 3} if shuffle_config else {}
     estimator = demo_estimator(
@@ -72,7 +76,8 @@ def test_a_spot_stop_of_a_shuffled_job_trains_every_record_once_per_epoch(
     if shuffle_config:
         assert channel["DataSource"]["S3DataSource"]["S3DataDistributionType"] == "ShardedByS3Key"
     attempts, _ = run_interrupted(
-        request, SCRIPTS, [INTERRUPT_AT_S], run=run_local, echo=lines.append,
+        request, SCRIPTS, [INTERRUPT_BY_S], run=run_local, echo=lines.append,
+        when=after_batches(out, STEPS * 3 // 2),
         launcher="torchrun" if distribution == "torchrun" else "horovodrun",
         work_dir=tmp_path / "work", timeout=JOB_TIMEOUT_S,
     )  # fmt: skip
@@ -81,7 +86,7 @@ def test_a_spot_stop_of_a_shuffled_job_trains_every_record_once_per_epoch(
     assert [a.status for a in attempts] == ["Stopped", "Completed"], log[-4000:]
     assert "does not start with the records" not in log  # each resumed stream began as the stopped one
     stopped_epoch, step = attempts[0].stopped_at  # the epoch counted from 1
-    assert 0 < step < FILES * PER_FILE // BATCH // (HOSTS * PER_HOST), log[-3000:]  # inside an epoch
+    assert 0 < step < STEPS, log[-3000:]  # inside an epoch
     per_epoch: dict[int, Counter] = {e: Counter() for e in range(EPOCHS)}
     for rank in range(HOSTS * PER_HOST):
         one, two = trained_segments(out / f"trained-rank{rank}.jsonl")
