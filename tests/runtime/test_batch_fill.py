@@ -11,12 +11,12 @@ import threading
 
 import numpy as np
 import pytest
+from helpers.batch_fills import drain
 
 from sagemaker_dist.contract.record_formats import encode_recordio, encode_tfrecord, masked_crc32c
 from sagemaker_dist.runtime.fifo import FifoReader
 from sagemaker_dist.runtime.framing import LARGE_RECORD_BYTES, make_framer
 from sagemaker_dist.runtime.framing import batch_fill as bf
-from sagemaker_dist.runtime.framing.base import RecordFormatError
 
 if bf._native is None:  # pragma: no cover - setup.py builds it wherever a C compiler is
     pytest.fail("framing._record_reader is not built: pip install -e . needs a C compiler")
@@ -41,20 +41,7 @@ def fill_all(path, data: bytes, record_format: str, batch: int = 3, record_bytes
 
 def fill_reader(reader, record_format, batch=3, record_bytes=0, compiled=True, **framer):
     fill = bf.StreamFill(reader, make_framer(record_format, "ch_0", 3, **framer), record_bytes, compiled)
-    batches, error = [], None
-    try:
-        while True:
-            b = bf.Batch(batch, 8)  # small: records past it grow it
-            more = fill.fill(b)
-            if b.count:
-                batches.append([b.data[b.offsets[i] : b.offsets[i + 1]].tobytes() for i in range(b.count)])
-            if not more:
-                break
-    except RecordFormatError as exc:
-        error = exc
-    finally:
-        fill.close()
-    return batches, error
+    return drain(fill, batch)
 
 
 SIZES = (0, 1, 7, 100, 1000, LARGE_RECORD_BYTES, 3 * LARGE_RECORD_BYTES + 5)

@@ -13,6 +13,8 @@ import subprocess
 import sys
 
 import pytest
+from helpers.batch_fills import drain
+from helpers.crafted_tar import EDITS, crafted_stream
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +22,6 @@ from sagemaker_dist.contract.tar_format import BLOCK, CHKSUM, END_OF_ARCHIVE, ch
 from sagemaker_dist.runtime.fifo import FifoReader
 from sagemaker_dist.runtime.framing import batch_fill as bf
 from sagemaker_dist.runtime.framing import make_framer
-from sagemaker_dist.runtime.framing.base import RecordFormatError
 
 wds = pytest.importorskip("webdataset")
 
@@ -32,19 +33,7 @@ def fill_reader(reader, compiled: bool, batch: int = 5, record_bytes: int = 0, *
     """(batches as lists of records, the error or None, whether the compiled reader read to the end)."""
     fill = bf.StreamFill(reader, make_framer("WebDataset", "ch_0", 2, **framer), record_bytes, compiled)
     assert fill.compiled == compiled
-    batches, error = [], None
-    try:
-        while True:
-            b = bf.Batch(batch, 8)  # small: samples past it grow it
-            more = fill.fill(b)
-            if b.count:
-                batches.append([b.data[b.offsets[i] : b.offsets[i + 1]].tobytes() for i in range(b.count)])
-            if not more:
-                break
-    except RecordFormatError as exc:
-        error = exc
-    finally:
-        fill.close()
+    batches, error = drain(fill, batch)
     return batches, error, fill.compiled
 
 
@@ -194,40 +183,19 @@ def test_a_size_the_stream_does_not_hold_costs_no_more_than_the_bytes_that_came(
     assert str(error) == str(expected_error)
 
 
-FIELD = st.sampled_from([(124, 12), (148, 8), (156, 1), (0, 100), (345, 155), (257, 8)])
-
-
 @settings(
     max_examples=200,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(
-    edits=st.lists(
-        st.tuples(st.integers(0, 11), FIELD, st.binary(min_size=1, max_size=16), st.booleans()),
-        min_size=1,
-        max_size=4,
-    ),
+    edits=EDITS,
     batch=st.sampled_from([1, 2, 64]),
     cut=st.integers(0, 12 * BLOCK),
 )
 def test_crafted_headers_are_the_framers_named_errors(tmp_path, edits, batch, cut):
-    base = bytearray(
-        tar_member("000.jpg", b"a" * 700)
-        + tar_member("000.cls", b"1")
-        + tar_header("PaxHeaders/x", 16)[:BLOCK].replace(b"0\x00\x00", b"x\x00\x00", 0)
-        + tar_member("001.jpg", b"b" * 1300)
-        + END_OF_ARCHIVE
-        + tar_member("002.json", b"{}")
-    )
-    headers = [i * BLOCK for i in range(len(base) // BLOCK)]
-    for which, (offset, length), value, fix_checksum in edits:
-        at = headers[which % len(headers)]
-        base[at + offset : at + offset + min(length, len(value))] = value[:length]
-        if fix_checksum:  # a crafted header whose checksum is right: the reader must trust nothing else
-            start, n = CHKSUM
-            base[at + start : at + start + n] = b"%06o\x00 " % checksum(base[at : at + BLOCK])
-    stream = bytes(base[: len(base) - cut])
+    base = crafted_stream(edits)
+    stream = base[: len(base) - cut]
     records, error, _ = same_as_the_framer(tmp_path, stream, batch, max_record_bytes=1 << 20)
     if error is not None:
         assert error.channel == "ch_0" and 0 <= error.offset <= len(stream) and "WebDataset: " in str(error)

@@ -15,6 +15,7 @@ import subprocess
 import tracemalloc
 
 import pytest
+from helpers.crafted_tar import EDITS, crafted_stream
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -285,17 +286,6 @@ def test_parse_sample_names_what_is_wrong_with_a_record():
 
 # --- fuzz: crafted headers, each a named error or samples; never a crash, never unbounded memory -------
 
-FIELD = st.sampled_from(
-    [
-        (124, 12),  # size
-        (148, 8),  # checksum
-        (156, 1),  # type
-        (0, 100),  # name
-        (345, 155),  # prefix
-        (257, 8),  # magic
-    ]
-)
-
 
 @settings(
     max_examples=300,
@@ -303,30 +293,11 @@ FIELD = st.sampled_from(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(
-    edits=st.lists(
-        st.tuples(st.integers(0, 11), FIELD, st.binary(min_size=1, max_size=16), st.booleans()),
-        min_size=1,
-        max_size=4,
-    ),
+    edits=EDITS,
     chunk=st.sampled_from([BLOCK, 1500, 1 << 20]),
 )
 def test_crafted_headers_are_named_errors_with_bounded_memory(walk, edits, chunk):
-    base = bytearray(
-        tar_member("000.jpg", b"a" * 700)
-        + tar_member("000.cls", b"1")
-        + tar_header("PaxHeaders/x", 16)[:BLOCK].replace(b"0\x00\x00", b"x\x00\x00", 0)
-        + tar_member("001.jpg", b"b" * 1300)
-        + END_OF_ARCHIVE
-        + tar_member("002.json", b"{}")
-    )
-    headers = [i * BLOCK for i in range(len(base) // BLOCK)]
-    for which, (offset, length), value, fix_checksum in edits:
-        at = headers[which % len(headers)]
-        base[at + offset : at + offset + min(length, len(value))] = value[:length]
-        if fix_checksum:  # a crafted header whose checksum is right: the reader must trust nothing else
-            start, n = CHKSUM
-            base[at + start : at + start + n] = b"%06o\x00 " % checksum(base[at : at + BLOCK])
-    stream = bytes(base)
+    stream = crafted_stream(edits)
     tracemalloc.start()
     try:
         records, error = frame_all(stream, chunk, max_record_bytes=1 << 20)
