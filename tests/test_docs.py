@@ -1,13 +1,14 @@
 """The documentation's cheap checks (scripts/docs.sh builds the site itself, with --strict): the API page
 covers every public name and each resolves, the README stays a front page, relative links in the
-README and the pages point at files that exist, and no page, docstring or comment tells the history of
-its making (that is in git)."""
+README and the pages point at files that exist, the code layout page names every module, and no page,
+docstring or comment tells the history of its making (that is in git)."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import re
+from collections import Counter
 from pathlib import Path
 
 import sagemaker_dist
@@ -65,6 +66,86 @@ def test_relative_links_point_at_files():
             resolved = (page.parent / target).resolve()
             built = resolved.relative_to(DOCS).as_posix() in BUILT if resolved.is_relative_to(DOCS) else False
             assert resolved.exists() or built or target.startswith("img/"), f"{page.name}: {target}"
+
+
+LAYOUT = DOCS / "reference" / "code-layout.md"
+
+
+def _layout_sections(text: str) -> dict[str, str]:
+    """The page's section of each top-level package: from its bullet (``- `launch/` — ...``) to the next
+    top-level bullet, the paragraphs between them included (the registry of platforms is ``cli``'s)."""
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("- "):
+            bullet = re.match(r"- `([a-z_]+)/`", line)
+            current = bullet.group(1) if bullet else None
+            if current:
+                sections[current] = []
+        if current:
+            sections[current].append(line)
+    return {package: "\n".join(lines) for package, lines in sections.items()}
+
+
+def _code_names(text: str) -> list[str]:
+    return re.findall(r"`([^`\n]+)`", text)
+
+
+def unnamed_modules(page: str, modules: list[str]) -> list[str]:
+    """The modules (paths relative to sagemaker_dist/) the layout page does not name. A module is named by
+    its path in backticks anywhere on the page (`runtime/torch/sharded.py`), or within its top-level
+    package's section by a shorter path (`torch/sharded.py`) or its file name (`sharded.py`). A file name
+    that several modules of the package share (`stop.py`) must appear as often as the modules it stands
+    for that no path names."""
+    everywhere = set(_code_names(page))
+    sections = _layout_sections(page)
+    missing = [module for module in modules if "/" not in module and module not in everywhere]
+    by_package: dict[str, list[str]] = {}
+    for module in modules:
+        if "/" in module:
+            by_package.setdefault(module.split("/", 1)[0], []).append(module)
+    for package, members in by_package.items():
+        names = _code_names(sections.get(package, ""))
+        bare = Counter(name for name in names if "/" not in name)
+        by_file: dict[str, list[str]] = {}
+        for module in members:
+            parts = module.split("/")[1:]
+            paths = {"/".join(parts[start:]) for start in range(len(parts) - 1)}
+            if module not in everywhere and not paths & set(names):
+                by_file.setdefault(parts[-1], []).append(module)
+        missing += [module for name, group in by_file.items() if bare[name] < len(group) for module in group]
+    return sorted(missing)
+
+
+def _package_modules() -> list[str]:
+    package = ROOT / "sagemaker_dist"
+    return sorted(
+        path.relative_to(package).as_posix()
+        for path in package.rglob("*.py")
+        if path.name not in ("__init__.py", "__main__.py")
+    )
+
+
+def test_the_layout_page_names_every_module():
+    missing = unnamed_modules(LAYOUT.read_text(encoding="utf-8"), _package_modules())
+    assert not missing, (
+        f"{LAYOUT.relative_to(ROOT)} does not name these modules of sagemaker_dist/: {', '.join(missing)}. "
+        "Add each where its package is described, in backticks: its path (`runtime/torch/sharded.py`), or "
+        "its file name (`sharded.py`) in its top-level package's bullet, with one line on what it is."
+    )
+
+
+def test_the_layout_rule_finds_a_module_the_page_does_not_name():
+    page = "- `runtime/` — the core: `stop.py`, `torch/` (`stop.py`, `epochs.py`).\n- `cli/` — `tune.py`.\n"
+    modules = ["runtime/stop.py", "runtime/torch/stop.py", "runtime/torch/epochs.py", "cli/tune.py"]
+    assert unnamed_modules(page, modules) == []
+    assert unnamed_modules(page, [*modules, "runtime/keras/stop.py", "cli/epochs.py"]) == [
+        "cli/epochs.py",
+        "runtime/keras/stop.py",
+        "runtime/stop.py",
+        "runtime/torch/stop.py",
+    ]
+    assert unnamed_modules(page, ["errors.py", "runtime/pipe/epochs.py"]) == ["errors.py"]
 
 
 # Wording that tells how the code or a figure came about instead of what the product does: numbered work
