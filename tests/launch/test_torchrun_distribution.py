@@ -272,8 +272,8 @@ def test_the_shipped_package_imports_and_frames_records_after_the_toolkits_pip_i
     )
     package = pack_source("train.py", src, dest_dir=tmp_path / "out", runtime_package=True)
     code = tmp_path / "code"
-    with tarfile.open(package.path) as tar:
-        tar.extractall(code, filter="data")
+    with tarfile.open(package.path) as tar:  # Debian 12's Python 3.11.2 has no extraction filters
+        tar.extractall(code, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     venv = tmp_path / "venv"
     subprocess.run([sys.base_prefix + "/bin/python3", "-m", "venv", venv], check=True, timeout=120)
     python = str(venv / "bin" / "python")

@@ -40,6 +40,20 @@ _METADATA_CLASSES = {
 }
 
 
+def _enum_member(cls, name):
+    """The member ``name`` of an enum among DCP's metadata classes: Pythons whose ``Enum`` pickles a
+    member as ``getattr(its class, its name)`` (Debian 12's 3.11.2, 3.12 and later) write it so; any
+    other use of ``getattr`` is refused."""
+    import enum
+
+    allowed = isinstance(cls, type) and (cls.__module__, cls.__qualname__) in _METADATA_CLASSES
+    if allowed and issubclass(cls, enum.Enum) and isinstance(name, str) and name in cls.__members__:
+        return cls[name]
+    raise pickle.UnpicklingError(
+        f"getattr({getattr(cls, '__qualname__', cls)!r}, {name!r}) is not part of DCP's metadata"
+    )
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     """Builds DCP's metadata dataclasses, torch dtypes, sizes and layouts; refuses every other global
     (a pickle runs code only through the globals it names)."""
@@ -49,6 +63,8 @@ class _MetadataUnpickler(pickle.Unpickler):
 
         if (module, name) in _METADATA_CLASSES:
             return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         raise pickle.UnpicklingError(f"global '{module}.{name}' is not part of DCP's metadata")
