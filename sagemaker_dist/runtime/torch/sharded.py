@@ -78,7 +78,7 @@ def read_sharded_checkpoint(path: str | os.PathLike) -> dict:
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     location = S3Uri(str(path).rstrip("/")) if is_s3_uri(str(path)) else Path(path)
-    store = store_for(str(location.parent) if is_s3_uri(location) else location.parent)
+    store = store_for(location.parent)
     meta = _checked_meta(store, location)
     allowed = set(meta["files"])
     check_shards(store.metadata(location), allowed, location / METADATA_FILE)
@@ -137,7 +137,7 @@ class ShardedCheckpoints:
         timeout_s: float = DEFAULT_WAIT_S,
         region: str | None = None,
     ):
-        self.store = store_for(directory if is_s3_uri(directory) else Path(directory), region=region)
+        self.store = store_for(directory, region=region)
         self.directory = self.store.root
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.rank, self.local_rank, self.world_size = int(rank), int(local_rank), int(world_size)
@@ -450,10 +450,3 @@ class ShardedCheckpoints:
 
 def _ranks(ranks) -> str:
     return ", ".join(map(str, ranks))
-
-
-def checked_metadata(checkpoint: Path, allowed: set[str]):
-    """The checkpoint directory's DCP metadata, every shard it names one of ``allowed`` (what
-    ``meta.json`` lists): no path out of the checkpoint, no stream transforms."""
-    path = Path(checkpoint) / METADATA_FILE
-    return check_shards(read_metadata_file(path), allowed, path)

@@ -32,6 +32,7 @@ from sagemaker_dist.runtime.torch.sharded_safety import (
     METADATA_FILE,
     check_shards,
     load_metadata,
+    read_metadata_file,
     safe_read_metadata,
 )
 from sagemaker_dist.runtime.torch.sharded_saves import staged_writer
@@ -63,9 +64,7 @@ class LocalStore:
         return (Path(location) / file).read_bytes()
 
     def metadata(self, location: Path):
-        path = Path(location) / METADATA_FILE
-        with open(path, "rb") as fh:
-            return load_metadata(fh, path)
+        return read_metadata_file(Path(location) / METADATA_FILE)
 
     def complete(self) -> list[Checkpoint]:
         return list_checkpoints(self.root)
