@@ -60,7 +60,6 @@ from sagemaker_dist.launch.pack_items import (  # noqa: F401 - the source's mode
     _csv_rows,
     _jsonl_rows,
     _labelled,
-    _labels,
 )
 
 WEBDATASET = "webdataset"

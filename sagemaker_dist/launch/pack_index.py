@@ -15,14 +15,12 @@ import json
 
 from sagemaker_dist.aws.s3_objects import (
     S3Object,
-    describe_client_error,
     list_objects,
     make_client,
     parse_s3_uri,
-    unreachable,
 )
 from sagemaker_dist.errors import DataError
-from sagemaker_dist.launch.pack import INDEX, MARKERS_DIR, SHARDS_DIR
+from sagemaker_dist.launch.pack import INDEX, MARKERS_DIR, SHARDS_DIR, _S3Store
 from sagemaker_dist.launch.sharding import ShardPlan, plan_shards, with_records
 
 DIFFERENCES_SHOWN = 3
@@ -45,41 +43,23 @@ def pack_root(prefix: str) -> str | None:
     return folder[: -len(SHARDS_DIR) - 1]
 
 
-def _get(client, bucket: str, key: str) -> bytes | None:
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    try:
-        return client.get_object(Bucket=bucket, Key=key)["Body"].read()
-    except ClientError as exc:
-        if str(exc.response.get("Error", {}).get("Code", "")) in ("NoSuchKey", "404"):
-            return None
-        raise describe_client_error(exc, bucket, f"read s3://{bucket}/{key}") from exc
-    except BotoCoreError as exc:
-        raise unreachable(exc, f"read s3://{bucket}/{key}") from exc
-
-
-def _any_under(client, bucket: str, prefix: str) -> bool:
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    try:
-        return bool(client.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1).get("Contents"))
-    except ClientError as exc:
-        raise describe_client_error(exc, bucket, f"list s3://{bucket}/{prefix}") from exc
-    except BotoCoreError as exc:
-        raise unreachable(exc, f"list s3://{bucket}/{prefix}") from exc
-
-
 def find_pack_index(prefix: str, client=None) -> tuple[str, dict] | None:
     """``(its URI, the index)`` of the pack whose shards ``prefix`` holds; None where it is no pack's
     ``shards/``. A pack that left its markers but no index (it did not finish) is a PackIndexError."""
     root = pack_root(prefix)
     if root is None:
         return None
-    client = client or make_client()
-    bucket, key = parse_s3_uri(root)
-    raw = _get(client, bucket, key + INDEX)
+    store = _S3Store(root, client or make_client())  # pack's own reads of its OUTPUT, errors worded alike
+    raw = store.get(INDEX)
     if raw is None:
-        if _any_under(client, bucket, f"{key}{MARKERS_DIR}/"):
+        markers = store._call(
+            f"list {store.uri(MARKERS_DIR)}/",
+            store.client.list_objects_v2,
+            Bucket=store.bucket,
+            Prefix=f"{store.prefix}{MARKERS_DIR}/",
+            MaxKeys=1,
+        )
+        if markers.get("Contents"):
             raise PackIndexError(
                 f"{root} holds a pack's shards and markers but no {INDEX}: that pack did not finish "
                 "(run sagemaker-dist pack again; it keeps the shards already complete)"
