@@ -84,6 +84,18 @@ def unreachable(exc, action: str) -> S3AccessError:
     )
 
 
+def s3_call(action: str, bucket: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, botocore's errors turned into ours naming ``action`` (``read s3://...``)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return fn(*args, **kwargs)
+    except ClientError as exc:
+        raise describe_client_error(exc, bucket, action) from exc
+    except BotoCoreError as exc:
+        raise unreachable(exc, action) from exc
+
+
 def list_objects(s3_uri: str, suffix: str | None = None, client=None) -> list[S3Object]:
     """Every object under ``s3_uri`` in key order, skipping folder placeholders (``key/``, 0 bytes).
 

@@ -497,16 +497,9 @@ class _S3Store:
         return f"s3://{self.bucket}/{self.prefix}{name}"
 
     def _call(self, action: str, fn, *args, **kwargs):
-        from botocore.exceptions import BotoCoreError, ClientError
+        from sagemaker_dist.aws.s3_objects import s3_call
 
-        from sagemaker_dist.aws.s3_objects import describe_client_error, unreachable
-
-        try:
-            return fn(*args, **kwargs)
-        except ClientError as exc:
-            raise describe_client_error(exc, self.bucket, action) from exc
-        except BotoCoreError as exc:
-            raise unreachable(exc, action) from exc
+        return s3_call(action, self.bucket, fn, *args, **kwargs)
 
     def prepare(self) -> None:
         self._call(f"reach {self.where}", self.client.head_bucket, Bucket=self.bucket)

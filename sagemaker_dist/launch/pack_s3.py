@@ -17,11 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from sagemaker_dist.aws.s3_objects import (
     EmptyPrefixError,
-    describe_client_error,
     list_objects,
     make_client,
     parse_s3_uri,
-    unreachable,
+    s3_call,
 )
 from sagemaker_dist.contract.paths import contained_name
 from sagemaker_dist.launch.pack_items import (
@@ -41,36 +40,19 @@ from sagemaker_dist.launch.pack_items import (
 HEADS_AT_ONCE = 16  # ranged GETs of the images' first bytes in flight
 
 
-def _call(action: str, bucket: str, fn, *args, **kwargs):
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    try:
-        return fn(*args, **kwargs)
-    except ClientError as exc:
-        raise describe_client_error(exc, bucket, action) from exc
-    except BotoCoreError as exc:
-        raise unreachable(exc, action) from exc
-
-
 def _listing(client, folder: str) -> dict[str, tuple[int, int]]:
     """key -> (size, modification time in ns) of every object under ``folder`` (an S3 URI)."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
     bucket, prefix = parse_s3_uri(folder)
-    out: dict[str, tuple[int, int]] = {}
-    try:
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            for o in page.get("Contents", ()):
-                out[o["Key"]] = (int(o["Size"]), int(o["LastModified"].timestamp() * 1e9))
-    except ClientError as exc:
-        raise describe_client_error(exc, bucket, f"list {folder}") from exc
-    except BotoCoreError as exc:
-        raise unreachable(exc, f"list {folder}") from exc
-    return out
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return {
+        o["Key"]: (int(o["Size"]), int(o["LastModified"].timestamp() * 1e9))
+        for page in s3_call(f"list {folder}", bucket, list, pages)
+        for o in page.get("Contents", ())
+    }
 
 
 def _head(client, bucket: str, key: str) -> bytes:
-    return _call(
+    return s3_call(
         f"read s3://{bucket}/{key}", bucket, client.get_object, Bucket=bucket, Key=key, Range="bytes=0-15"
     )["Body"].read()
 
@@ -130,7 +112,7 @@ def _imagefolder(client, uri: str) -> Source:
 
 def _rows_file(client, uri: str, layout: str, path_field: str, label_field: str) -> Source:
     bucket, key = parse_s3_uri(uri)
-    body = _call(f"read {uri}", bucket, client.get_object, Bucket=bucket, Key=key)["Body"].read()
+    body = s3_call(f"read {uri}", bucket, client.get_object, Bucket=bucket, Key=key)["Body"].read()
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -181,7 +163,7 @@ def scan_s3_source(uri: str, path_field: str, label_field: str, client=None) -> 
 def read_s3_item(client, item: Item) -> bytes:
     """The object's bytes, whole; an error where its size is not the listing's (it changed)."""
     bucket, key = parse_s3_uri(item.real)
-    data = _call(f"read {item.real}", bucket, client.get_object, Bucket=bucket, Key=key)["Body"].read()
+    data = s3_call(f"read {item.real}", bucket, client.get_object, Bucket=bucket, Key=key)["Body"].read()
     if len(data) != item.size:
         raise PackInputError(
             f"{item.real} changed while it was packed ({item.size} bytes when listed, now {len(data)}); "
