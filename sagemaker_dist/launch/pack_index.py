@@ -18,6 +18,7 @@ from sagemaker_dist.aws.s3_objects import (
     list_objects,
     make_client,
     parse_s3_uri,
+    s3_call,
 )
 from sagemaker_dist.errors import DataError
 from sagemaker_dist.launch.pack import INDEX, MARKERS_DIR, SHARDS_DIR, _S3Store
@@ -52,8 +53,9 @@ def find_pack_index(prefix: str, client=None) -> tuple[str, dict] | None:
     store = _S3Store(root, client or make_client())  # pack's own reads of its OUTPUT, errors worded alike
     raw = store.get(INDEX)
     if raw is None:
-        markers = store._call(
+        markers = s3_call(
             f"list {store.uri(MARKERS_DIR)}/",
+            store.bucket,
             store.client.list_objects_v2,
             Bucket=store.bucket,
             Prefix=f"{store.prefix}{MARKERS_DIR}/",
