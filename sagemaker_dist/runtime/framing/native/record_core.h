@@ -388,20 +388,6 @@ static inline int sd_tar_octal(const unsigned char *p, int len, uint64_t *value)
     return 1;
 }
 
-/* Whether the header's stored checksum is the sum of its bytes, the checksum field read as spaces
- * (unsigned, or signed as some old writers summed them). */
-static inline int sd_tar_checksum_ok(const unsigned char *h) {
-    uint64_t stored;
-    if (!sd_tar_octal(h + 148, 8, &stored)) return 0;
-    uint64_t sum = 8 * ' ', high = 0;
-    for (int i = 0; i < SD_TAR_BLOCK; i++) {
-        if (i >= 148 && i < 156) continue;
-        sum += h[i];
-        high += h[i] >= 128;
-    }
-    return stored == sum || stored + 256 * high == sum;
-}
-
 /* The name of `len` bytes split as WebDataset splits it (contract.tar_format.key_and_extension): 1 with
  * the key's length in *key_len and the extension's start in *ext_at; 0 where it belongs to no sample (no
  * dot in its last component, or WebDataset's metadata "__x__" as its first component); -1 where the

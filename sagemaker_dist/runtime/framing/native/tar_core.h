@@ -20,8 +20,9 @@
 #define SD_TAR_MAX_EXTS 32                      /* files a sample may have here; more: the Python walk */
 #define SD_TAR_EXT_BYTES 1024                   /* their extensions' bytes, all told */
 
-/* record_core.h's sd_tar_checksum_ok, the same answer in a loop the compiler makes wide: the unsigned sum
- * of all 512 bytes first (the usual case), the signed one only where that does not match. */
+/* Whether the header's stored checksum is the sum of its bytes, the checksum field read as spaces
+ * (unsigned, or signed as some old writers summed them), in loops the compiler makes wide: the unsigned
+ * sum of all 512 bytes first (the usual case), the signed one only where that does not match. */
 static inline int sd_tar_header_ok(const unsigned char *h) {
     uint64_t stored;
     if (!sd_tar_octal(h + 148, 8, &stored)) return 0;
