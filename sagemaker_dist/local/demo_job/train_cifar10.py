@@ -7,7 +7,10 @@ The sagemaker-training toolkit runs this as ``sagemaker_program`` under mpirun a
 hyperparameters as ``--name value`` (``sagemaker-dist local`` does the same):
 
     --epochs 2 --batch-size 32 --learning-rate 0.001 [--tensorboard-s3-uri s3://bucket/tb/job]
-    [--tensorboard-interval 30]
+    [--tensorboard-interval 30] [--reader-shuffle-seed 0]
+
+The train reader shuffles each epoch's records in a seeded window (``--reader-shuffle-seed -1`` reads
+the stream in order).
 
 No record counts: shards are balanced by bytes, so their record counts differ, and the ranks agree at
 every step whether each still has a batch; every epoch ends on every rank when the first runs out
@@ -51,6 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     arg("tensorboard-s3-uri", default=None)
     arg("tensorboard-interval", type=float, default=30.0)
     arg("model-dir", default=None, help="local directory; default $SM_MODEL_DIR, else <root>/model")
+    arg("reader-shuffle-seed", type=int, default=0, help="the train reader's shuffle; -1 reads in order")
     args, unknown = p.parse_known_args(argv)
     if args.model_dir and args.model_dir.startswith("s3://"):  # the TF toolkit's legacy --model_dir
         unknown += ["--model_dir", args.model_dir]
@@ -67,9 +71,10 @@ def parse_record(serialized):
     return tf.cast(image, tf.float32) / 255.0, parsed["label"]
 
 
-def batches(role: str, batch_size: int, parse=parse_record) -> tf.data.Dataset:
-    """This rank's own channel for ``role`` as batches; each new iterator (each epoch) reads the next FIFO."""
-    ds = rank_dataset(role, "TFRecord").map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+def batches(role: str, batch_size: int, parse=parse_record, shuffle: int | None = None) -> tf.data.Dataset:
+    """This rank's own channel for ``role`` as batches; each new iterator (each epoch) reads the next FIFO.
+    ``shuffle``: the seed of the reader's shuffle window (None: the stream's order)."""
+    ds = rank_dataset(role, "TFRecord", shuffle=shuffle).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
@@ -106,6 +111,8 @@ def main(argv=None) -> int:
         tensorboard_s3_uri=args.tensorboard_s3_uri,
         tensorboard_interval=args.tensorboard_interval,
     )
+    # the train reader's seeded window: shuffled each epoch, and a resume inside one trains each record once
+    reader_shuffle = args.reader_shuffle_seed if args.reader_shuffle_seed >= 0 else None
     with hv.scope():
         model = build_model()
         model.compile(
@@ -114,7 +121,7 @@ def main(argv=None) -> int:
             metrics=["accuracy"],
         )
     model.fit(
-        hv.train_epoch(batches("train", args.batch_size)),
+        hv.train_epoch(batches("train", args.batch_size, shuffle=reader_shuffle)),
         validation_data=hv.validation_epoch(batches("validation", args.batch_size)) if validate else None,
         epochs=args.epochs,
         **hv.fit_kwargs(),

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import fully_shard
 from train_torch import parse_args as demo_arguments  # the source dir's other script: on sys.path
+from train_torch import reader_shuffle
 
 from sagemaker_dist.contract.paths import opt_ml_root
 from sagemaker_dist.runtime import PipeTraining, RecordBatches, ddp_main, setup_ddp
@@ -110,7 +111,9 @@ def main(argv=None) -> int:
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / 10)
     )  # warm-up
-    tokens = RecordBatches(job, args.batch_size, record_bytes=2 * (CONTEXT + 1), device=job.device)
+    tokens = RecordBatches(
+        job, args.batch_size, record_bytes=2 * (CONTEXT + 1), shuffle=reader_shuffle(args), device=job.device
+    )
     training = PipeTraining(
         job,
         model,

@@ -6,7 +6,10 @@ decoded by ``example_decoder``. The sagemaker-training toolkit runs this under `
 the user hyperparameters as ``--name value`` (``sagemaker-dist local`` does the same):
 
     --epochs 2 --batch-size 32 --learning-rate 0.001 [--tensorboard-s3-uri s3://bucket/tb/job]
-    [--tensorboard-interval 30]
+    [--tensorboard-interval 30] [--reader-shuffle-seed 0]
+
+The train reader shuffles each epoch's records in a seeded window (``shuffle=``; a resume inside the
+epoch trains each record once; ``--reader-shuffle-seed -1`` reads the stream in order).
 
 No record counts: ``PipeTraining`` ends every epoch on the same step on every rank (when the first
 runs out), validates on every rank when the job has a validation channel, prints the metric line
@@ -47,6 +50,7 @@ def parse_args(argv=None, *, description=None, more=None, **defaults) -> argpars
     arg("tensorboard-s3-uri", default=None)
     arg("tensorboard-interval", type=float, default=30.0, help="seconds between TensorBoard uploads to S3")
     arg("model-dir", default=None, help="local directory; default $SM_MODEL_DIR, else <root>/model")
+    arg("reader-shuffle-seed", type=int, default=0, help="the train reader's shuffle; -1 reads in order")
     if more is not None:
         more(arg)
     p.set_defaults(**defaults)
@@ -85,6 +89,11 @@ def build_model() -> torch.nn.Module:
     )
 
 
+def reader_shuffle(args: argparse.Namespace) -> int | None:
+    """The train reader's ``shuffle=``: a seed, or None (stream order) for a negative one."""
+    return args.reader_shuffle_seed if args.reader_shuffle_seed >= 0 else None
+
+
 @ddp_main
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -97,7 +106,7 @@ def main(argv=None) -> int:
     optimizer = torch.optim.Adam(model.parameters(), lr=args.learning_rate * job.world_size)
     # batches handed out on this rank's device (on a GPU, copied ahead on a side stream)
     batches = {"decode": decode, "collate": collate, "device": job.device}
-    train = PipeBatches(job, args.batch_size, **batches)
+    train = PipeBatches(job, args.batch_size, shuffle=reader_shuffle(args), **batches)
     valid = PipeBatches(job, args.batch_size, role="validation", **batches) if validate else None
     training = PipeTraining(
         job,
