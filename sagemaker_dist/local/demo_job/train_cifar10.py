@@ -7,7 +7,7 @@ The sagemaker-training toolkit runs this as ``sagemaker_program`` under mpirun a
 hyperparameters as ``--name value`` (``sagemaker-dist local`` does the same):
 
     --epochs 2 --batch-size 32 --learning-rate 0.001 [--tensorboard-s3-uri s3://bucket/tb/job]
-    [--tensorboard-interval 30] [--reader-shuffle-seed 0]
+    [--tensorboard-interval 30] [--reader-shuffle-seed 0] [--reader-shuffle-records 16384]
 
 The train reader shuffles each epoch's records in a seeded window (``--reader-shuffle-seed -1`` reads
 the stream in order).
@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from sagemaker_dist.contract.distributions import distribution
 from sagemaker_dist.contract.paths import opt_ml_root
-from sagemaker_dist.runtime import mwms_keras, rank_dataset
+from sagemaker_dist.runtime import ShuffleWindow, mwms_keras, rank_dataset
 from sagemaker_dist.runtime.config import ContainerConfig
 
 IMAGE_SHAPE = (32, 32, 3)
@@ -55,6 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     arg("tensorboard-interval", type=float, default=30.0)
     arg("model-dir", default=None, help="local directory; default $SM_MODEL_DIR, else <root>/model")
     arg("reader-shuffle-seed", type=int, default=0, help="the train reader's shuffle; -1 reads in order")
+    arg("reader-shuffle-records", type=int, default=None, help="records in a shuffle window (default 16384)")
     args, unknown = p.parse_known_args(argv)
     if args.model_dir and args.model_dir.startswith("s3://"):  # the TF toolkit's legacy --model_dir
         unknown += ["--model_dir", args.model_dir]
@@ -71,9 +72,9 @@ def parse_record(serialized):
     return tf.cast(image, tf.float32) / 255.0, parsed["label"]
 
 
-def batches(role: str, batch_size: int, parse=parse_record, shuffle: int | None = None) -> tf.data.Dataset:
+def batches(role: str, batch_size: int, parse=parse_record, shuffle=None) -> tf.data.Dataset:
     """This rank's own channel for ``role`` as batches; each new iterator (each epoch) reads the next FIFO.
-    ``shuffle``: the seed of the reader's shuffle window (None: the stream's order)."""
+    ``shuffle``: the reader's shuffle window, a ``ShuffleWindow`` (None: the stream's order)."""
     ds = rank_dataset(role, "TFRecord", shuffle=shuffle).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
@@ -112,7 +113,10 @@ def main(argv=None) -> int:
         tensorboard_interval=args.tensorboard_interval,
     )
     # the train reader's seeded window: shuffled each epoch, and a resume inside one trains each record once
-    reader_shuffle = args.reader_shuffle_seed if args.reader_shuffle_seed >= 0 else None
+    reader_shuffle = None
+    if args.reader_shuffle_seed >= 0:
+        window = {"records": args.reader_shuffle_records} if args.reader_shuffle_records else {}
+        reader_shuffle = ShuffleWindow(args.reader_shuffle_seed, **window)
     with hv.scope():
         model = build_model()
         model.compile(

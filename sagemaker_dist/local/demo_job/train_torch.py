@@ -6,7 +6,7 @@ decoded by ``example_decoder``. The sagemaker-training toolkit runs this under `
 the user hyperparameters as ``--name value`` (``sagemaker-dist local`` does the same):
 
     --epochs 2 --batch-size 32 --learning-rate 0.001 [--tensorboard-s3-uri s3://bucket/tb/job]
-    [--tensorboard-interval 30] [--reader-shuffle-seed 0]
+    [--tensorboard-interval 30] [--reader-shuffle-seed 0] [--reader-shuffle-records 16384]
 
 The train reader shuffles each epoch's records in a seeded window (``shuffle=``; a resume inside the
 epoch trains each record once; ``--reader-shuffle-seed -1`` reads the stream in order).
@@ -29,7 +29,14 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from sagemaker_dist.contract.paths import opt_ml_root
-from sagemaker_dist.runtime import PipeBatches, PipeTraining, ddp_main, example_decoder, setup_ddp
+from sagemaker_dist.runtime import (
+    PipeBatches,
+    PipeTraining,
+    ShuffleWindow,
+    ddp_main,
+    example_decoder,
+    setup_ddp,
+)
 from sagemaker_dist.runtime.config import ContainerConfig
 
 IMAGE_SHAPE = (32, 32, 3)
@@ -51,6 +58,7 @@ def parse_args(argv=None, *, description=None, more=None, **defaults) -> argpars
     arg("tensorboard-interval", type=float, default=30.0, help="seconds between TensorBoard uploads to S3")
     arg("model-dir", default=None, help="local directory; default $SM_MODEL_DIR, else <root>/model")
     arg("reader-shuffle-seed", type=int, default=0, help="the train reader's shuffle; -1 reads in order")
+    arg("reader-shuffle-records", type=int, default=None, help="records in a shuffle window (default 16384)")
     if more is not None:
         more(arg)
     p.set_defaults(**defaults)
@@ -89,9 +97,13 @@ def build_model() -> torch.nn.Module:
     )
 
 
-def reader_shuffle(args: argparse.Namespace) -> int | None:
-    """The train reader's ``shuffle=``: a seed, or None (stream order) for a negative one."""
-    return args.reader_shuffle_seed if args.reader_shuffle_seed >= 0 else None
+def reader_shuffle(args: argparse.Namespace) -> ShuffleWindow | None:
+    """The train reader's ``shuffle=``: a seeded window, or None (stream order) for a negative seed."""
+    if args.reader_shuffle_seed < 0:
+        return None
+    if args.reader_shuffle_records is None:
+        return ShuffleWindow(args.reader_shuffle_seed)
+    return ShuffleWindow(args.reader_shuffle_seed, records=args.reader_shuffle_records)
 
 
 @ddp_main
