@@ -57,10 +57,10 @@ setup(
     description=__doc__,
     python_requires=">=3.10",
     packages=find_packages(include=["sagemaker_dist", "sagemaker_dist.*"]),
-    # the demo's training script; the compiled reader's source, built where it runs (pipe.native_build)
+    # the demo's training script; the compiled reader's source, built where it runs (tensorflow/data/native_build.py)
     package_data={
         "sagemaker_dist.local": ["demo_job/*.py"],
-        "sagemaker_dist.runtime.pipe": ["native/*.cc", "native/*.h"],
+        "sagemaker_dist.runtime.tensorflow.data": ["native/*.cc", "native/*.h"],
         "sagemaker_dist.runtime.framing": ["native/*.h"],  # the framing core the op includes too
     },
     # the console command (plan, shard) works with these alone; launch needs [sdk], training [tensorflow]

@@ -112,9 +112,9 @@ def run_rank(args) -> None:
 def counted_stop_callback(hv, steps: int):
     """What ``setup(train_records=...)`` adds to stop: the ranks' allreduce of their flags after each step
     (never asked to stop here)."""
-    from sagemaker_dist.runtime.keras.setup import _any_rank
-    from sagemaker_dist.runtime.keras.stop_callback import StopAtCountedStep
     from sagemaker_dist.runtime.stop import StopRequest
+    from sagemaker_dist.runtime.tensorflow.keras.setup import _any_rank
+    from sagemaker_dist.runtime.tensorflow.keras.stop_callback import StopAtCountedStep
 
     return StopAtCountedStep(StopRequest(hv.rank), agree=_any_rank, steps=steps, rank=hv.rank)
 

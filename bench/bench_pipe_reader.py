@@ -210,7 +210,7 @@ def main(argv=None) -> int:
     import tensorflow as tf
 
     from sagemaker_dist.runtime import PipeModeDataset
-    from sagemaker_dist.runtime.pipe.native_build import compiled_op
+    from sagemaker_dist.runtime.tensorflow.data.native_build import compiled_op
 
     sizes = [int(s) for s in args.sizes.split(",")]
     print(

@@ -94,7 +94,7 @@ def one_run(kind: str, arm: str, base: Path, src: Path, n: int, run: int) -> flo
 def replay_run(base: Path, run: int) -> float:
     """Seconds per FIFO replayed: REPLAYED FIFOs opened and closed unread, each made once the last closed."""
     from sagemaker_dist.runtime.config import ContainerConfig
-    from sagemaker_dist.runtime.pipe.order import replay_fifos
+    from sagemaker_dist.runtime.epoch_reader.order import replay_fifos
 
     root = opt_ml(base, f"replay-{run}", shuffled_objects=True)
     data = root / "input" / "data"

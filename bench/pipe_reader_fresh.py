@@ -95,7 +95,7 @@ def main(args, make_file, start_writer) -> int:
     subprocess.run([python, "-m", "compileall", "-q", str(package)], check=True)
     # The compiled reader, built (or found) in the build cache before the runs, as a job finds it.
     subprocess.run(
-        [python, "-m", "sagemaker_dist.runtime.pipe.native_build"],
+        [python, "-m", "sagemaker_dist.runtime.tensorflow.data.native_build"],
         check=True,
         env={**os.environ, "PYTHONPATH": str(package.parent), "TF_CPP_MIN_LOG_LEVEL": "2"},
     )

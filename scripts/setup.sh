@@ -153,10 +153,10 @@ fi
 # back (a job's ranks would otherwise build it at first use); where it cannot, the Python reader runs.
 # A stamp of its sources (the op's and the framing core it includes) in each venv skips the check (a
 # TensorFlow import) when nothing changed.
-reader_sources=(sagemaker_dist/runtime/pipe/native/* sagemaker_dist/runtime/framing/native/*)
-reader_stamp=$(cat "${reader_sources[@]}" sagemaker_dist/runtime/pipe/native_build.py | sha256sum | cut -c1-16)
+reader_sources=(sagemaker_dist/runtime/tensorflow/data/native/* sagemaker_dist/runtime/framing/native/*)
+reader_stamp=$(cat "${reader_sources[@]}" sagemaker_dist/runtime/tensorflow/data/native_build.py | sha256sum | cut -c1-16)
 build_reader() {
-  if "$1/bin/python" -m sagemaker_dist.runtime.pipe.native_build 2>&1 |
+  if "$1/bin/python" -m sagemaker_dist.runtime.tensorflow.data.native_build 2>&1 |
     grep -v "^WARNING\|cpu_feature_guard\|oneDNN\|To enable the following"; [ "${PIPESTATUS[0]}" = 0 ]; then
     echo "$reader_stamp" >"$1/.sagemaker-dist-reader"
   fi

@@ -36,7 +36,7 @@ if ! "$VENV/bin/python" -c "import $NEEDED" \
 fi
 "$VENV/bin/python" -c 'import tensorflow as tf, keras; print("TensorFlow", tf.__version__, "Keras", keras.__version__)'
 # The compiled Pipe-mode reader built against this TensorFlow and read back (an error if it cannot be)
-"$VENV/bin/python" -m sagemaker_dist.runtime.pipe.native_build
+"$VENV/bin/python" -m sagemaker_dist.runtime.tensorflow.data.native_build
 # PipeModeDataset's tests, each through both readers, on this TensorFlow (CI=true: a skip fails)
 started=$(date +%s)
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/runtime/test_pipe_readers.py tests/runtime/test_pipe_dataset.py

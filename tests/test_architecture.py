@@ -15,9 +15,11 @@ at run time (what importing each module loads).
   name;
 - only the registry of platforms (``cli/platforms.py``) compares a platform's name (and only the two
   registries a Kubernetes kind);
-- the runtime's framework-neutral core (every runtime module outside ``FRAMEWORK_SIDES``) imports no
-  framework (tensorflow, keras, tf_keras, horovod, torch) at any depth, and a framework's side only
-  inside a function (a convenience constructor), so importing the core loads no framework;
+- the core imports no framework: every runtime module outside the framework folders
+  (``FRAMEWORK_SIDES``: ``runtime/tensorflow/`` and ``runtime/torch/``) imports none of tensorflow, keras,
+  tf_keras, horovod, torch at any depth, and a framework's folder only inside a function (a convenience
+  constructor), so importing the core loads no framework; the two folders import the core, never each
+  other;
 - no import circle between modules of ``sagemaker_dist`` (lazy imports included).
 """
 
@@ -142,7 +144,7 @@ def test_each_public_name_has_one_import_path():
         module = ".".join(path.parent.relative_to(PACKAGE.parent).parts)
         package = importlib.import_module(module)
         names = set(getattr(package, "__all__", ())) | set(getattr(package, "_EXPORTS", ()))
-        own = vars(package)  # its submodules are attributes too (keras.checkpoints): not re-exports
+        own = vars(package)  # its submodules are attributes too (tensorflow.keras): not re-exports
         names |= {n for n in public if n in own and getattr(own[n], "__name__", None) != f"{module}.{n}"}
         reexports += [f"{module}.{name}" for name in sorted(names & public)]
     assert reexports == []
@@ -171,7 +173,8 @@ def _loaded_after_import(modules: list[str], watched: list[str]) -> dict[str, li
 def test_module_lists_are_not_empty():
     assert "sagemaker_dist.runtime.stop" in CORE_MODULES
     assert "sagemaker_dist.runtime.checkpoint_format" in CORE_MODULES
-    assert "sagemaker_dist.runtime.keras.checkpoints" not in CORE_MODULES
+    assert "sagemaker_dist.runtime.epoch_reader.reader" in CORE_MODULES
+    assert "sagemaker_dist.runtime.tensorflow.keras.checkpoints" not in CORE_MODULES
     assert "sagemaker_dist.launch.sharding" in SDK_MODULES
     assert "sagemaker_dist.launch.estimator" in SDK_MODULES
     assert "sagemaker_dist.runtime.ranks" in RUNTIME_MODULES
@@ -211,8 +214,8 @@ def test_public_api_lists_the_error_families_and_the_types_users_get():
 def test_the_compiled_readers_start_up_loads_no_python_reader():
     """A fresh process's PipeModeDataset pays for its imports before its first batch: the Python
     reader's framers and crc32c (about 6 ms) are imported only where that reader runs."""
-    watched = ["crc32c", "sagemaker_dist.runtime.framing", "sagemaker_dist.runtime.pipe.reader"]
-    assert _loaded_after_import(["sagemaker_dist.runtime.pipe.dataset"], watched) == {}
+    watched = ["crc32c", "sagemaker_dist.runtime.framing", "sagemaker_dist.runtime.epoch_reader.reader"]
+    assert _loaded_after_import(["sagemaker_dist.runtime.tensorflow.data.pipe_dataset"], watched) == {}
 
 
 REGISTRY_MODULE = "sagemaker_dist.contract.distributions"
@@ -461,21 +464,9 @@ def test_the_platform_rule_catches_a_comparison(tmp_path):
 
 
 FRAMEWORKS = ("tensorflow", "keras", "tf_keras", "horovod", "torch")
-# The runtime's framework sides: TensorFlow/Keras (``keras/``, the tf.data readers in ``pipe/``, the two
-# entry points scripts import, the deprecated paths that re-export from ``keras/``) and PyTorch
-# (``torch/``). Every other runtime module is the framework-neutral core.
-FRAMEWORK_SIDES = (
-    "sagemaker_dist.runtime.keras",
-    "sagemaker_dist.runtime.torch",
-    "sagemaker_dist.runtime.pipe.dataset",
-    "sagemaker_dist.runtime.pipe.tf_bridge",
-    "sagemaker_dist.runtime.pipe.compiled",
-    "sagemaker_dist.runtime.pipe.native_build",
-    "sagemaker_dist.runtime.horovod_keras",
-    "sagemaker_dist.runtime.mwms_keras",
-    "sagemaker_dist.runtime.checkpoints",  # deprecated path
-    "sagemaker_dist.runtime.file_dataset",  # deprecated path
-)
+# The runtime's framework folders: TensorFlow, Keras and Horovod, PyTorch. Every other runtime module is
+# the framework-neutral core; a third framework is a third folder here.
+FRAMEWORK_SIDES = ("sagemaker_dist.runtime.tensorflow", "sagemaker_dist.runtime.torch")
 
 
 def _on_a_side(module: str) -> bool:
@@ -505,8 +496,8 @@ def _framework_imports(path: Path) -> list[str]:
 def test_the_runtime_core_imports_no_framework():
     """The core (config, ranks, FIFO, framing, the epoch reader, the stop agreement, the checkpoint
     format and its atomic write, S3 mirror and TensorBoard sync, ...) serves every framework's side,
-    so it imports none: a module that needs TensorFlow or PyTorch belongs in ``keras/`` or ``torch/``
-    (or a new framework's package beside them, added to ``FRAMEWORK_SIDES``)."""
+    so it imports none: a module that needs TensorFlow or PyTorch belongs in ``tensorflow/`` or ``torch/``
+    (or a new framework's folder beside them, added to ``FRAMEWORK_SIDES``)."""
     hits = []
     for module, path in _sources():
         if module in CORE_MODULES:
@@ -520,16 +511,16 @@ def test_the_core_rule_catches_a_framework_import(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text(
         "import numpy\n"
-        "from sagemaker_dist.runtime.keras import callbacks\n"
+        "from sagemaker_dist.runtime.tensorflow.keras import callbacks\n"
         "def f():\n"
         "    import torch.distributed as dist\n"
         "    from tf_keras import layers\n"
-        "    from sagemaker_dist.runtime.keras.callbacks import MetricLine\n"
+        "    from sagemaker_dist.runtime.tensorflow.keras.callbacks import MetricLine\n"
     )
     found = _framework_imports(bad)
     assert [f.split(" ")[0] for f in found] == [
-        "sagemaker_dist.runtime.keras",
-        "sagemaker_dist.runtime.keras.callbacks",
+        "sagemaker_dist.runtime.tensorflow.keras",
+        "sagemaker_dist.runtime.tensorflow.keras.callbacks",
         "torch.distributed",
         "tf_keras",
         "tf_keras.layers",

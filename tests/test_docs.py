@@ -139,13 +139,13 @@ def test_the_layout_rule_finds_a_module_the_page_does_not_name():
     page = "- `runtime/` — the core: `stop.py`, `torch/` (`stop.py`, `epochs.py`).\n- `cli/` — `tune.py`.\n"
     modules = ["runtime/stop.py", "runtime/torch/stop.py", "runtime/torch/epochs.py", "cli/tune.py"]
     assert unnamed_modules(page, modules) == []
-    assert unnamed_modules(page, [*modules, "runtime/keras/stop.py", "cli/epochs.py"]) == [
+    assert unnamed_modules(page, [*modules, "runtime/tensorflow/keras/stop.py", "cli/epochs.py"]) == [
         "cli/epochs.py",
-        "runtime/keras/stop.py",
         "runtime/stop.py",
+        "runtime/tensorflow/keras/stop.py",
         "runtime/torch/stop.py",
     ]
-    assert unnamed_modules(page, ["errors.py", "runtime/pipe/epochs.py"]) == ["errors.py"]
+    assert unnamed_modules(page, ["errors.py", "runtime/epoch_reader/epochs.py"]) == ["errors.py"]
 
 
 # Wording that tells how the code or a figure came about instead of what the product does: numbered work

@@ -24,9 +24,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "sagemaker_dist"
 FIGURES = Path(__file__).resolve().parents[1] / "_data" / "headline_figures.json"
-# Runtime modules a script imports as a whole besides the façade's (``from sagemaker_dist.runtime
-# import mwms_keras``): documented with the submodules.
-EXTRA_RUNTIME_MODULES = ("mwms_keras",)
 
 
 def _assigned_literal(path: Path, name: str):
@@ -46,11 +43,7 @@ def public_names() -> dict[str, list[tuple[str, str]]]:
     exports = _assigned_literal(PACKAGE / "__init__.py", "_EXPORTS")
     lazy = _assigned_literal(PACKAGE / "runtime" / "__init__.py", "_LAZY")
     submodules = _assigned_literal(PACKAGE / "runtime" / "__init__.py", "_SUBMODULES")
-    runtime = [(name, module) for name, module in lazy.items()]
-    runtime += [(name, f"sagemaker_dist.runtime.{name}") for name in submodules]
-    runtime += [
-        (name, f"sagemaker_dist.runtime.{name}") for name in EXTRA_RUNTIME_MODULES if name not in submodules
-    ]
+    runtime = [*lazy.items(), *submodules.items()]  # submodules: name -> the module itself
     return {
         "sagemaker_dist": [(name, f"sagemaker_dist.{module}") for name, module in exports.items()],
         "sagemaker_dist.runtime": runtime,

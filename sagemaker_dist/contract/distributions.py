@@ -221,7 +221,7 @@ HOROVOD_ENTRY = Distribution(
     local_launchers=(HOROVODRUN, MPIRUN, TOOLKIT, CONTAINER),
     slurm=SlurmStart("pmix"),  # the runtime reads mpirun's rank variables; under srun, Slurm's say the same
     kubernetes=MPIJOB,
-    keras_helper="sagemaker_dist.runtime.horovod_keras",
+    keras_helper="sagemaker_dist.runtime.tensorflow.horovod_keras",
     tuning_sets_model_dir=True,
 )
 TF_MWMS_ENTRY = Distribution(
@@ -239,7 +239,7 @@ TF_MWMS_ENTRY = Distribution(
     local_launchers=(TF_CONFIG_LAUNCHER, TOOLKIT, CONTAINER),
     slurm=None,  # one worker per host with TF_CONFIG: not written for Slurm
     kubernetes=None,  # one worker per host with TF_CONFIG: not written for Kubernetes
-    keras_helper="sagemaker_dist.runtime.mwms_keras",
+    keras_helper="sagemaker_dist.runtime.tensorflow.mwms_keras",
     tuning_sets_model_dir=True,
 )
 TORCHRUN_ENTRY = Distribution(

@@ -5,7 +5,7 @@ reader opens it, and ``<channel>_1`` is created once the reader has closed ``<ch
 EOF, or early). ManifestFile, ShardedByS3Key across hosts (by object count), ShuffleConfig
 (a seeded permutation per epoch, taken before sharding as SageMaker documents) and RecordIO wrapping
 are honoured (``channel_objects`` decides which objects each host gets each epoch); a channel
-shuffled per epoch is marked beside its FIFOs (``runtime.pipe.order``), so a resumed reader replays
+shuffled per epoch is marked beside its FIFOs (``runtime.epoch_reader.order``), so a resumed reader replays
 the FIFOs up to its stopped epoch's even where the job's layout carries no ShuffleConfig.
 """
 
@@ -28,7 +28,7 @@ from sagemaker_dist.contract.record_formats import (
     recordio_parts,
 )
 from sagemaker_dist.host.channel_objects import FeedError, S3Item, epoch_objects
-from sagemaker_dist.runtime.pipe.order import per_epoch_order_marker
+from sagemaker_dist.runtime.epoch_reader.order import per_epoch_order_marker
 
 CHUNK = 1 << 20
 POLL_S = 0.02

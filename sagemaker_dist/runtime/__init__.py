@@ -1,27 +1,36 @@
-"""Inside the training container: rank -> channel -> FIFO, records as tf.data, Horovod helpers.
+"""Inside the training container: rank -> channel -> FIFO, records as tf.data or PyTorch batches, the
+Keras helpers for Horovod and MultiWorkerMirroredStrategy.
 
-Never imports the SageMaker SDK. TensorFlow is imported only when a TF-backed name is first used
-(PEP 562), so ``import sagemaker_dist.runtime`` and the config/rank checks stay cheap.
+A framework-neutral core (the modules at this root, ``framing/``, ``epoch_reader/``) with one folder per
+framework beside it (``tensorflow/``, ``torch/``). Never imports the SageMaker SDK. A framework is
+imported only when one of its names is first used (PEP 562), so ``import sagemaker_dist.runtime`` and
+the config/rank checks stay cheap. Module paths of earlier releases (``runtime.keras``, ``runtime.pipe``,
+``runtime.horovod_keras``, ...) still import, with a DeprecationWarning (``deprecated_paths``).
 """
 
 from __future__ import annotations
 
 import importlib
 
+from sagemaker_dist.runtime.deprecated_paths import install as _install_old_paths
+
+_install_old_paths()
+
 # public name -> module that defines it
 _LAZY = {
-    "PipeModeDataset": "sagemaker_dist.runtime.pipe.dataset",
-    "PipeModeDatasetError": "sagemaker_dist.runtime.pipe.dataset",
-    "PipeModeDatasetException": "sagemaker_dist.runtime.pipe.dataset",  # AWS's name for the same class
-    "rank_dataset": "sagemaker_dist.runtime.pipe.dataset",
+    "PipeModeDataset": "sagemaker_dist.runtime.tensorflow.data.pipe_dataset",
+    "PipeModeDatasetError": "sagemaker_dist.runtime.tensorflow.data.pipe_dataset",
+    # AWS's name for the same class
+    "PipeModeDatasetException": "sagemaker_dist.runtime.tensorflow.data.pipe_dataset",
+    "rank_dataset": "sagemaker_dist.runtime.tensorflow.data.pipe_dataset",
     "ContainerConfig": "sagemaker_dist.runtime.config",
     "RankInfo": "sagemaker_dist.runtime.ranks",
     "RankChannelError": "sagemaker_dist.runtime.ranks",
     "check_rank_channels": "sagemaker_dist.runtime.ranks",
     "RecordFormatError": "sagemaker_dist.runtime.framing.base",
     "ShuffleWindow": "sagemaker_dist.runtime.framing.shuffle",
-    "ReaderStateError": "sagemaker_dist.runtime.pipe.order",
-    "file_channel_dataset": "sagemaker_dist.runtime.keras.file_dataset",
+    "ReaderStateError": "sagemaker_dist.runtime.epoch_reader.order",
+    "file_channel_dataset": "sagemaker_dist.runtime.tensorflow.data.file_dataset",
     "TensorBoardSyncer": "sagemaker_dist.runtime.tensorboard_sync",
     # PyTorch DDP under torchrun (PyTorch loads when these are used, not when they are imported)
     "setup_ddp": "sagemaker_dist.runtime.torch.process_group",
@@ -48,15 +57,20 @@ _LAZY = {
     "sample_decoder": "sagemaker_dist.runtime.torch.samples",
     "SampleDecodeError": "sagemaker_dist.runtime.torch.samples",
 }
-# submodules reachable as attributes (``from sagemaker_dist.runtime import horovod_keras``)
-_SUBMODULES = ("horovod_keras", "checkpoints", "tensorboard_sync")
+# modules reachable as attributes (``from sagemaker_dist.runtime import horovod_keras``) -> where they are
+_SUBMODULES = {
+    "horovod_keras": "sagemaker_dist.runtime.tensorflow.horovod_keras",
+    "mwms_keras": "sagemaker_dist.runtime.tensorflow.mwms_keras",
+    "checkpoints": "sagemaker_dist.runtime.checkpoints",
+    "tensorboard_sync": "sagemaker_dist.runtime.tensorboard_sync",
+}
 
 __all__ = sorted(_LAZY) + list(_SUBMODULES)
 
 
 def __getattr__(name: str):
     if name in _SUBMODULES:
-        return importlib.import_module(f"{__name__}.{name}")
+        return importlib.import_module(_SUBMODULES[name])
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

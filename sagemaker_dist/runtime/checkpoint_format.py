@@ -9,8 +9,9 @@ counts only if its ``meta.json`` parses and every listed file has the listed siz
 temporary directory and, after the rename, the checkpoint directory are fsynced, so after a crash of
 the host the rename is either there with its files or not there at all.
 
-What goes into the directory is the framework side's: ``keras/checkpoints.py`` (a TensorFlow checkpoint
-of model and optimizer) and ``torch/checkpointing.py`` (``state.pt``). Nothing here imports a framework.
+What goes into the directory is the framework side's: ``tensorflow/keras/checkpoints.py`` (a TensorFlow
+checkpoint of model and optimizer) and ``torch/checkpointing.py`` (``state.pt``). Nothing here imports a
+framework.
 """
 
 from __future__ import annotations

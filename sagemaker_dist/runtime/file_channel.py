@@ -2,7 +2,7 @@
 
 SageMaker downloads (or, for FastFile, mounts) a File-mode channel's objects under
 ``<root>/input/data/<channel>/``. The TensorFlow side reads them as a tf.data.Dataset
-(``keras/file_dataset.py``), the PyTorch side as batches (``torch/batches.py``).
+(``tensorflow/data/file_dataset.py``), the PyTorch side as batches (``torch/batches.py``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Reading the wrong number of channels does not crash a collective: ranks that fin
 FIFO) fall out of step and the job waits (Horovod's "Stalled ranks") for hours. ``check_rank_channels``
 runs before any collective op and turns that into an immediate error naming the rank, the channel it
 expected and the channels the job actually has. Framework-neutral: ranks come from the launcher's
-variables; the TensorFlow side asks an initialised Horovod first (``keras/horovod_world.py``, which
+variables; the TensorFlow side asks an initialised Horovod first (``tensorflow/keras/horovod_world.py``, which
 also catches a Horovod whose world is not the one mpirun started).
 """
 
@@ -50,7 +50,7 @@ class RankInfo:
         """From the launcher's variables (``OMPI_COMM_WORLD_*``, ``HOROVOD_*``, torchrun's), else 0 of 1.
 
         Starts nothing. A framework whose initialised world can differ from the launcher's asks it
-        first (the TensorFlow side's ``keras.horovod_world.HorovodRankInfo``).
+        first (the TensorFlow side's ``tensorflow.keras.horovod_world.HorovodRankInfo``).
         """
         try:
             found = rank_from_environment(os.environ if environ is None else environ)

@@ -13,7 +13,7 @@ peer died) is ended by the watchdog ``grace`` seconds after the signal, before S
 ``ResumeSkip`` is the other half: a job restarted from a checkpoint written inside an epoch skips, in
 its first epoch, the batches every rank already trained (read and dropped, not trained again), since
 its FIFOs start again at the beginning of the channel's data. ``StepSchedule`` says when a periodic
-step checkpoint is due. Nothing here imports a framework: ``keras/stop_callback.py`` is the Keras
+step checkpoint is due. Nothing here imports a framework: ``tensorflow/keras/stop_callback.py`` is the Keras
 side, ``torch/stop.py`` PyTorch's.
 """
 

@@ -4,8 +4,9 @@ A daemon thread runs a round of the S3 mirror (``s3_mirror``: upload the files n
 last round) every ``interval`` seconds. botocore retries each call; a round that still fails is logged
 and tried again next round. Nothing here raises into the training loop and the training thread never
 waits on S3, except for the final flush, which is bounded by ``flush_timeout``. Framework-neutral: the
-Keras callback that syncs at epoch ends is ``runtime.keras.tensorboard_callback.TensorBoardSyncCallback``
-(``keras_callback`` imports it when called), PyTorch's ``PipeTraining`` calls ``sync_now`` itself.
+Keras callback that syncs at epoch ends is
+``runtime.tensorflow.keras.tensorboard_callback.TensorBoardSyncCallback`` (``keras_callback`` imports it
+when called), PyTorch's ``PipeTraining`` calls ``sync_now`` itself.
 """
 
 from __future__ import annotations
@@ -124,7 +125,9 @@ class TensorBoardSyncer:
     def keras_callback(self, tensorboard=None):
         """A Keras callback: sync at each epoch end (flushing ``tensorboard``'s writers first), stop at
         train end. Pass the ``tf.keras.callbacks.TensorBoard`` instance so epoch scalars reach disk."""
-        from sagemaker_dist.runtime.keras.tensorboard_callback import TensorBoardSyncCallback  # loads TF
+        from sagemaker_dist.runtime.tensorflow.keras.tensorboard_callback import (
+            TensorBoardSyncCallback,  # loads TF
+        )
 
         return TensorBoardSyncCallback(self, tensorboard)
 

@@ -54,8 +54,8 @@ def test_uneven_shards_without_counts_end_every_epoch_together(s3, bucket, tmp_p
 
 
 @pytest.mark.parametrize(("distribution", "helper", "expected"), [
-    ("tf-mwms", "horovod", "call sagemaker_dist.runtime.mwms_keras.setup() instead"),
-    ("horovod", "mwms", "call sagemaker_dist.runtime.horovod_keras.setup() instead"),
+    ("tf-mwms", "horovod", "call sagemaker_dist.runtime.tensorflow.mwms_keras.setup() instead"),
+    ("horovod", "mwms", "call sagemaker_dist.runtime.tensorflow.horovod_keras.setup() instead"),
 ])  # fmt: skip
 def test_a_script_calling_the_other_helper_fails_at_start_up(
     s3, bucket, tmp_path, distribution, helper, expected

@@ -17,9 +17,9 @@ from sagemaker_dist.host.channel_objects import ChannelSpec
 from sagemaker_dist.launch.shard_writer import write_shards
 from sagemaker_dist.launch.sharding import ShardingError, plan_shards
 from sagemaker_dist.local.demo_data import tfrecord_frame
+from sagemaker_dist.runtime.epoch_reader.epochs import next_epoch_fifo
+from sagemaker_dist.runtime.epoch_reader.order import per_epoch_order_marker, replay_fifos
 from sagemaker_dist.runtime.fifo import FifoReader
-from sagemaker_dist.runtime.pipe.epochs import next_epoch_fifo
-from sagemaker_dist.runtime.pipe.order import per_epoch_order_marker, replay_fifos
 
 CLASSES, PER_CLASS = 6, 20
 

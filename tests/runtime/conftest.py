@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from sagemaker_dist.runtime.pipe import native_build
+from sagemaker_dist.runtime.tensorflow.data import native_build
 
 
 @pytest.fixture(params=["python", "compiled"])

@@ -18,8 +18,8 @@ from sagemaker_dist.runtime.checkpoint_format import (
     list_checkpoints,
     remove_stale_temporaries,
 )
-from sagemaker_dist.runtime.keras.callbacks import checkpoint_callback
-from sagemaker_dist.runtime.keras.checkpoints import (
+from sagemaker_dist.runtime.tensorflow.keras.callbacks import checkpoint_callback
+from sagemaker_dist.runtime.tensorflow.keras.checkpoints import (
     restore_checkpoint,
     resume_point,
     resume_position,

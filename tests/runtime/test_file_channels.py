@@ -82,7 +82,7 @@ def test_train_channels_in_file_mode_are_refused_unless_asked_for(tmp_path):
 
 
 def test_file_mode_batches_like_the_pipe_option_and_refuses_pipe_only_skipping(tmp_path):
-    from sagemaker_dist.runtime.keras.file_dataset import file_channel_dataset
+    from sagemaker_dist.runtime.tensorflow.data.file_dataset import file_channel_dataset
 
     folder = tmp_path / "validation"
     folder.mkdir()
@@ -96,7 +96,7 @@ def test_file_mode_batches_like_the_pipe_option_and_refuses_pipe_only_skipping(t
 
 
 def test_file_mode_recordio_errors_name_the_channel_as_text(tmp_path):
-    from sagemaker_dist.runtime.keras.file_dataset import file_channel_dataset
+    from sagemaker_dist.runtime.tensorflow.data.file_dataset import file_channel_dataset
 
     folder = tmp_path / "eval"
     folder.mkdir()
@@ -112,7 +112,7 @@ def test_a_crafted_record_length_in_a_file_channel_is_the_named_error(tmp_path, 
     import struct
 
     from sagemaker_dist.contract.record_formats import masked_crc32c
-    from sagemaker_dist.runtime.keras.file_dataset import file_channel_dataset
+    from sagemaker_dist.runtime.tensorflow.data.file_dataset import file_channel_dataset
 
     folder = tmp_path / "validation"
     folder.mkdir()
@@ -126,7 +126,7 @@ def test_a_crafted_record_length_in_a_file_channel_is_the_named_error(tmp_path, 
 
 
 def test_file_mode_text_lines_and_the_record_limit(tmp_path):
-    from sagemaker_dist.runtime.keras.file_dataset import file_channel_dataset
+    from sagemaker_dist.runtime.tensorflow.data.file_dataset import file_channel_dataset
 
     folder = tmp_path / "eval"
     folder.mkdir()

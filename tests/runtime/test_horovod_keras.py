@@ -16,9 +16,9 @@ import pytest
 
 from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, plan_layout
 from sagemaker_dist.runtime import horovod_keras
-from sagemaker_dist.runtime.horovod_keras import TrainingSetupError, build_scaled_optimizer
-from sagemaker_dist.runtime.keras import arguments, patches, preflight
 from sagemaker_dist.runtime.ranks import RankChannelError
+from sagemaker_dist.runtime.tensorflow.horovod_keras import TrainingSetupError, build_scaled_optimizer
+from sagemaker_dist.runtime.tensorflow.keras import arguments, patches, preflight
 
 
 @pytest.fixture(autouse=True)
@@ -159,7 +159,7 @@ def test_several_ranks_without_counts_agree_on_epoch_ends_instead():
     hvd = pytest.importorskip("horovod.tensorflow")  # bench/compat_check.sh runs without Horovod
     import tensorflow as tf
 
-    from sagemaker_dist.runtime.keras.agreement import AGREED, EpochReports
+    from sagemaker_dist.runtime.tensorflow.keras.agreement import AGREED, EpochReports
 
     with pytest.raises(
         TrainingSetupError, match=r"3, 3 and 2 files.*train_records= the records in this rank"
@@ -354,7 +354,7 @@ def test_bad_arguments_load_neither_tensorflow_nor_horovod(tmp_path):
         "import json, sys\n"
         "nan = float('nan')  # for the cases' repr\n"
         "from sagemaker_dist.runtime import horovod_keras\n"
-        "from sagemaker_dist.runtime.keras import arguments, optimizer, preflight, steps, gpu\n"
+        "from sagemaker_dist.runtime.tensorflow.keras import arguments, optimizer, preflight, steps, gpu\n"
         f"cases = {[o for o, _ in BAD_ARGUMENTS if 'optimizer' not in o]!r}\n"
         "refused = 0\n"
         "for overrides in cases:\n"
@@ -376,7 +376,7 @@ def test_bad_arguments_load_neither_tensorflow_nor_horovod(tmp_path):
 def test_callbacks_are_named_module_level_classes(single_rank_job):
     import tensorflow as tf
 
-    from sagemaker_dist.runtime.keras import callbacks
+    from sagemaker_dist.runtime.tensorflow.keras import callbacks
 
     assert callbacks.BroadcastInitialWeights.__qualname__ == "BroadcastInitialWeights"
     hv = horovod_keras.setup(tf.keras.optimizers.legacy.SGD(0.1), root=single_rank_job)

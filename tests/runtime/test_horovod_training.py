@@ -38,7 +38,7 @@ def seed_checkpoint(root: Path) -> dict[str, np.ndarray]:
     import tensorflow as tf
     from helpers.horovod_job import load_example
 
-    from sagemaker_dist.runtime.keras.checkpoints import save_checkpoint
+    from sagemaker_dist.runtime.tensorflow.keras.checkpoints import save_checkpoint
 
     model = load_example().build_model()
     model.compile(tf.keras.optimizers.legacy.SGD(0.01, momentum=0.9), loss="mse")

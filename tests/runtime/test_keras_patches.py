@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, plan_layout
-from sagemaker_dist.runtime.keras import patches
-from sagemaker_dist.runtime.keras.agreement import AGREED, keras2_data_handler
-from sagemaker_dist.runtime.keras.patches import FitWindow, Patch, keras_patched
+from sagemaker_dist.runtime.tensorflow.keras import patches
+from sagemaker_dist.runtime.tensorflow.keras.agreement import AGREED, keras2_data_handler
+from sagemaker_dist.runtime.tensorflow.keras.patches import FitWindow, Patch, keras_patched
 
 pytestmark = pytest.mark.tensorflow
 
@@ -121,7 +121,7 @@ def _steps_per_epoch(dataset, callbacks, epochs=2):
 
 
 def test_an_agreed_dataset_runs_epochs_of_any_length_inside_the_window_only():
-    from sagemaker_dist.runtime.keras.callbacks import KerasPatchesWhileFitting
+    from sagemaker_dist.runtime.tensorflow.keras.callbacks import KerasPatchesWhileFitting
 
     window = FitWindow()
     window.handed_out()
@@ -137,7 +137,7 @@ import json, sys
 import numpy as np
 import tensorflow as tf
 from sagemaker_dist.runtime import horovod_keras
-from sagemaker_dist.runtime.keras.agreement import keras2_data_handler
+from sagemaker_dist.runtime.tensorflow.keras.agreement import keras2_data_handler
 
 handler = keras2_data_handler()
 original = handler.enumerate_epochs

@@ -16,7 +16,7 @@ import types
 
 import pytest
 
-from sagemaker_dist.runtime.pipe import native_build
+from sagemaker_dist.runtime.tensorflow.data import native_build
 
 NOBODY = 65534
 

@@ -160,7 +160,7 @@ def test_batch_on_the_dataset_batches_straight_from_the_chunks(opt_ml, pipe_read
 
 
 def test_large_records_cross_one_by_one_and_small_ones_as_a_blob(opt_ml):
-    from sagemaker_dist.runtime.pipe.reader import PER_RECORD_MIN_BYTES, EpochReader
+    from sagemaker_dist.runtime.epoch_reader.reader import PER_RECORD_MIN_BYTES, EpochReader
 
     big = [os.urandom(PER_RECORD_MIN_BYTES + i) for i in range(6)]
     small = [os.urandom(i) for i in range(50)]
@@ -200,7 +200,7 @@ def test_large_records_cross_one_by_one_and_small_ones_as_a_blob(opt_ml):
 def test_read_ahead_thread_delivers_in_order_then_the_error_and_stops_with_its_consumer():
     import threading
 
-    from sagemaker_dist.runtime.pipe.reader import read_ahead
+    from sagemaker_dist.runtime.epoch_reader.reader import read_ahead
 
     def failing():
         yield from range(5)
@@ -232,7 +232,7 @@ def test_read_ahead_thread_delivers_in_order_then_the_error_and_stops_with_its_c
 def test_read_ahead_makes_the_first_item_in_the_consumers_call_and_the_rest_in_its_thread():
     import threading
 
-    from sagemaker_dist.runtime.pipe.reader import read_ahead
+    from sagemaker_dist.runtime.epoch_reader.reader import read_ahead
 
     makers = []
     closed = threading.Event()
@@ -459,7 +459,7 @@ def test_tf1_graph_mode_reads_too(opt_ml):
 
 
 def test_handover_starts_an_iteration_at_chunk_0_and_refuses_an_older_iterator():
-    from sagemaker_dist.runtime.pipe.tf_bridge import Handover, TwoIterationsError
+    from sagemaker_dist.runtime.tensorflow.data.tf_bridge import Handover, TwoIterationsError
 
     no_offsets = np.empty(0, dtype=np.int64)
     closed = []

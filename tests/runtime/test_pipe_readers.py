@@ -20,7 +20,7 @@ from helpers.runtime_helpers import write_in_short_writes, write_opt_ml
 from sagemaker_dist.contract.record_formats import RECORDIO_MAGIC, encode_recordio, encode_tfrecord
 from sagemaker_dist.runtime.config import ROOT_ENV
 from sagemaker_dist.runtime.framing import LARGE_RECORD_BYTES
-from sagemaker_dist.runtime.pipe import native_build
+from sagemaker_dist.runtime.tensorflow.data import native_build
 
 tf = pytest.importorskip("tensorflow")
 

@@ -14,8 +14,8 @@ from helpers.runtime_helpers import write_opt_ml
 
 from sagemaker_dist.contract.layout import plan_layout
 from sagemaker_dist.runtime.config import ROOT_ENV, ContainerConfig
-from sagemaker_dist.runtime.keras.horovod_world import HorovodWorldError, check_horovod_world
 from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo, check_rank_channels
+from sagemaker_dist.runtime.tensorflow.keras.horovod_world import HorovodWorldError, check_horovod_world
 
 OMPI = (
     "OMPI_COMM_WORLD_RANK",

@@ -1,15 +1,15 @@
-"""The Keras helpers' reader resume (``keras/reader_resume.py``) on a real /opt/ml tree and FIFOs: the
-FIFO a step checkpoint keeps, the replay to it where the layout has a ShuffleConfig, the epoch base
-the readers shuffle by, and another world size resuming at the next epoch with its line."""
+"""The Keras helpers' reader resume (``tensorflow/keras/reader_resume.py``) on a real /opt/ml tree and
+FIFOs: the FIFO a step checkpoint keeps, the replay to it where the layout has a ShuffleConfig, the epoch
+base the readers shuffle by, and another world size resuming at the next epoch with its line."""
 
 from __future__ import annotations
 
 from helpers.runtime_helpers import FifoFeeder, write_opt_ml
 
 from sagemaker_dist.contract.layout import plan_layout
-from sagemaker_dist.runtime.keras.reader_resume import TrainReader
-from sagemaker_dist.runtime.pipe.epochs import next_epoch_fifo
-from sagemaker_dist.runtime.pipe.order import epoch_base, write_head
+from sagemaker_dist.runtime.epoch_reader.epochs import next_epoch_fifo
+from sagemaker_dist.runtime.epoch_reader.order import epoch_base, write_head
+from sagemaker_dist.runtime.tensorflow.keras.reader_resume import TrainReader
 
 
 def test_a_step_checkpoint_keeps_the_fifo_and_a_resume_replays_to_it_and_bases_the_epoch(tmp_path):

@@ -568,7 +568,7 @@ spec = json.load(sys.stdin)
 os.environ["SAGEMAKER_DIST_OPT_ML"] = spec["root"]
 import tensorflow as tf
 from sagemaker_dist.runtime import PipeModeDataset
-from sagemaker_dist.runtime.pipe import native_build
+from sagemaker_dist.runtime.tensorflow.data import native_build
 
 data_dir = os.path.join(spec["root"], "input", "data")
 
@@ -637,7 +637,7 @@ HEADROOM = 768 << 20  # address space past the warmed-up reader's: room for thre
 def compiled_reader():
     """The compiled reader built (once, into the build cache) before a child needs it; else a skip."""
     pytest.importorskip("tensorflow")
-    from sagemaker_dist.runtime.pipe import native_build
+    from sagemaker_dist.runtime.tensorflow.data import native_build
 
     saved = os.environ.get(native_build.READER_ENV)
     os.environ[native_build.READER_ENV] = "compiled"

@@ -16,8 +16,8 @@ from test_pipe_dataset import feed
 from sagemaker_dist.contract.layout import plan_layout
 from sagemaker_dist.contract.record_formats import encode_recordio, encode_tfrecord
 from sagemaker_dist.runtime.config import ROOT_ENV
+from sagemaker_dist.runtime.epoch_reader.order import set_epoch_base
 from sagemaker_dist.runtime.framing import shuffle as sh
-from sagemaker_dist.runtime.pipe.order import set_epoch_base
 
 tf = pytest.importorskip("tensorflow")
 
@@ -103,7 +103,7 @@ def test_rank_dataset_keys_the_order_by_the_rank_and_refuses_a_bad_shuffle(opt_m
 
 
 def test_each_fifos_stream_head_is_noted_as_the_pytorch_readers_compute_it(opt_ml):
-    from sagemaker_dist.runtime.pipe.order import read_head
+    from sagemaker_dist.runtime.epoch_reader.order import read_head
 
     records = [record(i) for i in range(40)]
     few = [record(i) for i in range(5)]  # a stream of fewer records than a head: its head is all of them

@@ -26,6 +26,9 @@ from typing import Any
 
 from sagemaker_dist.contract.paths import fifo_name
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.runtime.epoch_reader.epochs import next_epoch_fifo
+from sagemaker_dist.runtime.epoch_reader.order import ReaderPosition, head_mismatch_line, replay_fifos
+from sagemaker_dist.runtime.epoch_reader.reader import read_ahead
 from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT, FifoReader
 from sagemaker_dist.runtime.file_channel import FileChannelError, channel_files
 from sagemaker_dist.runtime.framing import DEFAULT_CHUNK, frame_views, make_framer
@@ -36,9 +39,6 @@ from sagemaker_dist.runtime.framing.shuffle import (
     StreamHead,
     shuffled,
 )
-from sagemaker_dist.runtime.pipe.epochs import next_epoch_fifo
-from sagemaker_dist.runtime.pipe.order import ReaderPosition, head_mismatch_line, replay_fifos
-from sagemaker_dist.runtime.pipe.reader import read_ahead
 from sagemaker_dist.runtime.ranks import RankChannelError
 
 DEFAULT_PREFETCH = 4  # batches the reader thread prepares ahead of the loop
@@ -280,7 +280,7 @@ class PipeBatches:
     def _epoch(self, epoch: int, skip: int = 0, fifo: int | None = None, position=None):
         """``(batch, records in it)`` of epoch ``epoch`` (the first ``skip`` records dropped), from the
         reader thread, ``prefetch`` ahead. ``fifo``: the FIFO the epoch read before a restart, replayed
-        where the channel's objects come in another order each epoch (``pipe.order``)."""
+        where the channel's objects come in another order each epoch (``epoch_reader.order``)."""
         if self.file_mode:  # every iteration the channel's files again, as SageMaker left them
             name = f"File-mode channel {self.channel}"
             files = channel_files(self.pipe_dir / self.channel)

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from sagemaker_dist.runtime.epoch_reader.reader import read_ahead
 from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT
 from sagemaker_dist.runtime.framing.batch_fill import Batch, StreamFill, compiled_available, gather
 from sagemaker_dist.runtime.framing.shuffle import (
@@ -32,7 +33,6 @@ from sagemaker_dist.runtime.framing.shuffle import (
     StreamHead,
     inverse,
 )
-from sagemaker_dist.runtime.pipe.reader import read_ahead
 from sagemaker_dist.runtime.torch.batches import DEFAULT_PREFETCH, PipeBatches
 
 FIRST_BATCH_BYTES = 1 << 20  # a ragged batch's first buffer; later ones start at the last one's size

@@ -6,7 +6,7 @@
   the batches already trained, read and not decoded: the stream replays the same records and the
   window's order is a function of the seed, the epoch, the rank and the stream, so they are exactly
   the records trained. Where the channel's objects come in another order each epoch (ShuffleConfig),
-  the reader first replays the FIFOs up to the one the stopped epoch read (``pipe.order``).
+  the reader first replays the FIFOs up to the one the stopped epoch read (``epoch_reader.order``).
 - A checkpoint of another world size (a relaunch with another instance count) resumes at the next
   epoch's start, with one line saying which records of the stopped epoch are not trained: each rank's
   stream is another then, so a count of batches trained names no records of it.
@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from sagemaker_dist.runtime.pipe.order import other_world_line
+from sagemaker_dist.runtime.epoch_reader.order import other_world_line
 from sagemaker_dist.runtime.torch.batches import PipeBatches
 
 

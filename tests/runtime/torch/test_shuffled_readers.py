@@ -199,7 +199,7 @@ def test_a_fresh_reader_loading_a_state_dict_hands_out_exactly_the_records_not_y
 
 def test_a_state_inside_an_epoch_of_another_shuffle_or_channel_is_refused(tmp_path):
     from sagemaker_dist.runtime import PipeBatches
-    from sagemaker_dist.runtime.pipe.order import ReaderStateError
+    from sagemaker_dist.runtime.epoch_reader.order import ReaderStateError
 
     config, _ = channel(tmp_path, [])
     batches = PipeBatches("train_0", 4, config=config, shuffle=3)

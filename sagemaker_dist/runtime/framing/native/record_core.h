@@ -3,7 +3,7 @@
  * shards).
  *
  * Header only, C99 and C++17: the TFRecord scan (framing/_tfrecord_scan.c), the PyTorch batch reader
- * (framing/_record_reader.c) and the TensorFlow op (pipe/native/pipe_dataset_op.cc) include it, so the
+ * (framing/_record_reader.c) and the TensorFlow op (tensorflow/data/native/pipe_dataset_op.cc) include it, so the
  * three check the same CRCs and refuse the same frames. Each holds its own copy of the tables (static);
  * call sd_crc32c_init() once before the first CRC (it may be called again, from any thread).
  *

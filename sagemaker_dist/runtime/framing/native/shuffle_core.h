@@ -1,7 +1,7 @@
 /* The readers' shuffle window: the order in which a window of a stream's records comes out.
  *
  * Header only, C99 and C++17, like record_core.h: the PyTorch batch reader (framing/_record_reader.c) and
- * the TensorFlow op (pipe/native/pipe_dataset_op.cc) include it, and framing/shuffle.py is the same
+ * the TensorFlow op (tensorflow/data/native/pipe_dataset_op.cc) include it, and framing/shuffle.py is the same
  * arithmetic in Python (the fallback, and the reference its tests compare with), so every reader puts
  * one stream's records in the same order.
  *

@@ -17,8 +17,8 @@ import threading
 
 import numpy as np
 
+from sagemaker_dist.runtime.epoch_reader.reader import EpochReader
 from sagemaker_dist.runtime.malloc_tuning import tune_malloc
-from sagemaker_dist.runtime.pipe.reader import EpochReader
 
 PREFETCH_CHUNKS = 2  # measured: 0 or 1 is slower; Python frames chunk n+1 while C++ rebatches chunk n
 ITERATION_INDEXES = 1 << 62  # more chunks than any FIFO holds: the FIFO's end ends an iteration

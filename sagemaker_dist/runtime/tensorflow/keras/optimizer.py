@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from sagemaker_dist.runtime.keras.errors import TrainingSetupError
+from sagemaker_dist.runtime.tensorflow.keras.errors import TrainingSetupError
 
 
 def _is_optimizer_instance(obj) -> bool:

@@ -28,14 +28,14 @@ import tensorflow as tf
 from sagemaker_dist.contract.metric_line import metric_line
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime.checkpoint_format import Checkpoint, remove_stale_temporaries
-from sagemaker_dist.runtime.keras.checkpoints import (
+from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
+from sagemaker_dist.runtime.tensorflow.keras.checkpoints import (
     Restored,
     restore_checkpoint,
     save_checkpoint,
     writing_dir,
 )
-from sagemaker_dist.runtime.keras.tensorboard_callback import TensorBoardSyncCallback
-from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
+from sagemaker_dist.runtime.tensorflow.keras.tensorboard_callback import TensorBoardSyncCallback
 
 
 class KerasPatchesWhileFitting(tf.keras.callbacks.Callback):

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.runtime.keras.errors import TrainingSetupError
-from sagemaker_dist.runtime.keras.optimizer import base_learning_rate
 from sagemaker_dist.runtime.tensorboard_sync import split_s3_uri
+from sagemaker_dist.runtime.tensorflow.keras.errors import TrainingSetupError
+from sagemaker_dist.runtime.tensorflow.keras.optimizer import base_learning_rate
 
 _RECORD_ARGUMENTS = ("train_records", "total_train_records", "validation_records", "total_validation_records")
 

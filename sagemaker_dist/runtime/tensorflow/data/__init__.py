@@ -1,4 +1,5 @@
-"""PipeModeDataset: a tf.data.Dataset over a SageMaker Pipe-mode channel, for any TF 2.x.
+"""The channels as tf.data datasets: PipeModeDataset over a SageMaker Pipe-mode channel, for any TF 2.x,
+and a File-mode channel's records.
 
 Drop-in for ``sagemaker_tensorflow.PipeModeDataset`` (same constructor), built on tf.data with one
 traced function. A Python thread per iteration reads the FIFO ahead of TensorFlow, frames the
@@ -13,12 +14,12 @@ in ``<state_dir>/<channel>`` under flock, as AWS does.
 Where a C++ compiler is, the reader is compiled instead (``native/pipe_dataset_op.cc``): a tf.data
 source op built at first use against the installed TensorFlow, same files, same errors, same tests.
 
-- ``dataset``: ``PipeModeDataset`` and ``rank_dataset`` (argument and channel checks);
-- ``native_build``: which reader runs; builds, caches and loads the compiled one;
-- ``compiled``: the dataset on the compiled reader;
-- ``epochs``: the per-channel epoch counter (which FIFO the next iteration opens);
-- ``reader``: the reader thread (FIFO -> framed chunks);
-- ``tf_bridge``: chunks into tf.data without a copy, (re)batched in C++.
+- ``pipe_dataset``: ``PipeModeDataset`` and ``rank_dataset`` (argument and channel checks);
+- ``native_build``: which reader runs; builds, caches and loads the compiled one (``native/``: its source);
+- ``compiled_dataset``: the dataset on the compiled reader;
+- ``tf_bridge``: the core's epoch reader (``runtime/epoch_reader/``: FIFO -> framed chunks) into tf.data
+  without a copy, (re)batched in C++;
+- ``file_dataset``: a File-mode channel (every rank reads all of it) as a tf.data.Dataset.
 
 Scripts import the public names from ``sagemaker_dist.runtime``.
 """

@@ -17,7 +17,7 @@ only we can write (``lstat``: never through a link). Folders it creates are mode
 ours and starts with the build's command line as we write it (another is ignored, with a log line).
 Where the cache cannot be trusted, auto runs the Python reader with a warning naming why, and
 compiled is an error naming why (``runtime.trusted_cache``).
-``python -m sagemaker_dist.runtime.pipe.native_build`` builds it now and reads records back with it
+``python -m sagemaker_dist.runtime.tensorflow.data.native_build`` builds it now and reads records back with it
 (scripts/setup.sh and scripts/tf-latest-check.sh do, so jobs find it built).
 """
 
@@ -49,8 +49,9 @@ READER_ENV = "SAGEMAKER_DIST_READER"
 READERS = ("auto", "compiled", "python")
 CACHE_ENV = "SAGEMAKER_DIST_CACHE"
 SOURCE = Path(__file__).resolve().parent / "native" / "pipe_dataset_op.cc"  # includes native/*.h
-# the framing core (CRC32C, frame rules) it shares with the Python extensions: record_core.h
-CORE = Path(__file__).resolve().parent.parent / "framing" / "native"
+# the framing core (CRC32C, frame rules) it shares with the Python extensions: the core's
+# framing/native/record_core.h, found from the runtime's root (tensorflow/data/ is two levels below it)
+CORE = Path(__file__).resolve().parents[2] / "framing" / "native"
 LIBRARY = "pipe_dataset_op.so"
 FAILED = "build-failed.txt"  # in the key's folder: auto mode does not retry a failed build
 LOCK = ".lock"
@@ -247,7 +248,7 @@ def self_check() -> str:
     for marker in cache_root().glob(f"ops/*/{FAILED}"):
         marker.unlink(missing_ok=True)
     op = compiled_op()
-    from sagemaker_dist.runtime.pipe.compiled import compiled_dataset
+    from sagemaker_dist.runtime.tensorflow.data.compiled_dataset import compiled_dataset
 
     records = [os.urandom(n) for n in (0, 1, 100, 40_000, 300_000)] * 20
     with tempfile.TemporaryDirectory(prefix="sagemaker-dist-reader-check-") as tmp:
@@ -264,6 +265,6 @@ def self_check() -> str:
     return f"the compiled reader reads TFRecords on TensorFlow {tf.__version__} ({build_plan(tf)[1]})"
 
 
-if __name__ == "__main__":  # python -m sagemaker_dist.runtime.pipe.native_build: build it now, and check it
+if __name__ == "__main__":  # python -m ...tensorflow.data.native_build: build it now, and check it
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     print(self_check(), flush=True)

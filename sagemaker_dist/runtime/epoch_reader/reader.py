@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from sagemaker_dist.contract.paths import fifo_name
+from sagemaker_dist.runtime.epoch_reader.epochs import next_epoch_fifo
 from sagemaker_dist.runtime.fifo import FifoReader
 from sagemaker_dist.runtime.framing import frame_views, make_framer
 from sagemaker_dist.runtime.framing.shuffle import HEAD_RECORDS, EpochOrder, StreamHead
-from sagemaker_dist.runtime.pipe.epochs import next_epoch_fifo
 
 # Chunks whose records average at least this many bytes cross as one bytes object per record (one
 # copy less than a chunk blob cut up by tf.strings.substr); smaller records cross as a blob.
@@ -151,7 +151,7 @@ class EpochReader:
             )
             chunks = self._headed(chunks, epoch)
             if self.shuffle is not None:  # whole windows, already (blob, starts, lengths, records)
-                from sagemaker_dist.runtime.pipe.order import epoch_base
+                from sagemaker_dist.runtime.epoch_reader.order import epoch_base
 
                 base = epoch_base(self.state_dir, self.channel)
                 order = EpochOrder(self.shuffle, self.stream_key, epoch + base)
@@ -171,8 +171,8 @@ class EpochReader:
                 self._report(framer.epoch, framer.records, reader, started, progress=False)
 
     def _headed(self, chunks, fifo: int):
-        """``chunks`` as they are; the head of their records noted (``pipe.order.write_head``) once known."""
-        from sagemaker_dist.runtime.pipe.order import write_head
+        """``chunks`` as they are; the head of their records noted (``order.write_head``) once known."""
+        from sagemaker_dist.runtime.epoch_reader.order import write_head
 
         head = StreamHead()
         for chunk in chunks:

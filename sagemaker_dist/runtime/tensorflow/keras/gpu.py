@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sagemaker_dist.runtime.keras.errors import TrainingSetupError
+from sagemaker_dist.runtime.tensorflow.keras.errors import TrainingSetupError
 
 
 def pin_gpu(local_rank: int, local_size: int) -> str | None:

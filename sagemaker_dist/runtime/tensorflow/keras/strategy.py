@@ -23,21 +23,21 @@ from sagemaker_dist.runtime.checkpoint_format import (
     list_checkpoints,
     remove_stale_temporaries,
 )
-from sagemaker_dist.runtime.keras.agreement import AGREED
-from sagemaker_dist.runtime.keras.arguments import SetupArguments, check_arguments
-from sagemaker_dist.runtime.keras.errors import TrainingSetupError
-from sagemaker_dist.runtime.keras.optimizer import build_scaled_optimizer
-from sagemaker_dist.runtime.keras.patches import FitWindow
-from sagemaker_dist.runtime.keras.preflight import (
+from sagemaker_dist.runtime.stop import ResumeSkip, StepSchedule, StopRequest
+from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
+from sagemaker_dist.runtime.tensorflow.keras.agreement import AGREED
+from sagemaker_dist.runtime.tensorflow.keras.arguments import SetupArguments, check_arguments
+from sagemaker_dist.runtime.tensorflow.keras.errors import TrainingSetupError
+from sagemaker_dist.runtime.tensorflow.keras.optimizer import build_scaled_optimizer
+from sagemaker_dist.runtime.tensorflow.keras.patches import FitWindow
+from sagemaker_dist.runtime.tensorflow.keras.preflight import (
     check_channels_before_collectives,
     check_job_distribution,
     check_tf_keras_release,
 )
-from sagemaker_dist.runtime.keras.reader_resume import TrainReader
-from sagemaker_dist.runtime.keras.steps import skip_first_batches
-from sagemaker_dist.runtime.keras.surface import FitSurface
-from sagemaker_dist.runtime.stop import ResumeSkip, StepSchedule, StopRequest
-from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
+from sagemaker_dist.runtime.tensorflow.keras.reader_resume import TrainReader
+from sagemaker_dist.runtime.tensorflow.keras.steps import skip_first_batches
+from sagemaker_dist.runtime.tensorflow.keras.surface import FitSurface
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,9 @@ def _start(args: SetupArguments) -> StrategyKeras:
         saved = resume_from.meta.get("reader") if resume_from is not None else None
         initial_epoch, resume_step = reader.resume(initial_epoch, resume_step, saved, chief=rank == 0)
     stop = StopRequest(rank, args.stop_grace).install() if args.stop_on_sigterm else None
-    from sagemaker_dist.runtime.keras import callbacks as keras_callbacks  # loads TensorFlow's Keras
+    from sagemaker_dist.runtime.tensorflow.keras import (
+        callbacks as keras_callbacks,  # loads TensorFlow's Keras
+    )
 
     window = FitWindow()
     callbacks = [keras_callbacks.KerasPatchesWhileFitting(window)]
@@ -262,8 +264,8 @@ def _start(args: SetupArguments) -> StrategyKeras:
 
 def _stop_callback(args, stop, strategy, size, rank, ckpt_dir, resume_step, tensorboard, reader=None):
     """The workers' per-step agreement on a stop and on step checkpoints (``stop_callback.py``)."""
-    from sagemaker_dist.runtime.keras.stop_callback import StopOnEveryWorker
-    from sagemaker_dist.runtime.keras.tensorboard_callback import TensorBoardSyncCallback
+    from sagemaker_dist.runtime.tensorflow.keras.stop_callback import StopOnEveryWorker
+    from sagemaker_dist.runtime.tensorflow.keras.tensorboard_callback import TensorBoardSyncCallback
 
     sync = [c for c in tensorboard if isinstance(c, TensorBoardSyncCallback)]
     return StopOnEveryWorker(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from sagemaker_dist.runtime.keras.steps import blank_like
+from sagemaker_dist.runtime.tensorflow.keras.steps import blank_like
 
 log = logging.getLogger(__name__)
 

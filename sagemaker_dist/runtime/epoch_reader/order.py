@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sagemaker_dist.errors import DataError
+from sagemaker_dist.runtime.epoch_reader.epochs import current_epoch, next_epoch_fifo
 from sagemaker_dist.runtime.fifo import FifoTimeoutError
-from sagemaker_dist.runtime.pipe.epochs import current_epoch, next_epoch_fifo
 
 # Beside the FIFOs, a feeder that permutes a channel's objects each epoch without a ShuffleConfig in the
 # job's layout (the pipe agent's --shuffle-seed) leaves this file: ``.<channel>.per-epoch-order``.

@@ -10,8 +10,8 @@ import time
 import tensorflow as tf
 
 from sagemaker_dist.contract.stop_lines import since_request, stopped_line
-from sagemaker_dist.runtime.keras.checkpoints import save_checkpoint, writing_dir
 from sagemaker_dist.runtime.stop import StepSchedule, StopRequest, TrainingStopped
+from sagemaker_dist.runtime.tensorflow.keras.checkpoints import save_checkpoint, writing_dir
 
 log = logging.getLogger(__name__)
 
@@ -166,14 +166,14 @@ class StopOnEveryWorker(StopAgreedEachStep):
         self.chief = chief
 
     def on_train_begin(self, logs=None):
-        from sagemaker_dist.runtime.keras.agreement import EPOCH_ITERATOR
+        from sagemaker_dist.runtime.tensorflow.keras.agreement import EPOCH_ITERATOR
 
         EPOCH_ITERATOR.current = None  # this fit's first agreed epoch notes its own
 
     def _epoch_over(self) -> bool:
         """Whether the stopped step was the epoch's last: the strategy's iterator says, every worker
         asking at the same step (a resume would otherwise skip a whole epoch and train no step)."""
-        from sagemaker_dist.runtime.keras.agreement import EPOCH_ITERATOR
+        from sagemaker_dist.runtime.tensorflow.keras.agreement import EPOCH_ITERATOR
 
         return EPOCH_ITERATOR.has_more() is False
 

@@ -1,6 +1,6 @@
 // What the compiled Pipe-mode reader (pipe_dataset_op.cc) stands on: the framing core (CRC32C and the
 // frame rules, framing/native/record_core.h, shared with the Python extensions), the epoch counter
-// shared with the Python reader (pipe/epochs.py), and the FIFO read with non-blocking large reads.
+// shared with the Python reader (epoch_reader/epochs.py), and the FIFO read with non-blocking large reads.
 #ifndef SAGEMAKER_DIST_PIPE_SUPPORT_H_
 #define SAGEMAKER_DIST_PIPE_SUPPORT_H_
 
@@ -74,7 +74,7 @@ inline uint64_t U64(const char* p) {
 
 inline std::string Quoted(const std::string& s) { return absl::StrCat("'", s, "'"); }
 
-// ---- the epoch counter and the FIFO: the same files and words as pipe/epochs.py and fifo.py ----
+// ---- the epoch counter and the FIFO: the same files and words as epoch_reader/epochs.py and fifo.py ----
 inline Status MakeDirs(const std::string& path) {
   for (size_t i = 1; i <= path.size(); ++i) {
     if (i == path.size() || path[i] == '/') {
@@ -172,7 +172,7 @@ struct Config {
 };
 
 // The epoch a FIFO's records are shuffled as: its number plus <state_dir>/.epoch-base/<channel> (0 where
-// it is absent), which a resumed job writes (pipe/order.py: set_epoch_base).
+// it is absent), which a resumed job writes (epoch_reader/order.py: set_epoch_base).
 inline int64_t EpochBase(const std::string& state_dir, const std::string& channel) {
   std::string path = state_dir + "/.epoch-base/" + channel;
   ::FILE* f = fopen(path.c_str(), "r");

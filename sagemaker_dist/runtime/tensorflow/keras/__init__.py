@@ -1,6 +1,5 @@
-"""The TensorFlow/Keras side of the runtime, beside PyTorch's (``runtime/torch/``), over the neutral
-core (the other runtime modules). Scripts import ``sagemaker_dist.runtime.horovod_keras`` or
-``mwms_keras``; the parts behind them, one concern a file:
+"""The Keras helpers behind the two modules scripts import (``tensorflow/horovod_keras.py`` and
+``tensorflow/mwms_keras.py``), one concern a file:
 
 - ``setup``: ``setup()`` and the ``HorovodKeras`` it returns, in the order Horovod needs;
 - ``strategy``: the same surface on MultiWorkerMirroredStrategy (``surface``: what both share);
@@ -16,7 +15,6 @@ core (the other runtime modules). Scripts import ``sagemaker_dist.runtime.horovo
   ``stop_callback``: the Keras side of the core's stop agreement (``runtime/stop.py``);
 - ``agreement``, ``keras3_strategy``: epochs that end by agreement, and Keras 3's mends under the strategy;
 - ``patches``: the private Keras methods those replace, replaced only while a fit of ours runs;
-- ``file_dataset``: a File-mode channel as a tf.data.Dataset;
 - ``errors``: ``TrainingSetupError``.
 
 Importing this package loads nothing: TensorFlow and Horovod load when ``setup()`` runs.

@@ -19,24 +19,24 @@ from typing import Any
 from sagemaker_dist.contract.layout import HOROVOD
 from sagemaker_dist.contract.stop_lines import resumed_line
 from sagemaker_dist.runtime.checkpoint_format import Checkpoint, checkpoint_dir
-from sagemaker_dist.runtime.keras.agreement import AGREED, EpochReports, agreed_epoch
-from sagemaker_dist.runtime.keras.arguments import SetupArguments, check_arguments, check_world
-from sagemaker_dist.runtime.keras.checkpoints import resume_position
-from sagemaker_dist.runtime.keras.gpu import pin_gpu
-from sagemaker_dist.runtime.keras.horovod_world import check_initialised_horovod
-from sagemaker_dist.runtime.keras.optimizer import build_scaled_optimizer
-from sagemaker_dist.runtime.keras.patches import FitWindow
-from sagemaker_dist.runtime.keras.preflight import (
+from sagemaker_dist.runtime.stop import ResumeSkip, StepSchedule, StopRequest
+from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
+from sagemaker_dist.runtime.tensorflow.keras.agreement import AGREED, EpochReports, agreed_epoch
+from sagemaker_dist.runtime.tensorflow.keras.arguments import SetupArguments, check_arguments, check_world
+from sagemaker_dist.runtime.tensorflow.keras.checkpoints import resume_position
+from sagemaker_dist.runtime.tensorflow.keras.gpu import pin_gpu
+from sagemaker_dist.runtime.tensorflow.keras.horovod_world import check_initialised_horovod
+from sagemaker_dist.runtime.tensorflow.keras.optimizer import build_scaled_optimizer
+from sagemaker_dist.runtime.tensorflow.keras.patches import FitWindow
+from sagemaker_dist.runtime.tensorflow.keras.preflight import (
     check_channels_before_collectives,
     check_job_distribution,
     check_tf_keras,
     launched_world,
 )
-from sagemaker_dist.runtime.keras.reader_resume import TrainReader
-from sagemaker_dist.runtime.keras.steps import agree_on_steps, exact_epoch, skip_first_batches
-from sagemaker_dist.runtime.keras.surface import FitSurface
-from sagemaker_dist.runtime.stop import ResumeSkip, StepSchedule, StopRequest
-from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
+from sagemaker_dist.runtime.tensorflow.keras.reader_resume import TrainReader
+from sagemaker_dist.runtime.tensorflow.keras.steps import agree_on_steps, exact_epoch, skip_first_batches
+from sagemaker_dist.runtime.tensorflow.keras.surface import FitSurface
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,9 @@ def _start(args: SetupArguments) -> HorovodKeras:
     import horovod.tensorflow as hvd  # collectives (allgather_object, broadcast_variables)
     import horovod.tensorflow.keras as hvd_keras  # optimizer wrapper
 
-    from sagemaker_dist.runtime.keras import callbacks as keras_callbacks  # loads TensorFlow's Keras
+    from sagemaker_dist.runtime.tensorflow.keras import (
+        callbacks as keras_callbacks,  # loads TensorFlow's Keras
+    )
 
     hvd.init()
     check_initialised_horovod(hvd)  # a Horovod without MPI under mpirun: every process a world of one
@@ -267,8 +269,8 @@ def _stop_callback(
     (``stop_on_sigterm=False``). TensorBoard's final flush is its last act on a stop. Epochs without
     record counts carry the stop in their per-step agreement; counted epochs (``steps``) have none,
     so the ranks agree after each step in an allreduce of the callback's own."""
-    from sagemaker_dist.runtime.keras.stop_callback import StopAtAgreedStep, StopAtCountedStep
-    from sagemaker_dist.runtime.keras.tensorboard_callback import TensorBoardSyncCallback
+    from sagemaker_dist.runtime.tensorflow.keras.stop_callback import StopAtAgreedStep, StopAtCountedStep
+    from sagemaker_dist.runtime.tensorflow.keras.tensorboard_callback import TensorBoardSyncCallback
 
     sync = [c for c in tensorboard if isinstance(c, TensorBoardSyncCallback)]
     flush = (

@@ -1,8 +1,8 @@
 """``PipeModeDataset`` (the drop-in for ``sagemaker_tensorflow.PipeModeDataset``) and ``rank_dataset``.
 
 Checks the arguments and the channel's input mode, then builds the dataset on the compiled reader
-(``pipe.compiled``, where ``pipe.native_build`` can build it) or on the Python reader
-(``pipe.reader`` and the TensorFlow bridge ``pipe.tf_bridge``).
+(``compiled_dataset``, where ``native_build`` can build it) or on the core's Python reader
+(``runtime.epoch_reader.reader``) and the TensorFlow bridge ``tf_bridge``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from sagemaker_dist.contract.record_formats import max_record_bytes as record_li
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT
 from sagemaker_dist.runtime.malloc_tuning import tune_malloc
-from sagemaker_dist.runtime.pipe.compiled import compiled_dataset
-from sagemaker_dist.runtime.pipe.native_build import compiled_op
+from sagemaker_dist.runtime.tensorflow.data.compiled_dataset import compiled_dataset
+from sagemaker_dist.runtime.tensorflow.data.native_build import compiled_op
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -63,7 +63,7 @@ class PipeModeDataset:
     ``fifo_timeout`` is how long to wait for each epoch's FIFO to appear. ``batch_size=N`` returns
     batches (1-D ``tf.string``) instead, the same as ``.batch(N, drop_remainder)`` but built without
     per-record work in tf.data (``Dataset.rebatch``): faster for small records. The records are read by
-    the compiled op where it builds here, else in Python (``pipe.native_build``; one log line says
+    the compiled op where it builds here, else in Python (``native_build``; one log line says
     which, ``$SAGEMAKER_DIST_READER`` forces one): the same records, errors and epochs either way.
     ``max_record_bytes`` is the longest record either reader accepts (default
     ``$SAGEMAKER_DIST_MAX_RECORD_BYTES``, else 2 GiB - 1): a longer one, or a length field that claims
@@ -127,9 +127,9 @@ class PipeModeDataset:
             )
         # The Python reader's modules (its framers, crc32c) are imported only where it runs: about
         # 6 ms of every fresh process's start-up on the compiled reader (docs/benchmarks.md).
+        from sagemaker_dist.runtime.epoch_reader.reader import EpochReader
         from sagemaker_dist.runtime.framing import DEFAULT_CHUNK
-        from sagemaker_dist.runtime.pipe.reader import EpochReader
-        from sagemaker_dist.runtime.pipe.tf_bridge import records_dataset
+        from sagemaker_dist.runtime.tensorflow.data.tf_bridge import records_dataset
 
         chunk = DEFAULT_CHUNK if chunk_size is None else chunk_size
         reader = EpochReader(*source, chunk, max_record_bytes, shuffle, stream_key)
@@ -163,14 +163,14 @@ def rank_dataset(
     """
     # Imported here: a plain PipeModeDataset does not need them, and its start-up is timed.
     from sagemaker_dist.runtime.config import ContainerConfig
-    from sagemaker_dist.runtime.keras.horovod_world import HorovodRankInfo as RankInfo
     from sagemaker_dist.runtime.ranks import check_rank_channels
+    from sagemaker_dist.runtime.tensorflow.keras.horovod_world import HorovodRankInfo as RankInfo
 
     config = ContainerConfig.load(root)
     info = rank_info or RankInfo.detect()
     channel = check_rank_channels(config, info, role, input_modes=("Pipe", "File"))
     if config.input_mode(channel) == "File":
-        from sagemaker_dist.runtime.keras.file_dataset import file_channel_dataset
+        from sagemaker_dist.runtime.tensorflow.data.file_dataset import file_channel_dataset
 
         return file_channel_dataset(config.data_dir / channel, record_format, channel, **kwargs)
     wrapper = config.record_wrapper(channel)

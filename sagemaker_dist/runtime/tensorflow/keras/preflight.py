@@ -13,10 +13,10 @@ from sagemaker_dist.contract.distributions import distribution
 from sagemaker_dist.contract.layout import HOROVOD, TF_MWMS
 from sagemaker_dist.contract.rank_slots import RANK_VARIABLES, TF_CONFIG
 from sagemaker_dist.runtime.config import ContainerConfig
-from sagemaker_dist.runtime.keras.errors import TrainingSetupError
-from sagemaker_dist.runtime.keras.horovod_world import HorovodRankInfo
-from sagemaker_dist.runtime.keras.patches import _tf_keras_version, check_keras_release
 from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo, check_rank_channels
+from sagemaker_dist.runtime.tensorflow.keras.errors import TrainingSetupError
+from sagemaker_dist.runtime.tensorflow.keras.horovod_world import HorovodRankInfo
+from sagemaker_dist.runtime.tensorflow.keras.patches import _tf_keras_version, check_keras_release
 
 
 def check_keras_2(keras_version: str) -> None:

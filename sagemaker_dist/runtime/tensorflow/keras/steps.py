@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from sagemaker_dist.runtime.keras.errors import TrainingSetupError
+from sagemaker_dist.runtime.tensorflow.keras.errors import TrainingSetupError
 
 log = logging.getLogger(__name__)
 

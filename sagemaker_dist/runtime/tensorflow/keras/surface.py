@@ -35,7 +35,7 @@ class FitSurface:
             return None
         import tempfile
 
-        from sagemaker_dist.runtime.keras.patches import keras_major
+        from sagemaker_dist.runtime.tensorflow.keras.patches import keras_major
 
         with nullcontext(str(export_dir)) if self.is_chief else tempfile.TemporaryDirectory() as where:
             if keras_major() >= 3:  # Keras 3's save() writes .keras files only

@@ -1,6 +1,6 @@
 // PipeModeDataset's compiled reader: a tf.data source op over SageMaker Pipe-mode FIFOs.
 //
-// Built at first use against the TensorFlow installed where it runs (pipe/native_build.py), so it
+// Built at first use against the TensorFlow installed where it runs (tensorflow/data/native_build.py), so it
 // never outlives its TensorFlow as AWS's prebuilt op did. Each iterator is one iteration: it takes
 // the channel's next epoch (<state_dir>/<channel> under flock, shared with the Python reader),
 // waits for <pipe_dir>/<channel>_<epoch>, and frames TFRecord (both CRC32Cs, as TFRecordDataset
@@ -443,7 +443,7 @@ class PipeDataset : public DatasetBase {
       }
     }
 
-    // <state_dir>/.heads/<channel>_<epoch>: the stream's head, as pipe/order.py's write_head writes it.
+    // <state_dir>/.heads/<channel>_<epoch>: the stream's head, as epoch_reader/order.py's write_head writes it.
     void WriteHead() {
       head_count_ = SD_HEAD_RECORDS;  // noted once
       std::string dir = c_.state_dir + "/.heads";

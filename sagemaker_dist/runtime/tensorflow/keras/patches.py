@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sagemaker_dist.runtime.keras.errors import TrainingSetupError
+from sagemaker_dist.runtime.tensorflow.keras.errors import TrainingSetupError
 
 # Keras major version: the first and last minor whose private methods the replacements were checked
 # against. Keras 2: DataHandler.enumerate_epochs, the same from tf.keras 2.14 through tf_keras 2.21.
@@ -50,7 +50,7 @@ class Patch:
 
 def keras_patches() -> list[Patch]:
     """The replacements for the Keras behind ``tf.keras`` (imports TensorFlow)."""
-    from sagemaker_dist.runtime.keras import agreement, keras3_strategy
+    from sagemaker_dist.runtime.tensorflow.keras import agreement, keras3_strategy
 
     if keras_major() >= 3:
         from keras.src.backend.tensorflow import trainer
@@ -97,8 +97,8 @@ def check_keras_release(version: str) -> None:
         advice = f"{_INSTALL[2]}; or {_INSTALL[3]}"
     raise TrainingSetupError(
         f"tf.keras is Keras {version}, and sagemaker-dist's helpers support Keras {supported_keras()} "
-        "only: during fit they replace private Keras methods (runtime/keras/patches.py) that other "
-        f"releases may have changed, which would train wrongly rather than fail. To run: {advice}"
+        "only: during fit they replace private Keras methods (runtime/tensorflow/keras/patches.py) that "
+        f"other releases may have changed, which would train wrongly rather than fail. To run: {advice}"
     )
 
 

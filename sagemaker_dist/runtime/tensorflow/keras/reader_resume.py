@@ -17,15 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT
-from sagemaker_dist.runtime.pipe.epochs import current_epoch
-from sagemaker_dist.runtime.pipe.order import (
+from sagemaker_dist.runtime.epoch_reader.epochs import current_epoch
+from sagemaker_dist.runtime.epoch_reader.order import (
     head_mismatch_line,
     other_world_line,
     read_head,
     replay_fifos,
     set_epoch_base,
 )
+from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT
 
 
 @dataclass

@@ -10,7 +10,7 @@ such a fit runs.
 
 from __future__ import annotations
 
-from sagemaker_dist.runtime.keras.agreement import agreed
+from sagemaker_dist.runtime.tensorflow.keras.agreement import agreed
 
 
 def build_from_spec(original):

@@ -9,17 +9,17 @@ matters: restore and save checkpoints (rank 0), broadcast rank 0's state, averag
 validation, horovod#600), warm-up, then rank 0's TensorBoard logging and its sync to S3.
 
 This is the module scripts import (``from sagemaker_dist.runtime import horovod_keras``); the code is
-in ``sagemaker_dist/runtime/keras/``, one concern a file. Importing it loads neither TensorFlow nor
+in ``keras/`` beside it, one concern a file. Importing it loads neither TensorFlow nor
 Horovod: ``setup()`` does.
 """
 
 from __future__ import annotations
 
-from sagemaker_dist.runtime.keras.errors import TrainingSetupError
-from sagemaker_dist.runtime.keras.gpu import pin_gpu
-from sagemaker_dist.runtime.keras.optimizer import build_scaled_optimizer
-from sagemaker_dist.runtime.keras.preflight import check_channels_before_collectives, check_keras_2
-from sagemaker_dist.runtime.keras.setup import HorovodKeras, setup
+from sagemaker_dist.runtime.tensorflow.keras.errors import TrainingSetupError
+from sagemaker_dist.runtime.tensorflow.keras.gpu import pin_gpu
+from sagemaker_dist.runtime.tensorflow.keras.optimizer import build_scaled_optimizer
+from sagemaker_dist.runtime.tensorflow.keras.preflight import check_channels_before_collectives, check_keras_2
+from sagemaker_dist.runtime.tensorflow.keras.setup import HorovodKeras, setup
 
 __all__ = [
     "HorovodKeras",
