@@ -61,6 +61,12 @@ class _Alias:
         )
         sys.modules[module.__name__] = importlib.import_module(self.target)
 
+    def get_code(self, name: str):
+        """``python -m <old path>`` runs its home's code: images and scripts that build the compiled
+        reader with ``python -m sagemaker_dist.runtime.pipe.native_build`` keep working."""
+        warnings.warn(f"{name} is deprecated; run python -m {self.target}", DeprecationWarning, stacklevel=2)
+        return importlib.util.find_spec(self.target).loader.get_code(self.target)
+
 
 class MovedModules:
     """The meta path finder that answers the old paths in ``MOVED`` (and only those whose home exists)."""
@@ -68,9 +74,10 @@ class MovedModules:
     @staticmethod
     def find_spec(name, path=None, target=None):
         new = home(name)
-        if new is None or importlib.util.find_spec(new) is None:
+        found = None if new is None else importlib.util.find_spec(new)
+        if found is None:
             return None
-        return importlib.machinery.ModuleSpec(name, _Alias(new))
+        return importlib.machinery.ModuleSpec(name, _Alias(new), origin=found.origin)
 
 
 def install() -> None:

@@ -5,6 +5,7 @@ objects, so scripts, pickles and patches by an old path reach the module that ru
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -106,6 +107,21 @@ def test_the_facade_gives_the_new_homes_without_a_warning():
         [sys.executable, "-W", "error::DeprecationWarning", "-c", code], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_python_m_with_an_old_path_runs_its_home(tmp_path):
+    """``python -m sagemaker_dist.runtime.pipe.native_build`` (images that build the compiled reader ahead)
+    runs the module at its home, its ``__file__`` the home's, so it finds its sources."""
+    done = subprocess.run(
+        [sys.executable, "-W", "always::DeprecationWarning", "-m", "sagemaker_dist.runtime.pipe.order"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "run python -m sagemaker_dist.runtime.epoch_reader.order" in done.stderr
+    old = "sagemaker_dist.runtime.pipe.native_build"
+    assert importlib.util.find_spec(old).origin == importlib.util.find_spec(home(old)).origin
 
 
 def test_the_old_checkpoints_module_still_has_checkpoint_callback(monkeypatch):
