@@ -25,6 +25,7 @@ from sagemaker_dist.cli.platform_jobs import (
     upload_spec,
     write_atomically,
 )
+from sagemaker_dist.contract.training_request import TrainingRequest
 from sagemaker_dist.errors import ConfigurationError
 
 DEFAULT_IMAGE = "sagemaker-dist:latest"
@@ -116,7 +117,7 @@ class KubernetesPlatform:
     def submit(self, args, job: KubernetesJob) -> None:
         """The spec uploaded and the YAML written (-o, --out-dir) or printed; kubectl applies it."""
         upload_spec(job.request, job.spec_uri)
-        name = job.request["TrainingJobName"]
+        name = TrainingRequest.parse(job.request).name
         path = args.output or (args.out_dir / f"{name}.yaml" if args.out_dir else None)
         if path:
             write_atomically(path, job.text)
@@ -144,16 +145,19 @@ class KubernetesPlatform:
 
         request, count, per_host, instance_type = _checked_shape(job, {"--epochs": job.epochs})
         if request is not None:
-            spec.check_static(request.get("HyperParameters") or {}, "hyperparameter in the request")
+            spec.check_static(TrainingRequest.parse(request).hyperparameters, "hyperparameter in the request")
         with ExitStack() as stack:
             request, _ = request_and_spec_uri(stack, job, request, count, per_host, instance_type)
             if job.demo:
-                drop_demo_defaults(request, spec, {"epochs": job.epochs} if job.epochs is not None else {})
-            name = request["TrainingJobName"].lower()
+                request = drop_demo_defaults(
+                    request, spec, {"epochs": job.epochs} if job.epochs is not None else {}
+                )
+            job_name = TrainingRequest.parse(request).name
+            name = job_name.lower()
             check_experiment_spec(spec, name)
             tuning, _ = render_tuning_request(request, spec, name[:32].rstrip("-"))
             validate_tuning_request(tuning, spec)
-            static = trial_training_request(tuning, request["TrainingJobName"], {})  # what the agents read
+            static = trial_training_request(tuning, job_name, {})  # what the agents read
             spec_uri = job.spec_uri or default_spec_uri(static)
             experiment = ExperimentOptions(namespace=job.namespace)
             documents = plan_experiment(tuning, spec, _job_options(job, spec_uri), experiment)

@@ -9,6 +9,7 @@ from pathlib import Path
 from sagemaker_dist.cli import add_distribution_argument
 from sagemaker_dist.contract.distributions import distribution
 from sagemaker_dist.contract.toolkit import DEFAULT_TOOLKIT_VERSION
+from sagemaker_dist.contract.training_request import edited_request
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.defaults import LOCAL_INSTANCE_TYPE, LOCAL_ROLE
 from sagemaker_dist.local.launchers import HOROVODRUN, LAUNCHERS
@@ -346,7 +347,7 @@ def run_local_command(args) -> int:
             prepared = estimator.prepare(inputs, args.job_name, backend=LocalBackend())  # no SageMaker job
             request, source_dir = prepared.request, Path(estimator.source_dir)
         if args.demo and args.checkpoint_s3_uri:
-            request.setdefault("CheckpointConfig", {})["S3Uri"] = args.checkpoint_s3_uri
+            request = edited_request(request, checkpoint_s3_uri=args.checkpoint_s3_uri)
         run = run_local
         if args.interrupt_at:  # managed spot, here: interrupted, then started again from its checkpoints
             from sagemaker_dist.local.spot import run_interrupted

@@ -7,6 +7,7 @@ import json
 from contextlib import ExitStack
 
 from sagemaker_dist.cli.platform_jobs import drop_demo_defaults, err
+from sagemaker_dist.contract.training_request import TrainingRequest
 from sagemaker_dist.errors import ConfigurationError
 
 
@@ -71,7 +72,7 @@ class LocalPlatform:
         if job.request:
             _check_request_options(job)
             base = read_request(job.request)
-            spec.check_static(base.get("HyperParameters") or {}, "hyperparameter in the request")
+            spec.check_static(TrainingRequest.parse(base).hyperparameters, "hyperparameter in the request")
         hosts, per_host = local_job_shape(job)  # the defaults of 'local', the distribution's among them
         bucket = job.bucket or DEMO_BUCKET
         with ExitStack() as stack:
@@ -83,10 +84,10 @@ class LocalPlatform:
             if job.demo:
                 demo = prepare_demo_job(bucket, hosts, per_host, job.input_mode or "Pipe", given, printer=err,
                                         distribution=job.distribution)  # fmt: skip
-                drop_demo_defaults(demo.request, spec, given)
-                base, source_dir, stem = demo.request, str(DEMO_JOB_DIR), "demo-tune"
+                base = drop_demo_defaults(demo.request, spec, given)
+                source_dir, stem = str(DEMO_JOB_DIR), "demo-tune"
             elif base is not None:
-                source_dir, stem = job.source_dir, base.get("TrainingJobName", "tune")[:18]
+                source_dir, stem = job.source_dir, TrainingRequest.parse(base).name[:18]
             else:
                 if not job.train:
                     raise ConfigurationError(

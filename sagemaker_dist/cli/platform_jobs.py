@@ -9,6 +9,7 @@ from pathlib import Path
 
 from sagemaker_dist.cli.local import endpoint_for, ensure_bucket
 from sagemaker_dist.contract.distributions import DEFAULT, REGISTRY
+from sagemaker_dist.contract.training_request import TrainingRequest, edited_request
 from sagemaker_dist.errors import ConfigurationError
 
 
@@ -60,17 +61,15 @@ def _demo_request(args, bucket: str, nodes: int, tasks: int, instance_type: str 
     request = prepare_demo_job(
         bucket, nodes, tasks, hyperparameters=hps, printer=None, distribution=args.distribution or DEFAULT
     ).request
-    if instance_type:
-        request["ResourceConfig"]["InstanceType"] = instance_type  # the demo plans for CPU; run on these
-    return request
+    return edited_request(request, instance_type=instance_type)  # the demo plans for CPU; run on these
 
 
 def default_spec_uri(request: dict) -> str:
     """Where the pipe agents read the request unless --spec-uri says: beside the job's output."""
-    output = (request.get("OutputDataConfig") or {}).get("S3OutputPath", "").rstrip("/")
-    if not output.startswith("s3://"):
+    read = TrainingRequest.parse(request)
+    if not read.output_path.startswith("s3://"):
         raise ConfigurationError("the request has no OutputDataConfig.S3OutputPath; give --spec-uri s3://...")
-    return f"{output}/{request.get('TrainingJobName', 'job')}/spec/request.json"
+    return f"{read.output_path}/{read.name}/spec/request.json"
 
 
 def upload_spec(request: dict, spec_uri: str) -> None:
@@ -110,8 +109,8 @@ def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
         raise
 
 
-def drop_demo_defaults(request: dict, spec, given: dict) -> None:
-    """The demo's own defaults (epochs, batch size) give way to a range; the user's -p values do not."""
+def drop_demo_defaults(request: dict, spec, given: dict) -> dict:
+    """The demo's request without its own defaults (epochs, batch size) of what ``spec`` tunes: they give
+    way to a range; the user's -p values do not."""
     spec.check_static(given, "hyperparameter given with -p/--epochs")
-    for name in spec.names:
-        request["HyperParameters"].pop(name, None)
+    return edited_request(request, without_hyperparameters=spec.names)

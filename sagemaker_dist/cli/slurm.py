@@ -16,6 +16,7 @@ from sagemaker_dist.cli.platform_jobs import (
     write_atomically,
 )
 from sagemaker_dist.contract.distributions import distribution
+from sagemaker_dist.contract.training_request import TrainingRequest
 from sagemaker_dist.errors import ConfigurationError
 
 JOBS_DIR = "sagemaker-dist-jobs"  # under the current directory: one folder per job that 'slurm' writes
@@ -96,7 +97,7 @@ class SlurmPlatform:
 
         request, nodes, tasks, gpus = _checked_shape(args)  # every check before anything is written
         request, spec_uri = request_and_spec_uri(stack, args, request, nodes, tasks, args.instance_type)
-        job_name = request["TrainingJobName"]
+        job_name = TrainingRequest.parse(request).name
         out_dir = _out_dir(args, job_name)
         options = SlurmOptions(
             spec=spec_uri,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from sagemaker_dist.contract.training_request import TrainingRequest
 from sagemaker_dist.errors import ConfigurationError
 
 PLACEHOLDER_ACCOUNT = "000000000000"
@@ -35,13 +36,14 @@ def placeholder_channel_uri(role: str, index: int) -> str:
     return f"{PLACEHOLDER_SHARDS}/{role}/{index}"
 
 
-def check_not_a_draft(request: dict, per_worker_channels: Iterable[tuple[str, list[str]]]) -> None:
+def check_not_a_draft(request: TrainingRequest, per_worker_channels: Iterable[tuple[str, list[str]]]) -> None:
     """Refuse a draft's stand-ins, and per-worker channels (``(role, channel names)``) that all read the
     same bare S3 prefix."""
-    channels = {c.get("ChannelName"): c for c in request.get("InputDataConfig") or [] if isinstance(c, dict)}
-    uris = {name: _s3_source(c) for name, c in channels.items()}
-    output = str((request.get("OutputDataConfig") or {}).get("S3OutputPath", ""))
-    for where, uri in [*((f"channel {n}", u[0]) for n, u in uris.items() if u), ("the output path", output)]:
+    uris = {c.name: (c.s3_uri, c.data_type) for c in request.channels}
+    for where, uri in [
+        *((f"channel {n}", u[0]) for n, u in uris.items()),
+        ("the output path", request.output_path),
+    ]:
         if uri.startswith(_PLACEHOLDERS):
             raise DraftRequestError(
                 f"this request is a dry run's draft: {where} is the stand-in {uri}, written where S3 could "
@@ -57,9 +59,3 @@ def check_not_a_draft(request: dict, per_worker_channels: Iterable[tuple[str, li
                     f"whole prefix {uri}: every rank would train on all of it, {len(names)} times the data. "
                     f"Give each its own shard (sagemaker-dist shard, or a launch that shards it). {_FIX}"
                 )
-
-
-def _s3_source(channel: dict) -> tuple[str, str] | None:
-    source = (channel.get("DataSource") or {}).get("S3DataSource") or {}
-    uri = source.get("S3Uri")
-    return (str(uri), str(source.get("S3DataType", "S3Prefix"))) if uri else None

@@ -17,6 +17,7 @@ from pathlib import Path
 from sagemaker_dist.aws.s3_objects import list_objects
 from sagemaker_dist.contract.paths import contained_name, contained_path
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
+from sagemaker_dist.contract.training_request import ChannelSpec
 from sagemaker_dist.errors import DataError
 
 
@@ -34,34 +35,6 @@ class S3Item:
     @property
     def uri(self) -> str:
         return f"s3://{self.bucket}/{self.key}"
-
-
-@dataclass
-class ChannelSpec:
-    """What the feeder needs from one InputDataConfig entry."""
-
-    name: str
-    s3_uri: str
-    data_type: str = "S3Prefix"
-    distribution: str = "FullyReplicated"
-    record_wrapper: str = "None"
-    shuffle_seed: int | None = None
-    input_mode: str = "Pipe"
-
-    @classmethod
-    def from_request(cls, channel: dict, default_mode: str = "Pipe") -> ChannelSpec:
-        s3 = channel["DataSource"]["S3DataSource"]
-        shuffle = channel.get("ShuffleConfig") or {}
-        mode = channel.get("InputMode") or default_mode
-        return cls(
-            name=channel["ChannelName"],
-            s3_uri=s3["S3Uri"],
-            data_type=s3.get("S3DataType", "S3Prefix"),
-            distribution=s3.get("S3DataDistributionType") or s3.get("S3DistributionType", "FullyReplicated"),
-            record_wrapper=channel.get("RecordWrapperType", "None") or "None",
-            shuffle_seed=shuffle.get("Seed"),
-            input_mode="File" if mode == "FastFile" else mode,
-        )
 
 
 def resolve_objects(spec: ChannelSpec, client) -> list[S3Item]:

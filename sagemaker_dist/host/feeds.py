@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from sagemaker_dist.contract.training_request import ChannelSpec
 from sagemaker_dist.host.channel_objects import (
-    ChannelSpec,
     FeedError,
     S3Item,
     channel_download_dir,
@@ -43,28 +43,27 @@ class FileFeed:
         pass
 
 
-def open_feeds(specs, trees, client, stop, on_error, echo) -> list:
-    """One feed per (channel, host); File-mode channels are downloaded here, Pipe ones start later.
-    Every channel is listed (and its keys checked) before any is downloaded."""
+def open_feeds(
+    specs, trees, client, stop, on_error, echo, *, first_index=0, hosts=None, items=None, max_epochs=None
+) -> list:
+    """One feed per (channel, host) for ``trees``, hosts ``first_index``.. of the job's ``hosts`` (all
+    of them by default); File-mode channels are downloaded here, Pipe ones start later and feed
+    ``max_epochs`` epochs (None: until stopped). Every channel is listed (and its keys checked) before
+    any is downloaded, unless ``items`` (channel name -> its objects) were listed already."""
+    hosts = len(trees) if hosts is None else hosts
+    listed = [(spec, items[spec.name] if items else resolve_objects(spec, client)) for spec in specs]
     feeds: list = []
-    for spec, items in [(spec, resolve_objects(spec, client)) for spec in specs]:
-        for index, tree in enumerate(trees):
+    for spec, objects in listed:
+        for index, tree in enumerate(trees, first_index):
             if spec.input_mode == "File":
-                feeds.append(FileFeed(spec, items, tree, client, index, len(trees), echo))
+                feeds.append(FileFeed(spec, objects, tree, client, index, hosts, echo))
             else:
                 feeds.append(
                     ChannelFeeder(
-                        spec,
-                        items,
-                        tree.data_dir,
-                        index,
-                        len(trees),
-                        client,
-                        stop,
-                        on_error,
-                        host_name=tree.name,
+                        spec, objects, tree.data_dir, index, hosts, client, stop, on_error,
+                        host_name=tree.name, max_epochs=max_epochs,
                     )
-                )
+                )  # fmt: skip
     return feeds
 
 

@@ -1,18 +1,19 @@
-"""The parts of a CreateTrainingJob request that a host runs (hosts, ranks per host, layout, entry
-script, channels), read and checked once, with no I/O: local mode and every platform's pipe agent
-start from it."""
+"""A CreateTrainingJob request as a host runs it (its typed members, and the hosts, ranks per host,
+layout and entry script they imply), read and checked once, with no I/O: local mode, the platforms'
+planners and every pipe agent start from it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 
 from sagemaker_dist.aws.request_validation import validate_request
 from sagemaker_dist.contract import distributions, toolkit
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract.draft import check_not_a_draft
 from sagemaker_dist.contract.layout import PER_WORKER, ChannelLayout, layout_of
+from sagemaker_dist.contract.training_request import ChannelSpec, TrainingRequest
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.host.channel_objects import ChannelSpec
 
 
 class JobSpecError(ConfigurationError):
@@ -20,20 +21,16 @@ class JobSpecError(ConfigurationError):
     to fix."""
 
 
-@dataclass(frozen=True)
-class JobSpec:
-    """The parts of a CreateTrainingJob request a host runs, checked once."""
+@dataclass(frozen=True, kw_only=True)
+class JobSpec(TrainingRequest):
+    """A CreateTrainingJob request a host can run: its members (``TrainingRequest``'s typed fields)
+    and what the hosts derive from them (ranks per host, channel layout, entry script, time limit),
+    checked once. Nothing downstream reads the request's dict."""
 
-    request: dict
-    name: str
-    hyperparameters: dict[str, str]
-    hosts: int
     processes_per_host: int
     layout: ChannelLayout | None
     entry_point: str
-    default_mode: str
-    specs: tuple[ChannelSpec, ...]
-    timeout: float | None
+    timeout: float | None  # the caller's limit, else StoppingCondition.MaxRuntimeInSeconds
     toolkit_version: str = toolkit.DEFAULT_TOOLKIT_VERSION  # the image's sagemaker-training
 
     @property
@@ -46,43 +43,54 @@ class JobSpec:
         toolkit runs an MPI job, so as the registry's default (Horovod)."""
         return self.layout.distribution if self.layout is not None else distributions.DEFAULT
 
+    @property
+    def specs(self) -> tuple[ChannelSpec, ...]:
+        """Deprecated name of ``channels``."""
+        return self.channels
+
+    @property
+    def default_mode(self) -> str:
+        """Deprecated name of ``input_mode``."""
+        return self.input_mode
+
+    @classmethod
+    def of(cls, request, toolkit_version: str = toolkit.DEFAULT_TOOLKIT_VERSION) -> JobSpec:
+        """``request`` if it is a ``JobSpec`` already (a planner handed on the job it read), else the
+        CreateTrainingJob dict read: so a request passed down through planners is read once."""
+        return request if isinstance(request, JobSpec) else cls.from_request(request, None, toolkit_version)
+
     @classmethod
     def from_request(
         cls, request, timeout: float | None = None, toolkit_version: str = toolkit.DEFAULT_TOOLKIT_VERSION
     ) -> JobSpec:
-        if not isinstance(request, dict):
+        """``request`` checked as CreateTrainingJob would check it, read (``TrainingRequest``), and
+        checked again for what a host needs: its layout fits its hosts, it names an entry script, it
+        is no dry run's draft."""
+        if not isinstance(request, Mapping):
             raise JobSpecError(f"the request is a {type(request).__name__}, not a CreateTrainingJob dict")
         validate_request(request)  # what CreateTrainingJob would refuse, a host refuses too
-        hps = {k: str(v) for k, v in (request.get("HyperParameters") or {}).items()}
-        default_mode = (request.get("AlgorithmSpecification") or {}).get("TrainingInputMode", "File")
-        hosts = int((request.get("ResourceConfig") or {}).get("InstanceCount", 1))
+        read = TrainingRequest.parse(request, JobSpecError)
+        hps = read.hyperparameters
         layout = layout_of(hps)
         per_worker = [(r.role, r.channels) for r in layout.roles if r.spread == PER_WORKER] if layout else []
-        check_not_a_draft(request, per_worker)  # stand-ins, or every rank on the whole prefix
+        check_not_a_draft(read, per_worker)  # stand-ins, or every rank on the whole prefix
         per_host = _processes_per_host(hps, layout)
-        if layout is not None and (layout.hosts, layout.processes_per_host) != (hosts, per_host):
+        if layout is not None and (layout.hosts, layout.processes_per_host) != (read.hosts, per_host):
             raise JobSpecError(
                 f"the layout hyperparameter is for {layout.hosts} host(s) x {layout.processes_per_host} "
-                f"process(es) but the request asks for {hosts} x {per_host}; plan the layout for the job "
-                "you run"
+                f"process(es) but the request asks for {read.hosts} x {per_host}; plan the layout for the "
+                "job you run"
             )
         entry_point = hp.decode_one(hps, hp.PROGRAM)
         if not entry_point:
             raise JobSpecError("hyperparameter sagemaker_program (the entry script) is missing")
-        if timeout is None:  # SageMaker stops a job at MaxRuntimeInSeconds; so does local mode
-            timeout = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
-        channels = request.get("InputDataConfig") or []
         return cls(
-            request=request,
-            name=request.get("TrainingJobName", "local-job"),
-            hyperparameters=hps,
-            hosts=hosts,
+            **{f.name: getattr(read, f.name) for f in fields(TrainingRequest)},
             processes_per_host=per_host,
             layout=layout,
             entry_point=entry_point,
-            default_mode=default_mode,
-            specs=tuple(ChannelSpec.from_request(ch, default_mode) for ch in channels),
-            timeout=timeout,
+            # SageMaker stops a job at MaxRuntimeInSeconds; so does local mode
+            timeout=read.max_runtime if timeout is None else timeout,
             toolkit_version=toolkit_version,
         )
 

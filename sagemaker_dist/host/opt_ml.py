@@ -9,12 +9,14 @@ import json
 import os
 import shutil
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract import toolkit
 from sagemaker_dist.contract.paths import CHECKPOINT_LOCAL_PATH, ROOT_ENV, OptMl
+from sagemaker_dist.contract.training_request import ChannelSpec
 from sagemaker_dist.errors import ConfigurationError
 
 DEFAULT_INSTANCE_TYPE = "local"  # resourceconfig.json's instance type where the request names none
@@ -36,29 +38,26 @@ class HostTree(OptMl):
         return self.local_path(local_path, CHECKPOINT_LOCAL_PATH)
 
 
-def input_data_config(channels: list[dict], default_mode: str) -> dict[str, dict]:
-    """inputdataconfig.json from CreateTrainingJob's InputDataConfig (FastFile shows as File)."""
+def input_data_config(channels: Sequence[ChannelSpec]) -> dict[str, dict]:
+    """inputdataconfig.json for the request's channels (FastFile shows as File)."""
     doc = {}
     for ch in channels:
-        s3 = ch["DataSource"]["S3DataSource"]
-        mode = ch.get("InputMode") or default_mode
         entry = {
-            "TrainingInputMode": "File" if mode == "FastFile" else mode,
-            "S3DistributionType": s3.get("S3DataDistributionType", "FullyReplicated"),
-            "RecordWrapperType": ch.get("RecordWrapperType", "None"),
+            "TrainingInputMode": ch.input_mode,
+            "S3DistributionType": ch.distribution,
+            "RecordWrapperType": ch.record_wrapper,
         }
-        if ch.get("ContentType"):
-            entry["ContentType"] = ch["ContentType"]
-        doc[ch["ChannelName"]] = entry
+        if ch.content_type:
+            entry["ContentType"] = ch.content_type
+        doc[ch.name] = entry
     return doc
 
 
 def build_host_trees(
     base_dir: Path,
     hosts: int,
-    channels: list[dict],
+    channels: Sequence[ChannelSpec],
     hyperparameters: dict,
-    default_mode: str = "Pipe",
     instance_type: str = DEFAULT_INSTANCE_TYPE,
     num_gpus: int = 0,
     job_name: str = "local-job",
@@ -71,7 +70,7 @@ def build_host_trees(
     mpirun (``lo`` where they all run on this machine's loopback)."""
     names = host_names(hosts)
     hps = hp.encode_all(hyperparameters)
-    data_config = input_data_config(channels, default_mode)
+    data_config = input_data_config(channels)
     trees = []
     for name in names:
         root = Path(base_dir) / name
@@ -110,19 +109,17 @@ def build_host_trees(
 
 
 def host_trees_for(job, base_dir: Path, network_interface_name: str = "lo") -> list[HostTree]:
-    """Every host's tree for ``job`` (a ``JobSpec``), read from its request as SageMaker reads it: one
-    reading for local mode and the platforms' pipe agent."""
-    request = job.request
+    """Every host's tree for ``job`` (a ``JobSpec``), as SageMaker lays it out: one layout for local
+    mode and the platforms' pipe agent."""
     return build_host_trees(
         base_dir,
         job.hosts,
-        list(request.get("InputDataConfig") or []),
+        job.channels,
         job.hyperparameters,
-        default_mode=job.default_mode,
-        instance_type=(request.get("ResourceConfig") or {}).get("InstanceType", DEFAULT_INSTANCE_TYPE),
+        instance_type=job.instance_type or DEFAULT_INSTANCE_TYPE,
         job_name=job.name,
-        environment=request.get("Environment"),
-        checkpoint_local_path=(request.get("CheckpointConfig") or {}).get("LocalPath"),
+        environment=job.environment,
+        checkpoint_local_path=job.checkpoint_local_path,
         network_interface_name=network_interface_name,
     )
 

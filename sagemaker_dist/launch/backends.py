@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Protocol
 
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract.distributions import distribution as registered
 from sagemaker_dist.contract.layout import ChannelLayout
+from sagemaker_dist.contract.training_request import TrainingRequest
 from sagemaker_dist.launch.account import create_training_job, with_sdk_config_defaults
 from sagemaker_dist.launch.source_package import SourcePackage
 from sagemaker_dist.launch.training_job import TrainingJobHandle
@@ -33,9 +35,14 @@ class PreparedJob:
     layout: ChannelLayout
     source: SourcePackage
 
+    @cached_property
+    def training(self) -> TrainingRequest:
+        """The request's members, typed (read once)."""
+        return TrainingRequest.parse(self.request)
+
     @property
     def job_name(self) -> str:
-        return self.request["TrainingJobName"]
+        return self.training.name
 
 
 class TrainingBackend(Protocol):
@@ -77,10 +84,10 @@ class TrainingBackend(Protocol):
 def check_sagemaker_instance_type(request: dict) -> None:
     """Refuse a request whose distribution SageMaker cannot run on its instance type (the registry's
     ``sagemaker_instance_prefixes``); raises DistributionError (a ConfigurationError)."""
-    layout = (request.get("HyperParameters") or {}).get(hp.LAYOUT)
+    read = TrainingRequest.parse(request)
+    layout = read.hyperparameters.get(hp.LAYOUT)
     name = ChannelLayout.from_json(layout).distribution if layout else None
-    instance_type = (request.get("ResourceConfig") or {}).get("InstanceType", "")
-    registered(name).check_sagemaker_instance_type(instance_type)
+    registered(name).check_sagemaker_instance_type(read.instance_type or "")
 
 
 class SageMakerBackend:
@@ -103,13 +110,13 @@ class SageMakerBackend:
 
     def run(self, prepared, *, source_dir=None, wait=True, poll=30.0, timeout=None, printer=print):
         say = printer or (lambda _line: None)
-        resources = prepared.request["ResourceConfig"]
+        job = prepared.training
         handle = TrainingJobHandle(
             create_training_job(prepared.request, self.boto_session), self.boto_session
         )
         say(
-            f"created training job {handle.name} ({resources['InstanceCount']} x "
-            f"{resources['InstanceType']}, {prepared.layout.world_size} "
+            f"created training job {handle.name} ({job.hosts} x {job.instance_type}, "
+            f"{prepared.layout.world_size} "
             f"{registered(prepared.layout.distribution).workers})"
         )
         if wait:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -22,10 +21,9 @@ from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract import toolkit
 from sagemaker_dist.contract.distributions import UNNAMED_LAUNCHER
 from sagemaker_dist.errors import JobFailedError
-from sagemaker_dist.host.feeds import close_feeds, open_feeds
 from sagemaker_dist.host.job_spec import JobSpec
+from sagemaker_dist.host.lifecycle import HostLifecycle
 from sagemaker_dist.host.opt_ml import host_trees_for
-from sagemaker_dist.host.outputs import CheckpointSync, pack_and_upload
 from sagemaker_dist.host.source_dir import fetch_source_dir
 from sagemaker_dist.local.launchers.base import JobSetup, LaunchOptions, LocalJobError
 from sagemaker_dist.local.launchers.table import launcher_for
@@ -78,11 +76,10 @@ def run_local(
         code_dir = fetch_source_dir(source_dir, job.hyperparameters, work, client)
         if not (code_dir / job.entry_point).is_file():
             raise LocalJobError(f"entry script {job.entry_point!r} is not in the source dir {code_dir}")
-        trees, ckpt = _host_trees(stack, job, work, client, echo, runner.interface)
-        stop, feed_errors, feeds = threading.Event(), [], []
-        stack.callback(close_feeds, feeds)  # after stop is set (LIFO): the feeders see it and end
-        stack.callback(stop.set)
-        feeds += open_feeds(job.specs, trees, client, stop, feed_errors.append, echo)
+        trees = host_trees_for(job, work / "hosts", runner.interface)
+        # checkpoints restored, File channels downloaded; on the way out (after the ranks are killed,
+        # LIFO) the feeders are stopped and closed and the checkpoints synced
+        host = stack.enter_context(HostLifecycle(job, trees, client, echo))
         given = code_dir if source_dir else None  # the image's hosts get the source dir; else S3's
         group = runner.group(JobSetup(job, trees, code_dir, given, work, extra_env, echo, stack))
         if on_rank_line is not None:
@@ -94,21 +91,16 @@ def run_local(
             f"work dir {work}"
         )
         echo("$ " + " ".join(group.command))
-        for feed in feeds:
-            feed.start()
+        host.start()
         launch_time = time.monotonic()
-        ckpt.start()
         group.start()
         if on_started is not None:
             on_started(group)
-        failure = runner.supervise(group, feed_errors, trees, started)
+        failure = runner.supervise(group, host.errors, trees, started)
         if failure:
             raise LocalJobFailed(failure)
-        stop.set()
-        ckpt.stop()
-        result = _result(
-            job, trees, feeds, group, ckpt, client, started, launch_time, str(work) if keep_work_dir else None
-        )
+        host.finish()
+        result = _result(job, host, group, started, launch_time, str(work) if keep_work_dir else None)
         for line in result.summary_lines():
             echo(line)
         return result
@@ -135,44 +127,24 @@ def _work_dir(stack: ExitStack, work_dir, job_name: str, keep: bool) -> Path:
     return work
 
 
-def _host_trees(stack: ExitStack, job: JobSpec, work: Path, client, echo, interface: str):
-    """The /opt/ml tree of each simulated host, with its checkpoints restored from S3 (and synced back)."""
-    ckpt_cfg = job.request.get("CheckpointConfig") or {}
-    trees = host_trees_for(job, work / "hosts", interface)
-    local_dirs = [t.checkpoint_path(ckpt_cfg.get("LocalPath")) for t in trees]
-    ckpt = stack.enter_context(CheckpointSync(ckpt_cfg.get("S3Uri"), local_dirs, client))
-    restored = ckpt.restore()
-    if restored:
-        echo(f"restored {restored} checkpoint file(s) from {ckpt.s3_uri}")
-    return trees, ckpt
-
-
-def _result(job: JobSpec, trees, feeds, group, ckpt, client, started, launch_time, work_dir):
+def _result(job: JobSpec, host: HostLifecycle, group, started, launch_time, work_dir):
     """Pack the outputs into the output path and sum up what each rank read."""
-    request, hps = job.request, job.hyperparameters
-    output_path = (request.get("OutputDataConfig") or {}).get("S3OutputPath", "").rstrip("/")
-    model_uri = None
-    if output_path:
-        model_uri = pack_and_upload(
-            trees[0].model_dir, f"{output_path}/{job.name}/output/model.tar.gz", client
-        )
-        pack_and_upload(trees[0].output_data_dir, f"{output_path}/{job.name}/output/output.tar.gz", client)
-    tensorboard = (request.get("TensorBoardOutputConfig") or {}).get("S3OutputPath") or hp.decode_one(
-        hps, "tensorboard_s3_uri"
-    )
-    definitions = (request.get("AlgorithmSpecification") or {}).get("MetricDefinitions") or []
+    model_uri = host.upload_outputs()
+    tensorboard = job.tensorboard_s3_uri or hp.decode_one(job.hyperparameters, "tensorboard_s3_uri")
     return LocalJobResult(
         job_name=job.name,
         hosts=job.hosts,
         processes_per_host=job.processes_per_host,
-        input_mode="Pipe" if any(s.input_mode == "Pipe" for s in job.specs) else job.default_mode,
+        input_mode="Pipe" if any(s.input_mode == "Pipe" for s in job.channels) else job.input_mode,
         seconds=time.monotonic() - started,
-        ranks=rank_summaries(job.world, job.processes_per_host, trees, job.layout, feeds, launch_time),
-        metrics=final_metrics(group.rank_lines.get(0, []), definitions),
+        ranks=rank_summaries(
+            job.world, job.processes_per_host, host.trees, job.layout, host.feeds, launch_time
+        ),
+        metrics=final_metrics(group.rank_lines.get(0, []), job.metric_definitions),
         model_uri=model_uri,
-        checkpoint_uri=ckpt.s3_uri,
+        checkpoint_uri=host.checkpoints.s3_uri,
         tensorboard_uri=tensorboard,
         work_dir=work_dir,
-        feed_stats=[f.stats for f in feeds],
+        feed_stats=[f.stats for f in host.feeds],
         output=list(group.output),
     )

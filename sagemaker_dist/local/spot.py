@@ -27,17 +27,18 @@ from dataclasses import dataclass
 
 from sagemaker_dist.contract.stop_lines import RESUMED, STOPPED, resumed_position
 from sagemaker_dist.contract.stop_window import STOP_WINDOW_S
+from sagemaker_dist.contract.training_request import TrainingRequest
 from sagemaker_dist.errors import ConfigurationError, JobFailedError
 from sagemaker_dist.host.stop_forwarding import rank_processes
 
 
-def check_interrupts(interrupt_at: list[float], request: dict) -> None:
-    """Each time a positive number of seconds, and a checkpoint S3 URI to restart from (as managed spot
-    training requires)."""
+def check_interrupts(interrupt_at: list[float], checkpoint_s3_uri: str | None) -> None:
+    """Each time a positive number of seconds, and a checkpoint S3 URI (the request's
+    CheckpointConfig.S3Uri) to restart from, as managed spot training requires."""
     bad = [t for t in interrupt_at if not (isinstance(t, int | float) and t > 0)]
     if bad:
         raise ConfigurationError(f"--interrupt-at {bad[0]!r}: give seconds after the ranks start, > 0")
-    if interrupt_at and not (request.get("CheckpointConfig") or {}).get("S3Uri"):
+    if interrupt_at and not checkpoint_s3_uri:
         raise ConfigurationError(
             "--interrupt-at restarts the job from its checkpoints, as managed spot training does, and this "
             "job has no CheckpointConfig.S3Uri: give --checkpoint-s3-uri (or the estimator's checkpoints)"
@@ -205,7 +206,7 @@ def run_interrupted(
     spot training would; returns ``(attempts, last result)``, or raises the last attempt's failure.
     ``when(attempt number)``: interrupt that attempt as soon as it is true (its ``interrupt_at`` the
     latest), as ``Interruption``'s ``when``."""
-    check_interrupts(interrupt_at, request)
+    check_interrupts(interrupt_at, TrainingRequest.parse(request).checkpoint_s3_uri)
     attempts: list[Attempt] = []
     for number in range(1, len(interrupt_at) + 2):
         at = interrupt_at[number - 1] if number <= len(interrupt_at) else None

@@ -32,7 +32,6 @@ from sagemaker_dist.platforms.k8s_pods import (
     check_pod_name,
     endpoint_env,
     job_labels,
-    max_runtime,
     node_shape,
     pod_volumes,
     rank_mounts,
@@ -87,11 +86,12 @@ def check_name(name: str, workers: int) -> str:
         raise MPIJobError(str(exc)) from None
 
 
-def plan_mpijob(request: dict, options: K8sJobOptions) -> dict:
-    """The MPIJob that runs ``request`` (a CreateTrainingJob request): one worker per instance."""
-    job = JobSpec.from_request(request, toolkit_version=options.toolkit_version)
+def plan_mpijob(request: dict | JobSpec, options: K8sJobOptions) -> dict:
+    """The MPIJob that runs ``request`` (a CreateTrainingJob request, or the job read from one): one
+    worker per instance."""
+    job = JobSpec.of(request, options.toolkit_version)
     check_kubernetes_job(job, MPIJOB)
-    shape = node_shape(request, options, job.processes_per_host)
+    shape = node_shape(job, options)
     name = check_name(job.name, job.hosts)
     env = endpoint_env(options)
     worker = {
@@ -115,8 +115,8 @@ def plan_mpijob(request: dict, options: K8sJobOptions) -> dict:
         "backoffLimit": options.backoff_limit,
         "ttlSecondsAfterFinished": options.ttl_seconds_after_finished,
     }
-    if max_runtime(request):
-        run_policy["activeDeadlineSeconds"] = max_runtime(request)  # SageMaker's MaxRuntimeInSeconds
+    if job.max_runtime:
+        run_policy["activeDeadlineSeconds"] = job.max_runtime  # SageMaker's MaxRuntimeInSeconds
     labels = job_labels(name)
     pod = {"serviceAccountName": options.service_account, "terminationGracePeriodSeconds": STOP_WINDOW_S}
     return {

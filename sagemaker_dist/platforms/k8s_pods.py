@@ -20,6 +20,7 @@ from sagemaker_dist.contract import toolkit
 from sagemaker_dist.contract.paths import DEFAULT_ROOT
 from sagemaker_dist.contract.stop_window import AGENT_DRAIN_S
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.host.job_spec import JobSpec
 from sagemaker_dist.platforms.node_plan import efa_interfaces, ranks_per_node
 from sagemaker_dist.platforms.pipe_agent import READY_FILE
 
@@ -61,9 +62,12 @@ class NodeShape:
     efa: int
 
 
-def node_shape(request: dict, options: K8sJobOptions, processes_per_host: int) -> NodeShape:
+def node_shape(job: JobSpec, options: K8sJobOptions) -> NodeShape:
     """The node's ranks (its GPUs, or ``options.processes_per_host``), checked against the request's."""
-    instance_type = normalize_instance_type((request.get("ResourceConfig") or {}).get("InstanceType", ""))
+    instance_type, processes_per_host = (
+        normalize_instance_type(job.instance_type or ""),
+        job.processes_per_host,
+    )
     slots, gpus = ranks_per_node(instance_type, options.processes_per_host)
     if slots != processes_per_host:
         raise K8sJobError(
@@ -141,12 +145,6 @@ def pod_volumes() -> list[dict]:
 
 def job_labels(name: str) -> dict:
     return {"app.kubernetes.io/name": "sagemaker-dist", "sagemaker-dist/job": name}
-
-
-def max_runtime(request: dict) -> int | None:
-    """SageMaker's ``MaxRuntimeInSeconds``: the object's activeDeadlineSeconds."""
-    value = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
-    return int(value) if value else None
 
 
 def to_yaml(document: dict) -> str:

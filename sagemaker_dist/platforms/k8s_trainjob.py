@@ -31,7 +31,6 @@ from sagemaker_dist.platforms.k8s_pods import (
     check_pod_name,
     endpoint_env,
     job_labels,
-    max_runtime,
     node_shape,
     pod_volumes,
     rank_mounts,
@@ -75,10 +74,10 @@ def node_command(job: JobSpec, toolkit_version: str) -> list[str]:
     return [*FORWARD_STOPS, "torchrun", job.entry_point, *argv]
 
 
-def plan_training_runtime(request: dict, options: K8sJobOptions, name: str | None = None) -> dict:
+def plan_training_runtime(request: dict | JobSpec, options: K8sJobOptions, name: str | None = None) -> dict:
     """The namespaced ``TrainingRuntime`` the job's TrainJob (or a Katib trial's) runs on: the
     ``torch-distributed`` runtime with the pipe-agent sidecar, the shared ``/opt/ml`` and the stop window."""
-    job = JobSpec.from_request(request, toolkit_version=options.toolkit_version)
+    job = JobSpec.of(request, options.toolkit_version)
     check_kubernetes_job(job, TRAINJOB)
     name = name or job.name
     agent = agent_container(options, COMPLETION_INDEX)
@@ -133,12 +132,12 @@ def plan_training_runtime(request: dict, options: K8sJobOptions, name: str | Non
     }
 
 
-def plan_trainjob(request: dict, options: K8sJobOptions) -> dict:
-    """The TrainJob that runs ``request`` (a CreateTrainingJob request): one node pod per instance,
-    torchrun on each, on the runtime of ``plan_training_runtime``."""
-    job = JobSpec.from_request(request, toolkit_version=options.toolkit_version)
+def plan_trainjob(request: dict | JobSpec, options: K8sJobOptions) -> dict:
+    """The TrainJob that runs ``request`` (a CreateTrainingJob request, or the job read from one): one
+    node pod per instance, torchrun on each, on the runtime of ``plan_training_runtime``."""
+    job = JobSpec.of(request, options.toolkit_version)
     check_kubernetes_job(job, TRAINJOB)
-    shape = node_shape(request, options, job.processes_per_host)
+    shape = node_shape(job, options)
     name = check_name(job.name, job.hosts)
     env = endpoint_env(options)
     if shape.efa:
@@ -155,8 +154,8 @@ def plan_trainjob(request: dict, options: K8sJobOptions) -> dict:
         trainer["env"] = env
     runtime = {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime", "name": runtime_name(name)}
     spec = {"runtimeRef": runtime, "trainer": trainer}
-    if max_runtime(request):
-        spec["activeDeadlineSeconds"] = max_runtime(request)  # SageMaker's MaxRuntimeInSeconds
+    if job.max_runtime:
+        spec["activeDeadlineSeconds"] = job.max_runtime  # SageMaker's MaxRuntimeInSeconds
     return {
         "apiVersion": API_VERSION,
         "kind": "TrainJob",
@@ -174,6 +173,7 @@ def check_name(name: str, nodes: int) -> str:
         raise TrainJobError(str(exc)) from None
 
 
-def plan_trainjob_documents(request: dict, options: K8sJobOptions) -> list[dict]:
+def plan_trainjob_documents(request: dict | JobSpec, options: K8sJobOptions) -> list[dict]:
     """What ``kubectl apply -f`` takes for the job: its runtime, then its TrainJob."""
-    return [plan_training_runtime(request, options), plan_trainjob(request, options)]
+    job = JobSpec.of(request, options.toolkit_version)
+    return [plan_training_runtime(job, options), plan_trainjob(job, options)]

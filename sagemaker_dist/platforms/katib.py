@@ -236,8 +236,8 @@ def _last_pod_check(name: str, last_pod: str) -> None:
         )
 
 
-def _mpijob_trial(request: dict, k8s: K8sJobOptions, name: str, labels: dict) -> Trial:
-    job = plan_mpijob(request, k8s)  # every MPIJob check, with a trial's longest name below
+def _mpijob_trial(trial: JobSpec, k8s: K8sJobOptions, name: str, labels: dict) -> Trial:
+    job = plan_mpijob(trial, k8s)  # every MPIJob check, with a trial's longest name below
     workers = job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"]
     _last_pod_check(name, f"{name}-{'x' * (TRIAL_SUFFIX - 1)}-worker-{workers - 1}")
     for replica in job["spec"]["mpiReplicaSpecs"].values():
@@ -252,8 +252,8 @@ def _mpijob_trial(request: dict, k8s: K8sJobOptions, name: str, labels: dict) ->
     return Trial(job, launcher, template)
 
 
-def _trainjob_trial(request: dict, k8s: K8sJobOptions, name: str, labels: dict) -> Trial:
-    job = plan_trainjob(request, k8s)  # every TrainJob check; every trial runs on the one runtime
+def _trainjob_trial(trial: JobSpec, k8s: K8sJobOptions, name: str, labels: dict) -> Trial:
+    job = plan_trainjob(trial, k8s)  # every TrainJob check; every trial runs on the one runtime
     _last_pod_check(
         name, pod_name(f"{name}-{'x' * (TRIAL_SUFFIX - 1)}", job["spec"]["trainer"]["numNodes"] - 1)
     )
@@ -263,7 +263,7 @@ def _trainjob_trial(request: dict, k8s: K8sJobOptions, name: str, labels: dict) 
         "successCondition": TRAINJOB_SUCCESS_CONDITION,
         "failureCondition": FAILURE_CONDITION,
     }
-    return Trial(job, job["spec"]["trainer"], template, (plan_training_runtime(request, k8s),))
+    return Trial(job, job["spec"]["trainer"], template, (plan_training_runtime(trial, k8s),))
 
 
 TRIALS = {MPIJOB: _mpijob_trial, TRAINJOB: _trainjob_trial}
@@ -286,12 +286,14 @@ def plan_experiment(
     name = tuning_request["HyperParameterTuningJobName"].lower()
     check_experiment_spec(spec, name)
     sentinels = {r.name: _sentinel(i) for i, r in enumerate(spec.ranges)}
-    trial_request = trial_training_request(tuning_request, name, sentinels)
-    kind = distribution(JobSpec.from_request(trial_request).distribution).kubernetes
+    trial_job = JobSpec.from_request(
+        trial_training_request(tuning_request, name, sentinels), None, k8s.toolkit_version
+    )
+    kind = distribution(trial_job.distribution).kubernetes
     if kind not in TRIALS:
         raise KatibError(f"job {name}: its distribution runs on no Kubernetes object sagemaker-dist writes")
     labels = {"app.kubernetes.io/name": "sagemaker-dist", "sagemaker-dist/experiment": name}
-    trial = TRIALS[kind](trial_request, k8s, name, labels)
+    trial = TRIALS[kind](trial_job, k8s, name, labels)
     job = trial.job
     job.pop("metadata", None)  # Katib names the trial's object; the webhook refuses name and namespace
     job["metadata"] = {"labels": labels}

@@ -10,14 +10,14 @@ from sagemaker_dist.platforms.k8s_pods import K8sJobError, K8sJobOptions
 from sagemaker_dist.platforms.k8s_trainjob import plan_trainjob_documents
 
 PLANNERS = {
-    MPIJOB: lambda request, options: [plan_mpijob(request, options)],
+    MPIJOB: lambda job, options: [plan_mpijob(job, options)],
     TRAINJOB: plan_trainjob_documents,
 }
 
 
-def plan_kubernetes(request: dict, options: K8sJobOptions) -> list[dict]:
+def plan_kubernetes(request: dict | JobSpec, options: K8sJobOptions) -> list[dict]:
     """The manifests that run ``request`` (a CreateTrainingJob request), in the order to apply them."""
-    job = JobSpec.from_request(request, toolkit_version=options.toolkit_version)
+    job = JobSpec.of(request, options.toolkit_version)
     entry = distribution(job.distribution)
     if entry.kubernetes is None:
         raise K8sJobError(
@@ -25,4 +25,4 @@ def plan_kubernetes(request: dict, options: K8sJobOptions) -> list[dict]:
             f"Kubernetes: plan it with {names_where(lambda d: d.kubernetes is not None)}, or run it with "
             "'sagemaker-dist local' or on SageMaker"
         )
-    return PLANNERS[entry.kubernetes](request, options)
+    return PLANNERS[entry.kubernetes](job, options)

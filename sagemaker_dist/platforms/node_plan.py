@@ -19,8 +19,8 @@ from sagemaker_dist.aws.instances import (
 )
 from sagemaker_dist.contract.distributions import MPIJOB, TRAINJOB, distribution, names_where
 from sagemaker_dist.contract.rank_slots import RankSlot, rank_slots
+from sagemaker_dist.contract.training_request import ChannelSpec
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.host.channel_objects import ChannelSpec
 from sagemaker_dist.host.job_spec import JobSpec
 from sagemaker_dist.host.opt_ml import host_names
 
@@ -137,7 +137,7 @@ def parse_ranks(text: str) -> list[int]:
 
 
 def plan_node(
-    request: dict,
+    request: dict | JobSpec,
     node_index: int,
     ranks: list[int] | None = None,
     epochs: int | None = None,
@@ -149,7 +149,7 @@ def plan_node(
     mpirun's ``-map-by slot``, Slurm's block distribution and mpi-operator's hostfile place them).
     ``shuffle_seed`` turns on a per-epoch shuffle of every channel (overriding the request's).
     """
-    job = JobSpec.from_request(request)
+    job = JobSpec.of(request)
     if not 0 <= node_index < job.hosts:
         raise NodePlanError(
             f"node index {node_index} is not a node of job {job.name}: it has {job.hosts} node(s), "
@@ -179,9 +179,9 @@ def _node_channels(job: JobSpec, slots) -> tuple[ChannelSpec, ...]:
     """The channels this node's ranks read; every channel when the request carries no layout."""
     layout = job.layout
     if layout is None:
-        return job.specs
+        return job.channels
     mine = set(layout.shared_channels)
     for slot in slots:
         mine |= {layout.channel_for(role.role, slot.rank, slot.local_rank) for role in layout.roles}
     laid_out = set(layout.channel_names)
-    return tuple(s for s in job.specs if s.name in mine or s.name not in laid_out)
+    return tuple(s for s in job.channels if s.name in mine or s.name not in laid_out)

@@ -24,13 +24,13 @@ from pathlib import Path
 from sagemaker_dist.aws.s3_objects import S3AccessError
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
+from sagemaker_dist.contract.training_request import is_training_request
 from sagemaker_dist.errors import ConfigurationError, DataError
 from sagemaker_dist.host.channel_objects import FeedError, resolve_objects
 from sagemaker_dist.host.feeder import ChannelFeeder
-from sagemaker_dist.host.feeds import FileFeed, close_feeds
 from sagemaker_dist.host.job_spec import JobSpecError
+from sagemaker_dist.host.lifecycle import HostLifecycle
 from sagemaker_dist.host.opt_ml import HostTree, host_trees_for
-from sagemaker_dist.host.outputs import CheckpointSync, pack_and_upload
 from sagemaker_dist.host.source_dir import fetch_source_dir
 from sagemaker_dist.platforms.node_plan import NodePlan
 
@@ -69,7 +69,7 @@ def load_job_spec(source: str, client=None) -> dict:
         spec = json.loads(text)
     except ValueError as exc:
         raise JobSpecError(f"the job spec {source} is not JSON ({exc})") from exc
-    if not isinstance(spec, dict) or not {"AlgorithmSpecification", "InputDataConfig"} <= set(spec):
+    if not is_training_request(spec):
         raise JobSpecError(
             f"the job spec {source} is not a CreateTrainingJob request (a JSON object with "
             "AlgorithmSpecification, HyperParameters and InputDataConfig): write one with "
@@ -171,39 +171,28 @@ def run_agent(
 ) -> None:
     """Check access, write the node's tree, then feed until ``stop`` is set, ``until_pid`` exits or
     every feeder has fed its epochs. Raises PipeAgentError naming the object that could not be fed."""
-    stop = stop or threading.Event()
     root = Path(root)
     items = check_s3_access(plan, client)
     tree = install_opt_ml(plan, root, client)
     echo(f"pipe agent: {plan.describe()}; root {root}")
-    ckpt_cfg = plan.job.request.get("CheckpointConfig") or {}
-    errors: list[str] = []
-    feeds: list = []
     ready = root / READY_FILE
-    with CheckpointSync(
-        ckpt_cfg.get("S3Uri"), [tree.checkpoint_path(ckpt_cfg.get("LocalPath"))], client
-    ) as ckpt:
-        restored = ckpt.restore()
-        if restored:
-            echo(f"pipe agent: restored {restored} checkpoint file(s) from {ckpt.s3_uri}")
+    host = HostLifecycle(
+        plan.job, [tree], client, echo, first_index=plan.node_index, channels=plan.channels, items=items,
+        stop=stop, max_epochs=plan.epochs, label="pipe agent: ",
+    )  # fmt: skip
+    with host:
         try:
-            feeds += _node_feeds(plan, tree, items, client, stop, errors.append, echo)
-            for feed in feeds:
-                feed.start()
-            ckpt.start()
+            host.start()
             ready.write_text(str(os.getpid()))
-            _wait(plan, feeds, errors, stop, until_pid, echo)
+            _wait(plan, host.feeds, host.errors, host.stop, until_pid, echo)
         finally:
-            stop.set()
-            close_feeds(feeds)
             ready.unlink(missing_ok=True)
-    for feed in feeds:
+    for feed in host.feeds:
         s = feed.stats
         echo(f"pipe agent: {s.channel}: {s.epochs} epoch(s), {s.objects} object(s), {s.bytes} bytes")
-    if errors:
-        raise PipeAgentError("; ".join(errors))
-    if plan.node_index == 0:
-        upload_outputs(plan, tree, client, echo)
+    if host.errors:
+        raise PipeAgentError("; ".join(host.errors))
+    host.upload_outputs()  # the job's first node: its model and output
 
 
 def node_ranks_running(root: Path) -> bool:
@@ -266,42 +255,6 @@ def stop_on_signals(stop: threading.Event, root: Path, drain: float = 0.0, echo=
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
-
-
-def upload_outputs(plan: NodePlan, tree: HostTree, client, echo) -> None:
-    """Node 0, as SageMaker after the job: ``model.tar.gz`` and ``output.tar.gz`` into the output path.
-
-    Only what rank 0 wrote is there (the runtime saves the model after training), so an empty model
-    directory (a failed or stopped job) uploads nothing."""
-    output = (plan.job.request.get("OutputDataConfig") or {}).get("S3OutputPath", "").rstrip("/")
-    if not output:
-        return
-    for directory, name in ((tree.model_dir, "model.tar.gz"), (tree.output_data_dir, "output.tar.gz")):
-        uri = f"{output}/{plan.job.name}/output/{name}"
-        try:
-            if pack_and_upload(directory, uri, client):
-                echo(f"pipe agent: uploaded {uri}")
-        except Exception as exc:  # noqa: BLE001 - boto3's upload errors vary; name the target
-            raise PipeAgentError(
-                f"node {plan.node_index}: cannot upload {directory} to {uri}: {exc}"
-            ) from exc
-
-
-def _node_feeds(plan: NodePlan, tree: HostTree, items, client, stop, on_error, echo) -> list:
-    """One feed per channel of this node: File mode is downloaded now, Pipe mode streams later."""
-    feeds = []
-    for spec in plan.channels:
-        args = (items[spec.name], plan.node_index, plan.job.hosts)
-        if spec.input_mode == "File":
-            feeds.append(FileFeed(spec, args[0], tree, client, *args[1:], echo))
-        else:
-            feeds.append(
-                ChannelFeeder(
-                    spec, *args[:1], tree.data_dir, *args[1:], client, stop, on_error,
-                    host_name=tree.name, max_epochs=plan.epochs,
-                )
-            )  # fmt: skip
-    return feeds
 
 
 def _wait(plan: NodePlan, feeds, errors, stop, until_pid, echo) -> None:

@@ -89,7 +89,7 @@ def _q(words) -> str:
     return " ".join(shlex.quote(str(w)) for w in words)
 
 
-def _directives(job: JobSpec, options: SlurmOptions, max_run) -> list[str]:
+def _directives(job: JobSpec, options: SlurmOptions) -> list[str]:
     """The ``#SBATCH`` options: the allocation, the output file, the stop signal, the time limit."""
     directives = [
         f"--job-name={job.name}",
@@ -100,8 +100,8 @@ def _directives(job: JobSpec, options: SlurmOptions, max_run) -> list[str]:
     ]
     if options.gpus_per_node:
         directives.append(f"--gpus-per-node={options.gpus_per_node}")
-    if max_run:
-        directives.append(f"--time={math.ceil(int(max_run) / 60)}")  # minutes: SageMaker's MaxRuntime
+    if job.max_runtime:
+        directives.append(f"--time={math.ceil(job.max_runtime / 60)}")  # minutes: SageMaker's MaxRuntime
     if options.partition:
         directives.append(f"--partition={directive_value('--partition', options.partition)}")
     return directives
@@ -155,17 +155,15 @@ def _task_commands(job: JobSpec, options: SlurmOptions, entry) -> tuple[str, str
     return agent, agent_start, wait_ready, in_tree, ranks
 
 
-def sbatch_script(request: dict, options: SlurmOptions) -> str:
+def sbatch_script(request: dict | JobSpec, options: SlurmOptions) -> str:
     """The sbatch script that runs ``request`` on InstanceCount nodes x processes-per-host tasks."""
-    job = JobSpec.from_request(request, toolkit_version=options.toolkit_version)
+    job = JobSpec.of(request, options.toolkit_version)
     check_slurm_job(job, "the sbatch script")
     entry = distribution(job.distribution)
     start = entry.slurm
     check_tasks(job.processes_per_host, options.gpus_per_node, entry.title)
     nodes, tasks = job.hosts, job.processes_per_host
-    directives = _directives(
-        job, options, (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
-    )
+    directives = _directives(job, options)
     per_node = f"--nodes={nodes} --ntasks={nodes} --ntasks-per-node=1"
     exports = f"export AWS_ENDPOINT_URL={shlex.quote(options.endpoint_url)}\n" if options.endpoint_url else ""
     exports += "export FI_PROVIDER=efa  # EFA for NCCL and Open MPI\n" if options.efa else ""

@@ -149,6 +149,7 @@ def test_each_hosts_variables_are_written_as_the_toolkit_writes_them(tmp_path):
     """Local mode's model of the SM_* variables (``host.opt_ml``) for a tree of two hosts, against what
     the real toolkit writes reading that tree's config files: the same strings, JSON spacing included."""
     from sagemaker_dist.contract.layout import plan_layout
+    from sagemaker_dist.contract.training_request import ChannelSpec
     from sagemaker_dist.host.opt_ml import build_host_trees
 
     if not TOOLKIT_PYTHON.is_file():
@@ -166,7 +167,8 @@ def test_each_hosts_variables_are_written_as_the_toolkit_writes_them(tmp_path):
         },
     ]
     hps = {"epochs": 3, "name": "a b", "sagemaker_dist_layout": plan_layout(2, 1).to_json()}
-    tree = build_host_trees(tmp_path, 2, channels, hps, instance_type="ml.g5.2xlarge")[1]
+    specs = [ChannelSpec.from_request(c) for c in channels]
+    tree = build_host_trees(tmp_path, 2, specs, hps, instance_type="ml.g5.2xlarge")[1]
     out = tmp_path / "out.json"
     proc = subprocess.run(
         [str(TOOLKIT_PYTHON), str(PROBE), str(tree.root), str(out)],

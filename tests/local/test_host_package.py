@@ -7,8 +7,13 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+from helpers.small_request import small_request
+
 import sagemaker_dist
+from sagemaker_dist.aws.s3_objects import s3_client
 from sagemaker_dist.host.job_spec import JobSpec
+from sagemaker_dist.host.lifecycle import HostLifecycle, OutputUploadError
 from sagemaker_dist.host.opt_ml import DEFAULT_INSTANCE_TYPE, host_trees_for
 from sagemaker_dist.local.demo import prepare_demo_job
 
@@ -54,3 +59,68 @@ def test_host_speaks_of_hosts_not_of_an_emulator():
         assert "emulat" not in text.lower(), path.name
         for match in re.finditer(r"simulated", text, re.IGNORECASE):
             assert text[max(0, match.start() - 13) : match.start()].lower() == "local mode's ", path.name
+
+
+def test_both_users_run_one_host_lifecycle():
+    """Checkpoints, feeds and the model's upload are ``host.lifecycle``'s, for local mode and the pipe agent
+    alike: neither builds them itself."""
+    for user in ("local/job.py", "platforms/pipe_agent.py"):
+        source = (PACKAGE / user).read_text()
+        assert "HostLifecycle(" in source, user
+        for own in ("CheckpointSync(", "ChannelFeeder(", "FileFeed(", "pack_and_upload(", "open_feeds("):
+            assert own not in source, (user, own)
+
+
+def _lifecycle_job(bucket: str, hosts: int) -> JobSpec:
+    request = small_request({})
+    request["ResourceConfig"]["InstanceCount"] = hosts
+    request["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"] = f"s3://{bucket}/train/"
+    request["OutputDataConfig"]["S3OutputPath"] = f"s3://{bucket}/out/"
+    request["CheckpointConfig"] = {"S3Uri": f"s3://{bucket}/ckpt"}
+    return JobSpec.from_request(request)
+
+
+def test_the_lifecycle_restores_feeds_syncs_and_uploads_from_the_first_host(s3, bucket, tmp_path):
+    for key in ("train/a", "train/b", "ckpt/step-1/meta.json"):
+        s3.put_object(Bucket=bucket, Key=key, Body=key.encode())
+    client = s3_client()
+    job = _lifecycle_job(bucket, 2)
+    trees = host_trees_for(job, tmp_path / "hosts")
+    lines = []
+    with HostLifecycle(job, trees, client, lines.append) as host:  # local mode: every host
+        assert all((t.checkpoint_path(None) / "step-1" / "meta.json").read_bytes() == b"ckpt/step-1/meta.json"
+                   for t in trees)  # fmt: skip
+        assert sorted(p.name for p in (trees[0].data_dir / "train").iterdir()) == ["a", "b"]  # File mode
+        host.start()
+        (trees[0].checkpoint_path(None) / "step-2").mkdir()
+        (trees[0].checkpoint_path(None) / "step-2" / "meta.json").write_text("2")
+        (trees[0].model_dir / "weights").write_text("w")
+        host.finish()
+        model = host.upload_outputs()
+    assert model == f"s3://{bucket}/out/{job.name}/output/model.tar.gz"
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]}
+    assert "ckpt/step-2/meta.json" in keys and f"out/{job.name}/output/model.tar.gz" in keys
+    assert lines[0] == f"restored 1 checkpoint file(s) from s3://{bucket}/ckpt"
+
+    node = host_trees_for(job, tmp_path / "node")[1:]  # the pipe agent of the second node
+    (node[0].model_dir / "weights").write_text("w")
+    with HostLifecycle(job, node, client, lines.append, first_index=1, label="pipe agent: ") as host:
+        assert host.upload_outputs() is None  # only the job's first host uploads
+    assert f"pipe agent: restored 2 checkpoint file(s) from s3://{bucket}/ckpt" in lines
+    assert lines[-1].startswith("algo-2: downloaded channel train")  # its own host's share of the channel
+
+
+def test_an_upload_that_fails_names_the_host_and_the_target(s3, bucket, tmp_path):
+    job = _lifecycle_job(bucket, 1)
+    s3.put_object(Bucket=bucket, Key="train/a", Body=b"a")
+    trees = host_trees_for(job, tmp_path)
+    (trees[0].model_dir / "weights").write_text("w")
+    with HostLifecycle(job, trees, s3_client(), lambda line: None) as host:
+        host.client = _FailingUploads()
+        with pytest.raises(OutputUploadError, match=f"algo-1: cannot upload .*model to s3://{bucket}/out/"):
+            host.upload_outputs()
+
+
+class _FailingUploads:
+    def upload_file(self, *args, **kwargs):
+        raise OSError("connection reset")

@@ -179,10 +179,10 @@ def test_the_stop_and_resume_lines_name_one_place_the_same_way():
 
 def test_interrupt_at_needs_a_checkpoint_uri_and_positive_seconds():
     with pytest.raises(ConfigurationError, match="no CheckpointConfig.S3Uri"):
-        check_interrupts([30.0], {"CheckpointConfig": {}})
+        check_interrupts([30.0], None)
     with pytest.raises(ConfigurationError, match="--interrupt-at -1"):
-        check_interrupts([-1], {"CheckpointConfig": {"S3Uri": "s3://b/c"}})
-    check_interrupts([30.0, 40.0], {"CheckpointConfig": {"S3Uri": "s3://b/c"}})
+        check_interrupts([-1], "s3://b/c")
+    check_interrupts([30.0, 40.0], "s3://b/c")
 
 
 def test_demo_interrupted_ends_0_with_2_attempts(tmp_path):

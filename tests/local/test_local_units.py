@@ -16,6 +16,7 @@ from sagemaker_dist.contract.hyperparameters import encode_all
 from sagemaker_dist.contract.layout import plan_layout
 from sagemaker_dist.contract.rank_slots import rank_slots, slot_environment
 from sagemaker_dist.contract.toolkit import script_argv
+from sagemaker_dist.contract.training_request import ChannelSpec
 from sagemaker_dist.host.opt_ml import build_host_trees
 from sagemaker_dist.local.demo_data import encode_example, generate_examples, tfrecord_file
 from sagemaker_dist.local.launchers.base import describe_exit
@@ -43,7 +44,8 @@ def _channel(name, mode="Pipe", distribution="FullyReplicated"):
 def test_host_trees_follow_the_container_contract(tmp_path):
     layout = plan_layout(2, 2)
     hps = {"epochs": 3, "lr": 0.1, "name": "x", "sagemaker_dist_layout": layout.to_json()}
-    trees = build_host_trees(tmp_path, 2, [_channel("train_0"), _channel("eval", "FastFile")], hps)
+    channels = [ChannelSpec.from_request(c) for c in (_channel("train_0"), _channel("eval", "FastFile"))]
+    trees = build_host_trees(tmp_path, 2, channels, hps)
     assert [t.name for t in trees] == ["algo-1", "algo-2"]
     config = trees[1].root / "input" / "config"
     resource = json.loads((config / "resourceconfig.json").read_text())

@@ -119,7 +119,7 @@ class Toolkit(ToolkitHosts):
         job, work, trees = self.job, setup.work, setup.trees
         entry = distribution(job.distribution)
         state = work / "namespace"
-        request_env, module = job.request.get("Environment"), entry.toolkit_training_module
+        request_env, module = job.environment, entry.toolkit_training_module
         env = toolkit_environment(dict(os.environ), self.python, job.name, request_env, module)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         env.update(toolkit_host_env(job.distribution, setup.extra_env))
@@ -170,7 +170,7 @@ class Container(ToolkitHosts):
         pid_dir = work / "ranks"  # stays empty, as the toolkit's
         pid_dir.mkdir()
         host_env = toolkit_host_env(job.distribution, setup.extra_env)
-        env = container_environment(os.environ, job.name, job.request.get("Environment"), host_env)
+        env = container_environment(os.environ, job.name, job.environment, host_env)
         show = rank_echo(trees, job.processes_per_host, setup.echo)
         # S3 off this machine's loopback: the container shares this machine's network (private_net),
         # so its sshd, which would listen there as root, is a stub
