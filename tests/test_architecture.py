@@ -15,6 +15,8 @@ at run time (what importing each module loads).
   name;
 - only the registry of platforms (``cli/platforms.py``) compares a platform's name (and only the two
   registries a Kubernetes kind);
+- only the contract (``contract/training_request.py``, ``contract/request_rules.py``) and the job spec
+  read a CreateTrainingJob request's raw keys; everything else takes typed fields;
 - the core imports no framework: every runtime module outside the framework folders
   (``FRAMEWORK_SIDES``: ``runtime/tensorflow/`` and ``runtime/torch/``) imports none of tensorflow, keras,
   tf_keras, horovod, torch at any depth, and a framework's folder only inside a function (a convenience
@@ -650,3 +652,100 @@ def test_the_opt_ml_rule_catches_a_path_and_not_prose(tmp_path):
         'help = "where the per-host /opt/ml trees go"\n'
     )
     assert sorted(hit.split(":")[0] for hit in _opt_ml_paths(bad)) == ["line 1", "line 2", "line 3"]
+
+
+# The CreateTrainingJob request's members (and those of its parts) that a reader of the raw dict names.
+REQUEST_KEYS = frozenset(
+    """TrainingJobName RoleArn AlgorithmSpecification TrainingImage TrainingInputMode MetricDefinitions
+    HyperParameters InputDataConfig ChannelName DataSource S3DataSource S3Uri S3DataType
+    S3DataDistributionType InputMode ContentType CompressionType RecordWrapperType ShuffleConfig Seed
+    OutputDataConfig S3OutputPath KmsKeyId ResourceConfig InstanceCount InstanceType VolumeSizeInGB
+    VolumeKmsKeyId StoppingCondition MaxRuntimeInSeconds MaxWaitTimeInSeconds CheckpointConfig LocalPath
+    TensorBoardOutputConfig Environment EnableManagedSpotTraining VpcConfig Subnets SecurityGroupIds Tags
+    EnableNetworkIsolation RetryStrategy""".split()
+)
+# Where the raw request may be read: the contract (``training_request.py`` reads it into typed fields,
+# ``request_rules.py`` checks it whole) and the job spec built from it. The runtime reads the container's
+# config files (``inputdataconfig.json``), which SageMaker writes with some of the same names.
+REQUEST_READERS = ("sagemaker_dist.contract.", "sagemaker_dist.host.job_spec", "sagemaker_dist.runtime")
+# Modules that read AWS's responses, whose members share the request's names (a tuning job's trial
+# summaries name each trial's TrainingJobName), and the local demo's prepared request, which its
+# owner moves to ``PreparedJob.training`` and ``edited_request``.
+NOT_THE_REQUEST = {
+    "sagemaker_dist.launch.tuning_handle": "TrialSummary.from_summary reads ListTrainingJobs' summaries",
+    "sagemaker_dist.local.demo": "_prepared adds tensorboard_s3_uri to the prepared request",
+}
+_KEY_READERS = ("get", "pop", "setdefault")
+
+
+def _request_key_reads(path: Path) -> list[str]:
+    """Each read of a request member by its name in ``path``: ``x["Key"]`` (not an assignment to it),
+    ``x.get("Key")`` / ``pop`` / ``setdefault``, and ``"Key" in x``. Dict literals that write a request,
+    and names in prose, are not reads."""
+
+    def is_key(node) -> bool:
+        if isinstance(node, ast.Constant):
+            return isinstance(node.value, str) and node.value in REQUEST_KEYS
+        return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(is_key(e) for e in node.elts)
+
+    hits = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        read = (
+            (isinstance(node, ast.Subscript) and not isinstance(node.ctx, ast.Store) and is_key(node.slice))
+            or (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in _KEY_READERS
+                and bool(node.args)
+                and is_key(node.args[0])
+            )
+            or (
+                isinstance(node, ast.Compare)
+                and any(isinstance(op, (ast.In, ast.NotIn, ast.LtE, ast.GtE)) for op in node.ops)
+                and is_key(node.left)
+            )
+        )
+        if read:
+            hits.append((node.lineno, f"{node.lineno}: {ast.unparse(node)[:80]}"))
+    return [hit for _, hit in sorted(hits)]
+
+
+def test_the_request_is_read_only_by_the_contract_and_the_job_spec():
+    """A CreateTrainingJob request is read once, into ``contract.training_request.TrainingRequest`` (and
+    the ``JobSpec`` that extends it for a host): every other module takes typed fields, so a member's
+    default or shape is decided in one place and no reader re-reads the dict its own way."""
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    members, shapes = set(), [model.operation_model("CreateTrainingJob").input_shape]
+    while shapes:
+        shape = shapes.pop()
+        nested = getattr(shape, "members", None) or {}
+        if shape.type_name == "list":
+            shapes.append(shape.member)
+        for name, member in nested.items():
+            if name not in members:
+                members.add(name)
+                shapes.append(member)
+    assert REQUEST_KEYS <= members, sorted(REQUEST_KEYS - members)  # every key is the request's own
+    hits = []
+    for module, path in _sources():
+        if not module.startswith(REQUEST_READERS) and module not in NOT_THE_REQUEST:
+            hits += [f"{module}:{hit}" for hit in _request_key_reads(path)]
+    assert hits == [], "the raw request read outside the contract and the job spec:\n" + "\n".join(hits)
+
+
+def test_the_request_rule_catches_a_read(tmp_path):
+    """The checker itself: each way of reading a member by name is reported; writing a request and
+    reading a typed field are not."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        'a = request["InputDataConfig"]\n'
+        'b = (request.get("CheckpointConfig") or {}).get("S3Uri")\n'
+        'c = "Environment" in request\n'
+        'd = request["HyperParameters"].pop("epochs")\n'
+        'e = {"AlgorithmSpecification", "InputDataConfig"} <= set(request)\n'
+        'request["ResourceConfig"] = {"InstanceType": "ml.p4d.24xlarge"}\n'
+        'ok = job.checkpoint_s3_uri and {"TrainingJobName": name} and response["Key"]\n'
+    )
+    assert [h.split(":")[0] for h in _request_key_reads(bad)] == ["1", "2", "2", "3", "4", "5"]

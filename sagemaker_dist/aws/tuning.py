@@ -21,9 +21,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from itertools import product
 
-from sagemaker_dist.aws.request_validation import (
-    MAX_HYPERPARAMETERS,
-)
 from sagemaker_dist.aws.tuning_ranges import (
     CATEGORICAL,
     CONTINUOUS,
@@ -42,6 +39,8 @@ from sagemaker_dist.contract.metric_line import (
     check_metric_name,
     metric_definitions,
 )
+from sagemaker_dist.contract.request_rules import MAX_HYPERPARAMETERS
+from sagemaker_dist.contract.training_request import TrainingRequest, training_definition, trial_request
 
 OPERATION = "CreateHyperParameterTuningJob"
 STRATEGIES = ("Bayesian", "Random", "Hyperband", "Grid")
@@ -290,12 +289,6 @@ def _warm_start(warm_start) -> tuple[tuple[str, ...], str]:
 
 # ----- the request -----
 
-_DEFINITION_FIELDS = (  # CreateTrainingJob fields a HyperParameterTrainingJobDefinition carries as they are
-    "RoleArn", "InputDataConfig", "VpcConfig", "OutputDataConfig", "ResourceConfig", "StoppingCondition",
-    "EnableNetworkIsolation", "EnableInterContainerTrafficEncryption", "EnableManagedSpotTraining",
-    "RetryStrategy", "Environment",
-)  # fmt: skip
-
 
 def _distribution(hyperparameters: Mapping) -> Distribution:
     """The distribution a training request's layout names (none: the registry's default, as the
@@ -314,28 +307,19 @@ def render_tuning_request(
     would resume another's checkpoint. TensorBoardOutputConfig has no place in a tuning definition.
     """
     check_tuning_job_name(tuning_job_name)
-    static = dict(training_request.get("HyperParameters") or {})
+    read = TrainingRequest.parse(training_request)
+    static = dict(read.hyperparameters)
     spec.check_static(static)
-    output_path = (training_request.get("OutputDataConfig") or {}).get("S3OutputPath")
-    if _distribution(static).tuning_sets_model_dir and output_path and "model_dir" not in spec.names:
-        static.setdefault("model_dir", output_path.rstrip("/"))  # each trial's: <path>/<trial>/model
-    algorithm = training_request.get("AlgorithmSpecification") or {}
-    definition = {
-        "StaticHyperParameters": static,
-        "AlgorithmSpecification": {
-            "TrainingImage": algorithm.get("TrainingImage"),
-            "TrainingInputMode": algorithm.get("TrainingInputMode"),
-            "MetricDefinitions": spec.metric_definitions(),
-        },
-    }
-    definition.update({k: training_request[k] for k in _DEFINITION_FIELDS if k in training_request})
+    if _distribution(static).tuning_sets_model_dir and read.output_path and "model_dir" not in spec.names:
+        static.setdefault("model_dir", read.output_path)  # each trial's: <path>/<trial>/model
+    definition = training_definition(training_request, static, spec.metric_definitions())
     notes = []
-    if "CheckpointConfig" in training_request:
+    if read.checkpoint_s3_uri or read.checkpoint_local_path:
         notes.append(
             "CheckpointConfig left out: every trial of a tuning job would get the same checkpoint URI and "
             "resume another trial's checkpoint; each trial starts fresh"
         )
-    if "TensorBoardOutputConfig" in training_request:
+    if read.tensorboard_s3_uri or read.tensorboard_local_path:
         notes.append("TensorBoardOutputConfig left out: a tuning job's training definition has no such field")
     config = {
         "Strategy": spec.strategy,
@@ -371,8 +355,8 @@ def render_tuning_request(
             ],
             "WarmStartType": spec.warm_start_type,
         }
-    if training_request.get("Tags"):
-        request["Tags"] = list(training_request["Tags"])
+    if read.tags:
+        request["Tags"] = list(read.tags)
     return request, notes
 
 
@@ -391,26 +375,10 @@ def epochs_of(hyperparameters: Mapping[str, str]) -> int | None:
 def trial_training_request(tuning_request: Mapping, job_name: str, values: Mapping[str, str]) -> dict:
     """The CreateTrainingJob request SageMaker makes for one trial: the definition, the static
     hyperparameters plus this trial's ``values`` and ``_tuning_objective_metric``."""
-    definition = tuning_request["TrainingJobDefinition"]
     config = tuning_request["HyperParameterTuningJobConfig"]
-    algorithm = definition["AlgorithmSpecification"]
-    request = {
-        "TrainingJobName": job_name,
-        "AlgorithmSpecification": {
-            k: algorithm[k]
-            for k in ("TrainingImage", "TrainingInputMode", "MetricDefinitions")
-            if k in algorithm
-        },
-        "HyperParameters": {
-            **definition.get("StaticHyperParameters", {}),
-            **{str(k): str(v) for k, v in values.items()},
-            TUNING_OBJECTIVE_HYPERPARAMETER: config["HyperParameterTuningJobObjective"]["MetricName"],
-        },
-    }
-    request.update({k: definition[k] for k in _DEFINITION_FIELDS if k in definition})
-    if tuning_request.get("Tags"):
-        request["Tags"] = list(tuning_request["Tags"])
-    return request
+    objective = config["HyperParameterTuningJobObjective"]["MetricName"]
+    values = {**{str(k): str(v) for k, v in values.items()}, TUNING_OBJECTIVE_HYPERPARAMETER: objective}
+    return trial_request(tuning_request, job_name, values)
 
 
 def sample_values(spec: TuningSpec) -> dict[str, str]:

@@ -8,11 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sagemaker_dist.aws.request_validation import (
-    MAX_HYPERPARAMETERS,
-    limit_problems,
-    service_model_problems,
-)
+from sagemaker_dist.aws.request_validation import service_model_problems
 from sagemaker_dist.aws.tuning import (
     MAX_SEARCHED,
     MAX_TUNING_JOB_NAME,
@@ -21,9 +17,10 @@ from sagemaker_dist.aws.tuning import (
     TUNING_OBJECTIVE_HYPERPARAMETER,
     TuningSpec,
     sample_values,
-    trial_training_request,
 )
 from sagemaker_dist.aws.tuning_ranges import TuningError
+from sagemaker_dist.contract.request_rules import MAX_HYPERPARAMETERS, limit_problems
+from sagemaker_dist.contract.training_request import RequestFormatError, TrainingRequest, trial_request
 
 
 class TuningRequestError(TuningError):
@@ -44,8 +41,15 @@ def tuning_problems(request: Mapping, spec: TuningSpec) -> list[str]:
     name = request.get("HyperParameterTuningJobName")
     if not isinstance(name, str) or not TUNING_JOB_NAME_RE.match(name):
         problems.append(f"tuning job name {name!r}: 1-{MAX_TUNING_JOB_NAME} letters, digits and hyphens")
-    definitions = (definition.get("AlgorithmSpecification") or {}).get("MetricDefinitions") or []
     objective = (config.get("HyperParameterTuningJobObjective") or {}).get("MetricName")
+    trial, definitions = None, ()
+    if definition:  # a trial's request, as SageMaker would make it (a stand-in value for each range)
+        values = {**sample_values(spec), TUNING_OBJECTIVE_HYPERPARAMETER: str(objective)}
+        trial = trial_request(request, f"{name or 'tune'}-001-00000000"[:63], values)
+        try:
+            definitions = TrainingRequest.parse(trial).metric_definitions
+        except RequestFormatError as exc:
+            problems.append(f"each trial's training job: {exc}")
     if objective not in [d.get("Name") for d in definitions]:
         problems.append(f"objective metric {objective!r} has no MetricDefinition")
     ranges = config.get("ParameterRanges") or {}
@@ -68,8 +72,7 @@ def tuning_problems(request: Mapping, spec: TuningSpec) -> list[str]:
     numeric = ranges.get("IntegerParameterRanges") or ranges.get("ContinuousParameterRanges")
     if config.get("Strategy") == "Grid" and numeric:
         problems.append("Grid takes categorical ranges only")
-    if definition:
-        trial = trial_training_request(request, f"{name or 'tune'}-001-00000000"[:63], sample_values(spec))
+    if trial is not None:
         problems += [f"each trial's training job: {p}" for p in limit_problems(trial)]
     return problems
 

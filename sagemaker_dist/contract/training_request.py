@@ -195,18 +195,62 @@ def edited_request(
     *,
     instance_type: str | None = None,
     checkpoint_s3_uri: str | None = None,
+    hyperparameters: Mapping[str, str] | None = None,
     without_hyperparameters: Iterable[str] = (),
 ) -> dict:
-    """A copy of ``request`` with what is given changed (``instance_type``, ``checkpoint_s3_uri``) and
-    ``without_hyperparameters`` dropped: a command line's overrides of a request it was handed, written
-    where the request's members are named."""
+    """A copy of ``request`` with what is given changed (``instance_type``, ``checkpoint_s3_uri``,
+    ``hyperparameters`` set over its own) and ``without_hyperparameters`` dropped: a caller's overrides
+    of a request it was handed, written where the request's members are named."""
     edited = dict(request)
     if instance_type:
         edited["ResourceConfig"] = {**(request.get("ResourceConfig") or {}), "InstanceType": instance_type}
     if checkpoint_s3_uri:
         edited["CheckpointConfig"] = {**(request.get("CheckpointConfig") or {}), "S3Uri": checkpoint_s3_uri}
     dropped = set(without_hyperparameters)
-    if dropped:
-        hps = request.get("HyperParameters") or {}
+    if dropped or hyperparameters:
+        hps = {**(request.get("HyperParameters") or {}), **(hyperparameters or {})}
         edited["HyperParameters"] = {k: v for k, v in hps.items() if k not in dropped}
     return edited
+
+
+# CreateTrainingJob members a tuning job's HyperParameterTrainingJobDefinition carries as they are
+DEFINITION_MEMBERS = (
+    "RoleArn", "InputDataConfig", "VpcConfig", "OutputDataConfig", "ResourceConfig", "StoppingCondition",
+    "EnableNetworkIsolation", "EnableInterContainerTrafficEncryption", "EnableManagedSpotTraining",
+    "RetryStrategy", "Environment",
+)  # fmt: skip
+
+
+def training_definition(request: Mapping, static_hyperparameters: Mapping, metric_definitions: list) -> dict:
+    """The HyperParameterTrainingJobDefinition of a tuning job over ``request``: the members a definition
+    carries, its image and input mode, ``static_hyperparameters`` and the tuning's ``metric_definitions``.
+    CheckpointConfig and TensorBoardOutputConfig have no place in it."""
+    algorithm = _section(request, "AlgorithmSpecification", RequestFormatError)
+    definition = {
+        "StaticHyperParameters": dict(static_hyperparameters),
+        "AlgorithmSpecification": {
+            "TrainingImage": algorithm.get("TrainingImage"),
+            "TrainingInputMode": algorithm.get("TrainingInputMode"),
+            "MetricDefinitions": metric_definitions,
+        },
+    }
+    return {**definition, **{k: request[k] for k in DEFINITION_MEMBERS if k in request}}
+
+
+def trial_request(tuning_request: Mapping, job_name: str, hyperparameters: Mapping) -> dict:
+    """The CreateTrainingJob request SageMaker makes for one trial of ``tuning_request``: its training
+    definition's members and tags, with the static hyperparameters, then ``hyperparameters``."""
+    definition = _section(tuning_request, "TrainingJobDefinition", RequestFormatError)
+    algorithm = _section(definition, "AlgorithmSpecification", RequestFormatError)
+    request = {
+        "TrainingJobName": job_name,
+        "AlgorithmSpecification": {k: algorithm[k] for k in _TRIAL_ALGORITHM if k in algorithm},
+        "HyperParameters": {**(definition.get("StaticHyperParameters") or {}), **hyperparameters},
+    }
+    request.update({k: definition[k] for k in DEFINITION_MEMBERS if k in definition})
+    if tuning_request.get("Tags"):
+        request["Tags"] = list(tuning_request["Tags"])
+    return request
+
+
+_TRIAL_ALGORITHM = ("TrainingImage", "TrainingInputMode", "MetricDefinitions")

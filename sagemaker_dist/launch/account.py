@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
+from sagemaker_dist.contract.training_request import TrainingRequest
 from sagemaker_dist.errors import AwsError
 from sagemaker_dist.launch.inputs import EstimatorError
 
@@ -156,7 +157,7 @@ def create_training_job(request: Mapping, boto_session=None):
         TrainingJob,
         "CreateTrainingJobRequest",
         request,
-        f"create training job {request.get('TrainingJobName')!r}",
+        f"create training job {TrainingRequest.parse(request).name!r}",
         "no job was created; fix what the message names (role, limits, quotas, image, S3 access) "
         "and launch again with another job_name (the shards and source of this attempt are "
         "already in S3 under its name)",
@@ -169,4 +170,5 @@ def sdk_channels(request: Mapping) -> list:
     from sagemaker.core.shapes import Channel
     from sagemaker.core.utils.code_injection.codec import transform
 
-    return [Channel(**transform(c, "Channel")) for c in request["InputDataConfig"]]
+    members = transform(dict(request), "CreateTrainingJobRequest")  # the SDK's own reading of the request
+    return [Channel(**channel) for channel in members.get("input_data_config", [])]

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
 
-from sagemaker_dist.aws.request_validation import MAX_JOB_NAME
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract.distributions import distribution as registered
 from sagemaker_dist.contract.distributions import names_where
@@ -25,6 +24,7 @@ from sagemaker_dist.contract.paths import (
     TENSORBOARD_LOCAL_PATH,
     OptMl,
 )
+from sagemaker_dist.contract.request_rules import MAX_JOB_NAME
 from sagemaker_dist.contract.s3_uri import join_s3
 from sagemaker_dist.launch.inputs import ChannelSource, EstimatorError, JobInputs
 from sagemaker_dist.launch.source_package import TARBALL_NAME
@@ -255,45 +255,47 @@ def render_request(
             **framework_hyperparameters(layout, program, submit_directory, est.mpi_options),
         },
         "InputDataConfig": _channels(est, layout, sources, inputs.extras, names.source_uri),
-        "OutputDataConfig": {"S3OutputPath": names.output_path},
-        "ResourceConfig": {
-            "InstanceType": est.instance_type,
-            "InstanceCount": est.instance_count,
-            "VolumeSizeInGB": est.volume_size,
-        },
-        "StoppingCondition": {"MaxRuntimeInSeconds": est.max_run},
+        "OutputDataConfig": _present(S3OutputPath=names.output_path, KmsKeyId=est.output_kms_key or None),
+        "ResourceConfig": _present(
+            InstanceType=est.instance_type,
+            InstanceCount=est.instance_count,
+            VolumeSizeInGB=est.volume_size,
+            VolumeKmsKeyId=est.volume_kms_key or None,
+        ),
+        "StoppingCondition": _present(MaxRuntimeInSeconds=est.max_run, MaxWaitTimeInSeconds=est.max_wait),
         "EnableNetworkIsolation": bool(est.enable_network_isolation),
         "EnableInterContainerTrafficEncryption": bool(est.encrypt_inter_container_traffic),
         "EnableManagedSpotTraining": bool(est.use_spot),
     }
-    _add_optional(request, est, names)
-    return request
+    return {**request, **_optional(est, names)}
 
 
-def _add_optional(request: dict, est: RequestSettings, names: ResolvedNames) -> None:
-    if est.output_kms_key:
-        request["OutputDataConfig"]["KmsKeyId"] = est.output_kms_key
-    if est.volume_kms_key:
-        request["ResourceConfig"]["VolumeKmsKeyId"] = est.volume_kms_key
-    if est.max_wait is not None:
-        request["StoppingCondition"]["MaxWaitTimeInSeconds"] = est.max_wait
+def _present(**members) -> dict:
+    """The members that have a value (SageMaker takes an absent member, not a null one)."""
+    return {name: value for name, value in members.items() if value is not None}
+
+
+def _optional(est: RequestSettings, names: ResolvedNames) -> dict:
+    """The request's members that only some jobs have."""
+    optional = {}
     if est.checkpoints:
-        request["CheckpointConfig"] = {
+        optional["CheckpointConfig"] = {
             "S3Uri": est.checkpoint_s3_uri or join_s3(names.output_path, names.job_name, "checkpoints"),
             "LocalPath": CHECKPOINT_LOCAL_PATH,
         }
     if est.tensorboard:
-        request["TensorBoardOutputConfig"] = {
+        optional["TensorBoardOutputConfig"] = {
             "S3OutputPath": est.tensorboard_s3_uri
             or join_s3(names.output_path, names.job_name, "tensorboard"),
             "LocalPath": TENSORBOARD_LOCAL_PATH,
         }
     if est.subnets:
-        request["VpcConfig"] = {"Subnets": est.subnets, "SecurityGroupIds": est.security_group_ids}
+        optional["VpcConfig"] = {"Subnets": est.subnets, "SecurityGroupIds": est.security_group_ids}
     if est.tags:
-        request["Tags"] = est.tags
+        optional["Tags"] = est.tags
     if est.environment:
-        request["Environment"] = dict(est.environment)
+        optional["Environment"] = dict(est.environment)
+    return optional
 
 
 def default_job_name(base: str, now: datetime | None = None) -> str:

@@ -13,6 +13,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from sagemaker_dist.aws.progress import progress_bar
 from sagemaker_dist.aws.tuning_ranges import TuningError
+from sagemaker_dist.contract.training_request import TrainingRequest, trial_request
 from sagemaker_dist.errors import JobFailedError
 from sagemaker_dist.launch.account import aws_error, create_with_sdk, existing
 
@@ -174,9 +175,9 @@ class TuningJobHandle:
     def _budget_seconds(self) -> float:
         config = self.request.get("HyperParameterTuningJobConfig") or {}
         limits = config.get("ResourceLimits") or {}
-        stop = (self.request.get("TrainingJobDefinition") or {}).get("StoppingCondition") or {}
+        trial = TrainingRequest.parse(trial_request(self.request, self.name, {}))  # each trial's limits
         jobs, parallel = limits.get("MaxNumberOfTrainingJobs"), limits.get("MaxParallelTrainingJobs") or 1
-        run = stop.get("MaxWaitTimeInSeconds") or stop.get("MaxRuntimeInSeconds")
+        run = trial.max_wait or trial.max_runtime
         if not jobs or not run:
             return MAX_TUNING_SECONDS
         return min(MAX_TUNING_SECONDS, math.ceil(jobs / parallel) * run + 3600)

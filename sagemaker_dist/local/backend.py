@@ -12,6 +12,7 @@ from pathlib import Path
 from sagemaker_dist.contract.distributions import UNNAMED_LAUNCHER
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.contract.toolkit import DEFAULT_TOOLKIT_VERSION
+from sagemaker_dist.contract.training_request import TrainingRequest, trial_request
 
 
 @dataclass
@@ -74,8 +75,8 @@ class LocalBackend:
         if endpoint:
             options += ["--endpoint-url", endpoint]
         else:
-            output = request["TrainingJobDefinition"]["OutputDataConfig"]["S3OutputPath"]
-            options += ["--bucket", parse_s3_uri(output)[0]]
+            trial = TrainingRequest.parse(trial_request(request, request["HyperParameterTuningJobName"], {}))
+            options += ["--bucket", parse_s3_uri(trial.output_path)[0]]
         for flag, value in (("--container-python", self.container_python), ("--image", self.image),
                             ("--work-dir", self.work_dir)):  # fmt: skip
             if value:

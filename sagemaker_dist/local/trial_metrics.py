@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from sagemaker_dist.contract.metric_line import DEFAULT_METRICS, metric_definitions, read_metrics
+from sagemaker_dist.contract.training_request import TrainingRequest
 
 
 class EpochMetricsWriter:
@@ -17,8 +18,8 @@ class EpochMetricsWriter:
     ``MetricDefinitions`` (default: the demo's metrics) read, appended to ``path`` and flushed."""
 
     def __init__(self, path: str | Path, request: Mapping):
-        algorithm = request.get("AlgorithmSpecification") or {}
-        self.definitions = algorithm.get("MetricDefinitions") or metric_definitions(DEFAULT_METRICS)
+        read = TrainingRequest.parse(request)
+        self.definitions = read.metric_definitions or metric_definitions(DEFAULT_METRICS)
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.touch()

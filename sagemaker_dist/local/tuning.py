@@ -30,8 +30,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sagemaker_dist.aws.tuning import TuningSpec, trial_training_request
+from sagemaker_dist.aws.tuning import TuningSpec, epochs_of, trial_training_request
 from sagemaker_dist.aws.tuning_ranges import CATEGORICAL, INTEGER, format_number
+from sagemaker_dist.contract.training_request import TrainingRequest, trial_request
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.trial_metrics import EpochMetricsReader
 
@@ -215,10 +216,9 @@ def run_local_tuning(
     optuna = _optuna()
     started = time.monotonic()
     name = tuning_request["HyperParameterTuningJobName"]
-    definition = tuning_request["TrainingJobDefinition"]
-    stopping = definition.get("StoppingCondition") or {}
-    timeout = trial_timeout or float(stopping.get("MaxRuntimeInSeconds") or DEFAULT_TRIAL_TIMEOUT_S)
-    study = make_study(spec, _epochs(definition))
+    static = TrainingRequest.parse(trial_request(tuning_request, name, {}))  # what every trial shares
+    timeout = trial_timeout or float(static.max_runtime or DEFAULT_TRIAL_TIMEOUT_S)
+    study = make_study(spec, epochs_of(static.hyperparameters))
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     lock = threading.Lock()
@@ -263,12 +263,6 @@ def _tell(study, trial, value=None, state=None) -> None:
     except RuntimeError as exc:
         if "Study.stop" not in str(exc):
             raise
-
-
-def _epochs(definition: Mapping) -> int | None:
-    from sagemaker_dist.aws.tuning import epochs_of
-
-    return epochs_of(definition.get("StaticHyperParameters") or {})
 
 
 def _run_trial(record, request, trial, runner, work, spec, timeout, stop_grace, lock, echo) -> str:

@@ -136,6 +136,10 @@ def test_edits_make_a_copy_and_name_the_members_once():
     assert TrainingRequest.parse(request).instance_type == "ml.c5.xlarge"  # the original is unchanged
     assert "epochs" in request["HyperParameters"] and "CheckpointConfig" not in request
     assert edited_request(request) == request
+    added = TrainingRequest.parse(
+        edited_request(request, hyperparameters={"tensorboard_s3_uri": "s3://b/tb"})
+    )
+    assert added.hyperparameters["tensorboard_s3_uri"] == "s3://b/tb" and "epochs" in added.hyperparameters
 
 
 def test_a_training_request_is_told_from_other_documents():
