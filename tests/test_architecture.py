@@ -17,6 +17,7 @@ at run time (what importing each module loads).
   registries a Kubernetes kind);
 - only the contract (``contract/training_request.py``, ``contract/request_rules.py``) and the job spec
   read a CreateTrainingJob request's raw keys; everything else takes typed fields;
+- on the SDK side only ``contract/environment.py`` reads (or writes) the process's environment;
 - the core imports no framework: every runtime module outside the framework folders
   (``FRAMEWORK_SIDES``: ``runtime/tensorflow/`` and ``runtime/torch/``) imports none of tensorflow, keras,
   tf_keras, horovod, torch at any depth, and a framework's folder only inside a function (a convenience
@@ -749,3 +750,59 @@ def test_the_request_rule_catches_a_read(tmp_path):
         'ok = job.checkpoint_s3_uri and {"TrainingJobName": name} and response["Key"]\n'
     )
     assert [h.split(":")[0] for h in _request_key_reads(bad)] == ["1", "2", "2", "3", "4", "5"]
+
+
+ENVIRONMENT_MODULE = "sagemaker_dist.contract.environment"
+RANK_SIDE = ("sagemaker_dist.runtime", "sagemaker_dist.local.demo_job")
+_ENVIRON_CALLS = ("getenv", "putenv", "unsetenv", "getenvb")
+
+
+def _environment_reads(path: Path) -> list[str]:
+    """Each use of this process's environment in ``path``: ``os.environ`` (read, written or copied) and
+    ``os.getenv``/``putenv``/``unsetenv``, as ``os.x`` or imported from ``os`` by name."""
+    tree = ast.parse(path.read_text())
+    names = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "os"
+        for alias in node.names
+        if alias.name in ("environ", "environb", *_ENVIRON_CALLS)
+    }
+    hits = []
+    for node in ast.walk(tree):
+        named = (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "os"
+            and node.attr in ("environ", "environb", *_ENVIRON_CALLS)
+        ) or (isinstance(node, ast.Name) and node.id in names)
+        if named:
+            hits.append((node.lineno, f"{node.lineno}: {ast.unparse(node)}"))
+    return [hit for _, hit in sorted(hits)]
+
+
+def test_the_sdk_side_reads_the_environment_in_one_module():
+    """Every variable the SDK side reads (the CLI, the launcher, local mode, the hosts, the platforms) is
+    named once in ``contract/environment.py`` and read through its accessors, so what sagemaker-dist
+    takes from the environment is one list. The runtime and the demo's training scripts run in the
+    ranks (``SM_*`` is their input, as for any script): they are not the SDK side."""
+    hits = []
+    for module, path in _sources():
+        if module != ENVIRONMENT_MODULE and not module.startswith(RANK_SIDE):
+            hits += [f"{module}:{hit}" for hit in _environment_reads(path)]
+    assert hits == [], "the environment read outside contract/environment.py:\n" + "\n".join(hits)
+
+
+def test_the_environment_rule_catches_a_read(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import os\n"
+        "from os import environ as env, getenv\n"
+        "a = os.environ.get('AWS_ENDPOINT_URL')\n"
+        "b = dict(os.environ)\n"
+        "os.environ['X'] = '1'\n"
+        "c = os.getenv('HOME')\n"
+        "d = env['PATH'] + getenv('PATH')\n"
+        "ok = os.path.join('a', 'b') and environment.endpoint_url() and job.environment\n"
+    )
+    assert [h.split(":")[0] for h in _environment_reads(bad)] == ["3", "4", "5", "6", "7", "7"]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 import warnings
 
 from sagemaker_dist import errors
+from sagemaker_dist.contract.environment import set_variables
 
 # Modules that define ``register(subparsers)``; each adds its subcommands with ``set_defaults(func=...)``.
 COMMAND_MODULES = (
@@ -40,7 +40,7 @@ def add_region_argument(p) -> None:
 def use_region(args) -> None:
     """``--region``, where given, for every boto3 session this command makes (the SDK's included)."""
     if getattr(args, "region", None):
-        os.environ["AWS_DEFAULT_REGION"] = os.environ["AWS_REGION"] = args.region
+        set_variables({"AWS_DEFAULT_REGION": args.region, "AWS_REGION": args.region})
 
 
 def _region(value: str) -> str:

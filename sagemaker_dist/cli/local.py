@@ -8,6 +8,7 @@ from pathlib import Path
 
 from sagemaker_dist.cli import add_distribution_argument
 from sagemaker_dist.contract.distributions import distribution
+from sagemaker_dist.contract.environment import ENDPOINT_URL, set_variables
 from sagemaker_dist.contract.toolkit import DEFAULT_TOOLKIT_VERSION
 from sagemaker_dist.contract.training_request import edited_request
 from sagemaker_dist.errors import ConfigurationError
@@ -186,12 +187,11 @@ def add_endpoint_args(p) -> None:
 
 def endpoint_for(args):
     """The embedded moto server unless a real bucket or an endpoint URL was given."""
-    import os
 
     from sagemaker_dist.local.endpoint import embedded_s3
 
     if args.endpoint_url:
-        os.environ["AWS_ENDPOINT_URL"] = args.endpoint_url
+        set_variables({ENDPOINT_URL: args.endpoint_url})
         return nullcontext(args.endpoint_url)
     if args.bucket:
         return nullcontext(None)

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from sagemaker_dist.contract.environment import variable
 from sagemaker_dist.errors import ConfigurationError, DataError
 
 DEFAULT_ROOT = "/opt/ml"
@@ -92,8 +93,7 @@ def contained_path(
 
 def opt_ml_root(root: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None) -> Path:
     """The /opt/ml root: ``root`` if given, else $SAGEMAKER_DIST_OPT_ML, else /opt/ml."""
-    env = os.environ if environ is None else environ
-    return Path(root if root is not None else env.get(ROOT_ENV) or DEFAULT_ROOT)
+    return Path(root if root is not None else variable(ROOT_ENV, environ) or DEFAULT_ROOT)
 
 
 def fifo_name(channel: str, epoch: int) -> str:

@@ -10,9 +10,9 @@ not load it, nor does the SDK side until it writes a TFRecord.
 from __future__ import annotations
 
 import operator
-import os
 import struct
 
+from sagemaker_dist.contract.environment import variable
 from sagemaker_dist.errors import ConfigurationError
 
 RECORD_FORMATS = ("RecordIO", "TFRecord", "TextLine")
@@ -72,7 +72,7 @@ def max_record_bytes(value: int | None = None) -> int:
     """
     where, given = "max_record_bytes", value
     if value is None:
-        given = os.environ.get(MAX_RECORD_BYTES_ENV, "").strip()
+        given = (variable(MAX_RECORD_BYTES_ENV) or "").strip()
         if not given:
             return MAX_RECORD_BYTES
         where = f"${MAX_RECORD_BYTES_ENV}"

@@ -15,6 +15,7 @@ import os
 import re
 from collections.abc import Mapping
 
+from sagemaker_dist.contract.environment import home, inherited
 from sagemaker_dist.errors import ConfigurationError
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -110,7 +111,7 @@ def _double_quoted(line: str, i: int, env: Mapping[str, str]) -> tuple[str, int]
 
 def shell_words(line: str, environ: Mapping[str, str] | None = None, cwd: str | None = None) -> list[str]:
     """The arguments ``sh -c line`` gives its command (``cwd``: where ``*`` globs; None: no globbing)."""
-    env = os.environ if environ is None else environ
+    env = inherited() if environ is None else environ
     words: list[str] = []
     word = _Word()
     i = 0
@@ -161,7 +162,7 @@ def shell_words(line: str, environ: Mapping[str, str] | None = None, cwd: str | 
             user = _TILDE.match(line, i).group(1)
             if user:
                 raise ShellSyntaxError(f"~{user} expands to that user's home directory")
-            word.add(env.get("HOME", "~"), True)
+            word.add(home(env), True)
             i += 1
         else:
             word.add(c, False)

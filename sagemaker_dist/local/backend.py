@@ -3,13 +3,13 @@ and ``est.tune(inputs, ..., backend=LocalBackend())``."""
 
 from __future__ import annotations
 
-import os
 import tempfile
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 from sagemaker_dist.contract.distributions import UNNAMED_LAUNCHER
+from sagemaker_dist.contract.environment import endpoint_url
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.contract.toolkit import DEFAULT_TOOLKIT_VERSION
 from sagemaker_dist.contract.training_request import TrainingRequest, trial_request
@@ -71,7 +71,7 @@ class LocalBackend:
 
         say = printer or (lambda _line: None)
         options = ["--launcher", self.launcher, "--toolkit-version", self.toolkit_version]
-        endpoint = os.environ.get("AWS_ENDPOINT_URL")
+        endpoint = endpoint_url()
         if endpoint:
             options += ["--endpoint-url", endpoint]
         else:

@@ -20,11 +20,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sagemaker_dist.aws.s3_objects import s3_client
+from sagemaker_dist.contract.environment import ENDPOINT_URL, cache_home, set_variables
 from sagemaker_dist.contract.paths import UnsafePathError, contained_path
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime.trusted_cache import UntrustedCacheError, check_path, open_trusted, trusted_dir
 
-_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+_CACHE = cache_home()
 DEFAULT_STATE_DIR = _CACHE / "sagemaker-dist" / "local-s3"
 STATE_HINT = "give this command a state dir of your own (--s3-state-dir)"
 FAKE_CREDENTIALS = {
@@ -208,18 +209,12 @@ def embedded_s3(state_dir: str | Path | None = DEFAULT_STATE_DIR, set_env: bool 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     url = f"http://127.0.0.1:{port}"
-    saved = {k: os.environ.get(k) for k in [*FAKE_CREDENTIALS, "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN"]}
+    saved = (
+        set_variables({**FAKE_CREDENTIALS, ENDPOINT_URL: url, "AWS_SESSION_TOKEN": None}) if set_env else None
+    )
     try:
-        if set_env:
-            os.environ.update(FAKE_CREDENTIALS)
-            os.environ["AWS_ENDPOINT_URL"] = url
-            os.environ.pop("AWS_SESSION_TOKEN", None)
         yield url
     finally:
-        if set_env:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+        if saved is not None:
+            set_variables(saved)
         server.stop()

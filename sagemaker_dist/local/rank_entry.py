@@ -18,6 +18,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from sagemaker_dist.contract.environment import inherited, set_variables, variable
 from sagemaker_dist.contract.rank_slots import (
     TORCHRUN_VARIABLES,
     rank_from_environment,
@@ -31,9 +32,9 @@ JOB_ENV = "SAGEMAKER_DIST_LOCAL_JOB"  # local mode's job description file, for e
 
 def world_rank() -> tuple[int, int]:
     """(rank, size) from the launcher's variables, with the contract's one precedence."""
-    found = rank_from_environment(os.environ)
-    if found is None and TORCHRUN_VARIABLES[0] in os.environ:  # torchrun's (local/launchers/torchrun.py)
-        found = tuple(int(os.environ[name]) for name in TORCHRUN_VARIABLES), "torchrun"
+    found = rank_from_environment(inherited())
+    if found is None and variable(TORCHRUN_VARIABLES[0]) is not None:  # torchrun's (launchers/torchrun.py)
+        found = tuple(int(variable(name)) for name in TORCHRUN_VARIABLES), "torchrun"
     if found is None:
         raise SystemExit(
             f"{__name__}: no HOROVOD_RANK, OMPI_COMM_WORLD_RANK or RANK; start it with horovodrun, mpirun "
@@ -44,17 +45,17 @@ def world_rank() -> tuple[int, int]:
 
 
 def main() -> None:
-    if JOB_ENV not in os.environ:
+    if variable(JOB_ENV) is None:
         raise SystemExit(
             f"{__name__}: ${JOB_ENV} is not set; local mode starts this module (sagemaker-dist local)"
         )
-    job = json.loads(Path(os.environ[JOB_ENV]).read_text())
+    job = json.loads(Path(variable(JOB_ENV)).read_text())
     rank, size = world_rank()
     per_host = int(job["processes_per_host"])
     slot = rank_slots([h["name"] for h in job["hosts"]], per_host)[rank]
     host = job["hosts"][slot.cross_rank]
-    os.environ.update(host["env"])
-    os.environ.update(slot_environment(slot, mpi="OMPI_COMM_WORLD_RANK" in os.environ))
+    set_variables(host["env"])
+    set_variables(slot_environment(slot, mpi=variable("OMPI_COMM_WORLD_RANK") is not None))
     pid_dir = Path(job["pid_dir"])
     exit_file = pid_dir / f"{rank}.exit"
     terminated = []
@@ -70,7 +71,7 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     (pid_dir / f"{rank}.pid").write_text(str(os.getpid()))
-    local = os.environ["HOROVOD_LOCAL_RANK"]
+    local = variable("HOROVOD_LOCAL_RANK")
     print(
         f"rank {rank}/{size} on {host['name']} (local rank {local} of {per_host}): "
         f"{job['entry_point']} {' '.join(job['args'])}",

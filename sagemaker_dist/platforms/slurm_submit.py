@@ -5,13 +5,13 @@ reason never clears (``never_clears``) and otherwise returns the job's exit code
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
+from sagemaker_dist.contract.environment import search_path, slurm_conf
 from sagemaker_dist.errors import ConfigurationError, JobFailedError
 
 TERMINAL_STATES = {
@@ -56,8 +56,7 @@ class SlurmJobFailed(JobFailedError):
 
 def check_slurm_client(environ=None) -> Path:
     """``$SLURM_CONF`` set to a readable file, and sbatch/scontrol on PATH; returns the conf path."""
-    env = os.environ if environ is None else environ
-    conf = env.get("SLURM_CONF")
+    conf = slurm_conf(environ)
     if not conf:
         raise SlurmClientError(
             "SLURM_CONF is not set: point it at your cluster's slurm.conf (export "
@@ -68,7 +67,7 @@ def check_slurm_client(environ=None) -> Path:
     if not Path(conf).is_file():
         raise SlurmClientError(f"SLURM_CONF={conf} is not a file; point it at your cluster's slurm.conf")
     for tool in ("sbatch", "scontrol"):
-        if not shutil.which(tool, path=env.get("PATH")):
+        if not shutil.which(tool, path=search_path(environ)):
             raise SlurmClientError(
                 f"{tool} is not on PATH: install the Slurm client (Debian: apt-get install slurm-client) or "
                 "run on a login node, or drop --submit to only write the script"

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import shutil
 import subprocess
 import threading
@@ -30,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sagemaker_dist.contract.distributions import Distribution, distribution
+from sagemaker_dist.contract.environment import inherited
 from sagemaker_dist.local.launchers.base import RankGroup, describe_exit
 from sagemaker_dist.local.launchers.cluster_log import (
     HostProgress,
@@ -169,7 +169,7 @@ class ClusterGroup(RankGroup):
         self.torchrun_failures = {h.name: TorchrunFailure() for h in plan.hosts}
         self.creates = [plan.create_args(h, image, t.root, container_env) for h, t in zip(plan.hosts, trees)]
         world = len(plan.hosts) * per_host
-        super().__init__(self.creates[0], {**os.environ, **container_env}, pid_dir, world, self._show)
+        super().__init__(self.creates[0], {**inherited(), **container_env}, pid_dir, world, self._show)
         self.progress = {h.name: HostProgress(h.name) for h in plan.hosts}
         self.host_lines: dict[str, list[str]] = {h.name: [] for h in plan.hosts}
         self.procs: dict[str, subprocess.Popen] = {}
@@ -416,7 +416,7 @@ def cluster_group(stack, job, trees, code_dir: Path | None, work: Path, extra_en
     """The job's network (removed when ``stack`` closes, after the containers) and its hosts, not yet
     started."""
     env = container_environment(
-        os.environ, job.name, job.environment, toolkit_host_env(job.distribution, extra_env)
+        inherited(), job.name, job.environment, toolkit_host_env(job.distribution, extra_env)
     )
     port = check_cluster_endpoint(env)
     plan = stack.enter_context(cluster_network(job.name, [t.name for t in trees], job.processes_per_host,

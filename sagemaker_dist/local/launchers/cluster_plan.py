@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from sagemaker_dist.contract.environment import s3_endpoint
 from sagemaker_dist.contract.paths import DEFAULT_ROOT
 from sagemaker_dist.errors import ConfigurationError
 
@@ -27,7 +28,6 @@ INTERFACE = "eth0"
 SUBNET_POOL = ipaddress.IPv4Network("10.213.0.0/16")
 FIRST_HOST_OCTET = 11  # algo-1 is .11, algo-2 .12, ...: readable in a trace
 LABEL = "sagemaker-dist.cluster"  # on the network and every container: what a clean-up may remove
-ENDPOINT_NAMES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")  # botocore's precedence for S3
 
 
 class ClusterPlanError(ConfigurationError):
@@ -101,21 +101,22 @@ def loopback_endpoint_port(env: Mapping[str, str]) -> int:
     The job's network is --internal: no host can leave it, so the endpoint must be one this machine
     serves on 127.0.0.1 (the embedded one, or --endpoint-url http://127.0.0.1:PORT); it is relayed
     into each host's own loopback at the same port, so the URL is the same everywhere."""
-    name = next((n for n in ENDPOINT_NAMES if env.get(n)), None)
-    if name is None:
+    endpoint = s3_endpoint(env)
+    if endpoint is None:
         raise ClusterPlanError(
             "several hosts in containers run on a private network with no route out, so they cannot reach "
             "real S3: use the embedded S3 endpoint (leave out --bucket) or --endpoint-url http://127.0.0.1:PORT"
         )
-    url = urlsplit(env[name])
+    name, given = endpoint
+    url = urlsplit(given)
     try:
         port = url.port or (443 if url.scheme == "https" else 80)
     except ValueError:
-        raise ClusterPlanError(f"{name}={env[name]!r} has no valid port") from None
+        raise ClusterPlanError(f"{name}={given!r} has no valid port") from None
     loopback = url.hostname == "localhost" or (url.hostname or "").startswith("127.")
     if not loopback:
         raise ClusterPlanError(
-            f"{name}={env[name]} is not on this machine's loopback; several hosts in containers run on a "
+            f"{name}={given} is not on this machine's loopback; several hosts in containers run on a "
             "private network with no route out and reach only an endpoint served on 127.0.0.1 here "
             "(the embedded one, or --endpoint-url http://127.0.0.1:PORT)"
         )

@@ -20,7 +20,6 @@ credentials, region and endpoint; nothing else of this machine's environment.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -29,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sagemaker_dist.contract.distributions import distribution
+from sagemaker_dist.contract.environment import inherited
 from sagemaker_dist.contract.paths import DEFAULT_ROOT
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.launchers.base import RankGroup
@@ -156,7 +156,7 @@ class ContainerGroup(RankGroup):
         self.name = container_name(job_name)
         command = container_host_command(image, tree, hosts, self.name, sorted(container_env), sshd_stub)
         # podman reads each --env NAME from its own environment; its own settings come from ours
-        super().__init__(command, {**os.environ, **container_env}, pid_dir, world_size, on_line)
+        super().__init__(command, {**inherited(), **container_env}, pid_dir, world_size, on_line)
 
     def stop_like_sagemaker(self, grace: float) -> subprocess.Popen:
         """``podman stop --time grace`` of the container (``stop_containers``)."""

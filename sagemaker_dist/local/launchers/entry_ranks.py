@@ -18,6 +18,7 @@ from pathlib import Path
 
 import sagemaker_dist
 from sagemaker_dist.contract import toolkit
+from sagemaker_dist.contract.environment import inherited
 from sagemaker_dist.contract.shell_words import ShellSyntaxError
 from sagemaker_dist.host.job_spec import JobSpec
 from sagemaker_dist.local.launchers import HOROVODRUN, MPIRUN, TF_CONFIG, TORCHRUN
@@ -54,7 +55,7 @@ class EntryRanks(Launcher):
         pid_dir = work / "ranks"
         pid_dir.mkdir()
         job_file = work / "job.json"
-        env = dict(os.environ)
+        env = inherited()
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         env.update(setup.extra_env or {})
         env.update({JOB_ENV: str(job_file), "PYTHONUNBUFFERED": "1"})

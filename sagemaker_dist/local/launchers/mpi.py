@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sagemaker_dist.contract.environment import inherited, search_path
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.launchers import MPIRUN
 from sagemaker_dist.local.rank_entry import JOB_ENV
@@ -41,7 +42,7 @@ class LaunchError(ConfigurationError):
 
 def _tool(name: str) -> str | None:
     here = str(Path(sys.executable).parent)
-    return shutil.which(name, path=here + os.pathsep + os.environ.get("PATH", ""))
+    return shutil.which(name, path=here + os.pathsep + search_path())
 
 
 def check_hostname_resolves(hostname: str | None = None) -> None:
@@ -149,7 +150,7 @@ def horovod_mpi_built(python: str | os.PathLike = sys.executable) -> bool:
     HorovodProbeError, with the probe's own error, when it cannot tell: a launcher must not guess.
     """
     code = "import horovod.tensorflow as h; print('MPI_BUILT', h.mpi_built())"
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env = {**inherited(), "TF_CPP_MIN_LOG_LEVEL": "3"}
     asked = f"{python} -c {code!r}"
     try:
         proc = subprocess.run(

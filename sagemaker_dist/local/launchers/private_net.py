@@ -30,7 +30,7 @@ import subprocess
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
-from sagemaker_dist.local.launchers.cluster_plan import ENDPOINT_NAMES
+from sagemaker_dist.contract.environment import s3_endpoint
 from sagemaker_dist.local.launchers.netns_relay import (
     CLONE_NEWNET,
     NetnsRelay,
@@ -49,20 +49,21 @@ class PrivateNetError(OSError):
 def loopback_endpoint(env: Mapping[str, str]) -> tuple[int | None, str | None]:
     """(port, None) for an S3 endpoint on this machine's loopback (relayed into the namespace);
     (None, why) when the job's S3 is elsewhere (real S3, another machine), which it could not reach."""
-    name = next((n for n in ENDPOINT_NAMES if env.get(n)), None)
-    if name is None:
+    endpoint = s3_endpoint(env)
+    if endpoint is None:
         return None, "its S3 is AWS's (no AWS_ENDPOINT_URL), which a private network cannot reach"
-    url = urlsplit(env[name])
+    name, given = endpoint
+    url = urlsplit(given)
     host = url.hostname or ""
     try:
         port = url.port or (443 if url.scheme == "https" else 80)
     except ValueError:
-        return None, f"{name}={env[name]!r} has no valid port"
+        return None, f"{name}={given!r} has no valid port"
     if host == "localhost" or host.startswith("127."):
         return port, None
     return (
         None,
-        f"its S3 endpoint {env[name]} is off this machine's loopback: a private network cannot reach it",
+        f"its S3 endpoint {given} is off this machine's loopback: a private network cannot reach it",
     )
 
 

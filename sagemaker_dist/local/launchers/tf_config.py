@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import subprocess
 import sys
 import threading
 
+from sagemaker_dist.contract.environment import inherited
 from sagemaker_dist.local.launchers.worker_group import supervise_workers
 
 STOP_GRACE_S = 3.0
@@ -56,7 +56,7 @@ def run_workers(count: int, command: list[str]) -> int:
     lock = threading.Lock()
     workers, relays = [], []
     for index in range(count):
-        env = {**os.environ, "TF_CONFIG": tf_config(addresses, index)}
+        env = {**inherited(), "TF_CONFIG": tf_config(addresses, index)}
         proc = subprocess.Popen(
             command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
         )

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from sagemaker_dist.contract.distributions import distribution
+from sagemaker_dist.contract.environment import container_python, search_path
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.launchers import TOOLKIT
 from sagemaker_dist.local.launchers.base import RankGroup
@@ -37,9 +38,7 @@ class ToolkitLauncherError(ConfigurationError):
 def default_container_python() -> Path:
     """``$SAGEMAKER_DIST_CONTAINER_PYTHON``, else the ``.venv-toolkit`` that scripts/setup.sh makes
     beside the environment running this."""
-    if os.environ.get(CONTAINER_PYTHON_ENV):
-        return Path(os.environ[CONTAINER_PYTHON_ENV])
-    return Path(sys.prefix).parent / ".venv-toolkit" / "bin" / "python"
+    return container_python() or Path(sys.prefix).parent / ".venv-toolkit" / "bin" / "python"
 
 
 def toolkit_modules(training_module: str, horovod: bool) -> tuple[str, ...]:
@@ -82,7 +81,7 @@ def check_toolkit_host(
             "sagemaker-pytorch-training 2.9.0 (PyTorch), and sagemaker-dist[runtime]"
         )
     if horovod:
-        if not shutil.which("mpirun", path=_container_path(python, os.environ.get("PATH", os.defpath))):
+        if not shutil.which("mpirun", path=_container_path(python, search_path())):
             raise ToolkitLauncherError(
                 "launcher 'toolkit' starts a Horovod job's ranks with the toolkit's mpirun, and there is no "
                 "mpirun here: install Open MPI with its headers (Debian: apt-get install openmpi-bin "

@@ -14,12 +14,12 @@ Both give each host the source dir at /opt/ml/code where one is given (the toolk
 from __future__ import annotations
 
 import json
-import os
 import sys
 from abc import abstractmethod
 from pathlib import Path
 
 from sagemaker_dist.contract.distributions import distribution
+from sagemaker_dist.contract.environment import inherited
 from sagemaker_dist.local.launchers import CONTAINER, TOOLKIT
 from sagemaker_dist.local.launchers.base import Launcher, LocalJobError, RankGroup, rank_echo
 from sagemaker_dist.local.launchers.cluster import (
@@ -120,7 +120,7 @@ class Toolkit(ToolkitHosts):
         entry = distribution(job.distribution)
         state = work / "namespace"
         request_env, module = job.environment, entry.toolkit_training_module
-        env = toolkit_environment(dict(os.environ), self.python, job.name, request_env, module)
+        env = toolkit_environment(inherited(), self.python, job.name, request_env, module)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         env.update(toolkit_host_env(job.distribution, setup.extra_env))
         if self.each_host:  # a toolkit host per simulated host, under our host supervisor
@@ -155,7 +155,7 @@ class Container(ToolkitHosts):
     def check(self) -> None:
         self.image = check_container_image(self.options.image)
         if self.cluster:
-            check_cluster_endpoint(os.environ)
+            check_cluster_endpoint(inherited())
 
     def group(self, setup) -> RankGroup:
         """Several hosts: the job's network (released by ``setup.stack``) and its containers, which
@@ -170,11 +170,11 @@ class Container(ToolkitHosts):
         pid_dir = work / "ranks"  # stays empty, as the toolkit's
         pid_dir.mkdir()
         host_env = toolkit_host_env(job.distribution, setup.extra_env)
-        env = container_environment(os.environ, job.name, job.environment, host_env)
+        env = container_environment(inherited(), job.name, job.environment, host_env)
         show = rank_echo(trees, job.processes_per_host, setup.echo)
         # S3 off this machine's loopback: the container shares this machine's network (private_net),
         # so its sshd, which would listen there as root, is a stub
-        _, off_loopback = loopback_endpoint({**os.environ, **env})
+        _, off_loopback = loopback_endpoint({**inherited(), **env})
         stub = sshd_stub(work) if off_loopback else None
         group = ContainerGroup(
             self.image, trees[0].root, [t.name for t in trees], job.name, env, pid_dir, job.world, show, stub

@@ -35,6 +35,7 @@ import sys
 import threading
 from pathlib import Path
 
+from sagemaker_dist.contract.environment import inherited, variable
 from sagemaker_dist.local.launchers.tf_config import free_ports
 from sagemaker_dist.local.launchers.toolkit_host import LOOPBACK_V4_MAPPED, hosts_file, toolkit_host_command
 from sagemaker_dist.local.launchers.worker_group import supervise_workers
@@ -170,7 +171,7 @@ def run_hosts(python: str, rank_cmd: list[str], toolkit_state: Path | None = Non
     """Start torchrun for every simulated host of local mode's job (or, given ``toolkit_state``, a
     toolkit host whose toolkit starts torchrun, its overlays under that dir); 0 when all end 0, else
     the first failure's code."""
-    job = json.loads(Path(os.environ[JOB_ENV]).read_text())
+    job = json.loads(Path(variable(JOB_ENV)).read_text())
     per_host, hosts = int(job["processes_per_host"]), job["hosts"]
     names = [host["name"] for host in hosts]
     port = free_ports(1)[0] if toolkit_state is None else None  # the toolkit's: algo-1:7777
@@ -179,13 +180,13 @@ def run_hosts(python: str, rank_cmd: list[str], toolkit_state: Path | None = Non
     relays = []
     for index, host in enumerate(hosts):
         if toolkit_state is None:
-            env = {**os.environ, **host["env"]}
+            env = {**inherited(), **host["env"]}
             # torchrun sets 1 and prints a banner about it where it is unset; every simulated host's
             # ranks share this machine's cores: say so once, quietly
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // (per_host * len(hosts)))))
             command = host_command(python, len(hosts), index, per_host, port, rank_cmd)
         else:  # the toolkit makes the host's SM_* and its torchrun command itself
-            env = dict(os.environ)
+            env = inherited()
             tree, state = Path(host["tree"]), toolkit_state / host["name"]
             command = toolkit_host_command(Path(python), tree, state, names)
         with lock:
@@ -217,10 +218,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("command", nargs=argparse.REMAINDER, help="each rank's command (after --)")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if JOB_ENV not in os.environ:
+    if variable(JOB_ENV) is None:
         raise SystemExit(f"{parser.prog}: ${JOB_ENV} is not set; local mode starts this module")
     if args.toolkit_state is None:  # a toolkit host names the loopback in its own /etc/hosts
-        name_the_loopback(Path(os.environ[JOB_ENV]).parent)
+        name_the_loopback(Path(variable(JOB_ENV)).parent)
     raise SystemExit(run_hosts(args.python, command, args.toolkit_state))
 
 
