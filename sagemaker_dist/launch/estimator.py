@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import tempfile
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
@@ -53,6 +53,7 @@ from sagemaker_dist.launch.inputs import (
 )
 from sagemaker_dist.launch.request import (
     DEFAULT_MPI_OPTIONS,
+    JobSettings,
     RequestSettings,
     ResolvedNames,
     check_distribution_options,
@@ -76,7 +77,7 @@ from sagemaker_dist.launch.staging import plan_role_shards
 
 
 @dataclass
-class DistributedEstimator:
+class DistributedEstimator(JobSettings):
     """Describe a distributed job once; ``launch(inputs)`` (alias ``fit``) shards, uploads and runs it.
 
     ``inputs`` maps ``train`` (required), ``validation`` and ``eval`` to S3 prefixes, URI lists or
@@ -98,6 +99,9 @@ class DistributedEstimator:
     With no ``image_uri`` the job runs in our image of its distribution (``container/build_and_push.sh``;
     tf-mwms: AWS's DLC); an image without the package (an AWS DLC) gets it in the source tarball
     (``ship_package``: None decides by the image's repository name, ``sagemaker-dist*`` has it).
+    The keyword arguments the request says (input modes, records, checkpoints, TensorBoard, limits,
+    spot, volumes, VPC, tags, environment, mpirun options) are ``launch.request.JobSettings``'s,
+    declared there once with their defaults.
     """
 
     entry_point: str
@@ -108,34 +112,11 @@ class DistributedEstimator:
     source_dir: str | None = None
     image_uri: str | None = None
     processes_per_host: int | None = None
-    hyperparameters: Mapping | None = None
-    input_mode: str = "Pipe"
     strategy: str = "auto"
     distribution: str = DEFAULT_DISTRIBUTION
     validation: str = SINGLE
-    shared_channel_input_mode: str | None = "File"
-    record_wrapper: str = "None"
-    shuffle_seed: int | None = None
-    content_type: str | None = None
     output_path: str | None = None
     code_location: str | None = None
-    checkpoint_s3_uri: str | None = None
-    checkpoints: bool = True
-    tensorboard_s3_uri: str | None = None
-    tensorboard: bool = True
-    max_run: int = 24 * 3600
-    use_spot: bool = False
-    max_wait: int | None = None
-    volume_size: int = 30
-    volume_kms_key: str | None = None
-    output_kms_key: str | None = None
-    subnets: Sequence[str] | None = None
-    security_group_ids: Sequence[str] | None = None
-    enable_network_isolation: bool = False
-    encrypt_inter_container_traffic: bool = False
-    tags: Mapping | Sequence[Mapping] | None = None
-    environment: Mapping[str, str] | None = None
-    mpi_options: str | Sequence[str] = ()
     default_mpi_options: bool = True
     base_job_name: str = "sagemaker-dist"
     toolkit_version: str = DEFAULT_TOOLKIT_VERSION

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import FrozenInstanceError, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
 
@@ -30,18 +30,15 @@ from sagemaker_dist.launch.inputs import ChannelSource, EstimatorError, JobInput
 from sagemaker_dist.launch.source_package import TARBALL_NAME
 
 
-@dataclass(frozen=True)
-class RequestSettings:
-    """What the request says of the job beyond its layout and names: the estimator's settings, checked
-    and normalised (``DistributedEstimator.request_settings()``), frozen so that rendering cannot
-    change them and needs no estimator."""
+@dataclass(kw_only=True)
+class JobSettings:
+    """What the request says of a job beyond its shape, layout and names, declared once with the
+    defaults users get: ``DistributedEstimator`` takes these as its keyword arguments, and
+    ``RequestSettings`` holds them checked and normalised for ``render_request``."""
 
-    instance_type: str
-    instance_count: int
-    input_mode: str
-    shared_channel_input_mode: str
-    hyperparameters: Mapping[str, str]
-    mpi_options: str
+    hyperparameters: Mapping | None = None
+    input_mode: str = "Pipe"
+    shared_channel_input_mode: str | None = "File"  # None: as input_mode
     record_wrapper: str = "None"
     shuffle_seed: int | None = None
     content_type: str | None = None
@@ -55,12 +52,31 @@ class RequestSettings:
     volume_size: int = 30
     volume_kms_key: str | None = None
     output_kms_key: str | None = None
-    subnets: tuple[str, ...] = ()
-    security_group_ids: tuple[str, ...] = ()
+    subnets: Sequence[str] | None = None
+    security_group_ids: Sequence[str] | None = None
     enable_network_isolation: bool = False
     encrypt_inter_container_traffic: bool = False
-    tags: tuple[Mapping, ...] = ()
-    environment: Mapping[str, str] = field(default_factory=dict)
+    tags: Mapping | Sequence[Mapping] | None = None
+    environment: Mapping[str, str] | None = None
+    mpi_options: str | Sequence[str] = ()
+
+
+@dataclass(kw_only=True)
+class RequestSettings(JobSettings):
+    """The job's settings as the request says them: ``JobSettings`` checked and normalised
+    (``DistributedEstimator.request_settings``: tuples, dicts, one mpirun option string) with the job's
+    shape, and frozen once made, so that rendering cannot change them and needs no estimator."""
+
+    instance_type: str
+    instance_count: int
+
+    def __post_init__(self):
+        object.__setattr__(self, "_frozen", True)
+
+    def __setattr__(self, name, value):
+        if getattr(self, "_frozen", False):
+            raise FrozenInstanceError(f"cannot assign to field {name!r}: the request's settings are frozen")
+        object.__setattr__(self, name, value)
 
     @classmethod
     def of(cls, settings) -> RequestSettings:

@@ -822,3 +822,23 @@ def test_hyperparameters_the_toolkit_would_change_are_warned_about_before_any_aw
             hyperparameters={"tag": "a b"},
             toolkit_version="5.1.4",
         )
+
+
+def test_the_request_settings_are_declared_once_and_frozen():
+    """The settings the request says are ``JobSettings``'s: the estimator takes them with those defaults,
+    and ``request_settings`` freezes them, normalised, for rendering."""
+    from dataclasses import FrozenInstanceError, fields
+
+    from sagemaker_dist.launch.request import JobSettings, RequestSettings
+
+    est = DistributedEstimator(
+        "train.py", ROLE_ARN, "ml.c5.xlarge", 2, processes_per_host=1, tags={"team": "ml"}, max_run=600
+    )
+    declared = {f.name for f in fields(JobSettings)}
+    assert declared <= {f.name for f in fields(DistributedEstimator)}
+    assert {f.name for f in fields(RequestSettings)} == declared | {"instance_type", "instance_count"}
+    frozen = est.request_settings
+    assert (frozen.max_run, frozen.instance_count, frozen.tags) == (600, 2, ({"Key": "team", "Value": "ml"},))
+    assert frozen.volume_size == JobSettings().volume_size == 30  # the one default
+    with pytest.raises(FrozenInstanceError):
+        frozen.max_run = 1
