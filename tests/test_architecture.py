@@ -634,13 +634,20 @@ def _opt_ml_paths(path: Path) -> list[str]:
     return found
 
 
+def _found_outside(find, allowed: tuple[str, ...]) -> list[str]:
+    """What ``find(path)`` reports in every module but ``allowed`` ones (a module, or a package and
+    everything in it)."""
+
+    def is_allowed(module: str) -> bool:
+        return any(module == a.rstrip(".") or module.startswith(a.rstrip(".") + ".") for a in allowed)
+
+    return [f"{module} {hit}" for module, path in _sources() if not is_allowed(module) for hit in find(path)]
+
+
 def test_opt_ml_is_spelled_only_in_the_contract():
     """SageMaker's container root is one contract rule (``contract.paths.DEFAULT_ROOT`` and the paths
     under it): a launcher, host or platform module that writes the literal drifts from it unseen."""
-    hits = []
-    for module, path in _sources():
-        if not module.startswith(CONTRACT_PREFIX):
-            hits += [f"{module} {hit}" for hit in _opt_ml_paths(path)]
+    hits = _found_outside(_opt_ml_paths, (CONTRACT_PREFIX,))
     assert hits == [], "/opt/ml spelled outside the contract:\n" + "\n".join(hits)
 
 
@@ -729,10 +736,7 @@ def test_the_request_is_read_only_by_the_contract_and_the_job_spec():
                 members.add(name)
                 shapes.append(member)
     assert REQUEST_KEYS <= members, sorted(REQUEST_KEYS - members)  # every key is the request's own
-    hits = []
-    for module, path in _sources():
-        if not module.startswith(REQUEST_READERS) and module not in NOT_THE_REQUEST:
-            hits += [f"{module}:{hit}" for hit in _request_key_reads(path)]
+    hits = _found_outside(_request_key_reads, (*REQUEST_READERS, *NOT_THE_REQUEST))
     assert hits == [], "the raw request read outside the contract and the job spec:\n" + "\n".join(hits)
 
 
@@ -786,10 +790,7 @@ def test_the_sdk_side_reads_the_environment_in_one_module():
     named once in ``contract/environment.py`` and read through its accessors, so what sagemaker-dist
     takes from the environment is one list. The runtime and the demo's training scripts run in the
     ranks (``SM_*`` is their input, as for any script): they are not the SDK side."""
-    hits = []
-    for module, path in _sources():
-        if module != ENVIRONMENT_MODULE and not module.startswith(RANK_SIDE):
-            hits += [f"{module}:{hit}" for hit in _environment_reads(path)]
+    hits = _found_outside(_environment_reads, (ENVIRONMENT_MODULE, *RANK_SIDE))
     assert hits == [], "the environment read outside contract/environment.py:\n" + "\n".join(hits)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
@@ -10,7 +9,7 @@ from sagemaker_dist.cli import add_distribution_argument
 from sagemaker_dist.contract.distributions import distribution
 from sagemaker_dist.contract.environment import ENDPOINT_URL, set_variables
 from sagemaker_dist.contract.toolkit import DEFAULT_TOOLKIT_VERSION
-from sagemaker_dist.contract.training_request import edited_request
+from sagemaker_dist.contract.training_request import edited_request, request_from_json
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.defaults import LOCAL_INSTANCE_TYPE, LOCAL_ROLE
 from sagemaker_dist.local.launchers import HOROVODRUN, LAUNCHERS
@@ -250,15 +249,7 @@ def read_request(path: Path) -> dict:
         raise ConfigurationError(f"request file {path} does not exist") from None
     except OSError as exc:
         raise ConfigurationError(f"request file {path} cannot be read: {exc}") from exc
-    try:
-        request = json.loads(text)
-    except ValueError as exc:
-        raise ConfigurationError(f"request file {path} is not valid JSON: {exc}") from exc
-    if not isinstance(request, dict):
-        raise ConfigurationError(
-            f"request file {path} holds a JSON {type(request).__name__}, not a CreateTrainingJob request"
-        )
-    return request
+    return request_from_json(text, f"request file {path}", ConfigurationError)
 
 
 def _given(args, keys) -> list[str]:

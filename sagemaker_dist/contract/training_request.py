@@ -11,6 +11,7 @@ and what SageMaker expects there. What SageMaker would refuse beyond the shape i
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -254,3 +255,20 @@ def trial_request(tuning_request: Mapping, job_name: str, hyperparameters: Mappi
 
 
 _TRIAL_ALGORITHM = ("TrainingImage", "TrainingInputMode", "MetricDefinitions")
+
+
+def request_from_json(text: str, where: str, error=RequestFormatError) -> dict:
+    """The CreateTrainingJob request in ``text``, the JSON of ``where`` (a file, an S3 URI); ``error``
+    names ``where`` when it is not JSON or not such a request."""
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise error(f"{where} is not valid JSON: {exc}") from exc
+    if not is_training_request(doc):
+        kind = "object" if isinstance(doc, Mapping) else type(doc).__name__
+        raise error(
+            f"{where} is not a CreateTrainingJob request: it holds a JSON {kind}, and a request is an object "
+            "with AlgorithmSpecification, HyperParameters and InputDataConfig; write one with "
+            "'sagemaker-dist launch ... --dry-run' or DistributedEstimator.prepare(...).request"
+        )
+    return dict(doc)

@@ -12,7 +12,6 @@ On a platform's stop it can outlive the ranks' SIGTERM by a drain period (``stop
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -24,7 +23,7 @@ from pathlib import Path
 from sagemaker_dist.aws.s3_objects import S3AccessError
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
-from sagemaker_dist.contract.training_request import is_training_request
+from sagemaker_dist.contract.training_request import request_from_json
 from sagemaker_dist.errors import ConfigurationError, DataError
 from sagemaker_dist.host.channel_objects import FeedError, resolve_objects
 from sagemaker_dist.host.feeder import ChannelFeeder
@@ -65,17 +64,7 @@ def load_job_spec(source: str, client=None) -> dict:
             text = Path(source).read_text()
         except OSError as exc:
             raise JobSpecError(f"cannot read the job spec file {source}: {exc.strerror or exc}") from exc
-    try:
-        spec = json.loads(text)
-    except ValueError as exc:
-        raise JobSpecError(f"the job spec {source} is not JSON ({exc})") from exc
-    if not is_training_request(spec):
-        raise JobSpecError(
-            f"the job spec {source} is not a CreateTrainingJob request (a JSON object with "
-            "AlgorithmSpecification, HyperParameters and InputDataConfig): write one with "
-            "'sagemaker-dist launch ... --dry-run' or DistributedEstimator.prepare(...).request"
-        )
-    return spec
+    return request_from_json(text, f"the job spec {source}", JobSpecError)
 
 
 def _error_code(exc) -> str:

@@ -13,6 +13,7 @@ from sagemaker_dist.contract.training_request import (
     TrainingRequest,
     edited_request,
     is_training_request,
+    request_from_json,
 )
 from sagemaker_dist.host.job_spec import JobSpec, JobSpecError
 
@@ -146,3 +147,17 @@ def test_a_training_request_is_told_from_other_documents():
     assert is_training_request(small_request({}))
     assert not is_training_request({"HyperParameterTuningJobName": "t", "TrainingJobDefinition": {}})
     assert not is_training_request(["AlgorithmSpecification", "InputDataConfig"])
+
+
+def test_a_request_file_that_is_not_a_request_is_named():
+    assert request_from_json(
+        '{"TrainingJobName": "x", "AlgorithmSpecification": {}, "InputDataConfig": []}', "f"
+    )
+    with pytest.raises(RequestFormatError, match="request.json is not valid JSON"):
+        request_from_json("{", "request.json")
+    with pytest.raises(
+        RequestFormatError, match="plan.json is not a CreateTrainingJob request: it holds a JSON list"
+    ):
+        request_from_json("[]", "plan.json")
+    with pytest.raises(RequestFormatError, match="it holds a JSON object, and a request"):
+        request_from_json('{"shards": []}', "plan.json")
