@@ -29,7 +29,7 @@ from sagemaker_dist.contract.request_rules import (  # noqa: F401 - the rules' n
     has_local_nvme,
     limit_problems,
     looks_like_secret_key,
-    named_subjects,
+    rule_report,
 )
 
 
@@ -99,9 +99,8 @@ def service_model_problems(request: Mapping, operation: str = OPERATION) -> list
 
 def validate_request(request: Mapping) -> Mapping:
     """Raise RequestValidationError listing every problem in ``request``; return it unchanged if none."""
-    problems = limit_problems(request)
     # On names our messages say more than the model's bare length or pattern: keep one per subject.
-    covered = named_subjects(request)
+    problems, covered = rule_report(request)
     problems += [p for p in service_model_problems(request) if not any(f in p for f in covered)]
     if problems:
         raise RequestValidationError(problems)

@@ -292,9 +292,16 @@ def _local_path_problems(request: Mapping) -> list[str]:
 
 def limit_problems(request: Mapping) -> list[str]:
     """Our checks on top of the model: the limits botocore and moto do not enforce."""
-    return (
-        _job_name_problems(request)
-        + _channel_problems(request)
+    return rule_report(request)[0]
+
+
+def rule_report(request: Mapping) -> tuple[list[str], list[str]]:
+    """``limit_problems``, and the members (TrainingJobName, ChannelName) whose problems they name more
+    clearly than a model's bare length or pattern does: a report keeps ours alone for those."""
+    names, channels = _job_name_problems(request), _channel_problems(request)
+    problems = (
+        names
+        + channels
         + _shared_pipe_problems(request)
         + _hyperparameter_problems(request)
         + _control_character_problems(request)
@@ -304,13 +311,5 @@ def limit_problems(request: Mapping) -> list[str]:
         + _volume_key_problems(request)
         + _local_path_problems(request)
     )
-
-
-def named_subjects(request: Mapping) -> list[str]:
-    """The members (TrainingJobName, ChannelName) whose problems our checks name more clearly than a
-    model's bare length or pattern does: a report keeps ours alone for them."""
-    return [
-        field
-        for field, our_check in (("TrainingJobName", _job_name_problems), ("ChannelName", _channel_problems))
-        if our_check(request)
-    ]
+    covered = [field for field, found in (("TrainingJobName", names), ("ChannelName", channels)) if found]
+    return problems, covered
