@@ -4,6 +4,7 @@ planners and every pipe agent start from it."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
@@ -46,11 +47,13 @@ class JobSpec(TrainingRequest):
     @property
     def specs(self) -> tuple[ChannelSpec, ...]:
         """Deprecated name of ``channels``."""
+        warnings.warn("JobSpec.specs is now JobSpec.channels", DeprecationWarning, stacklevel=2)
         return self.channels
 
     @property
     def default_mode(self) -> str:
         """Deprecated name of ``input_mode``."""
+        warnings.warn("JobSpec.default_mode is now JobSpec.input_mode", DeprecationWarning, stacklevel=2)
         return self.input_mode
 
     @classmethod

@@ -117,7 +117,10 @@ def test_a_member_of_the_wrong_shape_is_named(change, named):
 def test_the_job_spec_is_the_typed_request_and_names_its_errors_as_its_own():
     job = JobSpec.from_request(small_request({}))
     assert isinstance(job, TrainingRequest) and job.instance_type == "ml.c5.xlarge"
-    assert (job.specs, job.default_mode) == (job.channels, job.input_mode)  # the older names
+    with pytest.warns(DeprecationWarning, match="now JobSpec.channels"):
+        assert job.specs == job.channels  # the older names
+    with pytest.warns(DeprecationWarning, match="now JobSpec.input_mode"):
+        assert job.default_mode == job.input_mode
     assert JobSpec.of(job) is job
     with pytest.raises(JobSpecError, match="not a CreateTrainingJob dict"):
         JobSpec.from_request([])
