@@ -681,7 +681,6 @@ REQUEST_READERS = ("sagemaker_dist.contract.", "sagemaker_dist.host.job_spec", "
 # owner moves to ``PreparedJob.training`` and ``edited_request``.
 NOT_THE_REQUEST = {
     "sagemaker_dist.launch.tuning_handle": "TrialSummary.from_summary reads ListTrainingJobs' summaries",
-    "sagemaker_dist.local.demo": "_prepared adds tensorboard_s3_uri to the prepared request",
 }
 _KEY_READERS = ("get", "pop", "setdefault")
 

@@ -19,6 +19,7 @@ from sagemaker_dist.contract.distributions import DEFAULT as DEFAULT_DISTRIBUTIO
 from sagemaker_dist.contract.distributions import TORCHRUN_ENTRY
 from sagemaker_dist.contract.distributions import distribution as registered
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
+from sagemaker_dist.contract.training_request import edited_request
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.backend import LocalBackend
 from sagemaker_dist.local.defaults import LOCAL_INSTANCE_TYPE, LOCAL_ROLE
@@ -195,8 +196,10 @@ def _prepared(estimator, inputs: dict, job_name, printer, dataset, what: str) ->
             f"{dataset.bytes / 1e6:.1f} MB under {inputs['train'].removesuffix('train/')}"
         )
     prepared = estimator.prepare(inputs, job_name, printer=printer, backend=LocalBackend())
-    request_hps = prepared.request["HyperParameters"]  # no record counts: the ranks agree on epoch ends
-    tensorboard = prepared.request.get("TensorBoardOutputConfig", {}).get("S3OutputPath")
-    if tensorboard:  # the example script's rank 0 syncs its logs there with the runtime's syncer
-        request_hps.setdefault("tensorboard_s3_uri", tensorboard)
-    return DemoJob(prepared.request, Path(estimator.source_dir), dataset, prepared.layout.explain())
+    request = prepared.request  # no record counts: the ranks agree on epoch ends
+    training = prepared.training
+    tensorboard = training.tensorboard_s3_uri
+    if tensorboard and "tensorboard_s3_uri" not in training.hyperparameters:
+        # the example script's rank 0 syncs its logs there with the runtime's syncer
+        request = edited_request(request, hyperparameters={"tensorboard_s3_uri": tensorboard})
+    return DemoJob(request, Path(estimator.source_dir), dataset, prepared.layout.explain())
