@@ -63,7 +63,10 @@ def register(subparsers):
     add_distribution_argument(p)
     p.add_argument("--input-mode", default="Pipe", choices=("Pipe", "File", "FastFile"))
     p.add_argument("--record-wrapper", default="None", choices=("None", "RecordIO"))
-    p.add_argument("--shuffle-seed", type=int)
+    p.add_argument("--shuffle-seed", type=int, help="ShuffleConfig seed: another object order each epoch")
+    p.add_argument(
+        "--object-order-seed", type=int, help="each worker's manifest in a seeded order (default: name order)"
+    )
     p.add_argument("--max-run", type=int, default=24 * 3600, help="seconds")
     p.add_argument("--spot", action="store_true", help="managed spot training (needs --max-wait)")
     p.add_argument("--max-wait", type=int, help="seconds, >= --max-run")
@@ -100,6 +103,7 @@ def _estimator(args) -> DistributedEstimator:
         validation=args.validation_spread,
         record_wrapper=args.record_wrapper,
         shuffle_seed=args.shuffle_seed,
+        object_order_seed=args.object_order_seed,
         output_path=args.output_path,
         max_run=args.max_run,
         use_spot=args.spot,

@@ -53,6 +53,11 @@ def _add_layout_arguments(p: argparse.ArgumentParser) -> None:
         "--reserved-channels", type=int, default=0, metavar="N", help="channels the launcher adds on its own"
     )
     g.add_argument("--shuffle-seed", type=int, help="ShuffleConfig seed for the Pipe channels")
+    g.add_argument(
+        "--object-order-seed",
+        type=int,
+        help="each shard's objects in an order drawn from this seed and the shard (default: name order)",
+    )
     g.add_argument("--record-wrapper", default="None", choices=("None", "RecordIO"), help="RecordWrapperType")
     g.add_argument("--input-mode", default="Pipe", choices=("Pipe", "File", "FastFile"))
     g.add_argument("--role", default="train", help="base name of the sharded channels (default: train)")
@@ -113,7 +118,8 @@ def _plan_for(args, layout: ChannelLayout) -> ShardPlan:
     from sagemaker_dist.launch.pack_index import describe_records, plan_prefix
 
     train = layout.role("train")
-    plan, index_uri = plan_prefix(args.source, train.count, suffix=args.suffix)
+    seed = args.object_order_seed
+    plan, index_uri = plan_prefix(args.source, train.count, suffix=args.suffix, order_seed=seed)
     check_host_split(plan, layout.hosts, train.distribution, args.role)
     if index_uri is not None:
         print(describe_records(plan, index_uri))

@@ -99,6 +99,9 @@ class DistributedEstimator(JobSettings):
     With no ``image_uri`` the job runs in our image of its distribution (``container/build_and_push.sh``;
     tf-mwms: AWS's DLC); an image without the package (an AWS DLC) gets it in the source tarball
     (``ship_package``: None decides by the image's repository name, ``sagemaker-dist*`` has it).
+    ``object_order_seed`` writes each worker's manifest in an order drawn from the seed and the shard,
+    so objects laid out by class, day or source are spread over its stream (name order without it; the
+    same order every epoch, unlike ``shuffle_seed``'s ShuffleConfig).
     The keyword arguments the request says (input modes, records, checkpoints, TensorBoard, limits,
     spot, volumes, VPC, tags, environment, mpirun options) are ``launch.request.JobSettings``'s,
     declared there once with their defaults.
@@ -123,6 +126,7 @@ class DistributedEstimator(JobSettings):
     max_source_bytes: int = MAX_SOURCE_BYTES
     source_exclude: Sequence[str] | None = None
     ship_package: bool | None = None
+    object_order_seed: int | None = None
     sagemaker_session: object = field(default=None, repr=False)
 
     def __post_init__(self):
@@ -130,6 +134,9 @@ class DistributedEstimator(JobSettings):
         count = self.instance_count
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise EstimatorError(f"instance_count={count!r}; it must be a whole number >= 1")
+        seed = self.object_order_seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise EstimatorError(f"object_order_seed={seed!r}; give a whole number >= 0 (None: name order)")
         check_distribution_options(self.distribution, self.mpi_options, self.default_mpi_options)
         if self.processes_per_host is None:  # one per host, or (None) the type's GPUs
             self.processes_per_host = registered(self.distribution).default_processes_per_host()
@@ -273,8 +280,9 @@ class DistributedEstimator(JobSettings):
         output = self._output_path(resolve=False)
         try:
             staged = plan_role_shards(
-                inputs, layout, join_s3(output, job_name, "shards") + "/", self._s3_client(), say
-            )
+                inputs, layout, join_s3(output, job_name, "shards") + "/", self._s3_client(), say,
+                self.object_order_seed,
+            )  # fmt: skip
         except MissingBucketError:
             raise
         except S3AccessError as exc:
@@ -419,7 +427,8 @@ class DistributedEstimator(JobSettings):
         if check:
             self.check_job_name_free(job_name)
         client = self._s3_client()
-        staged = plan_role_shards(inputs, layout, join_s3(output_path, job_name, "shards") + "/", client, say)
+        shards_uri = join_s3(output_path, job_name, "shards") + "/"
+        staged = plan_role_shards(inputs, layout, shards_uri, client, say, self.object_order_seed)
         submit = self.source_uri(output_path, job_name)
         names = ResolvedNames(job_name, role, output_path, submit, self._image(account=role.split(":")[4]))
         request = render_request(

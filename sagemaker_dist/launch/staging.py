@@ -26,15 +26,19 @@ class StagedShards:
             write_shards(plan, prefix, self.shards_uri, mode=MANIFEST, role=role, client=client)
 
 
-def plan_role_shards(inputs: JobInputs, layout: ChannelLayout, shards_uri: str, client, say) -> StagedShards:
-    """List and balance every bare prefix of a per-worker role; nothing is written yet."""
+def plan_role_shards(
+    inputs: JobInputs, layout: ChannelLayout, shards_uri: str, client, say, order_seed: int | None = None
+) -> StagedShards:
+    """List and balance every bare prefix of a per-worker role; nothing is written yet. ``order_seed``:
+    each manifest's objects in an order drawn from the seed and the shard (``plan_shards``), else name
+    order."""
     staged = StagedShards(shards_uri)
     for r in layout.roles:
         spec = inputs.roles[r.role]
         if isinstance(spec, str) and r.spread == PER_WORKER:
             say(f"sharding {spec} into {r.count} manifest(s) for {r.role}")
             # raises EmptyPrefixError if there are none; a pack's shards are checked against its index
-            plan, index_uri = plan_prefix(spec, r.count, client=client)
+            plan, index_uri = plan_prefix(spec, r.count, client=client, order_seed=order_seed)
             if index_uri is not None:
                 say(describe_records(plan, index_uri))
             check_host_split(plan, layout.hosts, r.distribution, r.role)

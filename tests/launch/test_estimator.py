@@ -842,3 +842,40 @@ def test_the_request_settings_are_declared_once_and_frozen():
     assert frozen.volume_size == JobSettings().volume_size == 30  # the one default
     with pytest.raises(FrozenInstanceError):
         frozen.max_run = 1
+
+
+def test_object_order_seed_writes_each_manifest_in_its_seeded_order(session, s3, bucket, source_dir):
+    """Objects named class by class: name order keeps each worker's stream one class after another; the
+    seed spreads them, the same objects per worker, in the order plan_shards draws for the seed."""
+    from sagemaker_dist.launch.sharding import plan_shards
+
+    sizes = [1000] * 24
+    keys = put_objects(s3, bucket, "sorted/train/", sizes)
+
+    def manifests(seed):
+        est = DistributedEstimator(
+            "train.py",
+            role=ROLE_ARN,
+            instance_type="ml.c5.xlarge",
+            instance_count=2,
+            processes_per_host=1,
+            source_dir=str(source_dir),
+            image_uri=IMAGE,
+            object_order_seed=seed,
+            sagemaker_session=session,
+        )
+        request = est.prepare({"train": f"s3://{bucket}/sorted/train/"}, printer=None).request
+        channels = {c["ChannelName"]: c for c in request["InputDataConfig"]}
+        uris = [channels[f"train_{i}"]["DataSource"]["S3DataSource"]["S3Uri"] for i in range(2)]
+        return [manifest_keys(s3, uri) for uri in uris]
+
+    by_name, seeded = manifests(None), manifests(5)
+    assert all(keys == sorted(keys) for keys in by_name)
+    assert [sorted(k) for k in seeded] == by_name  # the same objects for each worker
+    assert seeded != by_name
+    expected = plan_shards(list(zip(keys, sizes)), 2, order_seed=5).shards
+    assert [[k.rsplit("/", 1)[1] for k in shard] for shard in seeded] == [
+        [k.rsplit("/", 1)[1] for k in shard] for shard in expected
+    ]
+    with pytest.raises(EstimatorError, match="object_order_seed=-1"):
+        DistributedEstimator("train.py", role=ROLE_ARN, instance_type="ml.c5.xlarge", object_order_seed=-1)
