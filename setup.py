@@ -57,7 +57,7 @@ setup(
     description=__doc__,
     python_requires=">=3.10",
     packages=find_packages(include=["sagemaker_dist", "sagemaker_dist.*"]),
-    # the demo's training script; the compiled reader's source, built where it runs (tensorflow/data/native_build.py)
+    # the demo's training script; the compiled reader's source, built where it runs (native_build.py)
     package_data={
         "sagemaker_dist.local": ["demo_job/*.py"],
         "sagemaker_dist.runtime.tensorflow.data": ["native/*.cc", "native/*.h"],
