@@ -33,6 +33,8 @@ class HostLifecycle:
     syncs the checkpoints; leaving it closes everything, on any exit. ``errors`` collects what a feed
     reported while running. ``channels`` are those the hosts feed (every channel by default), ``items``
     their objects where the caller listed them already, ``max_epochs`` a Pipe feed's epochs.
+    ``announce_uploads``: a line per tarball uploaded (the pipe agent's log; local mode's summary
+    names the model's URI, and its job lines are the ranks' own).
     """
 
     def __init__(
@@ -48,9 +50,10 @@ class HostLifecycle:
         stop: threading.Event | None = None,
         max_epochs: int | None = None,
         label: str = "",
+        announce_uploads: bool = False,
     ):
         self.job, self.trees, self.client, self.echo = job, list(trees), client, echo
-        self.first_index, self.label = first_index, label
+        self.first_index, self.label, self.announce_uploads = first_index, label, announce_uploads
         self.channels = job.channels if channels is None else channels
         self._items, self._max_epochs = items, max_epochs
         self.stop = stop or threading.Event()
@@ -105,6 +108,6 @@ class HostLifecycle:
                 uploaded[tarball] = pack_and_upload(directory, uri, self.client)
             except Exception as exc:  # noqa: BLE001 - boto3's upload errors vary; name the target
                 raise OutputUploadError(f"{tree.name}: cannot upload {directory} to {uri}: {exc}") from exc
-            if uploaded[tarball]:
+            if uploaded[tarball] and self.announce_uploads:
                 self.echo(f"{self.label}uploaded {uri}")
         return uploaded[MODEL_TARBALL]

@@ -167,7 +167,7 @@ def run_agent(
     ready = root / READY_FILE
     host = HostLifecycle(
         plan.job, [tree], client, echo, first_index=plan.node_index, channels=plan.channels, items=items,
-        stop=stop, max_epochs=plan.epochs, label="pipe agent: ",
+        stop=stop, max_epochs=plan.epochs, label="pipe agent: ", announce_uploads=True,
     )  # fmt: skip
     with host:
         try:
