@@ -94,9 +94,24 @@ def supervise(
         time.sleep(0.05)
 
 
+TRACEBACK = "Traceback (most recent call last):"
+SHOWN_LINES = 12  # a rank's last lines in a failure message
+TRACEBACK_REACH = 40  # how far back the shown lines reach for the rank's last traceback
+
+
+def last_output(lines: list[str]) -> list[str]:
+    """A rank's last lines, reaching back to the start of its last traceback: what a framework prints
+    after the exception (Horovod's or MPI's shutdown lines) must not push where it raised out of view."""
+    start = max(len(lines) - SHOWN_LINES, 0)
+    for index in range(len(lines) - 1, max(len(lines) - TRACEBACK_REACH, 0) - 1, -1):
+        if lines[index].startswith(TRACEBACK):
+            return lines[min(start, index) :]
+    return lines[start:]
+
+
 def rank_failure(group: RankGroup, rank: int, what: str, trees, per_host: int) -> str:
     host = trees[rank // per_host].name if rank // per_host < len(trees) else "?"
-    tail = group.rank_lines.get(rank, [])[-12:]
+    tail = last_output(group.rank_lines.get(rank, []))
     shown = "\n".join(f"  {line}" for line in tail) or "  (no output)"
     stopped = [r for r in group.terminated_ranks() if r != rank]
     others = (

@@ -231,7 +231,7 @@ def test_a_rank_raising_on_algo_2_has_its_traceback_in_the_error(s3, bucket, tmp
     assert (
         'File "cluster_rank.py", line' in message
         and "RuntimeError: rank 1 failed on purpose on algo-2" in message
-    )
+    ), message + "\n-- the job's last lines --\n" + "\n".join(lines[-60:])
     assert "/opt/ml/output/failure says:" in message
 
 

@@ -23,6 +23,7 @@ from sagemaker_dist.local.launchers.base import describe_exit
 from sagemaker_dist.local.launchers.mpi import LaunchError
 from sagemaker_dist.local.launchers.table import IMPLEMENTATIONS, launcher_class
 from sagemaker_dist.local.result import final_metrics
+from sagemaker_dist.local.supervision import SHOWN_LINES, TRACEBACK, last_output
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "helpers" / "local_scripts"
 
@@ -414,3 +415,15 @@ def test_the_container_launcher_builds_its_host_without_starting_it(tmp_path, mo
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://10.1.2.3:9000")
     with pytest.raises(ContainerLauncherError):
         cluster.check()
+
+
+def test_a_failed_ranks_shown_output_reaches_back_to_its_traceback():
+    raised = [TRACEBACK, '  File "train.py", line 9, in <module>', "RuntimeError: boom"]
+    shutdown = [f"horovod shutdown line {i}" for i in range(20)]
+    shown = last_output(["epoch 1"] * 30 + raised + shutdown)
+    assert shown == raised + shutdown  # the traceback, and all that followed it
+    plain = [f"line {i}" for i in range(30)]
+    assert last_output(plain) == plain[-SHOWN_LINES:]
+    # a traceback far back (more than 40 lines) is not dragged in; a short one keeps the usual tail
+    assert last_output(raised + plain + plain) == (plain + plain)[-SHOWN_LINES:]
+    assert last_output(["a", "b"] + raised) == ["a", "b"] + raised

@@ -24,7 +24,7 @@ from sagemaker_dist.local.launchers import TOOLKIT
 from sagemaker_dist.local.launchers.base import RankGroup
 from sagemaker_dist.local.launchers.mpi import check_horovod_mpi
 from sagemaker_dist.local.launchers.toolkit_preflight import toolkit_host_problem
-from sagemaker_dist.local.supervision import rank_failure
+from sagemaker_dist.local.supervision import TRACEBACK, rank_failure
 
 CONTAINER_PYTHON_ENV = "SAGEMAKER_DIST_CONTAINER_PYTHON"
 # the DLC's SAGEMAKER_TRAINING_MODULE where none is named: the default distribution's (its registry entry)
@@ -114,7 +114,6 @@ def toolkit_environment(
 
 
 _HOROVOD_SHUT_DOWN = "Horovod has been shut down"  # a collective failed by another rank's exit
-_TRACEBACK = "Traceback (most recent call last):"
 
 
 def blame_the_rank_that_raised(failure: str | None, group: RankGroup, trees, per_host: int) -> str | None:
@@ -131,7 +130,7 @@ def blame_the_rank_that_raised(failure: str | None, group: RankGroup, trees, per
         rank
         for rank, rank_lines in sorted(lines.items())
         if rank != reported[0]
-        and any(line.startswith(_TRACEBACK) for line in rank_lines)
+        and any(line.startswith(TRACEBACK) for line in rank_lines)
         and not any(_HOROVOD_SHUT_DOWN in line for line in rank_lines)
     ]
     if not raised:
