@@ -96,17 +96,30 @@ def supervise(
 
 TRACEBACK = "Traceback (most recent call last):"
 SHOWN_LINES = 12  # a rank's last lines in a failure message
-TRACEBACK_REACH = 40  # how far back the shown lines reach for the rank's last traceback
+TRACEBACK_REACH = 200  # how far back from a rank's last line its last traceback is looked for
+
+
+def _traceback_block(lines: list[str], start: int) -> list[str]:
+    """Python's traceback from its header: the indented frames, then the exception's line."""
+    end = start + 1
+    while end < len(lines) and lines[end][:1].isspace():
+        end += 1
+    return lines[start : end + 1]
 
 
 def last_output(lines: list[str]) -> list[str]:
-    """A rank's last lines, reaching back to the start of its last traceback: what a framework prints
-    after the exception (Horovod's or MPI's shutdown lines) must not push where it raised out of view."""
-    start = max(len(lines) - SHOWN_LINES, 0)
+    """A rank's last lines, led by its last traceback when that lies further back: what a framework
+    prints after the exception (Horovod's shutdown, MPI's signal backtrace) must not hide where it raised."""
+    tail_start = max(len(lines) - SHOWN_LINES, 0)
     for index in range(len(lines) - 1, max(len(lines) - TRACEBACK_REACH, 0) - 1, -1):
         if lines[index].startswith(TRACEBACK):
-            return lines[min(start, index) :]
-    return lines[start:]
+            if index >= tail_start:
+                break
+            block = _traceback_block(lines, index)
+            skipped = tail_start - (index + len(block))
+            gap = [f"... ({skipped} lines)"] if skipped > 0 else []
+            return block + gap + lines[max(tail_start, index + len(block)) :]
+    return lines[tail_start:]
 
 
 def rank_failure(group: RankGroup, rank: int, what: str, trees, per_host: int) -> str:

@@ -417,13 +417,15 @@ def test_the_container_launcher_builds_its_host_without_starting_it(tmp_path, mo
         cluster.check()
 
 
-def test_a_failed_ranks_shown_output_reaches_back_to_its_traceback():
-    raised = [TRACEBACK, '  File "train.py", line 9, in <module>', "RuntimeError: boom"]
-    shutdown = [f"horovod shutdown line {i}" for i in range(20)]
-    shown = last_output(["epoch 1"] * 30 + raised + shutdown)
-    assert shown == raised + shutdown  # the traceback, and all that followed it
+def test_a_failed_ranks_shown_output_keeps_its_traceback():
+    raised = [TRACEBACK, '  File "train.py", line 9, in <module>', "    boom()", "RuntimeError: boom"]
+    shutdown = [f"shutdown line {i}" for i in range(30)]
+    # the traceback, the lines skipped counted, then the last lines as usual
+    assert last_output(["epoch 1"] * 30 + raised + shutdown) == (
+        raised + ["... (18 lines)"] + shutdown[-SHOWN_LINES:]
+    )
     plain = [f"line {i}" for i in range(30)]
     assert last_output(plain) == plain[-SHOWN_LINES:]
-    # a traceback far back (more than 40 lines) is not dragged in; a short one keeps the usual tail
-    assert last_output(raised + plain + plain) == (plain + plain)[-SHOWN_LINES:]
-    assert last_output(["a", "b"] + raised) == ["a", "b"] + raised
+    assert last_output(["a", "b"] + raised) == ["a", "b"] + raised  # within the tail: the tail alone
+    assert last_output(raised + shutdown[:10]) == raised + shutdown[:10]  # adjoining: nothing skipped
+    assert last_output(raised + plain * 8) == (plain * 8)[-SHOWN_LINES:]  # too far back: not looked for
