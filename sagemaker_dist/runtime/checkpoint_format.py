@@ -67,26 +67,40 @@ def checkpoint_dir(root: str | os.PathLike | None = None) -> Path:
     return OptMl(opt_ml_root(root)).checkpoint_dir
 
 
-def _complete(path: Path) -> Checkpoint | None:
-    match = _NAME_RE.match(path.name)
-    if not match or not path.is_dir():
+def complete_checkpoint(
+    name: str, location, read_meta: Callable[[], bytes | str], size_of: Callable[[str], int | None]
+) -> Checkpoint | None:
+    """The checkpoint ``name`` at ``location`` if it is complete, else None: its ``meta.json`` parses,
+    names the epoch and step its name says and lists files, each found at the listed size. The one rule
+    for a checkpoint directory and for a checkpoint's prefix in S3."""
+    match = _NAME_RE.match(name)
+    if not match:
         return None
     try:
-        meta = json.loads((path / META_FILE).read_text())
+        meta = json.loads(read_meta())
         files = meta["files"]
         epoch = int(meta["epoch"])
         step = int(meta.get("step", 0))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if epoch != int(match.group(1)) or step != int(match.group(2) or 0) or not files:
+    if (epoch, step) != (int(match.group(1)), int(match.group(2) or 0)) or not isinstance(files, dict):
         return None
-    for name, size in files.items():
+    if not files or any(size_of(file) != size for file, size in files.items()):
+        return None
+    return Checkpoint(epoch=epoch, path=location, step=step, meta=meta)
+
+
+def _complete(path: Path) -> Checkpoint | None:
+    if not path.is_dir():
+        return None
+
+    def size_of(name: str) -> int | None:
         try:
-            if (path / name).stat().st_size != size:
-                return None
+            return (path / name).stat().st_size
         except OSError:
             return None
-    return Checkpoint(epoch=epoch, path=path, step=step, meta=meta)
+
+    return complete_checkpoint(path.name, path, (path / META_FILE).read_bytes, size_of)
 
 
 def checkpoint_name(epoch: int, step: int = 0) -> str:

@@ -23,6 +23,7 @@ from sagemaker_dist.runtime.checkpoint_format import (
     META_FILE,
     Checkpoint,
     _fsync_dir,
+    complete_checkpoint,
     install_directory,
     list_checkpoints,
     prune_checkpoints,
@@ -252,18 +253,11 @@ class S3Store:
             if META_FILE not in files:
                 continue
             location = self.location(name)
-            try:
-                meta = json.loads(self.read_bytes(location, META_FILE))
-                listed = meta["files"]
-                epoch, step = int(meta["epoch"]), int(meta.get("step", 0))
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
-            match = _NAME_RE.match(name)
-            if (epoch, step) != (int(match.group(1)), int(match.group(2) or 0)) or not listed:
-                continue
-            if not isinstance(listed, dict) or any(files.get(f) != size for f, size in listed.items()):
-                continue
-            found.append(Checkpoint(epoch=epoch, path=location, step=step, meta=meta))
+            checkpoint = complete_checkpoint(
+                name, location, lambda location=location: self.read_bytes(location, META_FILE), files.get
+            )
+            if checkpoint is not None:
+                found.append(checkpoint)
         return sorted(found, key=lambda c: c.position)
 
     def _delete(self, location: S3Uri) -> None:
