@@ -16,8 +16,6 @@ import posixpath
 from concurrent.futures import ThreadPoolExecutor
 
 from sagemaker_dist.aws.s3_objects import (
-    EmptyPrefixError,
-    list_objects,
     make_client,
     parse_s3_uri,
     s3_call,
@@ -57,33 +55,32 @@ def _head(client, bucket: str, key: str) -> bytes:
     )["Body"].read()
 
 
+def _magic_of(rel: str):
+    """The bytes an object named ``rel`` must start with (None: an extension that is not checked)."""
+    name = rel.rpartition("/")[2]
+    return IMAGE_MAGIC.get(name.rpartition(".")[2].lower()) if "." in name else None
+
+
 def _checked(client, bucket: str, rows: list[tuple[str, str, int, int, object, dict | None]], skipped: list):
     """``(item, label)`` of each ``(rel, key, size, mtime, label, meta)`` row whose object is the image its
     extension says (its first bytes, fetched many at once); the others skipped."""
-
-    def magic_of(row):
-        ext = row[0].rpartition("/")[2].rpartition(".")[2].lower()
-        return IMAGE_MAGIC.get(ext) if "." in row[0].rpartition("/")[2] else None
-
-    checks = [row for row in rows if magic_of(row) is not None]
+    magics = [_magic_of(row[0]) for row in rows]
+    checks = [row[1] for row, magic in zip(rows, magics) if magic is not None]
     with ThreadPoolExecutor(HEADS_AT_ONCE) as pool:
-        heads = dict(zip((r[1] for r in checks), pool.map(lambda r: _head(client, bucket, r[1]), checks)))
+        heads = dict(zip(checks, pool.map(lambda key: _head(client, bucket, key), checks)))
     out = []
-    for row in rows:
-        rel, key, size, mtime, label, meta = row
-        magic, head = magic_of(row), heads.get(key)
-        if magic is not None and not head.startswith(magic):
+    for (rel, key, size, mtime, label, meta), magic in zip(rows, magics):
+        if magic is not None and not heads[key].startswith(magic):
             ext = rel.rpartition(".")[2]
-            skipped.append(Skipped(rel, f"not a {ext.upper()} file (its first bytes are {head[:4]!r})"))
+            skipped.append(Skipped(rel, f"not a {ext.upper()} file (its first bytes are {heads[key][:4]!r})"))
             continue
         out.append((Item(rel, size, mtime, None, meta, f"s3://{bucket}/{key}"), label))
     return out
 
 
-def _imagefolder(client, uri: str) -> Source:
-    folder = uri if uri.endswith("/") else uri + "/"
+def _imagefolder(client, folder: str, listed: dict[str, tuple[int, int]]) -> Source:
+    """The ImageFolder under ``folder`` (ending in ``/``) from its listing, ``listed``."""
     bucket, prefix = parse_s3_uri(folder)
-    listed = _listing(client, folder)
     rows, skipped, ignored = [], [], 0
     for key in sorted(listed):
         rel = key[len(prefix) :]
@@ -150,14 +147,14 @@ def scan_s3_source(uri: str, path_field: str, label_field: str, client=None) -> 
         return _rows_file(client, uri, JSONL, path_field, label_field)
     if lower.endswith(".csv"):
         return _rows_file(client, uri, CSV, path_field, label_field)
-    try:
-        list_objects(uri if uri.endswith("/") else uri + "/", client=client)
-    except EmptyPrefixError:
+    folder = uri if uri.endswith("/") else uri + "/"
+    listed = _listing(client, folder)  # the one listing: the check that it is not empty, then the scan
+    if not any(not (key.endswith("/") and size == 0) for key, (size, _) in listed.items()):
         raise PackInputError(
             f"source {uri!r} holds no objects (an S3 source is a prefix of class folders, "
             "a .jsonl or a .csv object)"
-        ) from None
-    return _imagefolder(client, uri)
+        )
+    return _imagefolder(client, folder, listed)
 
 
 def read_s3_item(client, item: Item) -> bytes:

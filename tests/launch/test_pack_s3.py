@@ -87,3 +87,17 @@ def test_json_lines_in_s3_name_objects_beside_them(s3, bucket):
     with pytest.raises(PackInputError, match="climbs out of its directory"):
         pack_dataset(f"s3://{bucket}/data/bad.jsonl", f"s3://{bucket}/never/", progress=False)
     assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="never/")
+
+
+def test_a_scan_lists_the_prefix_once_and_reads_each_images_head_once(s3, bucket, images):
+    from sagemaker_dist.launch.pack import scan_source
+
+    calls: list[str] = []
+    s3.meta.events.register("before-call.s3", lambda model, **_: calls.append(model.name))
+    found = scan_source(f"s3://{bucket}/src/", client=s3)
+    assert len(found.items) == 15 and len(found.skipped) == 2
+    # one listing; a ranged GET per .jpg under a class folder (15 images and the fake one)
+    assert calls.count("ListObjectsV2") == 1 and calls.count("GetObject") == 16
+    s3.put_object(Bucket=bucket, Key="empty/", Body=b"")  # a folder placeholder only: no objects
+    with pytest.raises(PackInputError, match="holds no objects"):
+        scan_source(f"s3://{bucket}/empty/", client=s3)
