@@ -46,8 +46,7 @@ def register(subparsers) -> None:
         help="append each epoch's metrics of rank 0 (its metric line, read with the request's "
         "MetricDefinitions) to PATH as JSON lines, as they come (what tune --local reads of a trial)",
     )
-    p.set_defaults(func=run_local_command)
-    _register_demo_data(subparsers)
+    _register_demo_data(subparsers)  # the command's func: cli/platforms.run_job, the local row
 
 
 def _add_job_arguments(p) -> None:

@@ -10,18 +10,15 @@ from __future__ import annotations
 from contextlib import ExitStack
 from typing import Any, Protocol
 
-from sagemaker_dist.cli.k8s import DEFAULT_IMAGE, KUBERNETES
+from sagemaker_dist.cli.k8s import KUBERNETES
 from sagemaker_dist.cli.launch import SAGEMAKER
 from sagemaker_dist.cli.local_platform import LOCAL
-from sagemaker_dist.cli.pipe_agent import pipe_agent_command
 from sagemaker_dist.cli.pipe_agent import register as register_pipe_agent
-from sagemaker_dist.cli.slurm import JOBS_DIR, SLURM
+from sagemaker_dist.cli.slurm import SLURM
 from sagemaker_dist.errors import ConfigurationError
 
 __all__ = [
     "DEFAULT_TUNING", "NAMES", "REGISTRY", "Platform", "platform", "register", "run_job", "tuning_platforms",
-    # also here: the pipe agent's, Kubernetes' and Slurm's names
-    "DEFAULT_IMAGE", "JOBS_DIR", "k8s_command", "pipe_agent_command", "slurm_command",
 ]  # fmt: skip
 
 
@@ -90,14 +87,3 @@ def register(subparsers) -> None:
         parser = subparsers.choices.get(row.command) or row.register(subparsers)
         parser.set_defaults(func=run_job, platform=row.name)
 
-
-def k8s_command(args) -> int:
-    """``sagemaker-dist k8s`` (its old entry point)."""
-    args.platform = KUBERNETES.name
-    return run_job(args)
-
-
-def slurm_command(args) -> int:
-    """``sagemaker-dist slurm`` (its old entry point)."""
-    args.platform = SLURM.name
-    return run_job(args)
