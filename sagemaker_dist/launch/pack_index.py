@@ -1,4 +1,4 @@
-"""The index a pack leaves beside its shards, read where the shards are planned.
+"""The index a pack leaves beside its shards: what it holds, and its reading where the shards are planned.
 
 ``sagemaker-dist pack`` writes ``OUTPUT/shards/shard-*.tar`` (the channel's data) and, last,
 ``OUTPUT/index.json`` (each shard's records and bytes). A prefix ``.../shards/`` whose parent holds an
@@ -7,11 +7,16 @@ the same sizes: a shard changed, missing or added since the pack is refused befo
 plans with each shard's record count, so the plan says how many samples each worker reads. A
 ``.../shards/`` whose pack left markers but no index did not finish, and the pack's own root (index and
 markers beside the shards) is not a channel's data: both are refused with the prefix to use.
+
+The index holds the format, each shard's name, records, bytes and digest, the totals, the classes and
+labels, the source, the seed and plan, and what was skipped (``index_of``; ``read_pack_index`` reads a
+finished pack's).
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 from sagemaker_dist.aws.s3_objects import (
     S3Object,
@@ -21,14 +26,57 @@ from sagemaker_dist.aws.s3_objects import (
     s3_call,
 )
 from sagemaker_dist.errors import DataError
-from sagemaker_dist.launch.pack import INDEX, MARKERS_DIR, SHARDS_DIR, _S3Store
+from sagemaker_dist.launch.pack_plan import INDEX_VERSION, WEBDATASET, PackPlan
+from sagemaker_dist.launch.pack_store import INDEX, MARKERS_DIR, SHARDS_DIR, _S3Store, _store
 from sagemaker_dist.launch.sharding import ShardPlan, plan_shards, with_records
 
 DIFFERENCES_SHOWN = 3
+SKIPPED_IN_INDEX = 1000  # skipped files listed in the index (all are counted)
 
 
 class PackIndexError(DataError):
     """A pack's shards that disagree with its index, or a pack that did not finish."""
+
+
+def index_of(plan: PackPlan, sizes: dict[int, tuple[int, int]]) -> dict:
+    """The index of ``plan`` written with ``sizes`` (shard index -> (records, bytes))."""
+    source = plan.source
+    shards = [
+        {
+            "name": f"{SHARDS_DIR}/{s.name}",
+            "records": sizes[s.index][0],
+            "bytes": sizes[s.index][1],
+            "digest": s.digest,
+        }
+        for s in plan.shards
+    ]
+    return {
+        "version": INDEX_VERSION,
+        "format": plan.format,
+        "record_format": "WebDataset" if plan.format == WEBDATASET else "TFRecord",
+        "shards": shards,
+        "records": sum(s["records"] for s in shards),
+        "bytes": sum(s["bytes"] for s in shards),
+        "classes": source.classes,
+        "labels": sorted(
+            {s.item.label for sh in plan.shards for s in sh.samples if s.item.label is not None}
+        ),
+        "source": {"layout": source.layout, "path": str(source.root)},
+        "seed": plan.seed,
+        "plan": plan.digest,
+        "skipped": [{"path": s.path, "reason": s.reason} for s in source.skipped[:SKIPPED_IN_INDEX]],
+        "skipped_count": len(source.skipped),
+    }
+
+
+def read_pack_index(output: str | os.PathLike, client=None) -> dict:
+    """The index of a finished pack under ``output``; a DataError where there is none (never written,
+    or a pack that did not finish)."""
+    store = _store(str(output), client)
+    raw = store.get(INDEX)
+    if raw is None:
+        raise DataError(f"no {INDEX} under {store.where}: no pack finished there (run sagemaker-dist pack)")
+    return json.loads(raw)
 
 
 def _folder(uri: str) -> str:
