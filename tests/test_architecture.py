@@ -756,7 +756,9 @@ def test_the_request_rule_catches_a_read(tmp_path):
 
 
 ENVIRONMENT_MODULE = "sagemaker_dist.contract.environment"
-RANK_SIDE = ("sagemaker_dist.runtime", "sagemaker_dist.local.demo_job")
+RUNTIME_ENVIRONMENT_MODULE = "sagemaker_dist.runtime.environment"
+USER_SCRIPTS = "sagemaker_dist.local.demo_job"  # the demo's training scripts: a user's, as any script
+RANK_SIDE = ("sagemaker_dist.runtime", USER_SCRIPTS)
 _ENVIRON_CALLS = ("getenv", "putenv", "unsetenv", "getenvb")
 
 
@@ -791,6 +793,24 @@ def test_the_sdk_side_reads_the_environment_in_one_module():
     ranks (``SM_*`` is their input, as for any script): they are not the SDK side."""
     hits = _found_outside(_environment_reads, (ENVIRONMENT_MODULE, *RANK_SIDE))
     assert hits == [], "the environment read outside contract/environment.py:\n" + "\n".join(hits)
+
+
+def test_the_runtime_reads_the_environment_in_one_module():
+    """Every variable the runtime reads in the ranks (SageMaker's ``SM_*``, torchrun's rendezvous, the
+    collective timeout and stop grace, the reader and its build, the AWS endpoint, ...) is named once in
+    ``runtime/environment.py`` and read (or set) through its accessors; code that takes ``environ=``
+    asks it for the mapping. The demo's training scripts are user scripts (they read ``SM_*`` as any
+    script does): not the runtime."""
+    hits = [
+        f"{module} {hit}"
+        for module, path in _sources()
+        if (module == "sagemaker_dist.runtime" or module.startswith("sagemaker_dist.runtime."))
+        and module != RUNTIME_ENVIRONMENT_MODULE
+        for hit in _environment_reads(path)
+    ]
+    assert hits == [], "the environment read outside runtime/environment.py:\n" + "\n".join(hits)
+    module_path = PACKAGE / "runtime" / "environment.py"
+    assert _environment_reads(module_path), "runtime/environment.py reads the environment itself"
 
 
 def test_the_environment_rule_catches_a_read(tmp_path):

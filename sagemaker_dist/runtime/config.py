@@ -25,12 +25,13 @@ from sagemaker_dist.contract.paths import (  # noqa: F401 - ROOT_ENV and opt_ml_
     opt_ml_root,
 )
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.runtime import environment
 
 # Where the sagemaker-training toolkit mirrors the files for the user script.
 _ENV_FALLBACKS = {
-    RESOURCE_CONFIG: "SM_RESOURCE_CONFIG",
-    INPUT_DATA_CONFIG: "SM_INPUT_DATA_CONFIG",
-    HYPERPARAMETERS: "SM_HPS",
+    RESOURCE_CONFIG: environment.RESOURCE_CONFIG,
+    INPUT_DATA_CONFIG: environment.INPUT_DATA_CONFIG,
+    HYPERPARAMETERS: environment.HYPERPARAMETERS,
 }
 
 
@@ -73,16 +74,16 @@ class ContainerConfig:
         cls, root: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None
     ) -> ContainerConfig:
         """Read the three config files under ``<root>/input/config`` (SM_* variables as a fallback)."""
-        env = dict(os.environ if environ is None else environ)
+        env = dict(environment.environ(environ))
         base = opt_ml_root(root, env)
         docs, sources = {}, {}
         for name, env_name in _ENV_FALLBACKS.items():
             docs[name], sources[name] = _read_json(OptMl(base).config_dir / name, env_name, env)
         resource = docs[RESOURCE_CONFIG]
-        if not resource and ("SM_CURRENT_HOST" in env or "SM_HOSTS" in env):
-            resource = {"current_host": env.get("SM_CURRENT_HOST", "algo-1")}
-            if "SM_HOSTS" in env:
-                resource["hosts"] = json.loads(env["SM_HOSTS"])
+        if not resource and (environment.CURRENT_HOST in env or environment.HOSTS in env):
+            resource = {"current_host": env.get(environment.CURRENT_HOST, "algo-1")}
+            if environment.HOSTS in env:
+                resource["hosts"] = json.loads(env[environment.HOSTS])
             sources[RESOURCE_CONFIG] = "$SM_CURRENT_HOST/$SM_HOSTS"
         return cls(
             root=base,
@@ -113,11 +114,11 @@ class ContainerConfig:
 
     @property
     def model_dir(self) -> Path:
-        return Path(self.environ.get("SM_MODEL_DIR") or self.paths.model_dir)
+        return Path(self.environ.get(environment.MODEL_DIR) or self.paths.model_dir)
 
     @property
     def output_data_dir(self) -> Path:
-        return Path(self.environ.get("SM_OUTPUT_DATA_DIR") or self.paths.output_data_dir)
+        return Path(self.environ.get(environment.OUTPUT_DATA_DIR) or self.paths.output_data_dir)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -139,7 +140,7 @@ class ContainerConfig:
 
     @property
     def num_gpus(self) -> int | None:
-        value = self.environ.get("SM_NUM_GPUS")
+        value = self.environ.get(environment.NUM_GPUS)
         return int(value) if value not in (None, "") else None
 
     # Channels.

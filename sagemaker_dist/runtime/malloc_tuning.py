@@ -19,16 +19,18 @@ import ctypes
 import logging
 import os
 
+from sagemaker_dist.runtime import environment
+
 log = logging.getLogger(__name__)
 
 MMAP_THRESHOLD_BYTES = 8 << 20  # chunks (up to 2 MiB) and their tensors come from the heap, reused
 TRIM_THRESHOLD_BYTES = 64 << 20  # freed chunks stay mapped for the next ones
-OFF_VARIABLE = "SAGEMAKER_DIST_MALLOC_TUNING"
+OFF_VARIABLE = environment.MALLOC_TUNING
 
 # mallopt(3) parameters: (number, environment variable glibc reads at start, value set here, name)
 _PARAMETERS = (
-    (-3, "MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD_BYTES, "mmap threshold"),  # M_MMAP_THRESHOLD
-    (-1, "MALLOC_TRIM_THRESHOLD_", TRIM_THRESHOLD_BYTES, "trim threshold"),  # M_TRIM_THRESHOLD
+    (-3, environment.MALLOC_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES, "mmap threshold"),  # M_MMAP_THRESHOLD
+    (-1, environment.MALLOC_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES, "trim threshold"),  # M_TRIM_THRESHOLD
 )
 # What glibc starts with for both; it raises them itself as large blocks are freed (mallopt(3)), and
 # has no call that reads them back.
@@ -54,7 +56,7 @@ def tune_malloc() -> dict[str, int]:
     """Set the thresholds the environment does not set; once per process, logged. Returns what was set."""
     global _applied
     if _applied is None:
-        _applied, line = _tune(os.environ, _glibc_mallopt)
+        _applied, line = _tune(environment.environ(), _glibc_mallopt)
         log.info("%s", line)
     return dict(_applied)
 

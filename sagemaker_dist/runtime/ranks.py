@@ -10,7 +10,6 @@ also catches a Horovod whose world is not the one mpirun started).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -23,6 +22,7 @@ from sagemaker_dist.contract.layout import (
 )
 from sagemaker_dist.contract.rank_slots import RankVariablesError, rank_from_environment
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.runtime import environment
 from sagemaker_dist.runtime.config import ContainerConfig
 
 
@@ -53,7 +53,7 @@ class RankInfo:
         first (the TensorFlow side's ``tensorflow.keras.horovod_world.HorovodRankInfo``).
         """
         try:
-            found = rank_from_environment(os.environ if environ is None else environ)
+            found = rank_from_environment(environment.environ(environ))
         except RankVariablesError as exc:
             raise RankChannelError(str(exc)) from exc
         if found is None:

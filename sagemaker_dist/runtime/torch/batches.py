@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 
 from sagemaker_dist.contract.paths import fifo_name
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.runtime import environment
 from sagemaker_dist.runtime.epoch_reader.epochs import next_epoch_fifo
 from sagemaker_dist.runtime.epoch_reader.order import ReaderPosition, head_mismatch_line, replay_fifos
 from sagemaker_dist.runtime.epoch_reader.reader import read_ahead
@@ -183,7 +183,7 @@ class PipeBatches:
 
                 config = ContainerConfig.load()
             self.channel, self.config = job, config
-            rank = int(os.environ.get("RANK", "0") or 0)
+            rank = int(environment.torch_rank() or 0)
         else:
             self.channel, self.config = job.channels[role], job.config
             rank = job.rank

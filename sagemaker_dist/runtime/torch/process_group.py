@@ -30,18 +30,19 @@ from sagemaker_dist.contract import distributions
 from sagemaker_dist.contract.layout import INPUT_MODES, LayoutError
 from sagemaker_dist.contract.rank_slots import TORCHRUN_VARIABLES
 from sagemaker_dist.errors import ConfigurationError, JobFailedError
+from sagemaker_dist.runtime import environment
 from sagemaker_dist.runtime.config import ContainerConfig
 from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo, check_rank_channels
 from sagemaker_dist.runtime.stop import positive_seconds
 
-TIMEOUT_ENV = "SAGEMAKER_DIST_COLLECTIVE_TIMEOUT"  # seconds a collective may wait for its peers
+TIMEOUT_ENV = environment.COLLECTIVE_TIMEOUT  # seconds a collective may wait for its peers
 DEFAULT_TIMEOUT_S = 1800.0  # torch's own default for Gloo and NCCL
 
 
 def torchrun_rank(environ: Mapping[str, str] | None = None) -> RankInfo:
     """This process's rank from torchrun's variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
     ``LOCAL_WORLD_SIZE``); 0 of 1 when none is set (a plain ``python train.py``)."""
-    env = os.environ if environ is None else environ
+    env = environment.environ(environ)
     present = [n for n in TORCHRUN_VARIABLES if n in env]
     if not present:
         return RankInfo(0, 0, 1, 1, "default")
@@ -93,7 +94,7 @@ def check_launched_for_torchrun(config: ContainerConfig, environ: Mapping[str, s
 
 def collective_timeout(environ: Mapping[str, str] | None = None) -> float:
     """Seconds a collective waits for its peers: ``$SAGEMAKER_DIST_COLLECTIVE_TIMEOUT``, else 1800."""
-    raw = (os.environ if environ is None else environ).get(TIMEOUT_ENV, "").strip()
+    raw = environment.collective_timeout(environ)
     if not raw:
         return DEFAULT_TIMEOUT_S
     return positive_seconds(raw, f"{TIMEOUT_ENV}={raw!r}", error=RankChannelError)
@@ -136,7 +137,7 @@ def _cuda_device(info: RankInfo):
     import torch
 
     index = cuda_device_index(
-        info.local_rank, info.local_size, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES")
+        info.local_rank, info.local_size, torch.cuda.device_count(), environment.cuda_visible_devices()
     )
     device = torch.device("cuda", index)
     torch.cuda.set_device(device)
@@ -284,7 +285,7 @@ def setup_ddp(
     was already started is used as it is (and left to its owner by ``DdpJob.close``).
     """
     started = time.monotonic()
-    env = dict(os.environ if environ is None else environ)
+    env = dict(environment.environ(environ))
     info = torchrun_rank(env)
     config = ContainerConfig.load(root, env)
     check_launched_for_torchrun(config, env)
@@ -329,7 +330,7 @@ def _start_group(info: RankInfo, env: Mapping[str, str], backend: str | None, ti
     cuda = torch.cuda.is_available()
     chosen = backend or ("nccl" if cuda else "gloo")
     device = _cuda_device(info) if cuda else torch.device("cpu")
-    if not (info.size > 1 or "MASTER_ADDR" in env):
+    if not (info.size > 1 or environment.MASTER_ADDR in env):
         return device, chosen, None, False
     limit = datetime.timedelta(seconds=timeout)
     created = not dist.is_initialized()
@@ -358,17 +359,17 @@ class ProcessGroupError(JobFailedError):
 
 def _master(env: Mapping[str, str]) -> tuple[str, int]:
     """``MASTER_ADDR`` and ``MASTER_PORT`` of ``env`` (torchrun sets both)."""
-    missing = [n for n in ("MASTER_ADDR", "MASTER_PORT") if not env.get(n)]
+    addr, raw = environment.master_addr(env), environment.master_port(env)
+    missing = [n for n, v in ((environment.MASTER_ADDR, addr), (environment.MASTER_PORT, raw)) if not v]
     if missing:
         raise RankChannelError(
             f"{' and '.join(missing)} not set: the ranks meet at MASTER_ADDR:MASTER_PORT (rank 0's host, "
             "or torchrun's store); start the script with torchrun, or set both"
         )
-    raw = env["MASTER_PORT"]
     port = int(raw) if raw.strip().isdigit() else -1
     if not 0 < port < 65536:
         raise RankChannelError(f"MASTER_PORT={raw!r}: give a port number from 1 to 65535")
-    return env["MASTER_ADDR"], port
+    return addr, port
 
 
 def _rendezvous_store(
@@ -379,10 +380,10 @@ def _rendezvous_store(
     (``TORCHELASTIC_USE_AGENT_STORE``), else rank 0's server at ``MASTER_ADDR:MASTER_PORT``."""
     import torch.distributed as dist
 
-    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+    if env.get(environment.AGENT_STORE) == "True":
         store = dist.TCPStore(host, port, info.size, False, timeout=limit)
     else:
-        use_libuv = env.get("USE_LIBUV", "1") == "1"
+        use_libuv = env.get(environment.USE_LIBUV, "1") == "1"
         store = dist.TCPStore(
             host, port, info.size, info.rank == 0, timeout=limit, multi_tenant=True, use_libuv=use_libuv
         )
@@ -419,8 +420,8 @@ def ddp_main(main):
         except SystemExit:
             raise
         except BaseException as exc:
-            rank = os.environ.get("RANK", "0")
-            host = os.environ.get("SM_CURRENT_HOST") or os.uname().nodename
+            rank = environment.torch_rank() or "0"
+            host = environment.current_host() or os.uname().nodename
             text = "".join(traceback.format_exception(exc))
             sys.stderr.write(f"sagemaker-dist: rank {rank} (host {host}) failed: {exc!r}\n{text}")
             sys.stderr.flush()

@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.runtime import environment
 from sagemaker_dist.runtime.checkpoint_format import (
     _NAME_RE,
     META_FILE,
@@ -160,9 +161,9 @@ class S3Uri(str):
 
 
 def _region() -> str:
-    for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
-        if os.environ.get(name):
-            return os.environ[name]
+    region = environment.aws_region()
+    if region:
+        return region
     try:
         import boto3
 
@@ -193,7 +194,7 @@ class S3Store:
         if not self.root.bucket:
             raise ConfigurationError(f"{uri!r}: give s3://bucket/prefix for the checkpoints")
         self.region = region or _region()
-        self.endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+        self.endpoint = environment.s3_endpoint_url()
         self._client = None
 
     @property

@@ -11,11 +11,10 @@ The next attempt resumes inside the epoch, skipping the batches already trained.
 
 from __future__ import annotations
 
-import os
-
+from sagemaker_dist.runtime import environment
 from sagemaker_dist.runtime.stop import DEFAULT_GRACE_S, StopRequest, TrainingStopped, positive_seconds
 
-GRACE_ENV = "SAGEMAKER_DIST_STOP_GRACE"  # seconds from SIGTERM to the watchdog's forced exit
+GRACE_ENV = environment.STOP_GRACE  # seconds from SIGTERM to the watchdog's forced exit
 
 __all__ = ["DEFAULT_GRACE_S", "GRACE_ENV", "StopRequest", "TrainingStopped", "install_stop", "stop_grace"]
 
@@ -33,5 +32,5 @@ def stop_grace(grace: float | None = None, environ=None) -> float:
     hint = "give the seconds from SIGTERM to a forced exit, a number > 0"
     if grace is not None:
         return positive_seconds(grace, f"grace={grace!r}", hint)
-    raw = (os.environ if environ is None else environ).get(GRACE_ENV, "").strip()
+    raw = environment.stop_grace(environ)
     return positive_seconds(raw, f"{GRACE_ENV}={raw!r}", hint) if raw else DEFAULT_GRACE_S

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from sagemaker_dist import __version__
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.runtime import environment
 from sagemaker_dist.runtime.trusted_cache import (
     UntrustedCacheError,
     check_path,
@@ -45,9 +46,9 @@ from sagemaker_dist.runtime.trusted_cache import (
 
 log = logging.getLogger(__name__)
 
-READER_ENV = "SAGEMAKER_DIST_READER"
+READER_ENV = environment.READER
 READERS = ("auto", "compiled", "python")
-CACHE_ENV = "SAGEMAKER_DIST_CACHE"
+CACHE_ENV = environment.CACHE
 SOURCE = Path(__file__).resolve().parent / "native" / "pipe_dataset_op.cc"  # includes native/*.h
 # the framing core (CRC32C, frame rules) it shares with the Python extensions: the core's
 # framing/native/record_core.h, found from the runtime's root (tensorflow/data/ is two levels below it)
@@ -71,7 +72,7 @@ class _Unavailable(Exception):
 
 
 def reader_setting() -> str:
-    value = os.environ.get(READER_ENV, "auto").strip().lower() or "auto"
+    value = environment.reader()
     if value not in READERS:
         raise ConfigurationError(f"{READER_ENV}={value!r}; use one of {', '.join(READERS)}")
     return value
@@ -102,13 +103,13 @@ def compiled_op():
 
 
 def cache_root() -> Path:
-    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sagemaker-dist"
-    return Path(os.environ.get(CACHE_ENV) or default)
+    default = Path(environment.cache_home() or Path.home() / ".cache") / "sagemaker-dist"
+    return Path(environment.cache() or default)
 
 
 def build_plan(tf) -> tuple[list[str], Path]:
     """(compiler command without the output, the library's path in the cache) for this TensorFlow."""
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    compiler = environment.compiler() or shutil.which("g++") or shutil.which("c++")
     if not compiler:
         raise _Unavailable("no C++ compiler: install g++ (Debian: build-essential), or set CXX")
     flags = [*tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
@@ -243,7 +244,7 @@ def self_check() -> str:
 
     from sagemaker_dist.contract.record_formats import encode_tfrecord
 
-    os.environ[READER_ENV] = "compiled"
+    environment.set_variable(READER_ENV, "compiled")
     _loaded.clear()
     for marker in cache_root().glob(f"ops/*/{FAILED}"):
         marker.unlink(missing_ok=True)

@@ -16,6 +16,7 @@ from sagemaker_dist.contract.paths import opt_ml_root
 from sagemaker_dist.contract.record_formats import check_corrupted_skip, check_record_format
 from sagemaker_dist.contract.record_formats import max_record_bytes as record_limit
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.runtime import environment
 from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT
 from sagemaker_dist.runtime.malloc_tuning import tune_malloc
 from sagemaker_dist.runtime.tensorflow.data.compiled_dataset import compiled_dataset
@@ -141,7 +142,7 @@ def _rank(rank: int | None) -> int:
     if rank is not None:
         return int(rank)
     for name in ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "RANK", "PMIX_RANK"):
-        value = os.environ.get(name)
+        value = environment.variable(name)
         if value not in (None, ""):
             return int(value)
     return 0

@@ -9,11 +9,11 @@ Horovod module a script has loaded.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping
 
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.runtime import environment
 from sagemaker_dist.runtime.ranks import RankInfo
 
 _HOROVOD_MODULES = ("horovod.tensorflow", "horovod.tensorflow.keras", "horovod.keras")
@@ -23,8 +23,8 @@ class HorovodWorldError(ConfigurationError):
     """Horovod's world is not the one mpirun started: a Horovod without MPI, each process alone."""
 
 
-MPI_WORLD_SIZE = "OMPI_COMM_WORLD_SIZE"
-_GLOO_VARIABLES = ("HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS")
+MPI_WORLD_SIZE = environment.MPI_WORLD_SIZE
+_GLOO_VARIABLES = environment.HOROVOD_GLOO_VARIABLES
 _REBUILD = (
     "rebuild Horovod with Open MPI's headers present (Debian: apt-get install libopenmpi-dev), e.g. "
     "HOROVOD_WITH_MPI=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 pip install --no-build-isolation "
@@ -64,7 +64,7 @@ def check_horovod_world(
 def check_initialised_horovod(hvd, environ: Mapping[str, str] | None = None) -> None:
     """``check_horovod_world`` for an initialised Horovod module (``horovod.tensorflow`` or the like)."""
     check_horovod_world(
-        os.environ if environ is None else environ,
+        environment.environ(environ),
         hvd.size(),
         mpi_built=_ask(hvd, "mpi_built"),
         mpi_enabled=_ask(hvd, "mpi_enabled"),

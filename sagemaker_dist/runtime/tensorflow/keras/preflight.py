@@ -7,11 +7,10 @@ in well under 10 s; ``check_tf_keras`` runs once TensorFlow is imported, before 
 
 from __future__ import annotations
 
-import os
-
 from sagemaker_dist.contract.distributions import distribution
 from sagemaker_dist.contract.layout import HOROVOD, TF_MWMS
 from sagemaker_dist.contract.rank_slots import RANK_VARIABLES, TF_CONFIG
+from sagemaker_dist.runtime import environment
 from sagemaker_dist.runtime.config import ContainerConfig
 from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo, check_rank_channels
 from sagemaker_dist.runtime.tensorflow.keras.errors import TrainingSetupError
@@ -79,12 +78,13 @@ def check_job_distribution(expected: str, root=None) -> None:
     has one, else the launcher's variables (mpirun/horovodrun ranks, or the toolkit's ``TF_CONFIG``).
     Caught here, before any collective; otherwise each process trains alone or waits for ever."""
     layout = ContainerConfig.load(root).layout
-    mpi_launched = any(names[0] in os.environ for names in RANK_VARIABLES)
+    env = environment.environ()
+    mpi_launched = any(names[0] in env for names in RANK_VARIABLES)
     if layout is not None:
         launched, how = layout.distribution, "planned"
     elif mpi_launched:
         launched, how = HOROVOD, "launched by mpirun or horovodrun"
-    elif os.environ.get(TF_CONFIG):
+    elif env.get(TF_CONFIG):
         launched, how = TF_MWMS, "launched with TF_CONFIG"
     else:
         return  # one process on its own: either helper runs it
