@@ -1,6 +1,6 @@
 """What ``pack`` reads, whatever the source's place (a local folder, an S3 prefix): the layouts, the image
 checks by magic bytes, a sample's source (``Item``), what was skipped, the rows of JSON Lines and CSV
-files and their labels. ``launch.pack`` scans local sources, ``launch.pack_s3`` S3 ones."""
+files and their labels. ``launch.pack_scan`` scans local sources, ``launch.pack_s3`` S3 ones."""
 
 from __future__ import annotations
 

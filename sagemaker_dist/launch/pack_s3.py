@@ -140,7 +140,7 @@ def _rows_file(client, uri: str, layout: str, path_field: str, label_field: str)
 
 
 def scan_s3_source(uri: str, path_field: str, label_field: str, client=None) -> Source:
-    """The samples of an S3 source (``launch.pack.scan_source`` for ``s3://`` sources)."""
+    """The samples of an S3 source (``launch.pack_scan.scan_source`` for ``s3://`` sources)."""
     client = client or make_client()
     lower = uri.lower()
     if lower.endswith((".jsonl", ".ndjson")):
