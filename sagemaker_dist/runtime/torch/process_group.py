@@ -420,7 +420,7 @@ def ddp_main(main):
         except SystemExit:
             raise
         except BaseException as exc:
-            rank = environment.torch_rank() or "0"
+            rank = environment.environ().get(environment.TORCH_RANK, "0")
             host = environment.current_host() or os.uname().nodename
             text = "".join(traceback.format_exception(exc))
             sys.stderr.write(f"sagemaker-dist: rank {rank} (host {host}) failed: {exc!r}\n{text}")
