@@ -13,8 +13,9 @@ peer died) is ended by the watchdog ``grace`` seconds after the signal, before S
 ``ResumeSkip`` is the other half: a job restarted from a checkpoint written inside an epoch skips, in
 its first epoch, the batches every rank already trained (read and dropped, not trained again), since
 its FIFOs start again at the beginning of the channel's data. ``StepSchedule`` says when a periodic
-step checkpoint is due. Nothing here imports a framework: ``tensorflow/keras/stop_callback.py`` is the Keras
-side, ``torch/stop.py`` PyTorch's.
+step checkpoint is due. Nothing here imports a framework: ``training_session.py`` holds a rank's stop
+with the rest of its session, ``tensorflow/keras/stop_callback.py`` is the Keras side, ``torch/stop.py``
+PyTorch's.
 """
 
 from __future__ import annotations
@@ -194,6 +195,11 @@ class StepSchedule:
         return bool(
             (self.steps and steps_since >= self.steps) or (self.seconds and seconds_since >= self.seconds)
         )
+
+    def due_at(self, step: int, first: int) -> bool:
+        """Whether the epoch's ``step`` (counted from its start) is on the ``steps`` grid, past ``first``,
+        the step the epoch began at (``PipeTraining``'s rule: every ``steps``-th step of the epoch)."""
+        return bool(self.steps) and step > first and step % self.steps == 0
 
     @property
     def active(self) -> bool:

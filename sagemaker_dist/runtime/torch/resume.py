@@ -14,8 +14,8 @@
 
 from __future__ import annotations
 
-from sagemaker_dist.runtime.epoch_reader.order import other_world_line
 from sagemaker_dist.runtime.torch.batches import PipeBatches
+from sagemaker_dist.runtime.training_session import other_world_move
 
 
 def reader_checkpoint(reader) -> dict | None:
@@ -50,8 +50,4 @@ def resume_point(job, epoch: int, step: int, extra: dict) -> tuple[int, int, str
     """Where a job resumes from a checkpoint at (``epoch``, ``step``) written with ``extra``: there, or,
     inside an epoch written by another number of ranks, at the next epoch's start, with the line that
     says so (None when nothing changes)."""
-    saved = (extra or {}).get("world_size")
-    if not step or saved is None or int(saved) == job.world_size:
-        return epoch, step, None
-    line = other_world_line(epoch, step, int(saved), job.world_size)
-    return epoch + 1, 0, line
+    return other_world_move(epoch, step, (extra or {}).get("world_size"), job.world_size)

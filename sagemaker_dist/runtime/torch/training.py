@@ -30,14 +30,13 @@ import logging
 import os
 from pathlib import Path
 
-from sagemaker_dist.contract.metric_line import metric_line
-from sagemaker_dist.contract.stop_lines import resumed_line, since_request, stopped_line
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime.torch.checkpointing import restore_torch_checkpoint, save_torch_checkpoint
 from sagemaker_dist.runtime.torch.epochs import AgreedEpoch, agreed_batches
 from sagemaker_dist.runtime.torch.resume import begin_epoch, reader_checkpoint, resume_point
 from sagemaker_dist.runtime.torch.sharded import ShardedCheckpoints, is_sharded
-from sagemaker_dist.runtime.torch.stop import TrainingStopped, install_stop
+from sagemaker_dist.runtime.torch.stop import TrainingStopped, stop_grace
+from sagemaker_dist.runtime.training_session import TrainingSession
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +123,15 @@ class PipeTraining:
                 keep=keep,
                 timeout_s=job.timeout_s,
             )
-        self.stop = install_stop(job.rank, grace) if stop else None
+        # the stop, the step-checkpoint schedule, the chief's lines and TensorBoard's sync
+        self.session = TrainingSession.begin(
+            job.rank,
+            chief=job.is_chief,
+            stop_on_sigterm=stop,
+            grace=stop_grace(grace) if stop else None,
+            every_steps=self.checkpoint_every_steps,
+        )
+        self.stop = self.session.stop
         self.epoch = 0  # the epoch being trained (0-based)
         self.step = 0  # steps of it trained so far, on every rank
         self.resumed_at: tuple[int, int] | None = None  # (epoch, step) of the checkpoint restored
@@ -134,7 +141,6 @@ class PipeTraining:
         self._reader = None  # the reader of the epoch under way, and its part of the checkpoint resumed
         self._saved_reader: dict | None = None
         self.writer = None
-        self._syncer = None
         if job.is_chief and (tensorboard_dir or tensorboard_s3_uri):
             self._start_tensorboard(tensorboard_dir, tensorboard_s3_uri)
 
@@ -143,13 +149,7 @@ class PipeTraining:
 
         log_dir = Path(log_dir or Path(self.job.config.output_data_dir) / "tensorboard")
         self.writer = SummaryWriter(log_dir=str(log_dir))
-        if s3_uri:
-            from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
-
-            every = (
-                {} if self.tensorboard_interval is None else {"interval": float(self.tensorboard_interval)}
-            )
-            self._syncer = TensorBoardSyncer(log_dir, s3_uri, **every).start()
+        self.session.start_tensorboard(log_dir, s3_uri, self.tensorboard_interval)
 
     def epochs(self):
         """The epochs left to train (0-based), from the newest checkpoint's; call on every rank."""
@@ -160,8 +160,7 @@ class PipeTraining:
             self.state.update((meta.get("extra") or {}).get("state") or {})
             if (start, step) != (0, 0):
                 self.resumed_at = (start, step)
-                if self.job.is_chief:
-                    print(resumed_line(found.path.name, start, step), flush=True)
+                self.session.announce_resume(found, start, step)
         elif self.checkpoint_dir is not None:
             start, step, found, extra = restore_torch_checkpoint(
                 self.checkpoint_dir,
@@ -174,11 +173,9 @@ class PipeTraining:
             self.state.update(extra.get("state") or {})
             if (start, step) != (0, 0):
                 self.resumed_at = (start, step)
-                if self.job.is_chief:
-                    print(resumed_line(found.path.name, start, step), flush=True)
+                self.session.announce_resume(found, start, step)
         start, step, moved = resume_point(self.job, start, step, extra)  # another world size: next epoch
-        if moved and self.job.is_chief:
-            print(moved, flush=True)
+        self.session.announce(moved)
         self._saved_reader = extra.get("reader")
         try:
             for epoch in range(start, self.total_epochs):
@@ -203,11 +200,11 @@ class PipeTraining:
         )
         self._skip = 0
         self.last = agreed
-        every, start = self.checkpoint_every_steps, self.step
+        schedule, start = self.session.schedule, self.step
         for batch in agreed:
             # a step checkpoint is written once the ranks agreed on a next step: at the epoch's end
             # end_epoch's checkpoint holds the same state
-            if every and self.step > start and self.step % every == 0:
+            if schedule.due_at(self.step, start):
                 self._checkpoint(self.epoch, self.step)
             yield batch
             self.step += 1  # the script asked for the next batch: this one is trained
@@ -231,12 +228,10 @@ class PipeTraining:
         elif self.job.is_chief and self.checkpoint_dir is not None:
             checkpoint = self._save(epoch, step)
         self.job.barrier()  # every rank waits for the checkpoint: nobody exits before it is there
-        if self.job.is_chief:
-            where = f"; checkpoint {checkpoint.path.name}" if checkpoint else "; no checkpoint (none asked)"
-            if checkpoint is None and self.sharded_checkpoints is not None:
-                where = "; no checkpoint (it could not be written: the previous one stays in force)"
-            since = since_request(self.stop.received_at if self.stop is not None else None)
-            print(stopped_line(self.epoch + 1, self.step, agreed.exhausted) + where + since, flush=True)
+        why = "none asked"
+        if self.sharded_checkpoints is not None:
+            why = "it could not be written: the previous one stays in force"
+        self.session.report_stop(self.epoch + 1, self.step, agreed.exhausted, checkpoint, no_checkpoint=why)
         self._finish()
         self.job.close()  # the job ends here: every rank leaves the process group together, as at its end
         raise TrainingStopped(epoch, step, checkpoint)
@@ -271,16 +266,12 @@ class PipeTraining:
         checkpoint the epoch. Call on every rank after the epoch's batches (and validation)."""
         means = self.job.mean(metrics)
         self.metrics = means
-        if self.job.is_chief:
-            line = metric_line(self.epoch + 1, means)
-            if line:
-                print(line, flush=True)
-            if self.writer is not None:
-                for name, value in means.items():
-                    self.writer.add_scalar(name, value, self.epoch + 1)
-                self.writer.flush()
-                if self._syncer is not None:
-                    self._syncer.sync_now()
+        self.session.metric_line(self.epoch + 1, means)
+        if self.writer is not None:  # the chief's
+            for name, value in means.items():
+                self.writer.add_scalar(name, value, self.epoch + 1)
+            self.writer.flush()
+            self.session.sync_tensorboard()
         self._checkpoint(self.epoch + 1, 0)
         return means
 
@@ -290,15 +281,10 @@ class PipeTraining:
                 self.sharded_checkpoints.close()
             except Exception as exc:  # noqa: BLE001 - training is over: the previous checkpoint stands
                 log.warning("the last checkpoint was not completed: %s", exc)
-        if self.stop is not None:
-            self.stop.done()
-            self.stop.uninstall()
         if self.writer is not None:
             self.writer.close()
             self.writer = None
-        if self._syncer is not None:
-            self._syncer.stop()
-            self._syncer = None
+        self.session.finish()  # the stop's end, the syncer's final flush (after the writer's close)
 
 
 def _check_s3_checkpoints(uri, sharded: bool, checkpoint_dir) -> None:

@@ -20,15 +20,12 @@ its callbacks; Horovod is imported where it is used.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import tensorflow as tf
 
-from sagemaker_dist.contract.metric_line import metric_line
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime.checkpoint_format import Checkpoint, remove_stale_temporaries
-from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
 from sagemaker_dist.runtime.tensorflow.keras.checkpoints import (
     Restored,
     restore_checkpoint,
@@ -36,6 +33,7 @@ from sagemaker_dist.runtime.tensorflow.keras.checkpoints import (
     writing_dir,
 )
 from sagemaker_dist.runtime.tensorflow.keras.tensorboard_callback import TensorBoardSyncCallback
+from sagemaker_dist.runtime.training_session import TrainingSession, write_metric_line
 
 
 class KerasPatchesWhileFitting(tf.keras.callbacks.Callback):
@@ -151,8 +149,7 @@ def _check_restore_complete(callback) -> None:
 class MetricLine(tf.keras.callbacks.Callback):
     """On the chief, print one ``sagemaker-dist-metrics: epoch=N name=value ...`` line per epoch with
     every metric in Keras' logs, for SageMaker's MetricDefinitions, Katib's StdOut collector and
-    ``tune --local``. The line goes out in one ``write`` (``print`` writes the newline separately, and
-    under load mpirun may tag the two writes apart, splitting the line)."""
+    ``tune --local``, in one ``write`` (``training_session.write_metric_line``)."""
 
     def __init__(self, chief: bool, stream=None):
         super().__init__()
@@ -160,13 +157,8 @@ class MetricLine(tf.keras.callbacks.Callback):
         self.stream = stream
 
     def on_epoch_end(self, epoch, logs=None):
-        if not self.chief:
-            return
-        line = metric_line(epoch + 1, logs or {})
-        if line:
-            stream = self.stream or sys.stdout
-            stream.write(line + "\n")
-            stream.flush()
+        if self.chief:
+            write_metric_line(epoch + 1, logs or {}, self.stream)
 
 
 class BroadcastInitialWeights(tf.keras.callbacks.Callback):
@@ -222,14 +214,14 @@ def horovod_callbacks(
 
 
 def tensorboard_callbacks(
-    tensorboard_dir: str | os.PathLike | None, s3_uri: str | None, interval: float, *, rank: int
-) -> tuple[list, TensorBoardSyncer | None]:
-    """Step 5 above, on rank 0 only: ``(callbacks, syncer)``, the syncer started when ``s3_uri`` is set."""
-    if tensorboard_dir is None or rank != 0:
+    session: TrainingSession, tensorboard_dir: str | os.PathLike | None, s3_uri: str | None, interval: float
+) -> tuple[list, object | None]:
+    """Step 5 above, on the chief only: ``(callbacks, syncer)``, the session's syncer started when
+    ``s3_uri`` is set."""
+    if tensorboard_dir is None or not session.chief:
         return [], None
     tensorboard = tf.keras.callbacks.TensorBoard(log_dir=str(tensorboard_dir), profile_batch=0)
-    if not s3_uri:
+    syncer = session.start_tensorboard(tensorboard_dir, s3_uri, interval)
+    if syncer is None:
         return [tensorboard], None
-    syncer = TensorBoardSyncer(tensorboard_dir, s3_uri, interval=interval)
-    syncer.start()
     return [tensorboard, TensorBoardSyncCallback(syncer, tensorboard)], syncer

@@ -26,9 +26,9 @@ from sagemaker_dist.runtime.checkpoint_format import (
     TF_PREFIX,
     Checkpoint,
     CheckpointMismatchError,
-    latest_checkpoint,
     write_checkpoint,
 )
+from sagemaker_dist.runtime.training_session import newest_position
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +145,4 @@ def resume_point(directory: str | os.PathLike, *, rank: int) -> tuple[int, Check
 def resume_position(directory: str | os.PathLike, *, rank: int) -> tuple[tuple[int, int], Checkpoint | None]:
     """``((epoch, step), checkpoint)``: as ``resume_point``, with the steps of that epoch already done
     (every rank skips that many batches of its first epoch); one broadcast."""
-    found = latest_checkpoint(directory) if rank == 0 else None
-    epoch, step = _broadcast_from_rank0(found.position if found else (0, 0))
-    return (int(epoch), int(step)), found
+    return newest_position(directory, rank=rank, broadcast=_broadcast_from_rank0)

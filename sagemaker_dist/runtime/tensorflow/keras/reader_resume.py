@@ -20,12 +20,12 @@ from pathlib import Path
 from sagemaker_dist.runtime.epoch_reader.epochs import current_epoch
 from sagemaker_dist.runtime.epoch_reader.order import (
     head_mismatch_line,
-    other_world_line,
     read_head,
     replay_fifos,
     set_epoch_base,
 )
 from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT
+from sagemaker_dist.runtime.training_session import other_world_move
 
 
 @dataclass
@@ -83,11 +83,9 @@ class TrainReader:
         """Before ``fit``: where the job resumes (``epoch``, ``step``), replayed and based as above;
         returns the (epoch, step) to resume at."""
         saved = saved or {}
-        world = saved.get("world_size")
-        if step and world is not None and int(world) != self.size:
-            if chief:
-                print(other_world_line(epoch, step, int(world), self.size), flush=True)
-            epoch, step = epoch + 1, 0
+        epoch, step, moved = other_world_move(epoch, step, saved.get("world_size"), self.size)
+        if moved and chief:
+            print(moved, flush=True)
         if step and saved.get("fifo") is not None:
             replay_fifos(self.config, self.channel, int(saved["fifo"]), timeout)
         state = Path(self.config.pipe_state_dir)
@@ -98,3 +96,20 @@ class TrainReader:
         if base:
             set_epoch_base(state, self.channel, base)
         return epoch, step
+
+
+def resume_reader(root, rank: int, local_rank: int, size: int, position, found, share=None):
+    """``(reader, (epoch, step))``: the rank's ``TrainReader`` (None off Pipe mode), and where the job
+    resumes once it replayed and based the channel for ``position`` (the checkpoint's, ``found``).
+    ``share``: rank 0's reader state on every rank (a collective: called on every rank alike, whenever
+    the job resumes), for the ranks that do not hold the checkpoint; None where every rank holds it."""
+    reader = TrainReader.of(root, rank, local_rank, size)
+    epoch, step = position
+    if not (epoch or step):
+        return reader, (epoch, step)
+    saved = (found.meta.get("reader") if found is not None else None) or None
+    if share is not None:
+        saved = share(saved)
+    if reader is not None:
+        epoch, step = reader.resume(epoch, step, saved, chief=rank == 0)
+    return reader, (epoch, step)

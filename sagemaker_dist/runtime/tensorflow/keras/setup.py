@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from sagemaker_dist.contract.layout import HOROVOD
-from sagemaker_dist.contract.stop_lines import resumed_line
 from sagemaker_dist.runtime.checkpoint_format import Checkpoint, checkpoint_dir
-from sagemaker_dist.runtime.stop import ResumeSkip, StepSchedule, StopRequest
+from sagemaker_dist.runtime.stop import ResumeSkip, StopRequest
 from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
 from sagemaker_dist.runtime.tensorflow.keras.agreement import AGREED, EpochReports, agreed_epoch
 from sagemaker_dist.runtime.tensorflow.keras.arguments import SetupArguments, check_arguments, check_world
@@ -34,9 +33,8 @@ from sagemaker_dist.runtime.tensorflow.keras.preflight import (
     check_tf_keras,
     launched_world,
 )
-from sagemaker_dist.runtime.tensorflow.keras.reader_resume import TrainReader
 from sagemaker_dist.runtime.tensorflow.keras.steps import agree_on_steps, exact_epoch, skip_first_batches
-from sagemaker_dist.runtime.tensorflow.keras.surface import FitSurface
+from sagemaker_dist.runtime.tensorflow.keras.surface import FitSurface, start_session
 
 log = logging.getLogger(__name__)
 
@@ -193,18 +191,16 @@ def _start(args: SetupArguments) -> HorovodKeras:
     val_steps, val_counts = agree_on_steps(val_records, args.batch_size, "validation", hvd)
 
     ckpt_dir = checkpoint_dir(args.root) if args.checkpoints else None
-    (initial_epoch, resume_step), resume_from = (
-        resume_position(ckpt_dir, rank=rank) if ckpt_dir is not None else ((0, 0), None)
+    position, resume_from = resume_position(ckpt_dir, rank=rank) if ckpt_dir is not None else ((0, 0), None)
+    # the position is the same on every rank (broadcast): so is the reader state's broadcast
+    share = (
+        (lambda saved: hvd.broadcast_object(saved, root_rank=0, name="sagemaker_dist_reader_position"))
+        if size > 1
+        else None
     )
-    # the train channel's FIFOs shuffled as the epochs they carry; a resume inside an epoch replays them
-    reader = TrainReader.of(args.root, rank, local_rank, size)
-    if initial_epoch or resume_step:  # the same on every rank (broadcast): so is this collective
-        saved = (resume_from.meta.get("reader") if resume_from is not None else None) or None
-        if size > 1:
-            saved = hvd.broadcast_object(saved, root_rank=0, name="sagemaker_dist_reader_position")
-        if reader is not None:
-            initial_epoch, resume_step = reader.resume(initial_epoch, resume_step, saved, chief=rank == 0)
-    stop = StopRequest(rank, args.stop_grace).install() if args.stop_on_sigterm else None
+    session, reader, (initial_epoch, resume_step) = start_session(
+        args, rank, local_rank, size, position, resume_from, share
+    )
     window = FitWindow()
     callbacks = [keras_callbacks.KerasPatchesWhileFitting(window)] + keras_callbacks.horovod_callbacks(
         rank=rank,
@@ -217,13 +213,12 @@ def _start(args: SetupArguments) -> HorovodKeras:
         steps=steps,
     )
     tensorboard, syncer = keras_callbacks.tensorboard_callbacks(
-        args.tensorboard_dir, args.tensorboard_s3_uri, args.tensorboard_interval, rank=rank
+        session, args.tensorboard_dir, args.tensorboard_s3_uri, args.tensorboard_interval
     )
-    schedule = StepSchedule(args.checkpoint_every_steps, args.checkpoint_every_seconds)
-    if steps is None or stop is not None or schedule.active:  # counted epochs: else no per-step work
+    if steps is None or session.stop is not None or session.schedule.active:  # counted: else no step work
         callbacks.append(
             _stop_callback(
-                args, stop, rank, ckpt_dir, resume_step, resume_from, tensorboard, steps, size, reader
+                args, session, ckpt_dir, resume_step, resume_from, tensorboard, steps, size, reader
             )
         )
     hv = HorovodKeras(
@@ -248,48 +243,39 @@ def _start(args: SetupArguments) -> HorovodKeras:
         train_reports=EpochReports("train", rank),
         validation_reports=EpochReports("validation", rank),
         fit_window=window,
-        stop=stop,
+        stop=session.stop,
         resume_step=resume_step,
         resume_skip=ResumeSkip(resume_step) if resume_step else None,
     )
     if hv.is_chief:
         _log_start(hv, base_lr, args.warmup_epochs)
-        if resume_from is not None:  # the job's log says where it resumed, whatever the logging set-up
-            print(
-                resumed_line(resume_from.path.name, initial_epoch, resume_step),
-                flush=True,
-            )
+    session.announce_resume(resume_from, initial_epoch, resume_step)  # whatever the logging set-up
     return hv
 
 
-def _stop_callback(
-    args, stop, rank, ckpt_dir, resume_step, resume_from, tensorboard, steps, size, reader=None
-):
+def _stop_callback(args, session, ckpt_dir, resume_step, resume_from, tensorboard, steps, size, reader=None):
     """The stop's and step checkpoints' callback; without a stop request it only writes step checkpoints
     (``stop_on_sigterm=False``). TensorBoard's final flush is its last act on a stop. Epochs without
     record counts carry the stop in their per-step agreement; counted epochs (``steps``) have none,
     so the ranks agree after each step in an allreduce of the callback's own."""
-    from sagemaker_dist.runtime.tensorflow.keras.stop_callback import StopAtAgreedStep, StopAtCountedStep
-    from sagemaker_dist.runtime.tensorflow.keras.tensorboard_callback import TensorBoardSyncCallback
-
-    sync = [c for c in tensorboard if isinstance(c, TensorBoardSyncCallback)]
-    flush = (
-        [sync[0].on_train_end]
-        if sync
-        else [TensorBoardSyncCallback(None, t)._flush_writers for t in tensorboard]
+    from sagemaker_dist.runtime.tensorflow.keras.stop_callback import (
+        StopAtAgreedStep,
+        StopAtCountedStep,
+        step_callback,
     )
+
     records = (resume_from.meta.get("records_consumed") if resume_from and resume_step else None) or None
     counted = {"steps": steps, "agree": _any_rank if size > 1 else None} if steps is not None else {}
-    return (StopAtCountedStep if steps is not None else StopAtAgreedStep)(
-        stop if stop is not None else StopRequest(rank),
+    return step_callback(
+        StopAtCountedStep if steps is not None else StopAtAgreedStep,
+        session,
+        tensorboard,
         **counted,
-        rank=rank,
+        rank=session.rank,
         directory=ckpt_dir,
         keep=args.keep_checkpoints,
-        schedule=StepSchedule(args.checkpoint_every_steps, args.checkpoint_every_seconds),
         resume_step=resume_step,
         resume_records=tuple(records) if records else None,
-        on_stop=flush,
         reader=reader,
     )
 

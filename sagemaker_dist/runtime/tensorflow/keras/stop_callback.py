@@ -1,17 +1,18 @@
 """The Keras side of stops (``stop.py``): at the step the ranks agreed on, rank 0 checkpoints that step,
 TensorBoard is flushed and ``fit`` raises ``TrainingStopped`` on every rank; in between, rank 0 writes
-the periodic step checkpoints. Imports TensorFlow when loaded (``setup()`` loads it)."""
+the periodic step checkpoints (``training_session.StepClock`` says when). Imports TensorFlow when loaded
+(``setup()`` loads it)."""
 
 from __future__ import annotations
 
 import logging
-import time
 
 import tensorflow as tf
 
-from sagemaker_dist.contract.stop_lines import since_request, stopped_line
 from sagemaker_dist.runtime.stop import StepSchedule, StopRequest, TrainingStopped
 from sagemaker_dist.runtime.tensorflow.keras.checkpoints import save_checkpoint, writing_dir
+from sagemaker_dist.runtime.tensorflow.keras.tensorboard_callback import stop_flushes
+from sagemaker_dist.runtime.training_session import StepClock, TrainingSession, stop_line
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +41,10 @@ class StopAtAgreedStep(tf.keras.callbacks.Callback):
         super().__init__()
         self.stop, self.rank, self.directory, self.keep = stop, rank, directory, keep
         self.reader = reader  # the train channel's TrainReader (reader_resume.py): in each step checkpoint
-        self.schedule, self.on_stop = schedule or StepSchedule(), list(on_stop)
+        self.clock = StepClock(schedule)  # steps and time since the last checkpoint
+        self.schedule, self.on_stop = self.clock.schedule, list(on_stop)
         self._offset, self._resume_records = int(resume_step), resume_records
         self._epoch = 0
-        self._last_save = (0, time.monotonic())  # (steps of this fit, when)
-        self._steps = 0
         self.saved: list[tuple[int, int]] = []  # (epoch, step) of the step checkpoints written
         self._supports_tf_logs = True  # reads no logs: Keras need not convert them
 
@@ -53,24 +53,22 @@ class StopAtAgreedStep(tf.keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self._offset, self._resume_records = 0, None
-        self._last_save = (self._steps, time.monotonic())  # the epoch's own checkpoint just went out
+        self.clock.saved()  # the epoch's own checkpoint just went out
 
     def on_train_batch_end(self, batch, logs=None):
-        self._steps += 1
+        self.clock.tick()
         step = self._offset + batch + 1
         if self.reader is not None and self.reader.expected is not None:
             self.reader.check_head()  # the resumed epoch's stream against the stopped one's
         if self.stop.stopping_at(batch):
             self._stop_here(step)
-        if self.rank == 0 and self.directory is not None and self.schedule.active:
-            steps_since, since = self._steps - self._last_save[0], time.monotonic() - self._last_save[1]
-            if self.schedule.due(steps_since, since):
-                self._save_step(step)
+        if self.rank == 0 and self.directory is not None and self.schedule.active and self.clock.due():
+            self._save_step(step)
 
     def _save_step(self, step: int) -> None:
         self._write(step)
         self.saved.append((self._epoch, step))
-        self._last_save = (self._steps, time.monotonic())
+        self.clock.saved()
 
     def _write(self, step: int, extra: dict | None = None):
         """Rank 0's checkpoint of this step (Horovod: the others get its weights by broadcast)."""
@@ -106,15 +104,9 @@ class StopAtAgreedStep(tf.keras.callbacks.Callback):
                 flush()
             except Exception as exc:  # a flush that fails must not keep the rank from stopping
                 log.warning("on stop: %s failed: %s", getattr(flush, "__qualname__", flush), exc)
-        received_at = self.stop.received_at
         if self.rank == 0:
-            print(
-                stopped_line(epoch + 1, last, over)
-                + (f" (records of this epoch trained per rank: {records})" if records else "")
-                + (f"; checkpoint {written.path.name}" if written else "; no checkpoint (checkpoints off)")
-                + since_request(received_at),
-                flush=True,
-            )
+            line = stop_line(epoch + 1, last, over, written, self.stop.received_at, records=records)
+            print(line, flush=True)
         self.stop.done()
         self.stop.uninstall()
         raise TrainingStopped(self._epoch, step, written)
@@ -131,12 +123,11 @@ class StopAgreedEachStep(StopAtAgreedStep):
         self._step_now = 0
 
     def on_train_batch_end(self, batch, logs=None):
-        self._steps += 1
+        self.clock.tick()
         step = self._step_now = self._offset + batch + 1
         if self.reader is not None and self.reader.expected is not None:
             self.reader.check_head()
-        steps_since, since = self._steps - self._last_save[0], time.monotonic() - self._last_save[1]
-        due = self.directory is not None and self.schedule.due(steps_since, since)
+        due = self.directory is not None and self.clock.due()
         stop, due = self.agree([self.stop.wanted(), int(due)])
         if stop:
             self.stop.note_agreed(batch, ())
@@ -191,3 +182,10 @@ class StopOnEveryWorker(StopAgreedEachStep):
                 rank=0 if self.chief else -1,
             )
         return saved if self.chief else None
+
+
+def step_callback(kind, session: TrainingSession, tensorboard: list, **kwargs) -> StopAtAgreedStep:
+    """The front end's stop and step-checkpoint callback (``kind``, one of the above) over ``session``'s
+    stop (one only ``request`` sets without SIGTERM: the callback then writes the step checkpoints) and
+    its step schedule; a stop flushes ``tensorboard`` (``tensorboard_callback.stop_flushes``) last."""
+    return kind(session.step_stop(), schedule=session.schedule, on_stop=stop_flushes(tensorboard), **kwargs)

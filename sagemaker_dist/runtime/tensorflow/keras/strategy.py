@@ -16,14 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sagemaker_dist.contract.layout import TF_MWMS
-from sagemaker_dist.contract.stop_lines import resumed_line
-from sagemaker_dist.runtime.checkpoint_format import (
-    Checkpoint,
-    checkpoint_dir,
-    list_checkpoints,
-    remove_stale_temporaries,
-)
-from sagemaker_dist.runtime.stop import ResumeSkip, StepSchedule, StopRequest
+from sagemaker_dist.runtime.checkpoint_format import Checkpoint, checkpoint_dir
+from sagemaker_dist.runtime.stop import ResumeSkip, StopRequest
 from sagemaker_dist.runtime.tensorboard_sync import TensorBoardSyncer
 from sagemaker_dist.runtime.tensorflow.keras.agreement import AGREED
 from sagemaker_dist.runtime.tensorflow.keras.arguments import SetupArguments, check_arguments
@@ -35,9 +29,9 @@ from sagemaker_dist.runtime.tensorflow.keras.preflight import (
     check_job_distribution,
     check_tf_keras_release,
 )
-from sagemaker_dist.runtime.tensorflow.keras.reader_resume import TrainReader
 from sagemaker_dist.runtime.tensorflow.keras.steps import skip_first_batches
-from sagemaker_dist.runtime.tensorflow.keras.surface import FitSurface
+from sagemaker_dist.runtime.tensorflow.keras.surface import FitSurface, start_session
+from sagemaker_dist.runtime.training_session import agreed_position
 
 log = logging.getLogger(__name__)
 
@@ -198,15 +192,11 @@ def _start(args: SetupArguments) -> StrategyKeras:
     with strategy.scope():
         opt, base_lr, scaled_lr = build_scaled_optimizer(args.optimizer, replicas, args.learning_rate)
     ckpt_dir = checkpoint_dir(args.root) if args.checkpoints else None
-    (initial_epoch, resume_step), resume_from = (
-        _agreed_resume_point(strategy, ckpt_dir) if ckpt_dir else ((0, 0), None)
-    )
-    # the worker's train channel shuffled as the epochs its FIFOs carry; a resume inside one replays them
-    reader = TrainReader.of(args.root, rank, 0, size)
-    if reader is not None and (initial_epoch or resume_step):  # every worker holds the checkpoint
-        saved = resume_from.meta.get("reader") if resume_from is not None else None
-        initial_epoch, resume_step = reader.resume(initial_epoch, resume_step, saved, chief=rank == 0)
-    stop = StopRequest(rank, args.stop_grace).install() if args.stop_on_sigterm else None
+    # the newest (epoch, step) every worker holds a complete checkpoint of (SageMaker restores the
+    # checkpoint prefix onto every host), so every worker holds the checkpoint and its reader state
+    smallest = _min_over_workers(strategy) if replicas > 1 else None
+    position, resume_from = agreed_position(ckpt_dir, smallest) if ckpt_dir else ((0, 0), None)
+    session, reader, (initial_epoch, resume_step) = start_session(args, rank, 0, size, position, resume_from)
     from sagemaker_dist.runtime.tensorflow.keras import (
         callbacks as keras_callbacks,  # loads TensorFlow's Keras
     )
@@ -222,11 +212,11 @@ def _start(args: SetupArguments) -> StrategyKeras:
         )  # fmt: skip
     callbacks.append(keras_callbacks.MetricLine(chief=rank == 0))  # the strategy's metrics are global
     tensorboard, syncer = keras_callbacks.tensorboard_callbacks(
-        args.tensorboard_dir, args.tensorboard_s3_uri, args.tensorboard_interval, rank=rank
+        session, args.tensorboard_dir, args.tensorboard_s3_uri, args.tensorboard_interval
     )
-    if stop is not None or args.checkpoint_every_steps or args.checkpoint_every_seconds:
+    if session.stop is not None or session.schedule.active:
         callbacks.append(
-            _stop_callback(args, stop, strategy, size, rank, ckpt_dir, resume_step, tensorboard, reader)
+            _stop_callback(args, session, strategy, size, ckpt_dir, resume_step, tensorboard, reader)
         )
     hv = StrategyKeras(
         strategy=strategy,
@@ -242,16 +232,12 @@ def _start(args: SetupArguments) -> StrategyKeras:
         resume_from=resume_from,
         tensorboard_syncer=syncer,
         fit_window=window,
-        stop=stop,
+        stop=session.stop,
         resume_step=resume_step,
         # a step trains one per-replica batch on each of this worker's replicas
         resume_skip=ResumeSkip(resume_step * (replicas // size)) if resume_step else None,
     )
-    if hv.is_chief and resume_from is not None:  # the job's log says where it resumed
-        print(
-            resumed_line(resume_from.path.name, initial_epoch, resume_step),
-            flush=True,
-        )
+    session.announce_resume(resume_from, initial_epoch, resume_step)  # the job's log says where it resumed
     if hv.is_chief:
         log.info(
             "MultiWorkerMirroredStrategy: %d worker(s), %d replica(s) in sync; learning rate %g x %d = %g; "
@@ -262,21 +248,19 @@ def _start(args: SetupArguments) -> StrategyKeras:
     return hv
 
 
-def _stop_callback(args, stop, strategy, size, rank, ckpt_dir, resume_step, tensorboard, reader=None):
+def _stop_callback(args, session, strategy, size, ckpt_dir, resume_step, tensorboard, reader=None):
     """The workers' per-step agreement on a stop and on step checkpoints (``stop_callback.py``)."""
-    from sagemaker_dist.runtime.tensorflow.keras.stop_callback import StopOnEveryWorker
-    from sagemaker_dist.runtime.tensorflow.keras.tensorboard_callback import TensorBoardSyncCallback
+    from sagemaker_dist.runtime.tensorflow.keras.stop_callback import StopOnEveryWorker, step_callback
 
-    sync = [c for c in tensorboard if isinstance(c, TensorBoardSyncCallback)]
-    return StopOnEveryWorker(
-        stop if stop is not None else StopRequest(rank),
+    return step_callback(
+        StopOnEveryWorker,
+        session,
+        tensorboard,
         agree=_any_worker(strategy) if size > 1 else None,
-        chief=rank == 0,
+        chief=session.chief,
         directory=ckpt_dir,
         keep=args.keep_checkpoints,
-        schedule=StepSchedule(args.checkpoint_every_steps, args.checkpoint_every_seconds),
         resume_step=resume_step,
-        on_stop=[sync[0].on_train_end] if sync else [],
         reader=reader,
     )
 
@@ -295,22 +279,14 @@ def _any_worker(strategy):
     return agree
 
 
-_POSITION = 10**9  # (epoch, step) as one int64, for the workers' min
-
-
-def _agreed_resume_point(strategy, directory) -> tuple[tuple[int, int], Checkpoint | None]:
-    """The newest (epoch, step) every worker holds a complete checkpoint of (SageMaker restores the
-    checkpoint prefix onto every host): each worker's newest, gathered, and the smallest taken."""
+def _min_over_workers(strategy):
+    """``smallest(value)``: the smallest of every worker's int (gathered; a collective)."""
     import tensorflow as tf
 
-    remove_stale_temporaries(directory)
-    found = list_checkpoints(directory)
-    newest = found[-1].epoch * _POSITION + found[-1].step if found else 0
-    if int(strategy.num_replicas_in_sync) > 1:
+    def smallest(value: int) -> int:
         mine = strategy.experimental_distribute_values_from_function(
-            lambda _ctx: tf.constant([newest], tf.int64)
+            lambda _ctx: tf.constant([value], tf.int64)
         )
-        newest = int(tf.reduce_min(strategy.gather(mine, axis=0)).numpy())
-    position = divmod(newest, _POSITION)
-    chosen = next((c for c in found if c.position == position), None)
-    return (position, chosen) if chosen else ((0, 0), None)
+        return int(tf.reduce_min(strategy.gather(mine, axis=0)).numpy())
+
+    return smallest

@@ -1,8 +1,29 @@
-"""What both helpers return has the same surface, so a script switches distribution with one line."""
+"""What both helpers return has the same surface, so a script switches distribution with one line; and
+the session both start the same way (``start_session``)."""
 
 from __future__ import annotations
 
 from contextlib import nullcontext
+
+from sagemaker_dist.runtime.tensorflow.keras.reader_resume import resume_reader
+from sagemaker_dist.runtime.training_session import TrainingSession
+
+
+def start_session(args, rank: int, local_rank: int, size: int, position, found, share=None):
+    """``(session, reader, (epoch, step))`` for a rank whose checkpoints say ``position`` (``found``: the
+    checkpoint, where this rank holds it): the train channel's reader resumed there (its FIFOs shuffled
+    as the epochs they carry; a resume inside an epoch replays them; ``share``: ``resume_reader``'s),
+    then the rank's ``TrainingSession``: its stop (SIGTERM taken unless ``stop_on_sigterm=False``) and
+    step-checkpoint schedule, from ``args`` (``SetupArguments``)."""
+    reader, (epoch, step) = resume_reader(args.root, rank, local_rank, size, position, found, share)
+    session = TrainingSession.begin(
+        rank,
+        stop_on_sigterm=args.stop_on_sigterm,
+        grace=args.stop_grace,
+        every_steps=args.checkpoint_every_steps,
+        every_seconds=args.checkpoint_every_seconds,
+    )
+    return session, reader, (epoch, step)
 
 
 class FitSurface:

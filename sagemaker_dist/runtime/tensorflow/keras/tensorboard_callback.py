@@ -40,3 +40,13 @@ class TensorBoardSyncCallback(tf.keras.callbacks.Callback):
                 writer.flush()
             except Exception as exc:  # a flush problem must not stop training
                 log.debug("could not flush TensorBoard writer: %s", exc)
+
+
+def stop_flushes(tensorboard: list) -> list:
+    """What a stop calls before the fit ends, of ``tensorboard`` (the callbacks ``tensorboard_callbacks``
+    returned): the sync callback's train end (writers flushed, the syncer's final upload), else each
+    TensorBoard callback's writers flushed."""
+    sync = [c for c in tensorboard if isinstance(c, TensorBoardSyncCallback)]
+    if sync:
+        return [sync[0].on_train_end]
+    return [TensorBoardSyncCallback(None, t)._flush_writers for t in tensorboard]
