@@ -114,6 +114,7 @@ install_training_stack() {
       rm -rf "$WHEELS.partial" && mv "$tmp" "$WHEELS.partial" && mv "$WHEELS.partial" "$WHEELS"
     fi
     "$py" -m pip install -q --force-reinstall --no-deps "$WHEELS"/horovod-*.whl
+    "$py" -m pip install -q "$WHEELS"/horovod-*.whl  # its own requirements (cloudpickle, psutil, pyyaml)
   fi
 }
 
