@@ -96,6 +96,7 @@ def build_model() -> tf.keras.Model:
 
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tf.get_logger().handlers.clear()  # TensorFlow's own handler would print each of its lines twice
     args = parse_args(argv)
     layout = ContainerConfig.load().layout
     validate = layout is not None and layout.has_role("validation")
