@@ -6,7 +6,8 @@ and tried again next round. Nothing here raises into the training loop and the t
 waits on S3, except for the final flush, which is bounded by ``flush_timeout``. Framework-neutral: the
 Keras callback that syncs at epoch ends is
 ``runtime.tensorflow.keras.tensorboard_callback.TensorBoardSyncCallback`` (``keras_callback`` imports it
-when called), PyTorch's ``PipeTraining`` calls ``sync_now`` itself.
+when called); the training session (``training_session.TrainingSession``) starts the chief's syncer for
+every front end, and PyTorch's ``PipeTraining`` asks it for ``sync_now`` after flushing its writer.
 """
 
 from __future__ import annotations

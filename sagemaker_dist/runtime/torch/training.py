@@ -21,7 +21,8 @@ The script keeps its own step (forward, backward, optimizer); this object owns w
 The model says which checkpoints: a DDP (or plain) model is whole on every rank, so rank 0 saves it
 (``checkpointing.py``); an FSDP2 model (``fully_shard``) is saved by every rank, its shard each, through
 DCP (``sharded.py``), in the background (``async_save``) except at a stop, and resumes on any number of
-ranks.
+ranks. The stop request, the step-checkpoint schedule, the resume, stop and metric lines and TensorBoard's
+sync to S3 are the framework-neutral ``training_session.TrainingSession``'s, as for the Keras helpers.
 """
 
 from __future__ import annotations
