@@ -46,7 +46,7 @@ static PyObject *sample(PyObject *self, PyObject *arg) {
         for (;;) {
             if (pos > end || end - pos < SD_TAR_BLOCK) goto fallback; /* (a padded metadata member may end past it) */
             h = buf + pos;
-            if (sd_tar_zero(h) || !sd_tar_header_ok(h) || !sd_tar_octal(h + 124, 12, &size)) goto fallback;
+            if (sd_tar_is_zero(h) || !sd_tar_header_ok(h) || !sd_tar_octal(h + 124, 12, &size)) goto fallback;
             unsigned char type = h[156];
             if (type != 'L' && type != 'K' && type != 'x' && type != 'g') break;
             if (size > SD_TAR_MAX_METADATA || size > end - pos - SD_TAR_BLOCK) goto fallback;
