@@ -95,18 +95,21 @@ def _recover_state(state_dir: Path) -> None:
                 shutil.rmtree(leftover, ignore_errors=True)
 
 
-def _load_state(client, state_dir: Path) -> None:
+def _load_state(client, state_dir: Path) -> set[str]:
     """Put every file of ``state_dir`` into the server (links are skipped: only what we saved); a
-    folder or file there that another user could have written is refused (``UntrustedCacheError``)."""
+    folder or file there that another user could have written is refused (``UntrustedCacheError``).
+    Returns the buckets loaded."""
     _recover_state(state_dir)
     trusted_dir(state_dir, create=False, hint=STATE_HINT)
+    loaded: set[str] = set()
     if not state_dir.is_dir():
-        return
+        return loaded
     for bucket_dir in sorted(
         p for p in state_dir.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")
     ):
         check_path(bucket_dir, "dir", hint=STATE_HINT)
         client.create_bucket(Bucket=bucket_dir.name)
+        loaded.add(bucket_dir.name)
         for path in sorted(bucket_dir.rglob("*")):
             if path.is_symlink():
                 continue
@@ -115,12 +118,14 @@ def _load_state(client, state_dir: Path) -> None:
             elif path.is_file():
                 check_path(path, "file", hint=STATE_HINT)
                 client.upload_file(str(path), bucket_dir.name, path.relative_to(bucket_dir).as_posix())
+    return loaded
 
 
-def _save_state(client, state_dir: Path) -> None:
-    """Mirror every bucket into ``state_dir``: written to a temporary dir, then swapped in by two
-    renames (the previous state to ``<state dir>.old``, the new one into place), so that a crash leaves
-    either state whole (``_recover_state`` puts the previous one back), never none or half of one."""
+def _save_state(client, state_dir: Path, skip: set[str] | frozenset[str] = frozenset()) -> None:
+    """Mirror every bucket (but those in ``skip``) into ``state_dir``: written to a temporary dir, then
+    swapped in by two renames (the previous state to ``<state dir>.old``, the new one into place), so
+    that a crash leaves either state whole (``_recover_state`` puts the previous one back), never none
+    or half of one."""
     state_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     _recover_state(state_dir)
     tmp = Path(tempfile.mkdtemp(prefix=f".{state_dir.name}.saving-", dir=state_dir.parent))
@@ -129,6 +134,8 @@ def _save_state(client, state_dir: Path) -> None:
     try:
         for bucket in client.list_buckets().get("Buckets", []):
             name = bucket["Name"]
+            if name in skip:
+                continue
             bucket_dir = contained_path(tmp, name, "the embedded S3 state: bucket", fix=fix)
             bucket_dir.mkdir()
             for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
@@ -195,12 +202,15 @@ def embedded_s3(state_dir: str | Path | None = DEFAULT_STATE_DIR, set_env: bool 
         state_dir = _trusted_state_dir(Path(state_dir))
         with _state_lock(state_dir), embedded_s3(None, set_env) as url:
             client = _local_client(url)
-            _load_state(client, state_dir)
+            # moto keeps one store per process: buckets that another moto server of this process (a
+            # test's, an earlier one in a notebook) holds are not this state's, unless it loads them
+            others = {bucket["Name"] for bucket in client.list_buckets().get("Buckets", [])}
+            loaded = _load_state(client, state_dir)
             try:
                 yield url
             finally:  # also after a failed or interrupted job: a rerun resumes from its checkpoints
                 try:
-                    _save_state(client, state_dir)
+                    _save_state(client, state_dir, skip=others - loaded)
                 except Exception as exc:  # noqa: BLE001 - report, never mask the job's own error
                     print(f"warning: could not save the embedded S3 state to {state_dir}: {exc}")
         return

@@ -145,3 +145,21 @@ def test_a_saved_state_is_writable_by_no_one_else_whatever_the_umask(base):
     assert modes and all(m & 0o022 == 0 for m in modes.values()), modes
     assert (state / "kept-bucket" / "deep" / "er" / "key.txt").read_bytes() == b"x"
     endpoint._load_state(RecordingClient(), state)  # and it loads back
+
+
+def test_a_saved_state_holds_its_own_buckets_not_another_moto_servers(s3, bucket, tmp_path):
+    """moto keeps one store per process: an embedded S3 started beside another moto server (the
+    tests' here, an earlier one in a notebook) saves the buckets it loaded or made, not the other's."""
+    from sagemaker_dist.aws.s3_objects import s3_client
+
+    state = tmp_path / "state"
+    with endpoint.embedded_s3(state):
+        client = s3_client()
+        client.create_bucket(Bucket="own-bucket")
+        client.put_object(Bucket="own-bucket", Key="a", Body=b"1")
+    assert sorted(p.name for p in state.iterdir()) == ["own-bucket"]
+    with endpoint.embedded_s3(state):  # again in this process: the bucket it loads is its own
+        s3_client().put_object(Bucket="own-bucket", Key="b", Body=b"2")
+    assert sorted(p.name for p in state.iterdir()) == ["own-bucket"]
+    assert sorted(p.name for p in (state / "own-bucket").iterdir()) == ["a", "b"]
+    assert bucket in {b["Name"] for b in s3.list_buckets()["Buckets"]}  # the other server's, untouched
