@@ -30,7 +30,9 @@
  * internal buffer (1 MiB) grows only as bytes come (to at most twice what came, or READ_STEP), and a
  * ROOM request asks for no more than the bytes that came plus READ_STEP of a record's claimed length.
  * TFRecords of LARGE_RECORD bytes or more are read by the kernel straight into data, with their CRC
- * and the next header in the same read: their bytes are copied once.
+ * and the next header in the same read: their bytes are copied once. So are WebDataset samples of
+ * LARGE_RECORD bytes or more (batches of any size, no rows): the bytes buffered go into data, the rest is
+ * read there and walked there (tar_large).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -70,6 +72,7 @@ enum {
     ST_OS_ERROR,
     ST_NO_MEMORY,
     ST_SIGNAL,
+    ST_AGAIN, /* WebDataset: tar_large read past its bytes, no sample among them: walk on */
 };
 
 typedef struct {
@@ -344,10 +347,93 @@ static int textline_next(Reader *r, Batch *b) {
 
 /* ---- WebDataset (tar): native/tar_core.h's walk over the buffer, each sample copied once into data ---- */
 
+/* Room for `slots` samples in tar_starts and tar_lengths. */
+static int tar_slots(Reader *r, size_t slots) {
+    if (slots <= r->tar_room) return 0;
+    size_t grown = slots > 2 * r->tar_room ? slots : 2 * r->tar_room;
+    int64_t *starts = realloc(r->tar_starts, grown * sizeof(int64_t));
+    if (starts == NULL) return ST_NO_MEMORY;
+    r->tar_starts = starts;
+    int64_t *lengths = realloc(r->tar_lengths, grown * sizeof(int64_t));
+    if (lengths == NULL) return ST_NO_MEMORY;
+    r->tar_lengths = lengths;
+    r->tar_room = grown;
+    return 0;
+}
+
+/* A sample of LARGE_RECORD bytes or more read by the kernel straight into data: its bytes so far (rec_got,
+ * at dest) were the buffer's, the rest up to what the walk needs (rec_n) is read there, then walked there.
+ * The sample stays; what follows it goes back to the empty buffer. Where the walk does not take the bytes
+ * (FALLBACK), or the stream ends inside them, they all go back to the buffer for framing/tar.py. r->offset
+ * stays the stream offset of dest's first byte until the sample is added. */
+static int tar_large(Reader *r, Batch *b) {
+    for (;;) {
+        while (r->rec_got < r->rec_n && !r->eof) {
+            uint64_t left = b->cap - b->nbytes - r->rec_got, rest = r->rec_n - r->rec_got;
+            if (left == 0) { /* no more than the bytes that came, or READ_STEP, ahead of them */
+                uint64_t step = r->rec_got > READ_STEP ? r->rec_got : READ_STEP;
+                return room(r, b->nbytes + r->rec_got + (rest < step ? rest : step), b->nbytes + r->rec_got);
+            }
+            struct iovec part = {dest(b) + r->rec_got, (size_t)(rest < left ? rest : left)};
+            ssize_t got = read_some(r, &part, 1);
+            if (got == -1) return ST_OS_ERROR;
+            if (got == -2) return ST_SIGNAL;
+            if (got == 0) r->eof = 1;
+            r->rec_got += (uint64_t)got;
+        }
+        int s = tar_slots(r, (size_t)(r->rec_got / SD_TAR_BLOCK + 1));
+        if (s) return s;
+        SdTarWalk w = sd_tar_walk(dest(b), r->rec_got, r->tar_starts, r->tar_lengths, r->max_record, r->eof);
+        uint64_t keep = 0, n = 0, skip = 0;
+        if (!w.status && !w.count && !w.need && (uint64_t)w.consumed == r->rec_got) { /* all read past */
+            r->offset += r->rec_got;
+            r->active = 0;
+            r->rec_got = r->rec_n = 0;
+            r->tar_walked = 0;
+            return ST_AGAIN;
+        }
+        if (!w.status && w.count) { /* the sample: entries read past before it (skip) are dropped */
+            skip = (uint64_t)r->tar_starts[0];
+            n = (uint64_t)r->tar_lengths[0];
+            keep = skip + n;
+        } else if (!w.status && !r->eof && w.need && (uint64_t)w.consumed + (uint64_t)w.need > r->rec_got) {
+            if (w.consumed) { /* entries read past, before the sample */
+                memmove(dest(b), dest(b) + w.consumed, (size_t)(r->rec_got - (uint64_t)w.consumed));
+                r->rec_got -= (uint64_t)w.consumed;
+                r->offset += (uint64_t)w.consumed;
+            }
+            r->rec_n = (uint64_t)w.need; /* another member of the sample: read on */
+            continue;
+        }
+        uint64_t back = r->rec_got - keep; /* to the buffer: what follows the sample, or everything */
+        if (back > r->cap) {
+            unsigned char *bigger = realloc(r->buf, (size_t)back);
+            if (bigger == NULL) return ST_NO_MEMORY;
+            r->buf = bigger;
+            r->cap = (size_t)back;
+        }
+        memcpy(r->buf, dest(b) + keep, (size_t)back);
+        r->begin = 0;
+        r->end = (size_t)back;
+        r->active = 0;
+        r->rec_got = r->rec_n = 0;
+        r->tar_walked = 0;
+        if (!keep) return fail(r, ST_FALLBACK, r->offset, 0, 0);
+        if (skip) memmove(dest(b), dest(b) + skip, (size_t)n);
+        r->offset += keep;
+        add_record(r, b, n);
+        return ST_NEXT;
+    }
+}
+
 /* Hand out the next sample of the last walk; else drop what it consumed, read what it needs and walk
  * again. The walk takes the usual entries only: at any other (an error among them) the reader stops with
  * FALLBACK and the caller frames the rest (take()) with framing/tar.py, which names what is wrong. */
 static int tar_next(Reader *r, Batch *b) {
+    if (r->active) {
+        int s = tar_large(r, b);
+        if (s != ST_AGAIN) return s;
+    }
     for (;;) {
         if (r->tar_walked) {
             if (r->tar_next < r->tar_count) {
@@ -367,6 +453,19 @@ static int tar_next(Reader *r, Batch *b) {
                 return ST_END;
             }
             uint64_t want = (uint64_t)r->tar_need > have ? (uint64_t)r->tar_need : (uint64_t)have + 1;
+            if ((uint64_t)r->tar_need > have && want >= LARGE_RECORD && have && !b->fixed && !b->rows) {
+                /* a large sample: into data, the rest read there (tar_large) */
+                uint64_t first = want < have + READ_STEP ? want : have + READ_STEP;
+                if (b->cap - b->nbytes < first) return room(r, b->nbytes + first, b->nbytes);
+                memcpy(dest(b), r->buf + r->begin, have);
+                r->begin = r->end = 0; /* (r->offset stays the sample's until it is added) */
+                r->active = 1;
+                r->rec_got = have;
+                r->rec_n = want;
+                int s = tar_large(r, b);
+                if (s != ST_AGAIN) return s;
+                continue;
+            }
             int s = fill(r, want); /* what is left is a sample or an entry in progress: more bytes first */
             if (s) return s;
         } else if (r->begin == r->end && !r->eof) {
@@ -375,17 +474,8 @@ static int tar_next(Reader *r, Batch *b) {
         }
         size_t have = r->end - r->begin;
         if (!have && r->eof) return ST_END;
-        size_t slots = have / SD_TAR_BLOCK + 1;
-        if (slots > r->tar_room) {
-            size_t grown = slots > 2 * r->tar_room ? slots : 2 * r->tar_room;
-            int64_t *starts = realloc(r->tar_starts, grown * sizeof(int64_t));
-            if (starts == NULL) return ST_NO_MEMORY;
-            r->tar_starts = starts;
-            int64_t *lengths = realloc(r->tar_lengths, grown * sizeof(int64_t));
-            if (lengths == NULL) return ST_NO_MEMORY;
-            r->tar_lengths = lengths;
-            r->tar_room = grown;
-        }
+        int s = tar_slots(r, have / SD_TAR_BLOCK + 1);
+        if (s) return s;
         SdTarWalk w = sd_tar_walk(r->buf + r->begin, have, r->tar_starts, r->tar_lengths, r->max_record, r->eof);
         if (w.status || (r->eof && w.need)) return fail(r, ST_FALLBACK, r->offset, 0, 0);
         r->tar_walked = 1;
