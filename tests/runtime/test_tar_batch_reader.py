@@ -169,6 +169,48 @@ def test_a_bad_checksum_a_repeated_extension_and_a_cut_stream_are_the_framers_er
     assert "record_bytes=1537" in str(error) and error.offset == 0
 
 
+def large_samples_stream(seed: int) -> bytes:
+    """Samples with members of 33 to 300 KB (the reader takes them straight into the batch) among small
+    ones, long names (pax), a large file of no sample (read past) and end-of-archive blocks between."""
+    rng = random.Random(seed)
+    parts = []
+    for i in range(12):
+        key = f"k{i:04d}" if i % 4 else "é" * 70 + str(i)
+        for ext in rng.sample(["jpg", "cls", "json"], rng.randint(1, 3)):
+            size = rng.choice([0, 1, 5000, 33_000, 150_000, 300_000])
+            parts.append(tar_member(f"{key}.{ext}", rng.randbytes(size)))
+        if i == 5:
+            parts.append(tar_member("README", rng.randbytes(40_000)))
+        if i == 8:
+            parts.append(END_OF_ARCHIVE)
+    return b"".join(parts) + END_OF_ARCHIVE
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_large_samples_read_straight_into_the_batch_come_as_the_framer_frames_them(tmp_path, seed):
+    stream = large_samples_stream(seed)
+    records, error, stayed = same_as_the_framer(tmp_path, stream, 3)
+    assert error is None and stayed and len(records) == 12
+    (tmp_path / "src").write_bytes(stream)
+    for step in (700, 65536, 1 << 20):  # the FIFO's bytes come in pieces of every size
+        fifo = tmp_path / f"train_{step}"
+        os.mkfifo(fifo)
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(fifo), str(tmp_path / "src"), str(step)])
+        with FifoReader(fifo) as reader:
+            got, error, stayed = fill_reader(reader, True, batch=3)
+        assert writer.wait(30) == 0
+        assert [r for b in got for r in b] == records and error is None and stayed
+    # cut inside the last large member, and a bad header of one: the framer's errors, the samples before
+    headers = [at for at in range(0, len(stream), BLOCK) if stream[at + 257 : at + 262] == b"ustar"]
+    big = [at for at in headers if int(stream[at + 124 : at + 135], 8) >= 33_000]
+    _, error, _ = same_as_the_framer(tmp_path, stream[: big[-1] + 20_000], 3)
+    assert "stream ended inside a tar entry" in str(error)
+    bad = bytearray(stream)
+    bad[big[len(big) // 2] + 10] ^= 0x40
+    _, error, _ = same_as_the_framer(tmp_path, bytes(bad), 3)
+    assert "header checksum mismatch" in str(error) and error.offset == big[len(big) // 2]
+
+
 def test_a_size_the_stream_does_not_hold_costs_no_more_than_the_bytes_that_came(tmp_path):
     """8 GiB claimed within the limit, 5 MB come: the reader's buffer grows only as bytes come (to at most
     READ_STEP, 64 MiB, past twice what came), then the cut entry is the framer's named error."""
