@@ -670,7 +670,7 @@ REQUEST_KEYS = frozenset(
     OutputDataConfig S3OutputPath KmsKeyId ResourceConfig InstanceCount InstanceType VolumeSizeInGB
     VolumeKmsKeyId StoppingCondition MaxRuntimeInSeconds MaxWaitTimeInSeconds CheckpointConfig LocalPath
     TensorBoardOutputConfig Environment EnableManagedSpotTraining VpcConfig Subnets SecurityGroupIds Tags
-    EnableNetworkIsolation RetryStrategy""".split()
+    EnableNetworkIsolation RetryStrategy Regex""".split()
 )
 # Where the raw request may be read: the contract (``training_request.py`` reads it into typed fields,
 # ``request_rules.py`` checks it whole) and the job spec built from it. The runtime reads the container's

@@ -19,6 +19,7 @@ from sagemaker_dist.aws.tuning import (
     sample_values,
 )
 from sagemaker_dist.aws.tuning_ranges import TuningError
+from sagemaker_dist.contract.metric_line import defined_names
 from sagemaker_dist.contract.request_rules import MAX_HYPERPARAMETERS, limit_problems
 from sagemaker_dist.contract.training_request import RequestFormatError, TrainingRequest, trial_request
 
@@ -50,7 +51,7 @@ def tuning_problems(request: Mapping, spec: TuningSpec) -> list[str]:
             definitions = TrainingRequest.parse(trial).metric_definitions
         except RequestFormatError as exc:
             problems.append(f"each trial's training job: {exc}")
-    if objective not in [d.get("Name") for d in definitions]:
+    if objective not in defined_names(definitions):
         problems.append(f"objective metric {objective!r} has no MetricDefinition")
     ranges = config.get("ParameterRanges") or {}
     searched = sum(len(v or []) for v in ranges.values())

@@ -78,11 +78,20 @@ def metric_definitions(names: Iterable[str]) -> list[dict[str, str]]:
 
 
 def read_metrics(line: str, definitions: Iterable[Mapping[str, str]]) -> tuple[int | None, dict[str, float]]:
-    """The epoch and the metrics that ``definitions`` find in one output ``line`` (as SageMaker does)."""
+    """The epoch and the metrics that ``definitions`` find in one output ``line`` (as SageMaker does); a
+    definition whose regex has no group, or whose group is not a number there, finds nothing."""
     values = {}
     for d in definitions:
         match = re.search(d["Regex"], line)
         if match:
-            values[d["Name"]] = float(match.group(1))
+            try:
+                values[d["Name"]] = float(match.group(1))
+            except (ValueError, IndexError):
+                continue
     epoch = re.search(EPOCH_REGEX, line)
     return (int(epoch.group(1)) if epoch else None), values
+
+
+def defined_names(definitions: Iterable[Mapping[str, str]]) -> list[str]:
+    """The metric names that MetricDefinitions define."""
+    return [d.get("Name") for d in definitions]

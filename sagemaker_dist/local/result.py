@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from sagemaker_dist.contract.metric_line import EPOCH as METRIC_EPOCH
-from sagemaker_dist.contract.metric_line import NUMBER
+from sagemaker_dist.contract.metric_line import NUMBER, read_metrics
 from sagemaker_dist.contract.metric_line import PREFIX as METRIC_PREFIX
 from sagemaker_dist.host.feeder import FeedStats
 
@@ -85,15 +85,9 @@ class LocalJobResult:
 
 def final_metrics(lines: list[str], definitions: list[dict]) -> dict[str, float]:
     metrics: dict[str, float] = {}
-    if definitions:
-        for d in definitions:
-            for line in lines:
-                m = re.search(d["Regex"], line)
-                if m:
-                    try:
-                        metrics[d["Name"]] = float(m.group(1))
-                    except (ValueError, IndexError):
-                        pass
+    if definitions:  # as SageMaker reads them: the last line that a definition finds wins
+        for line in lines:
+            metrics.update(read_metrics(line, definitions)[1])
         return metrics
     for line in lines:  # the last line wins, key by key: the helpers' metric line, or Keras progress
         if line.startswith(METRIC_PREFIX):  # the Keras and PyTorch helpers' (contract/metric_line.py)
