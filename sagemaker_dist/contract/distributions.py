@@ -100,6 +100,7 @@ class Distribution:
     # the SageMaker instance types it runs on, by prefix (empty: any); SDK v2's rule for torch_distributed
     sagemaker_instance_prefixes: tuple[str, ...] = ()
     demo_script: str = "train_cifar10.py"  # local mode's demo training script (local/demo_job/)
+    sharded_demo: bool = False  # it runs local mode's sharded-model demo (--model gpt: PyTorch FSDP2)
     # the toolkit runs only a Python script of a source dir without setup.py (torch_distributed refuses
     # a package: "Python packages are not supported", and any other entry point)
     scripts_only: bool = False
@@ -273,6 +274,7 @@ TORCHRUN_ENTRY = Distribution(
     toolkit_processes_per_host=True,
     sagemaker_instance_prefixes=("ml.p", "ml.g", "ml.trn"),
     demo_script="train_torch.py",
+    sharded_demo=True,
     scripts_only=True,
     toolkit_training_module="sagemaker_pytorch_container.training:main",  # the PyTorch DLCs' ENV
     toolkit_starts_each_host=True,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sagemaker_dist.aws.s3_objects import s3_client
 from sagemaker_dist.contract.distributions import DEFAULT as DEFAULT_DISTRIBUTION
-from sagemaker_dist.contract.distributions import TORCHRUN_ENTRY
+from sagemaker_dist.contract.distributions import REGISTRY
 from sagemaker_dist.contract.distributions import distribution as registered
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.contract.training_request import edited_request
@@ -170,10 +170,11 @@ def prepare_demo_job(
 def _prepare_gpt_job(bucket, hosts, processes_per_host, input_mode, hyperparameters, job_name, printer,
                      distribution, long) -> DemoJob:  # fmt: skip
     """The sharded-model demo: token records (no validation channel) and ``train_gpt.py``."""
-    if registered(distribution).name != TORCHRUN_ENTRY.name:
+    if not registered(distribution).sharded_demo:
+        runs_it = " or ".join(d.name for d in REGISTRY.values() if d.sharded_demo)
         raise ConfigurationError(
             f"--model gpt is a PyTorch FSDP2 demo, and this job's distribution is {distribution!r}: "
-            "give --distribution torchrun"
+            f"give --distribution {runs_it}"
         )
     world = hosts * processes_per_host
     prefix = GPT_PREFIX + ("-long" if long else "")
