@@ -315,9 +315,9 @@ def test_the_reader_thread_is_named_after_the_reader_and_its_fifo(tmp_path, read
     from sagemaker_dist.runtime.config import ContainerConfig
 
     root = _job_root(tmp_path, 1)
-    feeder = FifoFeeder(
-        root / "input" / "data", "train_0", [b"".join(encode_tfrecord(b"x" * 8) for _ in range(64))]
-    )
+    # more than the reader reads ahead (8 MiB): its thread is still reading when the threads are listed
+    epoch = encode_tfrecord(b"x" * 1024) * 8192
+    feeder = FifoFeeder(root / "input" / "data", "train_0", [epoch])
     feeder.start()
     reader = getattr(runtime, reader_class)("train_0", 4, config=ContainerConfig.load(root, {}))
     batches = iter(reader)
