@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from sagemaker_dist.contract.layout import LAYOUT_HYPERPARAMETER, ChannelLayout
@@ -72,6 +73,14 @@ class FifoFeeder(threading.Thread):
                 self.served += 1
         except BaseException as exc:  # surfaced by the test through .error
             self.error = exc
+
+    def wait_served(self, count: int, timeout: float = 10.0) -> int:
+        """``served`` once it reaches ``count`` (the writer counts a FIFO after the reader closed it),
+        or whatever it is after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while self.served < count and self.error is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.served
 
 
 SHORT_WRITES = """

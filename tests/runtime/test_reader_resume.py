@@ -32,7 +32,7 @@ def test_a_step_checkpoint_keeps_the_fifo_and_a_resume_replays_to_it_and_bases_t
     feeder.start()
     resumed = TrainReader.of(again, 1, 1, 2)
     assert resumed.resume(1, 7, saved, chief=True) == (1, 7)
-    assert feeder.served >= 1  # FIFO 0 opened and closed unread
+    assert feeder.wait_served(1) >= 1  # FIFO 0 opened and closed unread
     number, path = next_epoch_fifo(again / "pipe_state", again / "input" / "data", "train_1", 10)
     assert number == 1 and path.read_bytes() == b"b"
     assert epoch_base(again / "pipe_state", "train_1") == 0  # FIFO 1 is epoch 1
