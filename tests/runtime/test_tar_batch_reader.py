@@ -11,6 +11,7 @@ import random
 import resource
 import subprocess
 import sys
+import tarfile
 
 import pytest
 from helpers.batch_fills import drain
@@ -171,7 +172,8 @@ def test_a_bad_checksum_a_repeated_extension_and_a_cut_stream_are_the_framers_er
 
 def large_samples_stream(seed: int) -> bytes:
     """Samples with members of 33 to 300 KB (the reader takes them straight into the batch) among small
-    ones, long names (pax), a large file of no sample (read past) and end-of-archive blocks between."""
+    ones, long names (pax), a large file of no sample and directories' entries (read past) and
+    end-of-archive blocks between."""
     rng = random.Random(seed)
     parts = []
     for i in range(12):
@@ -179,6 +181,10 @@ def large_samples_stream(seed: int) -> bytes:
         for ext in rng.sample(["jpg", "cls", "json"], rng.randint(1, 3)):
             size = rng.choice([0, 1, 5000, 33_000, 150_000, 300_000])
             parts.append(tar_member(f"{key}.{ext}", rng.randbytes(size)))
+        if i % 3 == 0:  # a directory's entry (no sample) right after the sample, as GNU tar of a folder has
+            folder = tarfile.TarInfo(f"part-{i}/")
+            folder.type = tarfile.DIRTYPE
+            parts.append(folder.tobuf(format=tarfile.USTAR_FORMAT))
         if i == 5:
             parts.append(tar_member("README", rng.randbytes(40_000)))
         if i == 8:

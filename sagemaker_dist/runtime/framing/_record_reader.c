@@ -396,13 +396,15 @@ static int tar_large(Reader *r, Batch *b) {
             skip = (uint64_t)r->tar_starts[0];
             n = (uint64_t)r->tar_lengths[0];
             keep = skip + n;
-        } else if (!w.status && !r->eof && w.need && (uint64_t)w.consumed + (uint64_t)w.need > r->rec_got) {
+        } else if (!w.status && !r->eof && w.need) {
             if (w.consumed) { /* entries read past, before the sample */
                 memmove(dest(b), dest(b) + w.consumed, (size_t)(r->rec_got - (uint64_t)w.consumed));
                 r->rec_got -= (uint64_t)w.consumed;
                 r->offset += (uint64_t)w.consumed;
             }
-            r->rec_n = (uint64_t)w.need; /* another member of the sample: read on */
+            /* another member of the sample, or the header after it: read on, a header's block at least
+             * where the walk's need is in already (an entry of no sample, a directory, after the sample) */
+            r->rec_n = (uint64_t)w.need > r->rec_got ? (uint64_t)w.need : r->rec_got + SD_TAR_BLOCK;
             continue;
         }
         uint64_t back = r->rec_got - keep; /* to the buffer: what follows the sample, or everything */
@@ -564,6 +566,17 @@ static PyObject *Reader_fill(Reader *self, PyObject *args) {
         return PyErr_Format(PyExc_ValueError,
                             "offsets holds %zd bytes for %zd entries, data %zd bytes from byte %llu", offsets.len,
                             batch + 1, data.len, nbytes);
+    }
+    if (self->active && (unsigned long long)data.len - nbytes < self->rec_got) {
+        /* a record read straight into data (a long record or sample under way) goes on at data[nbytes] */
+        unsigned long long got = self->rec_got;
+        Py_ssize_t len = data.len;
+        PyBuffer_Release(&data);
+        PyBuffer_Release(&offsets);
+        return PyErr_Format(PyExc_ValueError,
+                            "a record under way holds %llu bytes at byte %llu of data, which has %zd: pass the "
+                            "batch it was read into",
+                            got, nbytes, len);
     }
     Py_buffer rows = {0};
     if (rows_obj != Py_None) {
