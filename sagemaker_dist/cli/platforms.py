@@ -86,4 +86,3 @@ def register(subparsers) -> None:
     for row in REGISTRY.values():
         parser = subparsers.choices.get(row.command) or row.register(subparsers)
         parser.set_defaults(func=run_job, platform=row.name)
-

@@ -73,7 +73,7 @@ from sagemaker_dist.launch.pack_plan import (  # noqa: F401 - re-exported
 )
 from sagemaker_dist.launch.pack_scan import scan_source
 from sagemaker_dist.launch.pack_shard import write_shard
-from sagemaker_dist.launch.pack_store import INDEX, MARKERS_DIR, SHARDS_DIR, _S3Store, _store  # noqa: F401
+from sagemaker_dist.launch.pack_store import INDEX, MARKERS_DIR, SHARDS_DIR, _store  # noqa: F401 (INDEX: re-exported)
 
 
 @dataclass

@@ -282,10 +282,12 @@ class PipeTraining:
                 self.sharded_checkpoints.close()
             except Exception as exc:  # noqa: BLE001 - training is over: the previous checkpoint stands
                 log.warning("the last checkpoint was not completed: %s", exc)
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
-        self.session.finish()  # the stop's end, the syncer's final flush (after the writer's close)
+        try:
+            if self.writer is not None:
+                self.writer.close()
+                self.writer = None
+        finally:  # the stop's end (its handler and watchdog removed), the syncer's final flush
+            self.session.finish()
 
 
 def _check_s3_checkpoints(uri, sharded: bool, checkpoint_dir) -> None:
