@@ -60,14 +60,22 @@ def agreed_position(
     directory: str | os.PathLike, smallest: Callable[[int], int] | None = None
 ) -> tuple[Position, Checkpoint | None]:
     """The newest (epoch, step) every worker holds a complete checkpoint of (where each worker has a copy
-    of the checkpoint directory): each worker's newest, and the smallest of them (``smallest``: the min
-    over workers of one int; None: a world of one)."""
+    of the checkpoint directory; ``smallest``: the min over workers of one int, a collective; None: a
+    world of one). The smallest of the workers' newest is a candidate; each worker then offers its newest
+    at or below it, until all offer the candidate: a worker whose pruning kept other checkpoints than
+    another's goes down with the rest, never alone to the start. Every worker runs the same rounds (each
+    ends on the same collective value), at most one per checkpoint."""
     remove_stale_temporaries(directory)
     found = list_checkpoints(directory)
-    newest = found[-1].epoch * POSITION + found[-1].step if found else 0
-    if smallest is not None:
-        newest = int(smallest(newest))
-    position = divmod(newest, POSITION)
+    held = [c.epoch * POSITION + c.step for c in found]
+    agree = smallest if smallest is not None else int
+    candidate = int(agree(held[-1] if held else 0))
+    while True:
+        offered = int(agree(max((h for h in held if h <= candidate), default=0)))
+        if offered == candidate:
+            break
+        candidate = offered
+    position = divmod(candidate, POSITION)
     chosen = next((c for c in found if c.position == position), None)
     return (position, chosen) if chosen else ((0, 0), None)
 

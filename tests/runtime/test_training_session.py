@@ -8,6 +8,7 @@ import io
 import signal
 import subprocess
 import sys
+import threading
 
 from sagemaker_dist.contract.stop_lines import resumed_line
 from sagemaker_dist.runtime.checkpoint_format import write_checkpoint
@@ -52,6 +53,37 @@ def test_workers_resume_from_the_newest_checkpoint_every_one_holds(tmp_path):
     assert agreed_position(tmp_path, smallest=lambda mine: min(mine, 1 * 10**9)) == ((1, 0), older)
     assert agreed_position(tmp_path, smallest=lambda mine: 0) == ((0, 0), None)  # a worker holds none
     assert not (tmp_path / ".tmp-epoch-00003-crashed").exists()
+
+
+def test_the_workers_agree_on_the_newest_checkpoint_that_every_one_of_them_holds(tmp_path):
+    """Worker 0 holds epochs 1 and 3, worker 1 epochs 1, 2 and 4 (their pruning kept others): the
+    smallest newest, 3, is not worker 1's, so both go down to 1, the newest both hold."""
+    directories = [tmp_path / "w0", tmp_path / "w1"]
+    for directory, epochs in zip(directories, [(1, 3), (1, 2, 4)]):
+        for epoch in epochs:
+            _checkpoint(directory, epoch)
+    barrier, offers, results = threading.Barrier(2), {}, {}
+
+    def smallest_for(worker):
+        def smallest(value: int) -> int:  # the min over the two workers, as a collective
+            offers[worker] = value
+            barrier.wait(10)
+            least = min(offers.values())
+            barrier.wait(10)
+            return least
+
+        return smallest
+
+    def worker(index):
+        results[index] = agreed_position(directories[index], smallest_for(index))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert [results[i][0] for i in range(2)] == [(1, 0), (1, 0)]
+    assert [results[i][1].path.parent for i in range(2)] == directories
 
 
 def test_a_checkpoint_inside_an_epoch_of_another_world_size_resumes_at_the_next_epoch():
