@@ -1,4 +1,5 @@
-"""runtime/environment.py: the variables the ranks read, each read as the modules read it before."""
+"""runtime/environment.py: the variables the ranks read, each as its reader expects it (the mapping given
+else the process's, empty kept apart from unset where that means something)."""
 
 from __future__ import annotations
 
