@@ -1,7 +1,9 @@
 """The environment variables the runtime reads (in the ranks, the training script's process), each named
 once with what it means, and read or written only through this module: no other runtime module
-touches ``os.environ`` (``tests/test_architecture.py`` checks it). Stdlib only, so the framework
-folders (``tensorflow/``, ``torch/``) and the core import it alike.
+touches ``os.environ`` (``tests/test_architecture.py`` checks it). It imports the stdlib and the
+contract's rank names only, so the framework folders (``tensorflow/``, ``torch/``) and the core import
+it alike. (The C framing core's own switch, ``SAGEMAKER_DIST_CRC32C``, is read in C:
+``framing/native/record_core.h``.)
 
 Code that takes an ``environ=`` mapping (tests give one; ``setup_ddp`` hands one on) asks
 ``environ(given)``: the mapping given, else this process's environment. A named reader reads one
@@ -16,6 +18,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from sagemaker_dist.contract.rank_slots import RANK_VARIABLES, TORCHRUN_VARIABLES
+
 # SageMaker's container (the training toolkit sets them)
 MODEL_DIR = "SM_MODEL_DIR"  # where the model goes (uploaded to S3 at the end)
 OUTPUT_DATA_DIR = "SM_OUTPUT_DATA_DIR"  # output/data (uploaded as output.tar.gz)
@@ -28,7 +32,7 @@ INPUT_DATA_CONFIG = "SM_INPUT_DATA_CONFIG"
 HYPERPARAMETERS = "SM_HPS"
 
 # torchrun's rendezvous and this rank (the four rank variables: contract.rank_slots.TORCHRUN_VARIABLES)
-TORCH_RANK = "RANK"
+TORCH_RANK = TORCHRUN_VARIABLES[0]  # "RANK"
 MASTER_ADDR = "MASTER_ADDR"  # rank 0's host (or torchrun's store)
 MASTER_PORT = "MASTER_PORT"
 AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"  # "True": a client of torchrun's own store
@@ -36,7 +40,7 @@ USE_LIBUV = "USE_LIBUV"  # torch's TCPStore backend ("1", the default: libuv)
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"  # the GPUs this process sees ("" : none)
 
 # mpirun's and Horovod's
-MPI_WORLD_SIZE = "OMPI_COMM_WORLD_SIZE"  # the processes mpirun started
+MPI_WORLD_SIZE = RANK_VARIABLES[0][2]  # "OMPI_COMM_WORLD_SIZE": the processes mpirun started
 HOROVOD_GLOO_VARIABLES = ("HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS")  # Horovod told to run on Gloo
 
 # sagemaker-dist's own settings
