@@ -347,15 +347,19 @@ class _Cutter:
         return self.reader._tensors(batch), count
 
 
+def with_slack(nbytes: int) -> int:
+    """``nbytes`` and an eighth: what a shuffle window's buffer is sized to, so that the record that
+    crosses its byte bound still fits without doubling the buffer (fresh memory and a copy of it)."""
+    return nbytes + nbytes // 8
+
+
 class _Window(Batch):
     """A shuffle window of records of any size being read: it grows as a batch does, but to no more than
-    its byte bound and an eighth where its records fit there (a window of 150 KB records grew to the
-    estimate's 64 MiB, then doubled to 128 MiB for its last records, copying the 64 MiB: fresh memory
-    and a copy in every first epoch)."""
+    its byte bound and an eighth (``with_slack``) where its records fit there."""
 
     def __init__(self, size: int, capacity: int, allocate, limit: int):
         super().__init__(size, capacity, allocate)
-        self.cap = limit + limit // 8
+        self.cap = with_slack(limit)
 
     def grow(self, need: int, keep: int) -> None:
         if need > self.cap:
@@ -660,7 +664,7 @@ class RecordBatches(PipeBatches):
                 if not fill.fill(window, stop_bytes=limit):
                     break
                 head.feed(window)
-                self._window_capacity = min(window.nbytes + window.nbytes // 8, limit + limit // 8)
+                self._window_capacity = min(with_slack(window.nbytes), with_slack(limit))
                 allocate.huge_pages = window.nbytes < HUGE_PAGES_BELOW * window.count  # by the mean record
                 yield window, order.order(window.count)
                 window = None
