@@ -96,6 +96,11 @@ def s3_call(action: str, bucket: str, fn, *args, **kwargs):
         raise unreachable(exc, action) from exc
 
 
+def is_folder_marker(key: str, size: int) -> bool:
+    """An empty object whose key ends in '/': the S3 console's "folder", no data of the dataset."""
+    return key.endswith("/") and size == 0
+
+
 def list_objects(s3_uri: str, suffix: str | None = None, client=None) -> list[S3Object]:
     """Every object under ``s3_uri`` in key order, skipping folder placeholders (``key/``, 0 bytes).
 
@@ -114,7 +119,7 @@ def list_objects(s3_uri: str, suffix: str | None = None, client=None) -> list[S3
             for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
                 for item in page.get("Contents", ()):
                     key, size = item["Key"], int(item["Size"])
-                    if key.endswith("/") and size == 0:
+                    if is_folder_marker(key, size):
                         continue
                     listed += 1
                     if suffix and not key.endswith(suffix):

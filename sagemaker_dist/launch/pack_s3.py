@@ -16,6 +16,7 @@ import posixpath
 from concurrent.futures import ThreadPoolExecutor
 
 from sagemaker_dist.aws.s3_objects import (
+    is_folder_marker,
     make_client,
     parse_s3_uri,
     s3_call,
@@ -149,7 +150,7 @@ def scan_s3_source(uri: str, path_field: str, label_field: str, client=None) -> 
         return _rows_file(client, uri, CSV, path_field, label_field)
     folder = uri if uri.endswith("/") else uri + "/"
     listed = _listing(client, folder)  # the one listing: the check that it is not empty, then the scan
-    if not any(not (key.endswith("/") and size == 0) for key, (size, _) in listed.items()):
+    if all(is_folder_marker(key, size) for key, (size, _) in listed.items()):
         raise PackInputError(
             f"source {uri!r} holds no objects (an S3 source is a prefix of class folders, "
             "a .jsonl or a .csv object)"
