@@ -11,58 +11,31 @@ with ``backend=LocalBackend()`` (``sagemaker_dist.LocalBackend``), this machine.
 from __future__ import annotations
 
 import tempfile
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
-from pathlib import Path
 
 import boto3
 
-from sagemaker_dist.aws.instances import normalize_instance_type, processes_per_host
 from sagemaker_dist.aws.request_validation import validate_request
 from sagemaker_dist.aws.s3_objects import MissingBucketError, S3AccessError, s3_client
 from sagemaker_dist.contract.distributions import DEFAULT as DEFAULT_DISTRIBUTION
-from sagemaker_dist.contract.distributions import DistributionError
 from sagemaker_dist.contract.distributions import distribution as registered
 from sagemaker_dist.contract.draft import PLACEHOLDER_ACCOUNT, PLACEHOLDER_OUTPUT, placeholder_channel_uri
-from sagemaker_dist.contract.layout import (
-    INPUT_MODES,
-    PER_WORKER,
-    SINGLE,
-    ChannelLayout,
-    RoleLayout,
-    check_distribution,
-    fifo_would_be_shared,
-    plan_layout,
-)
+from sagemaker_dist.contract.layout import PER_WORKER, SINGLE, ChannelLayout, RoleLayout, plan_layout
 from sagemaker_dist.contract.s3_uri import join_s3
-from sagemaker_dist.contract.toolkit import (
-    DEFAULT_TOOLKIT_VERSION,
-    ToolkitArgumentWarning,
-    changed_hyperparameters,
-)
+from sagemaker_dist.contract.toolkit import DEFAULT_TOOLKIT_VERSION
 from sagemaker_dist.launch.account import check_job_name_free, role_arn
 from sagemaker_dist.launch.backends import PreparedJob, SageMakerBackend, TrainingBackend
+from sagemaker_dist.launch.estimator_checks import check_settings, check_shared_channels
 from sagemaker_dist.launch.images import distribution_image_uri
-from sagemaker_dist.launch.inputs import (
-    ChannelSource,
-    EstimatorError,
-    JobInputs,
-    check_s3_uri,
-    parse_inputs,
-)
+from sagemaker_dist.launch.inputs import ChannelSource, EstimatorError, JobInputs, parse_inputs
 from sagemaker_dist.launch.request import (
-    DEFAULT_MPI_OPTIONS,
     JobSettings,
     RequestSettings,
     ResolvedNames,
-    check_distribution_options,
-    check_mpi_options,
     default_job_name,
     framework_hyperparameters,
     render_request,
-    tags_list,
-    user_hyperparameters,
 )
 from sagemaker_dist.launch.runtime_package import is_sagemaker_dist_image, runtime_requirements
 from sagemaker_dist.launch.source_package import (
@@ -130,50 +103,7 @@ class DistributedEstimator(JobSettings):
     sagemaker_session: object = field(default=None, repr=False)
 
     def __post_init__(self):
-        self.instance_type = normalize_instance_type(self.instance_type)
-        count = self.instance_count
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise EstimatorError(f"instance_count={count!r}; it must be a whole number >= 1")
-        seed = self.object_order_seed
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise EstimatorError(f"object_order_seed={seed!r}; give a whole number >= 0 (None: name order)")
-        check_distribution_options(self.distribution, self.mpi_options, self.default_mpi_options)
-        if self.processes_per_host is None:  # one per host, or (None) the type's GPUs
-            self.processes_per_host = registered(self.distribution).default_processes_per_host()
-        setup_py = self.source_dir is not None and Path(self.source_dir, "setup.py").is_file()
-        try:
-            registered(self.distribution).check_entry_point(self.entry_point, setup_py)
-        except DistributionError as exc:
-            raise EstimatorError(str(exc)) from None
-        if self.processes_per_host is not None:
-            check_distribution(self.distribution, self.processes_per_host)
-        self.processes_per_host = processes_per_host(self.instance_type, self.processes_per_host)
-        if self.input_mode not in INPUT_MODES:
-            raise EstimatorError(f"input_mode={self.input_mode!r}; use one of {', '.join(INPUT_MODES)}")
-        if self.shared_channel_input_mode not in (None, *INPUT_MODES):
-            raise EstimatorError(
-                f"shared_channel_input_mode={self.shared_channel_input_mode!r}; use None or "
-                f"one of {', '.join(INPUT_MODES)}"
-            )
-        self.shared_channel_input_mode = self.shared_channel_input_mode or self.input_mode
-        if self.validation not in (SINGLE, PER_WORKER):
-            raise EstimatorError(f"validation={self.validation!r}; use 'single' or 'per-worker'")
-        self.hyperparameters = user_hyperparameters(self.hyperparameters)
-        for problem in changed_hyperparameters(self.hyperparameters, self.toolkit_version):
-            warnings.warn(problem, ToolkitArgumentWarning, stacklevel=3)  # before any AWS call
-        for what in ("output_path", "code_location", "checkpoint_s3_uri", "tensorboard_s3_uri"):
-            if getattr(self, what) is not None:
-                check_s3_uri(getattr(self, what), what)
-        if bool(self.subnets) != bool(self.security_group_ids):
-            raise EstimatorError("VPC config needs both subnets= and security_group_ids= (or neither)")
-        self.subnets = list(self.subnets or [])
-        self.security_group_ids = list(self.security_group_ids or [])
-        self.tags = tags_list(self.tags)
-        self.environment = {str(k): str(v) for k, v in (self.environment or {}).items()}
-        extra = [self.mpi_options] if isinstance(self.mpi_options, str) else list(self.mpi_options)
-        check_mpi_options(extra)
-        defaults = DEFAULT_MPI_OPTIONS if self.default_mpi_options else ()
-        self.mpi_options = " ".join([*defaults, *extra]).strip()
+        check_settings(self)
 
     @property
     def request_settings(self) -> RequestSettings:
@@ -201,18 +131,8 @@ class DistributedEstimator(JobSettings):
             shuffle_seed=self.shuffle_seed,
             distribution=self.distribution,
         )
-        self._check_shared_channels(layout)
+        check_shared_channels(self.shared_channel_input_mode, layout)
         return layout
-
-    def _check_shared_channels(self, layout: ChannelLayout) -> None:
-        shared = layout.shared_channels
-        if shared and fifo_would_be_shared(self.shared_channel_input_mode, layout.processes_per_host):
-            raise EstimatorError(
-                f"channel(s) {', '.join(shared)} are shared by all {layout.processes_per_host} processes "
-                "on each host, but a Pipe-mode FIFO has one reader (several readers split its bytes "
-                "and stall the job); use shared_channel_input_mode='File' or 'FastFile', or "
-                "validation='per-worker' for the validation data"
-            )
 
     def framework_hyperparameters(self, layout: ChannelLayout, program: str, submit_directory: str) -> dict:
         """The hyperparameters the sagemaker-training toolkit reads to run mpirun on every host."""
