@@ -20,7 +20,8 @@ done; the next save first waits for it, so at most one is in flight (``sharded_s
 
 Nothing in a checkpoint runs code when loaded (``sharded_safety.py``): ``dcp.metadata`` is read with an
 unpickler that builds DCP's metadata classes only, every shard must be a file ``meta.json`` lists, and
-the shards' values are read ``weights_only``, from a directory and from S3 alike.
+the shards' values are read ``weights_only``, from a directory and from S3 alike. One read whole in one
+process: ``read_sharded_checkpoint`` (``sharded_reading.py``).
 """
 
 from __future__ import annotations
@@ -30,15 +31,18 @@ import os
 import secrets
 import threading
 import time
-from pathlib import Path
 
 from sagemaker_dist.runtime.checkpoint_format import (
-    META_FILE,
     Checkpoint,
     CheckpointMismatchError,
     checkpoint_name,
 )
 from sagemaker_dist.runtime.torch.checkpointing import UnsafeCheckpointError
+from sagemaker_dist.runtime.torch.sharded_reading import (  # noqa: F401 - importable from here too
+    FORMAT,
+    checked_meta,
+    read_sharded_checkpoint,
+)
 from sagemaker_dist.runtime.torch.sharded_safety import (  # noqa: F401 - importable from here too
     METADATA_FILE,
     check_shards,
@@ -54,11 +58,10 @@ from sagemaker_dist.runtime.torch.sharded_saves import (  # noqa: F401 - importa
     first_line,
     jsonable,
 )
-from sagemaker_dist.runtime.torch.sharded_storage import S3Uri, is_s3_uri, store_for
+from sagemaker_dist.runtime.torch.sharded_storage import store_for
 
 log = logging.getLogger(__name__)
 
-FORMAT = "torch-dcp"
 SHARD_SUFFIX = ".distcp"
 
 
@@ -69,41 +72,6 @@ def is_sharded(model) -> bool:
     except ImportError:  # pragma: no cover - a PyTorch without FSDP2
         return False
     return any(isinstance(m, FSDPModule) for m in model.modules())
-
-
-def read_sharded_checkpoint(path: str | os.PathLike) -> dict:
-    """The whole state of a sharded checkpoint in this process (``{"model": ..., "optim": ...}`` with
-    full tensors, on the CPU), read as ``PipeTraining`` reads it: for a look, a comparison or an export
-    to one file, without a process group. ``path``: a checkpoint directory or ``s3://`` prefix."""
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    location = S3Uri(str(path).rstrip("/")) if is_s3_uri(str(path)) else Path(path)
-    store = store_for(location.parent)
-    meta = _checked_meta(store, location)
-    allowed = set(meta["files"])
-    check_shards(store.metadata(location), allowed, location / METADATA_FILE)
-    state: dict = {}
-    _load_state_dict(
-        state, storage_reader=store.reader(location, allowed), planner=load_planner(full=True), no_dist=True
-    )
-    return state
-
-
-def _checked_meta(store, location) -> dict:
-    """The checkpoint's ``meta.json``, when it is one of a sharded checkpoint."""
-    import json
-
-    try:
-        meta = json.loads(store.read_bytes(location, META_FILE))
-    except (OSError, ValueError) as exc:
-        raise CheckpointMismatchError(f"{location} has no readable {META_FILE} ({exc})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("files"), dict):
-        raise CheckpointMismatchError(
-            f"{location} is not a sharded checkpoint (its {META_FILE} says format {meta.get('format')!r})"
-            if isinstance(meta, dict)
-            else f"{location}: {META_FILE} is not an object"
-        )
-    return meta
 
 
 # --- saving and restoring on every rank --------------------------------------------------------------
@@ -240,7 +208,7 @@ class ShardedCheckpoints:
         when some rank cannot use it (before any rank starts DCP's collectives)."""
         meta, error = None, None
         try:
-            meta = _checked_meta(self.store, path)
+            meta = checked_meta(self.store, path)
             check_shards(self.store.metadata(path), set(meta["files"]), path / METADATA_FILE)
         except UnsafeCheckpointError as exc:
             error = ("unsafe", str(exc))
