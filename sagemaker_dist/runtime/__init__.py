@@ -38,7 +38,7 @@ _LAZY = {
     "ddp_main": "sagemaker_dist.runtime.torch.process_group",
     "PipeBatches": "sagemaker_dist.runtime.torch.batches",
     "RecordBatches": "sagemaker_dist.runtime.torch.record_batches",
-    "RaggedBatch": "sagemaker_dist.runtime.torch.record_batches",
+    "RaggedBatch": "sagemaker_dist.runtime.torch.batch_cutter",
     "decode_jpeg_batch": "sagemaker_dist.runtime.torch.images",
     "ImageDecodeError": "sagemaker_dist.runtime.torch.images",
     "agreed_batches": "sagemaker_dist.runtime.torch.epochs",

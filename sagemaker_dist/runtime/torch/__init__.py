@@ -6,6 +6,7 @@
 - ``batches``: ``PipeBatches``, the rank's channel as batches of tensors from a reader thread;
 - ``record_batches``: ``RecordBatches``, the same channel as batches of raw records framed in compiled
   code straight into (pinned) uint8 tensors: ``[n, record_bytes]``, or a ``RaggedBatch`` of offsets;
+  ``batch_buffers`` the memory they live in, ``batch_cutter`` a shuffled epoch cut into them;
 - ``images``: ``decode_jpeg_batch``, a ragged batch of JPEG records decoded at once on the GPU
   (nvJPEG through torchvision), or on the CPU where no GPU is;
 - ``epochs``: ``agreed_batches``, epochs that end on the same step on every rank (no record counts);

@@ -116,7 +116,7 @@ def ragged(records: Sequence[bytes]):
     ``decode_jpeg_batch`` decodes."""
     import torch
 
-    from sagemaker_dist.runtime.torch.record_batches import RaggedBatch
+    from sagemaker_dist.runtime.torch.batch_cutter import RaggedBatch
 
     lengths = np.fromiter((len(r) for r in records), dtype=np.int64, count=len(records))
     offsets = np.zeros(len(records) + 1, dtype=np.int64)

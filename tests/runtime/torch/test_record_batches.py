@@ -129,7 +129,7 @@ def test_large_batches_use_plain_pages_and_are_reused_once_released(tmp_path):
     import numpy as np
 
     from sagemaker_dist.runtime import RecordBatches
-    from sagemaker_dist.runtime.torch.record_batches import PLAIN_PAGES_FROM
+    from sagemaker_dist.runtime.torch.batch_buffers import PLAIN_PAGES_FROM
 
     records = [bytes([i]) * 200_000 for i in range(60)]
     stream = b"".join(encode_tfrecord(r) for r in records)

@@ -45,7 +45,7 @@ def window_threads() -> list[threading.Thread]:
 
 
 def test_batches_larger_than_a_group_come_from_several_buffers_a_window_in_the_window_order(tmp_path):
-    from sagemaker_dist.runtime.torch.record_batches import GROUP_BYTES
+    from sagemaker_dist.runtime.torch.batch_cutter import GROUP_BYTES
 
     size, count, batch = 100_000, 300, 4  # 400 KB batches: a window's 25 whole batches in 3 buffers
     stream = b"".join(encode_tfrecord(record(i, size)) for i in range(count))

@@ -1,0 +1,236 @@
+"""A shuffled epoch's windows cut into batches in their order (``BatchCutter``), with the batch type of
+records of any size (``RaggedBatch``) and a filled ``Batch`` as tensors over its own buffers
+(``tensors_of``). A batch that is a span of a window is a view of it; any other is copied once."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from sagemaker_dist.runtime.framing.batch_fill import Batch, gather
+from sagemaker_dist.runtime.torch.batch_buffers import ArenaSpan, torch_module
+
+# Batches the reader thread hands to the loop at once, up to this many bytes, while the stream has bytes
+# waiting: each handoff wakes the other thread and moves the GIL, once per group instead of per batch.
+GROUP_BYTES = 4 << 20
+
+
+class RaggedBatch(NamedTuple):
+    """Records of any length: record i is ``data[offsets[i]:offsets[i + 1]]`` (``offsets``: n + 1 int64)."""
+
+    data: Any
+    offsets: Any
+
+    @property
+    def lengths(self):
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def record(self, i: int):
+        return self.data[int(self.offsets[i]) : int(self.offsets[i + 1])]
+
+    def padded(self, value: int = 0, length: int | None = None):
+        """A ``[n, length]`` uint8 tensor of the records, each followed by ``value`` up to ``length``
+        (default: the longest record's)."""
+        import torch
+
+        lengths = self.lengths
+        longest = int(lengths.max()) if len(lengths) else 0
+        length = longest if length is None else int(length)
+        if length < longest:
+            raise ValueError(f"length={length} is shorter than the longest record ({longest} bytes)")
+        out = torch.full((len(lengths), length), value, dtype=torch.uint8, device=self.data.device)
+        out[torch.arange(length, device=self.data.device) < lengths[:, None].to(self.data.device)] = self.data
+        return out
+
+    def to(self, *args, **kwargs) -> RaggedBatch:
+        return RaggedBatch(self.data.to(*args, **kwargs), self.offsets.to(*args, **kwargs))
+
+
+class BatchCutter:
+    """Cuts a shuffled epoch's windows into batches, in their order. A window is a ``[n, record_bytes]``
+    tensor already in its order (its batches are views of it), ``(tensor, rows)`` (records of one size at
+    those rows, a window the stream's end cut short) or ``(window, order)`` (records of any size as they
+    came, a ``Batch``). A batch that is not a view (across two windows, of rows, of records of any size)
+    is copied into buffers of its own. Drops the first ``skip`` records."""
+
+    def __init__(self, batch_size: int, record_bytes: int | None, drop_last: bool, allocate, skip: int):
+        self.size, self.record_bytes, self.drop_last = int(batch_size), record_bytes, drop_last
+        self.allocate, self.skip = allocate, int(skip)
+        self.carry: list = []  # pieces of the next batch: row tensors, (tensor, rows), (window, order)
+        self.carried = 0
+        self.first = True
+        self.gathered = allocate  # the buffers of a window's gathered batches
+
+    def add(self, window):
+        if isinstance(window, ArenaSpan):
+            yield from self._groups(self._add_span(window))
+            return
+        if isinstance(window, tuple) and not self.record_bytes:
+            yield from self._groups(self._add_ragged(*window))
+            return
+        if isinstance(window, tuple):
+            source, order = window
+            n = len(order)
+        else:
+            source, order, n = window, None, window.shape[0]
+        i = min(self.skip, n)
+        self.skip -= i
+        batches = []
+        while i < n:
+            take = min(self.size - self.carried, n - i)
+            piece = source[i : i + take] if order is None else (source, order[i : i + take])
+            i += take
+            if not self.carried and take == self.size and order is None:
+                batches.append((piece, take))  # a view of the window: no copy
+                continue
+            self.carry.append(piece)
+            self.carried += take
+            if self.carried == self.size:
+                batches.append(self._join())
+        yield from self._groups(batches)
+
+    def _add_ragged(self, window: Batch, order: np.ndarray) -> list:
+        """The batches of a window of records of any size: the one carried from the window before
+        completed, then the whole batches of this one, a group's worth at a time gathered in one call
+        (GIL released) into one buffer, each batch a view of it; the rest carried. Every record is copied
+        once, out of the window."""
+        n, size, batches = len(order), self.size, []
+        i = min(self.skip, n)
+        self.skip -= i
+        if self.carried and i < n:
+            take = min(size - self.carried, n - i)
+            self.carry.append((window, order[i : i + take]))
+            self.carried += take
+            i += take
+            if self.carried == size:
+                batches.append(self._join())
+        whole = (n - i) // size
+        # a buffer per group's worth of batches (GROUP_BYTES at the window's mean record): buffers come
+        # back to the pool as the loop drops each group, not once it dropped a whole window's batches
+        per = max(1, GROUP_BYTES * window.count // max(window.nbytes * size, 1))
+        while whole:
+            k = min(per, whole)
+            batches.extend(self._gathered(window, order[i : i + k * size], k))
+            i, whole = i + k * size, whole - k
+        if i < n:
+            self.carry.append((window, order[i:]))
+            self.carried += n - i
+        return batches
+
+    def _gathered(self, window: Batch, order: np.ndarray, count: int) -> list:
+        """``count`` whole batches of ``window``'s records in ``order``, as views of one buffer (and of one
+        buffer of their offsets, each batch's from 0)."""
+        torch, size = torch_module(), self.size
+        holder, data = self.gathered(int(record_lengths(window)[order].sum()))
+        out = Batch.over(holder, data, len(order))
+        gather(out, window, order)
+        ends = out.offsets
+        starts = ends[:-1:size]  # each batch's first byte
+        offsets_holder, offsets = self.gathered(8 * count * (size + 1))
+        offsets = offsets.view(np.int64).reshape(count, size + 1)
+        np.subtract(ends[:-1].reshape(count, size), starts[:, None], out=offsets[:, :size])
+        np.subtract(ends[size::size], starts, out=offsets[:, size])
+        offsets = offsets_holder.view(torch.int64).view(count, size + 1)
+        bounds = ends[::size].tolist()
+        return [(RaggedBatch(holder[bounds[j] : bounds[j + 1]], offsets[j]), size) for j in range(count)]
+
+    def _add_span(self, span: ArenaSpan) -> list:
+        """The batches of a window whose rows are in order in an arena: views of its rows, and of the
+        rows before them where the batch began in the window before (one span of the arena)."""
+        first, n, batches = span.first, span.n, []
+        drop = min(self.skip, n)
+        self.skip -= drop
+        first, n = first + drop, n - drop
+        if not n:
+            return batches
+        if self.carried:
+            pending = (
+                self.carry[-1] if len(self.carry) == 1 and isinstance(self.carry[-1], ArenaSpan) else None
+            )
+            take = min(self.size - self.carried, n)
+            if pending is not None and pending.arena is span.arena and pending.first + pending.n == first:
+                self.carry = [ArenaSpan(span.arena, pending.first, pending.n + take)]  # on into this window
+            else:
+                self.carry.append(ArenaSpan(span.arena, first, take))
+            self.carried += take
+            first, n = first + take, n - take
+            if self.carried == self.size:
+                batches.append(self._join())
+        while n >= self.size:
+            batches.append((span.arena.span(first, first + self.size), self.size))
+            first, n = first + self.size, n - self.size
+        if n:
+            self.carry, self.carried = [ArenaSpan(span.arena, first, n)], n
+        return batches
+
+    def finish(self):
+        if self.carried and not self.drop_last:
+            yield from self._groups([self._join()])
+
+    def _groups(self, batches):
+        """The batches in groups: the epoch's first alone, then up to GROUP_BYTES each."""
+        group, group_bytes = [], 0
+        for tensors, count in batches:
+            group.append((tensors, count))
+            group_bytes += tensor_nbytes(tensors)
+            if self.first or group_bytes >= GROUP_BYTES:
+                yield group, sum(c for _, c in group)
+                group, group_bytes, self.first = [], 0, False
+        if group:
+            yield group, sum(c for _, c in group)
+
+    def _join(self):
+        pieces, count = self.carry, self.carried
+        self.carry, self.carried = [], 0
+        fixed = self.record_bytes
+        if len(pieces) == 1 and isinstance(pieces[0], ArenaSpan):  # one span of an arena: a view
+            span = pieces[0]
+            return span.arena.span(span.first, span.first + span.n), count
+        if fixed:
+            batch = Batch(count, count * fixed, self.allocate)
+            out = batch.holder[: count * fixed].view(count, fixed)
+            at = 0
+            for piece in pieces:
+                if isinstance(piece, ArenaSpan):
+                    rows = piece.arena.array[piece.first * fixed : (piece.first + piece.n) * fixed]
+                    out[at : at + piece.n].copy_(torch_module().from_numpy(rows).view(piece.n, fixed))
+                    at += piece.n
+                elif isinstance(piece, tuple):  # rows of a window: memcpy each (index_select: 1 GB/s)
+                    window, rows = piece
+                    batch.count, batch.nbytes = at, at * fixed
+                    gather(batch, window, rows)
+                    at += len(rows)
+                else:
+                    out[at : at + piece.shape[0]].copy_(piece)
+                    at += piece.shape[0]
+            return out, count
+        nbytes = sum(int(record_lengths(w)[idx].sum()) for w, idx in pieces)
+        batch = Batch(count, nbytes, self.allocate)
+        for window, idx in pieces:
+            gather(batch, window, idx)
+        return tensors_of(batch, self.record_bytes), count
+
+
+def tensors_of(batch: Batch, record_bytes: int | None):
+    """The batch as a [n, record_bytes] tensor, or a RaggedBatch, over its own buffers (no copy)."""
+    if record_bytes:
+        return batch.holder[: batch.nbytes].view(batch.count, record_bytes)
+    torch = torch_module()
+    offsets = batch.offsets_holder[: 8 * (batch.count + 1)].view(torch.int64)
+    return RaggedBatch(batch.holder[: batch.nbytes], offsets)
+
+
+def record_lengths(window: Batch):
+    """The window's record lengths (worked out once a window)."""
+    lengths = getattr(window, "lengths", None)
+    if lengths is None or len(lengths) != window.count:
+        offsets = window.offsets[: window.count + 1]
+        lengths = window.lengths = offsets[1:] - offsets[:-1]
+    return lengths
+
+
+def tensor_nbytes(tensors) -> int:
+    if isinstance(tensors, RaggedBatch):
+        return int(tensors.data.numel())
+    return int(tensors.numel())
