@@ -620,6 +620,34 @@ def test_the_circle_check_catches_a_circle(tmp_path):
     assert _circles(_import_graph(sources, set(files))) == [["a", "b"]]
 
 
+def _private_imports(sources, known: set[str]) -> list[str]:
+    """``from ours import _name`` where ``_name`` is not a module: a private name read across modules,
+    which ties one module to another's insides (a module that shares it names it publicly)."""
+    found = []
+    for module, path in sources:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in known:
+                for alias in node.names:
+                    private = alias.name.startswith("_") and not alias.name.startswith("__")
+                    if private and f"{node.module}.{alias.name}" not in known:
+                        found.append(f"{module}:{node.lineno} imports {node.module}.{alias.name}")
+    return found
+
+
+def test_no_module_imports_another_modules_private_name():
+    found = _private_imports(_sources(), _module_names())
+    assert found == [], "private names imported across modules:\n" + "\n".join(found)
+
+
+def test_the_private_import_rule_catches_one_and_not_a_module(tmp_path):
+    files = {"a": "from b import _helper\nfrom pkg import _ext\n", "b": "def _helper():\n    pass\n"}
+    sources = []
+    for name, text in files.items():
+        (tmp_path / f"{name}.py").write_text(text)
+        sources.append((name, tmp_path / f"{name}.py"))
+    assert _private_imports(sources, {"a", "b", "pkg", "pkg._ext"}) == ["a:1 imports b._helper"]
+
+
 CONTRACT_PREFIX = "sagemaker_dist.contract"
 _OPT_ML_PATH = re.compile(r"(^|:)/opt/ml(/|$)")
 

@@ -208,7 +208,7 @@ def ensure_bucket(bucket: str) -> None:
         client.create_bucket(Bucket=bucket)
 
 
-def _hyperparameters(args) -> dict:
+def hyperparameters_of(args) -> dict:
     hps = {}
     for item in args.hyperparameter:
         key, sep, value = item.partition("=")
@@ -237,7 +237,7 @@ _JOB_OPTIONS = {
     "role": "--role",
 }
 # Options that describe a user's own job; the demo job is fixed and refuses them.
-_ENTRY_POINT_ONLY = ("validation_spread", "job_name", "instance_type", "role")
+ENTRY_POINT_ONLY = ("validation_spread", "job_name", "instance_type", "role")
 
 
 def read_request(path: Path) -> dict:
@@ -251,13 +251,13 @@ def read_request(path: Path) -> dict:
     return request_from_json(text, f"request file {path}", ConfigurationError)
 
 
-def _given(args, keys) -> list[str]:
+def given_options(args, keys) -> list[str]:
     """The flags of ``keys`` given on the command line (repeatable options default to [])."""
     return [_JOB_OPTIONS[key] for key in keys if getattr(args, key, None) not in (None, [])]
 
 
-def _check_request_options(args) -> None:
-    given = _given(args, _JOB_OPTIONS)
+def check_request_options(args) -> None:
+    given = given_options(args, _JOB_OPTIONS)
     if given:
         raise ConfigurationError(
             f"{', '.join(given)} cannot be combined with --request: the request file is run as written. "
@@ -289,11 +289,11 @@ def run_local_command(args) -> int:
     if args.model and not args.demo:
         raise ConfigurationError("--model chooses the demo's model: give it with --demo")
     if args.demo:
-        given = _given(args, _ENTRY_POINT_ONLY)
+        given = given_options(args, ENTRY_POINT_ONLY)
         if given:
             raise ConfigurationError(f"{', '.join(given)} apply to --entry-point jobs; the demo job is fixed")
     if args.request:  # before any endpoint starts: a bad file or option fails at once
-        _check_request_options(args)
+        check_request_options(args)
         request = read_request(args.request)
     hosts, per_host = local_job_shape(args)
     if args.model == "gpt" and args.processes_per_host is None:
@@ -317,7 +317,7 @@ def run_local_command(args) -> int:
                 hosts,
                 per_host,
                 input_mode,
-                _hyperparameters(args),
+                hyperparameters_of(args),
                 distribution=args.distribution,
                 long=bool(args.interrupt_at),
                 model=args.model,
@@ -422,7 +422,7 @@ def entry_point_estimator(args, bucket: str, hosts: int, per_host: int, input_mo
         instance_type=args.instance_type or LOCAL_INSTANCE_TYPE,
         instance_count=hosts,
         processes_per_host=per_host,
-        hyperparameters=_hyperparameters(args),
+        hyperparameters=hyperparameters_of(args),
         input_mode=input_mode,
         validation=args.validation_spread or "per-worker",
         distribution=args.distribution,

@@ -50,27 +50,27 @@ class LocalPlatform:
         from sagemaker_dist.aws.tuning import default_tuning_job_name, render_tuning_request
         from sagemaker_dist.aws.tuning_validation import validate_tuning_request
         from sagemaker_dist.cli.local import (
-            _ENTRY_POINT_ONLY,
-            _check_request_options,
-            _given,
-            _hyperparameters,
+            ENTRY_POINT_ONLY,
+            check_request_options,
             endpoint_for,
             ensure_bucket,
             entry_point_estimator,
+            given_options,
+            hyperparameters_of,
             local_job_shape,
             read_request,
         )
         from sagemaker_dist.local.demo import DEMO_BUCKET, DEMO_JOB_DIR, prepare_demo_job
-        from sagemaker_dist.local.tuning import _optuna
+        from sagemaker_dist.local.tuning import require_optuna
 
-        _optuna()  # before anything starts: Optuna is there
-        if job.demo and _given(job, _ENTRY_POINT_ONLY):
+        require_optuna()  # before anything starts: Optuna is there
+        if job.demo and given_options(job, ENTRY_POINT_ONLY):
             raise ConfigurationError(
-                f"{', '.join(_given(job, _ENTRY_POINT_ONLY))} apply to --entry-point jobs"
+                f"{', '.join(given_options(job, ENTRY_POINT_ONLY))} apply to --entry-point jobs"
             )
         base = None
         if job.request:
-            _check_request_options(job)
+            check_request_options(job)
             base = read_request(job.request)
             spec.check_static(TrainingRequest.parse(base).hyperparameters, "hyperparameter in the request")
         hosts, per_host = local_job_shape(job)  # the defaults of 'local', the distribution's among them
@@ -80,7 +80,7 @@ class LocalPlatform:
             err(f"S3 endpoint: {url}" if url else f"S3: real S3, bucket {bucket}")
             if url:
                 ensure_bucket(bucket)
-            given = _hyperparameters(job)
+            given = hyperparameters_of(job)
             if job.demo:
                 demo = prepare_demo_job(bucket, hosts, per_host, job.input_mode or "Pipe", given, printer=err,
                                         distribution=job.distribution)  # fmt: skip

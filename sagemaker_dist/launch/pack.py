@@ -73,7 +73,7 @@ from sagemaker_dist.launch.pack_plan import (  # noqa: F401 - re-exported
 )
 from sagemaker_dist.launch.pack_scan import scan_source
 from sagemaker_dist.launch.pack_shard import write_shard
-from sagemaker_dist.launch.pack_store import INDEX, MARKERS_DIR, SHARDS_DIR, _store  # noqa: F401 (INDEX: re-exported)
+from sagemaker_dist.launch.pack_store import INDEX, MARKERS_DIR, SHARDS_DIR, output_store  # noqa: F401 (INDEX: re-exported)
 
 
 @dataclass
@@ -142,7 +142,7 @@ def pack(
     """
     from sagemaker_dist.aws.progress import progress_bar
 
-    store = _store(str(output), client, concurrency)
+    store = output_store(str(output), client, concurrency)
     store.prepare()
     present = store.list(SHARDS_DIR)
     planned = {s.name for s in plan.shards}

@@ -27,7 +27,7 @@ from sagemaker_dist.aws.s3_objects import (
 )
 from sagemaker_dist.errors import DataError
 from sagemaker_dist.launch.pack_plan import INDEX_VERSION, WEBDATASET, PackPlan
-from sagemaker_dist.launch.pack_store import INDEX, MARKERS_DIR, SHARDS_DIR, _S3Store, _store
+from sagemaker_dist.launch.pack_store import INDEX, MARKERS_DIR, SHARDS_DIR, S3Store, output_store
 from sagemaker_dist.launch.sharding import ShardPlan, plan_shards, with_records
 
 DIFFERENCES_SHOWN = 3
@@ -72,7 +72,7 @@ def index_of(plan: PackPlan, sizes: dict[int, tuple[int, int]]) -> dict:
 def read_pack_index(output: str | os.PathLike, client=None) -> dict:
     """The index of a finished pack under ``output``; a DataError where there is none (never written,
     or a pack that did not finish)."""
-    store = _store(str(output), client)
+    store = output_store(str(output), client)
     raw = store.get(INDEX)
     if raw is None:
         raise DataError(f"no {INDEX} under {store.where}: no pack finished there (run sagemaker-dist pack)")
@@ -98,7 +98,7 @@ def find_pack_index(prefix: str, client=None) -> tuple[str, dict] | None:
     root = pack_root(prefix)
     if root is None:
         return None
-    store = _S3Store(root, client or make_client())  # pack's own reads of its OUTPUT, errors worded alike
+    store = S3Store(root, client or make_client())  # pack's own reads of its OUTPUT, errors worded alike
     raw = store.get(INDEX)
     if raw is None:
         markers = s3_call(

@@ -80,7 +80,7 @@ def _labels(raw: list) -> tuple[list[int | None], list[str] | None]:
     return [None if r is None else index[str(r)] for r in raw], names
 
 
-def _jsonl_rows(path, path_field: str, label_field: str, text: str | None = None):
+def jsonl_rows(path, path_field: str, label_field: str, text: str | None = None):
     """The rows of the JSON Lines file ``path`` (or of ``text``, its contents, where given)."""
     with open(path, encoding="utf-8") if text is None else io.StringIO(text) as f:
         for number, line in enumerate(f, 1):
@@ -108,7 +108,7 @@ def _jsonl_rows(path, path_field: str, label_field: str, text: str | None = None
             yield number, rel, label, meta
 
 
-def _csv_rows(path, path_field: str, label_field: str, text: str | None = None):
+def csv_rows(path, path_field: str, label_field: str, text: str | None = None):
     """The rows of the CSV file ``path`` (or of ``text``, its contents, where given)."""
     with open(path, newline="", encoding="utf-8") if text is None else io.StringIO(text, newline="") as f:
         for number, row in enumerate(csv.reader(f), 1):
@@ -125,7 +125,7 @@ def _csv_rows(path, path_field: str, label_field: str, text: str | None = None):
             yield number, rel, (int(label) if label.isdigit() else label) if label else None, None
 
 
-def _labelled(root, file, layout: str, staged: list[tuple[Item, object]], skipped: list[Skipped]) -> Source:
+def labelled(root, file, layout: str, staged: list[tuple[Item, object]], skipped: list[Skipped]) -> Source:
     """The rows' items with their labels as ints (names numbered), each path listed once."""
     labels, classes = _labels([label for _, label in staged])
     items = [

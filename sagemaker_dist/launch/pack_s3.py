@@ -31,9 +31,9 @@ from sagemaker_dist.launch.pack_items import (
     PackInputError,
     Skipped,
     Source,
-    _csv_rows,
-    _jsonl_rows,
-    _labelled,
+    csv_rows,
+    jsonl_rows,
+    labelled,
 )
 
 HEADS_AT_ONCE = 16  # ranged GETs of the images' first bytes in flight
@@ -115,7 +115,7 @@ def _rows_file(client, uri: str, layout: str, path_field: str, label_field: str)
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PackInputError(f"{uri} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    parse = _jsonl_rows if layout == JSONL else _csv_rows
+    parse = jsonl_rows if layout == JSONL else csv_rows
     root = uri.rpartition("/")[0] + "/"
     base = key.rpartition("/")[0] + "/" if "/" in key else ""
     listed = _listing(client, root)
@@ -135,7 +135,7 @@ def _rows_file(client, uri: str, layout: str, path_field: str, label_field: str)
             continue
         rows.append((rel, base + rel, found[0], found[1], label, meta))
     checked = _checked(client, bucket, rows, skipped)
-    source = _labelled(root, uri, layout, checked, skipped)
+    source = labelled(root, uri, layout, checked, skipped)
     source.client = client
     return source
 

@@ -23,9 +23,9 @@ from sagemaker_dist.launch.pack_items import (
     PackInputError,
     Skipped,
     Source,
-    _csv_rows,
-    _jsonl_rows,
-    _labelled,
+    csv_rows,
+    jsonl_rows,
+    labelled,
 )
 
 
@@ -48,7 +48,7 @@ def _readable_image(path: str, ext: str | None) -> tuple[str | None, os.stat_res
     return None, st
 
 
-def _checked_file(root: Path, rel: str, what: str) -> Path:
+def checked_file(root: Path, rel: str, what: str) -> Path:
     """``root/rel``, refused (an error, not a skip) where the name or a link leads out of ``root``."""
     return contained_path(
         root,
@@ -69,7 +69,7 @@ def _stat_item(
     if walked and not os.path.islink(full):
         real = os.path.abspath(full)
     else:
-        real = os.path.realpath(_checked_file(root, rel, what))
+        real = os.path.realpath(checked_file(root, rel, what))
         rel = os.path.normpath(rel)
     ext = rel.rpartition(".")[2].lower() if "." in rel.rpartition("/")[2] else ""
     why, st = _readable_image(full, ext if check_magic else None)
@@ -112,9 +112,9 @@ def _scan_local(source: Path, path_field: str, label_field: str) -> Source:
     if source.is_dir():
         found = _scan_imagefolder(source)
     elif source.is_file() and source.suffix.lower() in (".jsonl", ".ndjson"):
-        found = _scan_rows(source, JSONL, _jsonl_rows(source, path_field, label_field))
+        found = _scan_rows(source, JSONL, jsonl_rows(source, path_field, label_field))
     elif source.is_file() and source.suffix.lower() == ".csv":
-        found = _scan_rows(source, CSV, _csv_rows(source, path_field, label_field))
+        found = _scan_rows(source, CSV, csv_rows(source, path_field, label_field))
     elif not source.exists():
         raise PackInputError(f"source {str(source)!r} does not exist")
     else:
@@ -135,7 +135,7 @@ def _scan_imagefolder(root: Path) -> Source:
         if entry.is_file() and not entry.name.startswith("."):
             skipped.append(Skipped(entry.name, "not in a class folder (root/<class>/<image>)"))
         elif entry.is_symlink() and entry.is_dir():
-            _checked_file(root, entry.name, "class folder")
+            checked_file(root, entry.name, "class folder")
             skipped.append(Skipped(entry.name, "a link to a folder (links to folders are not followed)"))
     top = len(str(root)) + 1
     for label, name in enumerate(classes):
@@ -171,4 +171,4 @@ def _scan_rows(file: Path, layout: str, rows: Iterable) -> Source:
         )
         if item is not None:
             staged.append((item, label))
-    return _labelled(root, file, layout, staged, skipped)
+    return labelled(root, file, layout, staged, skipped)

@@ -8,7 +8,7 @@ import stat
 
 from sagemaker_dist.launch.pack_items import Item, PackInputError, Source
 from sagemaker_dist.launch.pack_plan import WEBDATASET, PackError, PackPlan, ShardSpec
-from sagemaker_dist.launch.pack_scan import _checked_file
+from sagemaker_dist.launch.pack_scan import checked_file
 
 
 def _read_source(source: Source, item: Item) -> bytes:
@@ -18,7 +18,7 @@ def _read_source(source: Source, item: Item) -> bytes:
         from sagemaker_dist.launch.pack_s3 import read_s3_item
 
         return read_s3_item(source.client, item)
-    path = item.real or _checked_file(source.root, item.path, "file")
+    path = item.real or checked_file(source.root, item.path, "file")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         with open(fd, "rb") as f:

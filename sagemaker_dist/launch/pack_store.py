@@ -77,7 +77,7 @@ class _LocalStore:
             shutil.rmtree(staging, ignore_errors=True)
 
 
-class _S3Store:
+class S3Store:
     """OUTPUT as an S3 prefix: uploads through one boto3 transfer manager (parallel, multipart above
     its threshold); an object appears whole or not at all."""
 
@@ -174,7 +174,7 @@ class _S3Store:
                 shutil.rmtree(staging, ignore_errors=True)
 
 
-def _store(output: str, client=None, concurrency: int = 8):
+def output_store(output: str, client=None, concurrency: int = 8):
     if str(output).startswith("s3://"):
-        return _S3Store(str(output), client, concurrency)
+        return S3Store(str(output), client, concurrency)
     return _LocalStore(output)

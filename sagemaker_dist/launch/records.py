@@ -241,7 +241,7 @@ def encode_example(features: Mapping[str, object]) -> bytes:
 # Record files
 
 
-class _RecordFileWriter:
+class RecordFileWriter:
     """Frames records into a file; see ``TFRecordWriter``."""
 
     _frame: Callable[[bytes], bytes]
@@ -344,7 +344,7 @@ class _RecordFileWriter:
         return f"{type(self).__name__}({where!r}, records={self.records}, bytes={self.bytes})"
 
 
-class TFRecordWriter(_RecordFileWriter):
+class TFRecordWriter(RecordFileWriter):
     """Write records as TFRecord frames (length, masked CRC32C of the length, data, masked CRC32C of
     the data): what ``tf.data.TFRecordDataset``, Pipe-mode TFRecord channels and the runtime's readers read.
 
@@ -375,7 +375,7 @@ class TFRecordWriter(_RecordFileWriter):
             ) from None
 
 
-class RecordIOWriter(_RecordFileWriter):
+class RecordIOWriter(RecordFileWriter):
     """Write records as SageMaker RecordIO (MXNet RecordIO) frames: magic number, flag and length, the
     data padded to 4 bytes; a record longer than a frame holds is split into multipart frames. This is
     what a channel with ``RecordWrapperType: RecordIO`` carries, and what ``record_format="RecordIO"``

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import BinaryIO
 
 from sagemaker_dist.contract.tar_format import END_OF_ARCHIVE, key_and_extension, tar_member
-from sagemaker_dist.launch.records import RecordEncodeError, RecordTypeError, _RecordFileWriter
+from sagemaker_dist.launch.records import RecordEncodeError, RecordFileWriter, RecordTypeError
 
 
 def encode_value(key: str, extension: str, value) -> bytes:
@@ -64,7 +64,7 @@ def check_sample_name(key: object, extension: object) -> str:
     return name
 
 
-class WebDatasetWriter(_RecordFileWriter):
+class WebDatasetWriter(RecordFileWriter):
     """Write samples as one WebDataset shard (a tar file).
 
     ``write(sample)`` appends one sample: ``sample["__key__"]`` is its key, every other item a file

@@ -146,7 +146,7 @@ class TrialRunner:
         return [*cmd, *self.options, "--timeout", f"{timeout:g}", "--metrics-file", str(metrics_file)]
 
 
-def _optuna():
+def require_optuna():
     try:
         import optuna
     except ImportError:
@@ -160,7 +160,7 @@ def _optuna():
 
 def make_study(spec: TuningSpec, max_epochs: int | None):
     """The Optuna study of ``spec``: the strategy's sampler, early stopping's pruner."""
-    optuna = _optuna()
+    optuna = require_optuna()
     seed = spec.seed
     if spec.strategy == "Grid":
         sampler = optuna.samplers.GridSampler({r.name: list(r.values) for r in spec.ranges}, seed=seed)
@@ -213,7 +213,7 @@ def run_local_tuning(
     stop_grace: float = STOP_GRACE_S,
 ) -> LocalTuningResult:
     """Run ``spec.n_trials`` trials of ``tuning_request`` here, ``spec.max_parallel_jobs`` at a time."""
-    optuna = _optuna()
+    optuna = require_optuna()
     started = time.monotonic()
     name = tuning_request["HyperParameterTuningJobName"]
     static = TrainingRequest.parse(trial_request(tuning_request, name, {}))  # what every trial shares

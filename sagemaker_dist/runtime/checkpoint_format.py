@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 META_FILE = "meta.json"
 TF_PREFIX = "ckpt"  # the TensorFlow side's files in a checkpoint: ckpt.index, ckpt.data-*
-_NAME_RE = re.compile(r"^epoch-(\d{5,})(?:-step-(\d{6,}))?$")
+CHECKPOINT_NAME_RE = re.compile(r"^epoch-(\d{5,})(?:-step-(\d{6,}))?$")
 
 
 class CheckpointMismatchError(ConfigurationError):
@@ -73,7 +73,7 @@ def complete_checkpoint(
     """The checkpoint ``name`` at ``location`` if it is complete, else None: its ``meta.json`` parses,
     names the epoch and step its name says and lists files, each found at the listed size. The one rule
     for a checkpoint directory and for a checkpoint's prefix in S3."""
-    match = _NAME_RE.match(name)
+    match = CHECKPOINT_NAME_RE.match(name)
     if not match:
         return None
     try:
@@ -127,10 +127,10 @@ def _fsync_tree(path: Path) -> None:
     for item in path.iterdir():
         with open(item, "rb") as fh:
             os.fsync(fh.fileno())
-    _fsync_dir(path)  # the files' names in it
+    fsync_dir(path)  # the files' names in it
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     """Make a directory's entries durable (a rename is an entry of the directory it lands in)."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
@@ -183,7 +183,7 @@ def install_directory(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, final)
-    _fsync_dir(directory)  # the rename itself: without it a host crash may lose epoch-N
+    fsync_dir(directory)  # the rename itself: without it a host crash may lose epoch-N
 
 
 def prune_checkpoints(directory: str | os.PathLike, keep: int | None) -> list[Checkpoint]:

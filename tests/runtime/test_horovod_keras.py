@@ -185,8 +185,8 @@ def test_several_ranks_without_counts_agree_on_epoch_ends_instead():
 def test_keras_3_is_refused_with_what_to_install():
     import tensorflow as tf
 
-    assert preflight._tf_keras_version(tf).startswith("2.")  # TF 2.15's own Keras
-    horovod_keras.check_keras_2(preflight._tf_keras_version(tf))
+    assert preflight.tf_keras_version(tf).startswith("2.")  # TF 2.15's own Keras
+    horovod_keras.check_keras_2(preflight.tf_keras_version(tf))
     horovod_keras.check_keras_2("2.15.0")
     with pytest.raises(TrainingSetupError, match=r"Keras 3.6.0; Horovod supports Keras 2 only.*tf_keras"):
         horovod_keras.check_keras_2("3.6.0")

@@ -47,6 +47,12 @@ def compiled_available() -> bool:
     return _native is not None
 
 
+def compiled_module():
+    """The compiled batch reader's module (its API checked), None where it is not built: the shuffle
+    takes its window order from it."""
+    return _native
+
+
 def _numpy_allocate(nbytes: int) -> tuple[np.ndarray, np.ndarray]:
     array = np.empty(nbytes, dtype=np.uint8)
     return array, array

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-try:  # the compiled reader's copy of native/shuffle_core.h; the arithmetic below without it
-    from sagemaker_dist.runtime.framing.batch_fill import _native
-except ImportError:  # pragma: no cover - batch_fill always imports
-    _native = None
+from sagemaker_dist.runtime.framing.batch_fill import compiled_module
+
+_native = (
+    compiled_module()
+)  # the compiled reader's copy of native/shuffle_core.h; the arithmetic below without it
 
 M64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15

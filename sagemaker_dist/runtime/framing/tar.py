@@ -34,23 +34,23 @@ import numpy as np
 from sagemaker_dist.contract.tar_format import BLOCK, ZERO_BLOCK
 from sagemaker_dist.runtime.framing.base import Framer
 from sagemaker_dist.runtime.framing.tar_header import (  # noqa: F401 - re-exported
-    _CHK_LEN,
-    _CHK_START,
-    _MAGIC_START,
-    _META_TYPES,
-    _PAX_REFUSED,
-    _PREFIX_LEN,
-    _PREFIX_START,
-    _SIZE_LEN,
-    _SIZE_START,
+    CHK_LEN,
+    CHK_START,
+    MAGIC_START,
+    META_TYPES,
+    PAX_REFUSED,
+    PREFIX_LEN,
+    PREFIX_START,
+    SIZE_LEN,
+    SIZE_START,
+    TarEntry,
     TarError,
-    _checksum_ok,
-    _checksums_ok,
-    _Entry,
-    _field_text,
-    _number,
-    _pax_records,
-    _TooLong,
+    TooLong,
+    checksum_ok,
+    checksums_ok,
+    field_text,
+    header_number,
+    pax_records,
     read_entry,
     sample_member,
 )
@@ -167,13 +167,13 @@ class TarFramer(Framer):
                     open_exts.add(ext)
                     open_end = entry.end
                     if open_end - open_start > max_size:
-                        raise _TooLong(open_end - open_start, open_start)
+                        raise TooLong(open_end - open_start, open_start)
                 elif open_start < 0:
                     consumed = entry.end  # read past, between samples
                 pos = entry.end
         except TarError as exc:
             return self._bad(starts, lengths, headers, positions, buf, exc)
-        bad = _checksums_ok(headers, positions)
+        bad = checksums_ok(headers, positions)
         if bad >= 0:
             return self._bad(starts, lengths, headers, positions, buf, None, positions[bad])
         if open_start >= 0:
@@ -198,14 +198,14 @@ class TarFramer(Framer):
         if exc is not None:
             at = exc.offset
         before = [i for i, p in enumerate(positions) if p < at]
-        bad = _checksums_ok([headers[i] for i in before], [positions[i] for i in before])
+        bad = checksums_ok([headers[i] for i in before], [positions[i] for i in before])
         if bad >= 0:
             at, exc = positions[before[bad]], None
-        elif exc is not None and not isinstance(exc, _TooLong):  # a field of the header at `at` itself
+        elif exc is not None and not isinstance(exc, TooLong):  # a field of the header at `at` itself
             header = bytes(buf[at : at + BLOCK])
             if len(header) == BLOCK and header != ZERO_BLOCK:
                 try:
-                    _checksum_ok(header, at)
+                    checksum_ok(header, at)
                 except TarError as checked:
                     exc = checked
         kept = [(s, n) for s, n in zip(starts, lengths) if s + n < at]  # not one the entry at `at` closed
@@ -213,12 +213,12 @@ class TarFramer(Framer):
             return [s for s, _ in kept], [n for _, n in kept], kept[-1][0] + kept[-1][1], 0
         if exc is None:
             try:
-                _checksum_ok(bytes(buf[at : at + BLOCK]), at)
+                checksum_ok(bytes(buf[at : at + BLOCK]), at)
             except TarError as checked:
                 exc = checked
-            else:  # pragma: no cover - _checksums_ok and _checksum_ok agree
+            else:  # pragma: no cover - checksums_ok and checksum_ok agree
                 exc = TarError("bad header", at)
-        if isinstance(exc, _TooLong):
+        if isinstance(exc, TooLong):
             raise self.too_long(exc.size, at)
         raise self.error(exc.reason, at)
 
@@ -249,13 +249,13 @@ def parse_sample(record, *, keep_key: bool = True) -> dict:
         while pos < end:
             try:
                 entry = read_entry(view, pos, end, end - pos)
-            except _TooLong as exc:
+            except TooLong as exc:
                 raise TarError(f"the record ends inside a member of {exc.size} bytes", exc.offset) from None
             if isinstance(entry, int):
                 raise TarError(f"the record ends inside a tar header ({end - pos} byte(s) of it)", pos)
             if entry is None:
                 raise TarError("the record holds an end-of-archive block; a sample record has none", pos)
-            _checksum_ok(entry.header, entry.data - BLOCK)
+            checksum_ok(entry.header, entry.data - BLOCK)
             if entry.end > end:
                 raise TarError(f"the record ends inside a member of {entry.size} bytes", entry.start)
             member = sample_member(entry.name) if entry.name is not None else None

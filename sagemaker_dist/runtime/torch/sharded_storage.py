@@ -20,11 +20,11 @@ from pathlib import Path
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime import environment
 from sagemaker_dist.runtime.checkpoint_format import (
-    _NAME_RE,
+    CHECKPOINT_NAME_RE,
     META_FILE,
     Checkpoint,
-    _fsync_dir,
     complete_checkpoint,
+    fsync_dir,
     install_directory,
     list_checkpoints,
     prune_checkpoints,
@@ -115,7 +115,7 @@ class LocalStore:
             fh.flush()
             os.fsync(fh.fileno())
         os.rename(partial, where / META_FILE)
-        _fsync_dir(where)
+        fsync_dir(where)
         install_directory(where, final)
 
     def prune(self, keep: int | None) -> list[str]:
@@ -124,7 +124,7 @@ class LocalStore:
     def follow(self, where: Path, final: Path, outcome: dict) -> None:
         """Another host's first rank, after rank 0 committed: rename this host's copy, prune alike."""
         if outcome["ok"] and where.is_dir():  # this host has a copy of its own
-            _fsync_dir(where)
+            fsync_dir(where)
             install_directory(where, final)
         if outcome["keep"] is not None:
             for old in self.root.glob("epoch-*"):
@@ -244,7 +244,7 @@ class S3Store:
         base = self._prefix()
         for key, size in self.objects().items():
             name, _, file = key[len(base) :].partition("/")
-            if _NAME_RE.match(name) and file and "/" not in file:
+            if CHECKPOINT_NAME_RE.match(name) and file and "/" not in file:
                 groups.setdefault(name, {})[file] = size
         return groups
 

@@ -64,7 +64,7 @@ def keras_patches() -> list[Patch]:
     return [Patch(agreement.keras2_data_handler(), "enumerate_epochs", agreement.keras2_epochs_of_any_length)]
 
 
-def _tf_keras_version(tf) -> str:
+def tf_keras_version(tf) -> str:
     """The version of the package behind ``tf.keras``: keras (2 or 3) or tf_keras (Keras 2)."""
     package = importlib.import_module(tf.keras.__name__.split(".", 1)[0])
     return str(getattr(package, "__version__", "2"))
@@ -74,7 +74,7 @@ def keras_major() -> int:
     """The major version behind ``tf.keras`` (imports TensorFlow)."""
     import tensorflow as tf
 
-    major = _tf_keras_version(tf).split(".", 1)[0]
+    major = tf_keras_version(tf).split(".", 1)[0]
     return int(major) if major.isdigit() else 2
 
 

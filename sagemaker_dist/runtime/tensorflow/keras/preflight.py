@@ -15,7 +15,7 @@ from sagemaker_dist.runtime.config import ContainerConfig
 from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo, check_rank_channels
 from sagemaker_dist.runtime.tensorflow.keras.errors import TrainingSetupError
 from sagemaker_dist.runtime.tensorflow.keras.horovod_world import HorovodRankInfo
-from sagemaker_dist.runtime.tensorflow.keras.patches import _tf_keras_version, check_keras_release
+from sagemaker_dist.runtime.tensorflow.keras.patches import check_keras_release, tf_keras_version
 
 
 def check_keras_2(keras_version: str) -> None:
@@ -32,7 +32,7 @@ def check_keras_2(keras_version: str) -> None:
 def check_tf_keras(tf) -> None:
     """Refuse Keras 3 behind ``tf.keras`` (the imported TensorFlow module ``tf``) before Horovod loads,
     and a Keras 2 release the helpers' Keras patches were not written for."""
-    version = _tf_keras_version(tf)
+    version = tf_keras_version(tf)
     check_keras_2(version)
     check_keras_release(version)
 
@@ -40,7 +40,7 @@ def check_tf_keras(tf) -> None:
 def check_tf_keras_release(tf) -> None:
     """Refuse a Keras behind ``tf.keras`` the helpers' Keras patches were not written for (loads Keras,
     starts no TensorFlow runtime: the strategy can still be created after it)."""
-    check_keras_release(_tf_keras_version(tf))
+    check_keras_release(tf_keras_version(tf))
 
 
 def check_channels_before_collectives(root=None, *, validation: bool = False) -> None:
