@@ -155,6 +155,7 @@ class TrainingSession:
     stop: StopRequest | None = None
     schedule: StepSchedule = field(default_factory=StepSchedule)
     syncer: object | None = None  # a TensorBoardSyncer, started (the chief's, with an S3 location)
+    _own_stop: StopRequest | None = field(default=None, init=False, repr=False)  # step_stop()'s, no SIGTERM
 
     @classmethod
     def begin(
@@ -178,7 +179,11 @@ class TrainingSession:
     def step_stop(self) -> StopRequest:
         """The stop the per-step callbacks hold: the one taking SIGTERM, else one only ``request`` sets
         (they still write the step checkpoints)."""
-        return self.stop if self.stop is not None else StopRequest(self.rank)
+        if self.stop is not None:
+            return self.stop
+        if self._own_stop is None:
+            self._own_stop = StopRequest(self.rank)
+        return self._own_stop
 
     def announce_resume(self, checkpoint: Checkpoint | None, epoch: int, step: int) -> None:
         """The chief's resume line (whatever the logging set-up), when a checkpoint was resumed from."""
@@ -214,14 +219,20 @@ class TrainingSession:
     def report_stop(self, epoch: int, step: int, over: bool, checkpoint, **line) -> None:
         """The chief's stop line (``stop_line``), with the time since this rank's request."""
         if self.chief:
-            received_at = self.stop.received_at if self.stop is not None else None
+            stop = self.stop or self._own_stop
+            received_at = stop.received_at if stop is not None else None
             print(stop_line(epoch, step, over, checkpoint, received_at, **line), flush=True)
 
+    def end_stop(self) -> None:
+        """The stop's end: no forced exit, SIGTERM given back."""
+        for stop in (self.stop, self._own_stop):
+            if stop is not None:
+                stop.done()
+                stop.uninstall()
+
     def finish(self) -> None:
-        """The stop's end (no forced exit; SIGTERM given back) and the syncer's final flush."""
-        if self.stop is not None:
-            self.stop.done()
-            self.stop.uninstall()
+        """The stop's end (``end_stop``) and the syncer's final flush."""
+        self.end_stop()
         if self.syncer is not None:
             self.syncer.stop()
             self.syncer = None

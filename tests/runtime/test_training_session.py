@@ -150,6 +150,24 @@ def test_the_session_takes_sigterm_until_it_finishes_and_speaks_on_the_chief_onl
     assert capsys.readouterr().out == resumed_line("epoch-00002-step-000004", 2, 4) + "\n"
 
 
+def test_a_stop_without_sigterm_is_one_the_session_reports_and_ends(capsys):
+    """Without SIGTERM, the per-step callbacks hold one stop of the session's own: asked for, the
+    chief's line counts from its request, and ``end_stop`` cancels its watchdog."""
+    session = TrainingSession.begin(0, stop_on_sigterm=False)
+    stop = session.step_stop()
+    assert session.step_stop() is stop and session.stop is None
+    stop.grace = 30
+    stop.request("a test")
+    assert stop._watchdog is not None and stop._watchdog.is_alive()
+    session.report_stop(2, 5, False, None, records=[5, 5])
+    session.end_stop()
+    stop._watchdog.join(5)
+    assert not stop._watchdog.is_alive()
+    line = capsys.readouterr().out
+    assert line.startswith(stop_line(2, 5, False, None, None, records=[5, 5]))
+    assert " s after the stop request" in line
+
+
 def test_the_chief_alone_starts_the_tensorboard_syncer_and_the_finish_stops_it(monkeypatch, tmp_path):
     from sagemaker_dist.runtime import tensorboard_sync
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 from sagemaker_dist.runtime.stop import StepSchedule, StopRequest, TrainingStopped
 from sagemaker_dist.runtime.tensorflow.keras.checkpoints import save_checkpoint, writing_dir
 from sagemaker_dist.runtime.tensorflow.keras.tensorboard_callback import stop_flushes
-from sagemaker_dist.runtime.training_session import StepClock, TrainingSession, stop_line
+from sagemaker_dist.runtime.training_session import StepClock, TrainingSession
 
 log = logging.getLogger(__name__)
 
@@ -23,12 +23,14 @@ class StopAtAgreedStep(tf.keras.callbacks.Callback):
     ``resume_step`` batches of the first epoch (``initial_epoch``) were trained before this fit (the
     dataset skips them), so this fit's batch ``b`` of that epoch is its step ``resume_step + b + 1``;
     ``resume_records`` are the records each rank had trained of it then. ``on_stop`` are called, in
-    order, before the fit ends (TensorBoard's final flush)."""
+    order, before the fit ends (TensorBoard's final flush). ``session`` (the front end's
+    ``TrainingSession``) prints the chief's stop line and ends the stop."""
 
     def __init__(
         self,
         stop: StopRequest,
         *,
+        session: TrainingSession,
         rank: int,
         directory=None,
         keep: int | None = 3,
@@ -39,7 +41,8 @@ class StopAtAgreedStep(tf.keras.callbacks.Callback):
         reader=None,
     ):
         super().__init__()
-        self.stop, self.rank, self.directory, self.keep = stop, rank, directory, keep
+        self.stop, self.session, self.rank = stop, session, rank
+        self.directory, self.keep = directory, keep
         self.reader = reader  # the train channel's TrainReader (reader_resume.py): in each step checkpoint
         self.clock = StepClock(schedule)  # steps and time since the last checkpoint
         self.schedule, self.on_stop = self.clock.schedule, list(on_stop)
@@ -104,11 +107,8 @@ class StopAtAgreedStep(tf.keras.callbacks.Callback):
                 flush()
             except Exception as exc:  # a flush that fails must not keep the rank from stopping
                 log.warning("on stop: %s failed: %s", getattr(flush, "__qualname__", flush), exc)
-        if self.rank == 0:
-            line = stop_line(epoch + 1, last, over, written, self.stop.received_at, records=records)
-            print(line, flush=True)
-        self.stop.done()
-        self.stop.uninstall()
+        self.session.report_stop(epoch + 1, last, over, written, records=records)
+        self.session.end_stop()
         raise TrainingStopped(self._epoch, step, written)
 
 
@@ -188,4 +188,10 @@ def step_callback(kind, session: TrainingSession, tensorboard: list, **kwargs) -
     """The front end's stop and step-checkpoint callback (``kind``, one of the above) over ``session``'s
     stop (one only ``request`` sets without SIGTERM: the callback then writes the step checkpoints) and
     its step schedule; a stop flushes ``tensorboard`` (``tensorboard_callback.stop_flushes``) last."""
-    return kind(session.step_stop(), schedule=session.schedule, on_stop=stop_flushes(tensorboard), **kwargs)
+    return kind(
+        session.step_stop(),
+        session=session,
+        schedule=session.schedule,
+        on_stop=stop_flushes(tensorboard),
+        **kwargs,
+    )
