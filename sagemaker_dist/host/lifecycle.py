@@ -52,7 +52,7 @@ class HostLifecycle:
         label: str = "",
         announce_uploads: bool = False,
     ):
-        self.job, self.trees, self.client, self.echo = job, list(trees), client, echo
+        self.job, self.trees, self.client, self.echo = job, trees, client, echo
         self.first_index, self.label, self.announce_uploads = first_index, label, announce_uploads
         self.channels = job.channels if channels is None else channels
         self._items, self._max_epochs = items, max_epochs

@@ -9,7 +9,7 @@ import json
 import os
 import shutil
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +36,37 @@ class HostTree(OptMl):
     def checkpoint_path(self, local_path: str | None) -> Path:
         """CheckpointConfig.LocalPath (default /opt/ml/checkpoints) mapped into this tree."""
         return self.local_path(local_path, CHECKPOINT_LOCAL_PATH)
+
+
+@dataclass(frozen=True)
+class JobHosts(Sequence[HostTree]):
+    """The trees of a job's hosts laid out here, in host order, and which host each rank runs on: the
+    one answer to "where is rank r" for the launchers, the failure messages and the job's summary.
+    (SageMaker fills hosts in order: rank r runs on host r // processes_per_host.)"""
+
+    trees: tuple[HostTree, ...]
+    processes_per_host: int
+
+    def __getitem__(self, index):
+        return self.trees[index]
+
+    def __len__(self) -> int:
+        return len(self.trees)
+
+    def __iter__(self) -> Iterator[HostTree]:
+        return iter(self.trees)
+
+    @property
+    def world(self) -> int:
+        return len(self.trees) * self.processes_per_host
+
+    def host_of(self, rank: int) -> str:
+        """The name of the host rank ``rank`` runs on; "?" for a rank outside the job."""
+        index = rank // self.processes_per_host
+        return self.trees[index].name if 0 <= index < len(self.trees) else "?"
+
+    def local_rank(self, rank: int) -> int:
+        return rank % self.processes_per_host
 
 
 def input_data_config(channels: Sequence[ChannelSpec]) -> dict[str, dict]:
@@ -108,10 +139,10 @@ def build_host_trees(
     return trees
 
 
-def host_trees_for(job, base_dir: Path, network_interface_name: str = "lo") -> list[HostTree]:
+def host_trees_for(job, base_dir: Path, network_interface_name: str = "lo") -> JobHosts:
     """Every host's tree for ``job`` (a ``JobSpec``), as SageMaker lays it out: one layout for local
     mode and the platforms' pipe agent."""
-    return build_host_trees(
+    trees = build_host_trees(
         base_dir,
         job.hosts,
         job.channels,
@@ -122,6 +153,7 @@ def host_trees_for(job, base_dir: Path, network_interface_name: str = "lo") -> l
         checkpoint_local_path=job.checkpoint_local_path,
         network_interface_name=network_interface_name,
     )
+    return JobHosts(tuple(trees), job.processes_per_host)
 
 
 def sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name) -> dict[str, str]:

@@ -137,9 +137,7 @@ def _result(job: JobSpec, host: HostLifecycle, group, started, launch_time, work
         processes_per_host=job.processes_per_host,
         input_mode="Pipe" if any(s.input_mode == "Pipe" for s in job.channels) else job.input_mode,
         seconds=time.monotonic() - started,
-        ranks=rank_summaries(
-            job.world, job.processes_per_host, host.trees, job.layout, host.feeds, launch_time
-        ),
+        ranks=rank_summaries(host.trees, job.layout, host.feeds, launch_time),
         metrics=final_metrics(group.rank_lines.get(0, []), job.metric_definitions),
         model_uri=model_uri,
         checkpoint_uri=host.checkpoints.s3_uri,

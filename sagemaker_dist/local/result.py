@@ -100,14 +100,15 @@ def final_metrics(lines: list[str], definitions: list[dict]) -> dict[str, float]
     return metrics
 
 
-def rank_summaries(world, per_host, trees, layout, feeders, launch_time) -> list[RankSummary]:
+def rank_summaries(trees, layout, feeders, launch_time) -> list[RankSummary]:
+    """What each rank of ``trees`` (a ``JobHosts``) read: its host's feed of its train channel."""
     stats = {(f.stats.host, f.stats.channel): f.stats for f in feeders}
     out = []
-    for rank in range(world):
-        host = trees[rank // per_host].name
+    for rank in range(trees.world):
+        host = trees.host_of(rank)
         channel = None
         if layout is not None and layout.has_role("train"):
-            channel = layout.channel_for("train", rank, rank % per_host)
+            channel = layout.channel_for("train", rank, trees.local_rank(rank))
         elif len({c for h, c in stats if h == host}) == 1:
             channel = next(c for h, c in stats if h == host)
         s = stats.get((host, channel))

@@ -53,7 +53,7 @@ def interrupt_guard():
 
 
 def supervise(
-    group: RankGroup, feed_errors: list[str], trees, per_host: int, started: float, timeout: float | None
+    group: RankGroup, feed_errors: list[str], trees, started: float, timeout: float | None
 ) -> str | None:
     """Wait for the ranks; return an error message (rank or S3 object named) or None when all succeeded."""
     while True:
@@ -64,11 +64,11 @@ def supervise(
             group.finish_output()
             failed = group.first_failure()
             if failed:
-                return rank_failure(group, *failed, trees, per_host)
+                return rank_failure(group, *failed, trees)
             reported = group.failed_rank()
             if reported:
                 rank, rank_code = reported
-                return rank_failure(group, rank, f"exited with {describe_exit(rank_code)}", trees, per_host)
+                return rank_failure(group, rank, f"exited with {describe_exit(rank_code)}", trees)
             return f"the launcher exited with {describe_exit(code)}; last output:\n" + "\n".join(
                 group.output[-15:]
             )
@@ -84,7 +84,7 @@ def supervise(
             failed = group.first_failure() or failed  # an earlier event may have shown up meanwhile
             group.kill()
             group.finish_output()
-            return rank_failure(group, *failed, trees, per_host)
+            return rank_failure(group, *failed, trees)
         if timeout is not None and time.monotonic() - started > timeout:
             group.kill()
             return (
@@ -122,8 +122,9 @@ def last_output(lines: list[str]) -> list[str]:
     return lines[tail_start:]
 
 
-def rank_failure(group: RankGroup, rank: int, what: str, trees, per_host: int) -> str:
-    host = trees[rank // per_host].name if rank // per_host < len(trees) else "?"
+def rank_failure(group: RankGroup, rank: int, what: str, trees) -> str:
+    """The failure of ``rank`` (on its host of ``trees``, a ``JobHosts``), with its last output."""
+    host = trees.host_of(rank)
     tail = last_output(group.rank_lines.get(rank, []))
     shown = "\n".join(f"  {line}" for line in tail) or "  (no output)"
     stopped = [r for r in group.terminated_ranks() if r != rank]

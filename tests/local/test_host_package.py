@@ -35,6 +35,17 @@ def test_one_reading_of_a_request_into_host_trees(s3, bucket, tmp_path):
     assert DEFAULT_INSTANCE_TYPE == "local"
 
 
+def test_the_trees_say_which_host_each_rank_runs_on(s3, bucket, tmp_path):
+    """Hosts are filled in order, as SageMaker does: with 2 ranks per host, ranks 2 and 3 are algo-2's.
+    The launchers' rank prefixes, the failure messages and the summary all ask the trees."""
+    request = prepare_demo_job(bucket, 2, 2, printer=None).request
+    trees = host_trees_for(JobSpec.from_request(request), tmp_path)
+    assert trees.world == 4 and len(trees) == 2 and trees[:1] == (trees[0],)
+    assert [trees.host_of(r) for r in range(4)] == ["algo-1", "algo-1", "algo-2", "algo-2"]
+    assert [trees.local_rank(r) for r in range(4)] == [0, 1, 0, 1]
+    assert trees.host_of(4) == "?" and trees.host_of(-1) == "?"
+
+
 def test_both_users_build_trees_through_it():
     """Local mode and the pipe agent both build their host trees through it, not each its own reading."""
     for user in ("local/job.py", "platforms/pipe_agent.py"):

@@ -29,7 +29,7 @@ from typing import ClassVar
 
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.host.job_spec import JobSpec
-from sagemaker_dist.host.opt_ml import HostTree
+from sagemaker_dist.host.opt_ml import JobHosts
 from sagemaker_dist.host.processes import descendants
 from sagemaker_dist.local.exit_files import TERMINATED
 from sagemaker_dist.local.launchers.mpi import failed_process, rank_tagged_lines
@@ -60,7 +60,7 @@ class JobSetup:
     """What a launcher builds its group from, once every host is ready (trees, checkpoints, feeds)."""
 
     job: JobSpec
-    trees: list[HostTree]
+    trees: JobHosts  # every host's tree, and the host of each rank
     code_dir: Path  # the entry script's dir: the one given, or the one downloaded from S3
     given_source: Path | None  # the source dir given to run_local (None: the toolkit downloads it)
     work: Path  # the job's temp dir
@@ -96,12 +96,14 @@ class Launcher(ABC):
         """The job's ranks, not yet started, with the network they run in."""
 
     @abstractmethod
-    def supervise(self, group: RankGroup, feed_errors: list[str], trees, started: float) -> str | None:
+    def supervise(
+        self, group: RankGroup, feed_errors: list[str], trees: JobHosts, started: float
+    ) -> str | None:
         """Wait for the started ``group`` (bounded by the job's timeout) and relay its last output; the
         failure that names the rank (or feed), or None when the job succeeded."""
 
 
-def rank_echo(trees, per_host: int, echo):
+def rank_echo(trees: JobHosts, echo):
     """Print a launcher line as is and a rank's line with its rank and host in front."""
 
     def show(rank, text):
@@ -109,7 +111,7 @@ def rank_echo(trees, per_host: int, echo):
             if text.strip():
                 echo(f"[launcher] {text}")
         else:
-            echo(f"[rank {rank} {trees[rank // per_host].name}] {text}")
+            echo(f"[rank {rank} {trees.host_of(rank)}] {text}")
 
     return show
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from sagemaker_dist.contract.distributions import Distribution, distribution
 from sagemaker_dist.contract.environment import inherited
+from sagemaker_dist.host.opt_ml import JobHosts
 from sagemaker_dist.local.launchers.base import RankGroup, describe_exit
 from sagemaker_dist.local.launchers.cluster_log import (
     HostProgress,
@@ -160,16 +161,15 @@ class ClusterGroup(RankGroup):
     --tag-output), or each host's its own ranks' (torchrun --tee, one worker per host); each host's own
     toolkit lines are kept apart with the host in front."""
 
-    def __init__(self, plan: ClusterPlan, image: str, trees, container_env: dict[str, str], pid_dir: Path,
-                 per_host: int, entry: Distribution, echo):  # fmt: skip
-        self.plan, self.trees, self.per_host, self.echo = plan, trees, per_host, echo
+    def __init__(self, plan: ClusterPlan, image: str, trees: JobHosts, container_env: dict[str, str],
+                 pid_dir: Path, entry: Distribution, echo):  # fmt: skip
+        self.plan, self.trees, self.echo = plan, trees, echo
         # the master's toolkit starts every rank with mpirun; or each host's toolkit starts torchrun
         # (its lines tagged with local ranks), or its one worker (untagged)
         self.mpi, self.tee = entry.mpi, entry.toolkit_starts_each_host
         self.torchrun_failures = {h.name: TorchrunFailure() for h in plan.hosts}
         self.creates = [plan.create_args(h, image, t.root, container_env) for h, t in zip(plan.hosts, trees)]
-        world = len(plan.hosts) * per_host
-        super().__init__(self.creates[0], {**inherited(), **container_env}, pid_dir, world, self._show)
+        super().__init__(self.creates[0], {**inherited(), **container_env}, pid_dir, trees.world, self._show)
         self.progress = {h.name: HostProgress(h.name) for h in plan.hosts}
         self.host_lines: dict[str, list[str]] = {h.name: [] for h in plan.hosts}
         self.procs: dict[str, subprocess.Popen] = {}
@@ -316,7 +316,7 @@ class ClusterGroup(RankGroup):
             rank = blamed.rank if blamed.rank in host.ranks else host.ranks[0]
             what = f"exited with {describe_exit(blamed.code if blamed.rank in host.ranks else code)}"
             said = [] if host is self.plan.master else self._failure_file(host)
-            return "\n".join([rank_failure(self, rank, what, self.trees, self.per_host), *said])
+            return "\n".join([rank_failure(self, rank, what, self.trees), *said])
         if failed:
             return self.host_failure(host, f"ended: its toolkit exited with {describe_exit(code)} {when}")
         return self.host_failure(host, f"died: its container exited with {describe_exit(code)} {when}")
@@ -388,9 +388,7 @@ def _master_ended(group: ClusterGroup, workers) -> str | None:
         reported = group.failed_rank()
         if reported:
             rank, rank_code = reported
-            return rank_failure(
-                group, rank, f"exited with {describe_exit(rank_code)}", group.trees, group.per_host
-            )
+            return rank_failure(group, rank, f"exited with {describe_exit(rank_code)}", group.trees)
         if not group.progress[master.name].mpirun_started:
             return group.death(master, code, "before mpirun started")
         return group.death(master, code)
@@ -425,4 +423,4 @@ def cluster_group(stack, job, trees, code_dir: Path | None, work: Path, extra_en
     pid_dir = work / "ranks"  # stays empty: the toolkits start the ranks
     pid_dir.mkdir()
     entry = distribution(job.distribution)
-    return ClusterGroup(plan, image, trees, env, pid_dir, job.processes_per_host, entry, echo)
+    return ClusterGroup(plan, image, trees, env, pid_dir, entry, echo)

@@ -70,13 +70,13 @@ class EntryRanks(Launcher):
             "pid_dir": str(pid_dir),
         }
         job_file.write_text(json.dumps(description))
-        show = rank_echo(setup.trees, job.processes_per_host, setup.echo)
+        show = rank_echo(setup.trees, setup.echo)
         group = RankGroup(self.command, env, pid_dir, job.world, show)
         group.network = PrivateNet(group.env, setup.echo)
         return group
 
     def supervise(self, group, feed_errors, trees, started) -> str | None:
-        failure = supervise(group, feed_errors, trees, self.job.processes_per_host, started, self.job.timeout)
+        failure = supervise(group, feed_errors, trees, started, self.job.timeout)
         group.finish_output()
         return failure
 

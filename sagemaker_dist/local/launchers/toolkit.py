@@ -116,7 +116,7 @@ def toolkit_environment(
 _HOROVOD_SHUT_DOWN = "Horovod has been shut down"  # a collective failed by another rank's exit
 
 
-def blame_the_rank_that_raised(failure: str | None, group: RankGroup, trees, per_host: int) -> str | None:
+def blame_the_rank_that_raised(failure: str | None, group: RankGroup, trees) -> str | None:
     """Under the toolkit's mpirun, the rank that raised and the ranks its Horovod shutdown failed race
     to exit, and mpirun names whichever exits first. When the rank it names only failed that way,
     blame the rank with a traceback of its own instead."""
@@ -136,7 +136,7 @@ def blame_the_rank_that_raised(failure: str | None, group: RankGroup, trees, per
     if not raised:
         return failure
     what = f"raised an exception (mpirun named rank {reported[0]}, whose collective failed after it)"
-    return rank_failure(group, raised[0], what, trees, per_host)
+    return rank_failure(group, raised[0], what, trees)
 
 
 def toolkit_outcome(failure: str | None, trees) -> str | None:

@@ -83,13 +83,13 @@ class ToolkitHosts(Launcher):
 
     def _wait(self, group, feed_errors, trees, started) -> str | None:
         job = self.job
-        return supervise(group, feed_errors, trees, job.processes_per_host, started, job.timeout)
+        return supervise(group, feed_errors, trees, started, job.timeout)
 
     def supervise(self, group, feed_errors, trees, started) -> str | None:
         """Local mode's verdict, the toolkit's own added (the failure file it wrote)."""
         failure = self._wait(group, feed_errors, trees, started)
         group.finish_output()
-        failure = blame_the_rank_that_raised(failure, group, trees, self.job.processes_per_host)
+        failure = blame_the_rank_that_raised(failure, group, trees)
         return toolkit_outcome(failure, trees if self.each_host else trees[:1])
 
 
@@ -133,7 +133,7 @@ class Toolkit(ToolkitHosts):
             command = toolkit_host_command(self.python, trees[0].root, state, [t.name for t in trees])
         pid_dir = work / "ranks"  # stays empty: the toolkit starts the ranks, not our entry
         pid_dir.mkdir()
-        show = rank_echo(trees, job.processes_per_host, setup.echo)
+        show = rank_echo(trees, setup.echo)
         return RankGroup(command, env, pid_dir, job.world, show)
 
 
@@ -171,7 +171,7 @@ class Container(ToolkitHosts):
         pid_dir.mkdir()
         host_env = toolkit_host_env(job.distribution, setup.extra_env)
         env = container_environment(inherited(), job.name, job.environment, host_env)
-        show = rank_echo(trees, job.processes_per_host, setup.echo)
+        show = rank_echo(trees, setup.echo)
         # S3 off this machine's loopback: the container shares this machine's network (private_net),
         # so its sshd, which would listen there as root, is a stub
         _, off_loopback = loopback_endpoint({**inherited(), **env})
