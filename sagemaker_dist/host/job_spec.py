@@ -31,6 +31,7 @@ class JobSpec(TrainingRequest):
     processes_per_host: int
     layout: ChannelLayout | None
     entry_point: str
+    submit_directory: str | None  # sagemaker_submit_directory: the source package in S3, or a path
     timeout: float | None  # the caller's limit, else StoppingCondition.MaxRuntimeInSeconds
     toolkit_version: str = toolkit.DEFAULT_TOOLKIT_VERSION  # the image's sagemaker-training
 
@@ -92,6 +93,7 @@ class JobSpec(TrainingRequest):
             processes_per_host=per_host,
             layout=layout,
             entry_point=entry_point,
+            submit_directory=hp.decode_one(hps, hp.SUBMIT_DIRECTORY),
             # SageMaker stops a job at MaxRuntimeInSeconds; so does local mode
             timeout=read.max_runtime if timeout is None else timeout,
             toolkit_version=toolkit_version,

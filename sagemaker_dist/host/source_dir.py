@@ -7,7 +7,6 @@ import os
 import tarfile
 from pathlib import Path
 
-from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract.paths import contained_path
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.errors import ConfigurationError
@@ -17,21 +16,22 @@ class SourceDirError(ConfigurationError):
     """The entry script's folder is missing or its package cannot be fetched."""
 
 
-def fetch_source_dir(source_dir, hps: dict, work: Path, client) -> Path:
-    """The entry script's folder: ``source_dir``, else ``sagemaker_submit_directory`` (a path, or
-    the source package in S3, downloaded and unpacked into ``work/code``)."""
+def fetch_source_dir(source_dir, submit_directory: str | None, work: Path, client) -> Path:
+    """The entry script's folder: ``source_dir``, else ``submit_directory`` (the job's
+    ``sagemaker_submit_directory``: a path, or the source package in S3, downloaded and unpacked into
+    ``work/code``)."""
     if source_dir is not None:
         path = Path(source_dir).resolve()
         if not path.is_dir():
             raise SourceDirError(f"source dir {source_dir} does not exist or is not a directory")
         return path
-    uri = hp.decode_one(hps, hp.SUBMIT_DIRECTORY)
+    uri = submit_directory
     if not uri:
         raise SourceDirError(
             "no source dir: pass source_dir= or set hyperparameter sagemaker_submit_directory"
         )
     if not str(uri).startswith("s3://"):
-        return fetch_source_dir(uri, hps, work, client)
+        return fetch_source_dir(uri, None, work, client)
     bucket, key = parse_s3_uri(uri)
     target = work / "code"
     target.mkdir()

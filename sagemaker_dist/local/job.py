@@ -73,7 +73,7 @@ def run_local(
     client = s3_client()
     with interrupt_guard() as guard, ExitStack() as stack:
         work = _work_dir(stack, work_dir, job.name, keep_work_dir)
-        code_dir = fetch_source_dir(source_dir, job.hyperparameters, work, client)
+        code_dir = fetch_source_dir(source_dir, job.submit_directory, work, client)
         if not (code_dir / job.entry_point).is_file():
             raise LocalJobError(f"entry script {job.entry_point!r} is not in the source dir {code_dir}")
         trees = host_trees_for(job, work / "hosts", runner.interface)

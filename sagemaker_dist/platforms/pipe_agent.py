@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 from sagemaker_dist.aws.s3_objects import S3AccessError
-from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.contract.training_request import request_from_json
 from sagemaker_dist.errors import ConfigurationError, DataError
@@ -121,9 +120,9 @@ def install_opt_ml(plan: NodePlan, root: Path, client) -> HostTree:
         for stale in (root / "input" / "data").iterdir():  # an earlier agent's FIFOs would block mkfifo
             if stat.S_ISFIFO(stale.lstat().st_mode):
                 stale.unlink()
-        if str(hp.decode_one(plan.job.hyperparameters, hp.SUBMIT_DIRECTORY, "")).startswith("s3://"):
+        if str(plan.job.submit_directory or "").startswith("s3://"):
             # unpacked in staging/code
-            code = fetch_source_dir(None, plan.job.hyperparameters, staging, client)
+            code = fetch_source_dir(None, plan.job.submit_directory, staging, client)
             shutil.rmtree(root / "code", ignore_errors=True)
             os.replace(code, root / "code")
     finally:

@@ -182,14 +182,11 @@ def test_source_comes_from_the_submit_directory_tarball_without_a_source_dir(s3,
         info.size = 12
         tar.addfile(info, io.BytesIO(b"print('hi')\n"))
     s3.put_object(Bucket=bucket, Key="src/sourcedir.tar.gz", Body=buf.getvalue())
-    hps = {"sagemaker_submit_directory": f"s3://{bucket}/src/sourcedir.tar.gz"}
-    code = fetch_source_dir(None, hps, tmp_path, s3_client())
+    code = fetch_source_dir(None, f"s3://{bucket}/src/sourcedir.tar.gz", tmp_path, s3_client())
     assert (code / "train.py").read_text() == "print('hi')\n"
     (tmp_path / "x").mkdir()
     with pytest.raises(SourceDirError, match="cannot download the source package"):
-        fetch_source_dir(
-            None, {"sagemaker_submit_directory": f"s3://{bucket}/nope.tar.gz"}, tmp_path / "x", s3_client()
-        )
+        fetch_source_dir(None, f"s3://{bucket}/nope.tar.gz", tmp_path / "x", s3_client())
 
 
 def test_cli_request_file_errors_name_the_file_and_job_options_are_refused(tmp_path, capsys):

@@ -49,8 +49,7 @@ def python_tarfile(request, monkeypatch):
 
 def _fetch(s3, bucket, tmp_path, body: bytes):
     s3.put_object(Bucket=bucket, Key="src/sourcedir.tar.gz", Body=body)
-    hps = {"sagemaker_submit_directory": f"s3://{bucket}/src/sourcedir.tar.gz"}
-    return fetch_source_dir(None, hps, tmp_path, s3_client())
+    return fetch_source_dir(None, f"s3://{bucket}/src/sourcedir.tar.gz", tmp_path, s3_client())
 
 
 def test_a_package_unpacks_with_or_without_the_data_filter(python_tarfile, s3, bucket, tmp_path):
