@@ -1,9 +1,18 @@
-"""A process tree read from /proc: what a stop must reach, including helpers that called setsid
-(and so left the process group a launcher would signal)."""
+"""Processes read from /proc: whether one still runs, and a process tree (what a stop must reach,
+including helpers that called setsid and so left the process group a launcher would signal)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+
+def pid_running(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def descendants(roots: list[int]) -> set[int]:

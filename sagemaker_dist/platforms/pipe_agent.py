@@ -29,6 +29,7 @@ from sagemaker_dist.host.feeder import ChannelFeeder
 from sagemaker_dist.host.job_spec import JobSpecError
 from sagemaker_dist.host.lifecycle import HostLifecycle
 from sagemaker_dist.host.opt_ml import HostTree, host_trees_for
+from sagemaker_dist.host.processes import pid_running
 from sagemaker_dist.host.source_dir import fetch_source_dir
 from sagemaker_dist.platforms.node_plan import NodePlan
 
@@ -138,15 +139,6 @@ def _move_tree(source: Path, target: Path) -> None:
             dest.mkdir(parents=True, exist_ok=True)
         else:
             os.replace(path, dest)
-
-
-def pid_running(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def run_agent(

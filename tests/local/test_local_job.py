@@ -23,6 +23,7 @@ from helpers.local_s3_proxy import cutting_proxy
 from helpers.runtime_helpers import terminal_sigint
 
 from sagemaker_dist import LocalBackend, LocalJobFailed, run_local
+from sagemaker_dist.host.processes import pid_running
 from sagemaker_dist.local.demo import DEMO_JOB_DIR, demo_estimator, prepare_demo_job
 from sagemaker_dist.local.demo_data import write_demo_data
 from sagemaker_dist.local.launchers.mpi import LaunchError, horovod_mpi_built
@@ -32,20 +33,12 @@ SCRIPTS = REPO / "tests" / "helpers" / "local_scripts"
 CLI = [sys.executable, "-m", "sagemaker_dist.cli"]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _job_processes(work: Path) -> list[int]:
     """Pids of live processes whose environment points at a local job under ``work``."""
     found = []
     for proc_dir in Path("/proc").glob("[0-9]*"):
         try:
-            if str(work).encode() in (proc_dir / "environ").read_bytes() and _alive(int(proc_dir.name)):
+            if str(work).encode() in (proc_dir / "environ").read_bytes() and pid_running(int(proc_dir.name)):
                 found.append(int(proc_dir.name))
         except OSError:
             continue
@@ -272,7 +265,7 @@ def test_ctrl_c_cleans_up_every_process_and_fifo(s3, bucket, tmp_path, aws_env):
             os.killpg(proc.pid, signal.SIGKILL)
     reader.join(5)
     assert code == 130, output.getvalue()[-3000:]
-    assert not [pid for pid in pids if _alive(pid)]
+    assert not [pid for pid in pids if pid_running(pid)]
     assert not _job_processes(work)
     assert not list(work.iterdir())  # FIFOs and /opt/ml trees removed
 

@@ -30,7 +30,7 @@ from typing import ClassVar
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.host.job_spec import JobSpec
 from sagemaker_dist.host.opt_ml import JobHosts
-from sagemaker_dist.host.processes import descendants
+from sagemaker_dist.host.processes import descendants, pid_running
 from sagemaker_dist.local.exit_files import TERMINATED
 from sagemaker_dist.local.launchers.mpi import failed_process, rank_tagged_lines
 from sagemaker_dist.local.launchers.private_net import PrivateNet
@@ -208,7 +208,7 @@ class RankGroup:
         for rank, pid in self.known_pids.items():
             if rank in exits:
                 continue
-            if _alive(pid):
+            if pid_running(pid):
                 self.last_alive[rank] = now
             else:
                 self.first_dead.setdefault(rank, now)
@@ -270,7 +270,7 @@ class RankGroup:
         for sig in (signal.SIGTERM, signal.SIGKILL):
             roots = [self.proc.pid] if self.proc else []
             tree |= descendants([*roots, *self.known_pids.values()]) | set(self.known_pids.values())
-            targets = [pid for pid in tree if _alive(pid)]
+            targets = [pid for pid in tree if pid_running(pid)]
             if self.proc and self.proc.poll() is None:
                 targets.append(self.proc.pid)
             if not targets:
@@ -282,7 +282,7 @@ class RankGroup:
                     pass
             deadline = time.monotonic() + grace
             while time.monotonic() < deadline and (
-                (self.proc and self.proc.poll() is None) or any(_alive(p) for p in tree)
+                (self.proc and self.proc.poll() is None) or any(pid_running(p) for p in tree)
             ):
                 time.sleep(0.05)
         if self.proc:
@@ -292,12 +292,3 @@ class RankGroup:
                 pass
         if self.network:
             self.network.close()
-
-
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
