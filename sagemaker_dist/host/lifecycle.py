@@ -12,12 +12,11 @@ the checkpoints synced a last time and, from the job's first host, ``model.tar.g
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
 
 from sagemaker_dist.contract.training_request import MODEL_TARBALL, OUTPUT_TARBALL
 from sagemaker_dist.errors import DataError
 from sagemaker_dist.host.feeds import close_feeds, open_feeds
-from sagemaker_dist.host.opt_ml import HostTree
+from sagemaker_dist.host.opt_ml import JobHosts
 from sagemaker_dist.host.outputs import CheckpointSync, pack_and_upload
 
 
@@ -26,7 +25,8 @@ class OutputUploadError(DataError):
 
 
 class HostLifecycle:
-    """The platform's side of a job on ``trees``, hosts ``first_index``.. of ``job`` (a ``JobSpec``).
+    """The platform's side of a job (a ``JobSpec``) on ``trees``: every host's (local mode) or one
+    node's (``JobHosts.node``, a pipe agent).
 
     Entering it restores the checkpoints and opens the feeds (File mode downloads there); ``start``
     starts the feeds and the checkpoint sync; ``finish`` (the ranks ended well) stops feeding and
@@ -40,11 +40,10 @@ class HostLifecycle:
     def __init__(
         self,
         job,
-        trees: Sequence[HostTree],
+        trees: JobHosts,
         client,
         echo=print,
         *,
-        first_index: int = 0,
         channels=None,
         items=None,
         stop: threading.Event | None = None,
@@ -53,7 +52,7 @@ class HostLifecycle:
         announce_uploads: bool = False,
     ):
         self.job, self.trees, self.client, self.echo = job, trees, client, echo
-        self.first_index, self.label, self.announce_uploads = first_index, label, announce_uploads
+        self.first_index, self.label, self.announce_uploads = trees.first_index, label, announce_uploads
         self.channels = job.channels if channels is None else channels
         self._items, self._max_epochs = items, max_epochs
         self.stop = stop or threading.Event()

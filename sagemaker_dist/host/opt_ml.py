@@ -42,10 +42,12 @@ class HostTree(OptMl):
 class JobHosts(Sequence[HostTree]):
     """The trees of a job's hosts laid out here, in host order, and which host each rank runs on: the
     one answer to "where is rank r" for the launchers, the failure messages and the job's summary.
-    (SageMaker fills hosts in order: rank r runs on host r // processes_per_host.)"""
+    (SageMaker fills hosts in order: rank r runs on host r // processes_per_host.) Local mode holds
+    every host; a platform's node, its own alone (``node``): ``first_index`` is the first's index."""
 
     trees: tuple[HostTree, ...]
     processes_per_host: int
+    first_index: int = 0
 
     def __getitem__(self, index):
         return self.trees[index]
@@ -62,11 +64,16 @@ class JobHosts(Sequence[HostTree]):
 
     def host_of(self, rank: int) -> str:
         """The name of the host rank ``rank`` runs on; "?" for a rank outside the job."""
-        index = rank // self.processes_per_host
-        return self.trees[index].name if 0 <= index < len(self.trees) else "?"
+        index = rank // self.processes_per_host - self.first_index
+        return self.trees[index].name if 0 <= index < len(self.trees) and rank >= 0 else "?"
 
     def local_rank(self, rank: int) -> int:
         return rank % self.processes_per_host
+
+    def node(self, index: int, tree: HostTree | None = None) -> JobHosts:
+        """Host ``index`` alone (a platform's node), with ``tree`` in place of its tree where given
+        (the agent's, moved under the node's root)."""
+        return JobHosts((tree or self.trees[index],), self.processes_per_host, self.first_index + index)
 
 
 def input_data_config(channels: Sequence[ChannelSpec]) -> dict[str, dict]:

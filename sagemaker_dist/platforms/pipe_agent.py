@@ -28,7 +28,7 @@ from sagemaker_dist.host.channel_objects import FeedError, resolve_objects
 from sagemaker_dist.host.feeder import ChannelFeeder
 from sagemaker_dist.host.job_spec import JobSpecError
 from sagemaker_dist.host.lifecycle import HostLifecycle
-from sagemaker_dist.host.opt_ml import HostTree, host_trees_for
+from sagemaker_dist.host.opt_ml import HostTree, JobHosts, host_trees_for
 from sagemaker_dist.host.processes import pid_running
 from sagemaker_dist.host.source_dir import fetch_source_dir
 from sagemaker_dist.platforms.node_plan import NodePlan
@@ -105,7 +105,7 @@ def check_s3_access(plan: NodePlan, client) -> dict[str, list]:
     return found
 
 
-def install_opt_ml(plan: NodePlan, root: Path, client) -> HostTree:
+def install_opt_ml(plan: NodePlan, root: Path, client) -> JobHosts:
     """Write this node's /opt/ml tree under ``root`` (config files, directories, ``code/``).
 
     Everything is built in a staging directory inside ``root`` (which may be a mount point, as an
@@ -128,7 +128,7 @@ def install_opt_ml(plan: NodePlan, root: Path, client) -> HostTree:
             os.replace(code, root / "code")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return HostTree(root, plan.host)
+    return trees.node(plan.node_index, HostTree(root, plan.host))
 
 
 def _move_tree(source: Path, target: Path) -> None:
@@ -153,11 +153,11 @@ def run_agent(
     every feeder has fed its epochs. Raises PipeAgentError naming the object that could not be fed."""
     root = Path(root)
     items = check_s3_access(plan, client)
-    tree = install_opt_ml(plan, root, client)
+    node = install_opt_ml(plan, root, client)
     echo(f"pipe agent: {plan.describe()}; root {root}")
     ready = root / READY_FILE
     host = HostLifecycle(
-        plan.job, [tree], client, echo, first_index=plan.node_index, channels=plan.channels, items=items,
+        plan.job, node, client, echo, channels=plan.channels, items=items,
         stop=stop, max_epochs=plan.epochs, label="pipe agent: ", announce_uploads=True,
     )  # fmt: skip
     with host:

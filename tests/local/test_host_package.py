@@ -44,6 +44,9 @@ def test_the_trees_say_which_host_each_rank_runs_on(s3, bucket, tmp_path):
     assert [trees.host_of(r) for r in range(4)] == ["algo-1", "algo-1", "algo-2", "algo-2"]
     assert [trees.local_rank(r) for r in range(4)] == [0, 1, 0, 1]
     assert trees.host_of(4) == "?" and trees.host_of(-1) == "?"
+    second = trees.node(1)  # a platform's node: its own tree, the same answers
+    assert (second.first_index, len(second), second[0].name) == (1, 1, "algo-2")
+    assert [second.host_of(r) for r in range(4)] == ["?", "?", "algo-2", "algo-2"]
 
 
 def test_both_users_build_trees_through_it():
@@ -113,9 +116,9 @@ def test_the_lifecycle_restores_feeds_syncs_and_uploads_from_the_first_host(s3, 
     assert "ckpt/step-2/meta.json" in keys and f"out/{job.name}/output/model.tar.gz" in keys
     assert lines[0] == f"restored 1 checkpoint file(s) from s3://{bucket}/ckpt"
 
-    node = host_trees_for(job, tmp_path / "node")[1:]  # the pipe agent of the second node
+    node = host_trees_for(job, tmp_path / "node").node(1)  # the pipe agent of the second node
     (node[0].model_dir / "weights").write_text("w")
-    with HostLifecycle(job, node, client, lines.append, first_index=1, label="pipe agent: ") as host:
+    with HostLifecycle(job, node, client, lines.append, label="pipe agent: ") as host:
         assert host.upload_outputs() is None  # only the job's first host uploads
     assert f"pipe agent: restored 2 checkpoint file(s) from s3://{bucket}/ckpt" in lines
     assert lines[-1].startswith("algo-2: downloaded channel train")  # its own host's share of the channel
