@@ -40,6 +40,8 @@ class DistributionError(ConfigurationError):
 
 MPIJOB = "MPIJob"  # kubeflow.org/v2beta1, mpi-operator (platforms/k8s_mpijob.py)
 TRAINJOB = "TrainJob"  # trainer.kubeflow.org/v1alpha1, Kubeflow Trainer v2 (platforms/k8s_trainjob.py)
+# what each Kubernetes object a distribution names does, for a message about a job it cannot run
+KUBERNETES_KINDS = {MPIJOB: "starts Horovod ranks with mpirun", TRAINJOB: "starts torchrun on each node"}
 
 
 @dataclass(frozen=True)

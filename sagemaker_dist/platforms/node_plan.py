@@ -17,7 +17,7 @@ from sagemaker_dist.aws.instances import (
     gpus_per_instance,
     normalize_instance_type,
 )
-from sagemaker_dist.contract.distributions import MPIJOB, TRAINJOB, distribution, names_where
+from sagemaker_dist.contract.distributions import KUBERNETES_KINDS, distribution, names_where
 from sagemaker_dist.contract.rank_slots import RankSlot, rank_slots
 from sagemaker_dist.contract.training_request import ChannelSpec
 from sagemaker_dist.errors import ConfigurationError
@@ -99,14 +99,10 @@ def efa_interfaces(instance_type: str) -> int:
     return EFA_INTERFACES.get(normalize_instance_type(instance_type), 0)
 
 
-# what each Kubernetes object does, for a message about a job it cannot run
-_KUBERNETES_STARTS = {MPIJOB: "starts Horovod ranks with mpirun", TRAINJOB: "starts torchrun on each node"}
-
-
 def check_kubernetes_job(job: JobSpec, kind: str) -> None:
     """A Kubernetes object of ``kind`` (the registry's ``MPIJOB``, ``TRAINJOB``) runs only the jobs of a
     distribution whose registry entry names it."""
-    _check_platform(job, f"a {kind}", _KUBERNETES_STARTS[kind], lambda d: d.kubernetes == kind)
+    _check_platform(job, f"a {kind}", KUBERNETES_KINDS[kind], lambda d: d.kubernetes == kind)
 
 
 def check_slurm_job(job: JobSpec, platform: str) -> None:
