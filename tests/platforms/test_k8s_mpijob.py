@@ -20,10 +20,13 @@ import jsonschema
 import pytest
 import yaml
 from helpers.k8s_schemas import strict_schema
-from helpers.small_request import small_request_file
+from helpers.small_request import small_request, small_request_file
 
+from sagemaker_dist.contract.distributions import MPIJOB, TRAINJOB
+from sagemaker_dist.contract.layout import plan_layout
+from sagemaker_dist.host.job_spec import JobSpec
 from sagemaker_dist.platforms.k8s_mpijob import MPIJobError, check_name, mpirun_options
-from sagemaker_dist.platforms.node_plan import ranks_per_node
+from sagemaker_dist.platforms.node_plan import NodePlanError, check_kubernetes_job, ranks_per_node
 
 CLI = [sys.executable, "-m", "sagemaker_dist.cli", "k8s"]
 FIXTURE = Path(__file__).parent / "fixtures" / "mpijob_v2beta1_openapi.json"
@@ -203,7 +206,19 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path):
     with pytest.raises(MPIJobError, match="DNS-1035"):
         check_name("x" * 60, 2)
     assert ranks_per_node("ml.g5.12xlarge", None) == (4, 4)
+    torch_job = JobSpec.from_request(small_request({"sagemaker_dist_layout": _torchrun_layout()}))
+    for kind, does in ((MPIJOB, "starts Horovod ranks with mpirun"), (TRAINJOB, None)):
+        if does is None:
+            check_kubernetes_job(torch_job, kind)  # a TrainJob runs torchrun's jobs
+            continue
+        with pytest.raises(NodePlanError, match=f"'torchrun' job .* a {kind} {does}: plan the job with"):
+            check_kubernetes_job(torch_job, kind)
     assert ranks_per_node("ml.c5.xlarge", 2) == (2, 0)  # a CPU job says so
     assert mpirun_options("-x A=1 --NCCL_DEBUG INFO -mca btl ^openib") == [
         "-x", "A=1", "-x", "NCCL_DEBUG=INFO", "-mca", "btl", "^openib"
     ]  # fmt: skip
+
+
+def _torchrun_layout() -> dict:
+    """The layout of small_request's job (2 hosts x 1 process) under torchrun."""
+    return json.loads(plan_layout(2, 1, distribution="torchrun").to_json())
