@@ -229,6 +229,34 @@ def test_read_ahead_thread_delivers_in_order_then_the_error_and_stops_with_its_c
     assert closed.wait(5), "the reader thread did not stop after its consumer did"
 
 
+def test_read_ahead_lets_go_of_each_item_once_the_consumer_has_it():
+    """Nothing of the epoch stays held by the read-ahead itself (the first item included): a batch's
+    buffer (a row span of a shuffle window's arena) is reused once the loop drops it."""
+    import gc
+    import weakref
+
+    from sagemaker_dist.runtime.epoch_reader.reader import read_ahead
+
+    class Item:
+        pass
+
+    made = []
+
+    def items():
+        for _ in range(6):
+            made.append(Item())
+            yield made[-1]
+
+    consumer = read_ahead(items(), 2, "t")
+    first = weakref.ref(next(consumer))
+    second = weakref.ref(next(consumer))
+    third = next(consumer)
+    made.clear()  # only the read-ahead (and its queue) may hold them now
+    gc.collect()
+    assert first() is None and second() is None
+    assert len(list(consumer)) == 3 and third is not None
+
+
 def test_read_ahead_makes_the_first_item_in_the_consumers_call_and_the_rest_in_its_thread():
     import threading
 

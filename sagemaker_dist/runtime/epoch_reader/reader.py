@@ -75,6 +75,9 @@ def read_ahead(items, depth: int, name: str, reader: str = "PipeModeDataset"):
     thread.start()
     try:
         yield first
+        # the loop holds it now; this frame must not (for the whole epoch): the buffer under it, a batch
+        # or a row span of a shuffle window, is reused once the loop lets it go
+        first = None
         while True:
             item, exc = ahead.get()
             if exc is not None:
@@ -82,6 +85,7 @@ def read_ahead(items, depth: int, name: str, reader: str = "PipeModeDataset"):
             if item is done:
                 break
             yield item
+            item = None
         thread.join()
     finally:
         stop.set()

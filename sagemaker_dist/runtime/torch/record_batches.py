@@ -53,8 +53,9 @@ WINDOWS_KEPT = 6
 # 0.55-0.75 of their speed in huge pages). Longer records span pages anyway, and faulting in huge pages
 # costs compaction.
 HUGE_PAGES_BELOW = 16 << 10
-# Windows of records of one size an arena holds: the one being filled, the one being handed out, one more
-ARENA_WINDOWS = 3
+# Windows of records of one size an arena holds besides the rows its batches in flight hold (``_rows_held``):
+# the one being filled and the one being cut into batches
+ARENA_WINDOWS = 2
 
 
 class _HeadOf:
@@ -284,11 +285,21 @@ class RecordBatches(PipeBatches):
         arena = self._buffers.get(key)
         start = arena.place(size) if arena is not None and arena.row_bytes == self.record_bytes else None
         if start is None:
-            rows = ARENA_WINDOWS * size + self.batch_size
+            rows = ARENA_WINDOWS * size + self._rows_held(size)
             huge = self.record_bytes < HUGE_PAGES_BELOW
             arena = self._buffers[key] = Arena(rows, self.record_bytes, pinned, huge)
             start = arena.place(size)
         return arena, start
+
+    def _rows_held(self, size: int) -> int:
+        """Rows of an arena the batches handed out may still hold while the next window (``size`` rows)
+        is placed: the loop's group, the ``prefetch`` groups queued and the one being queued, and a
+        batch carried into the next window. A group is GROUP_BYTES of batches (one batch where that is
+        more), from one window at most. An arena smaller than that is left for a fresh one (new memory)
+        every few windows whenever the loop is slower than the stream."""
+        batch_bytes = self.batch_size * self.record_bytes
+        group_rows = max(1, -(-GROUP_BYTES // batch_bytes)) * self.batch_size
+        return (self.prefetch + 2) * min(group_rows, size + self.batch_size) + self.batch_size
 
     def _ragged_windows(self, epoch: int, streams: list, order: EpochOrder, allocate, head):
         """Each window of records of any size as ``(window, order)``: the records as they came, and the
