@@ -21,6 +21,8 @@ MWMS_ENABLED = "sagemaker_multi_worker_mirrored_strategy_enabled"
 # MPI_PROCESSES_PER_HOST (default the host's GPUs), --master_addr algo-1 --master_port 7777
 TORCH_DISTRIBUTED_ENABLED = "sagemaker_torch_distributed_enabled"
 LAYOUT = "sagemaker_dist_layout"  # the channel layout, so the container never guesses
+# a user hyperparameter: where the example scripts' rank 0 syncs its TensorBoard logs (setup()'s argument)
+TENSORBOARD_S3_URI = "tensorboard_s3_uri"
 FRAMEWORK_PREFIX = "sagemaker_"  # the toolkit keeps these from the script's arguments
 FRAMEWORK_HYPERPARAMETERS = (
     PROGRAM,

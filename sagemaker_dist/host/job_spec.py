@@ -32,6 +32,8 @@ class JobSpec(TrainingRequest):
     layout: ChannelLayout | None
     entry_point: str
     submit_directory: str | None  # sagemaker_submit_directory: the source package in S3, or a path
+    # where the job's TensorBoard logs go: TensorBoardOutputConfig's, else the scripts' hyperparameter
+    tensorboard_location: str | None
     timeout: float | None  # the caller's limit, else StoppingCondition.MaxRuntimeInSeconds
     toolkit_version: str = toolkit.DEFAULT_TOOLKIT_VERSION  # the image's sagemaker-training
 
@@ -94,6 +96,7 @@ class JobSpec(TrainingRequest):
             layout=layout,
             entry_point=entry_point,
             submit_directory=hp.decode_one(hps, hp.SUBMIT_DIRECTORY),
+            tensorboard_location=read.tensorboard_s3_uri or hp.decode_one(hps, hp.TENSORBOARD_S3_URI),
             # SageMaker stops a job at MaxRuntimeInSeconds; so does local mode
             timeout=read.max_runtime if timeout is None else timeout,
             toolkit_version=toolkit_version,

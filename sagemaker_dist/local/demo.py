@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sagemaker_dist.aws.s3_objects import s3_client
+from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract.distributions import DEFAULT as DEFAULT_DISTRIBUTION
 from sagemaker_dist.contract.distributions import REGISTRY
 from sagemaker_dist.contract.distributions import distribution as registered
@@ -200,7 +201,7 @@ def _prepared(estimator, inputs: dict, job_name, printer, dataset, what: str) ->
     request = prepared.request  # no record counts: the ranks agree on epoch ends
     training = prepared.training
     tensorboard = training.tensorboard_s3_uri
-    if tensorboard and "tensorboard_s3_uri" not in training.hyperparameters:
+    if tensorboard and hp.TENSORBOARD_S3_URI not in training.hyperparameters:
         # the example script's rank 0 syncs its logs there with the runtime's syncer
-        request = edited_request(request, hyperparameters={"tensorboard_s3_uri": tensorboard})
+        request = edited_request(request, hyperparameters={hp.TENSORBOARD_S3_URI: tensorboard})
     return DemoJob(request, Path(estimator.source_dir), dataset, prepared.layout.explain())

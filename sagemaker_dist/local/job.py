@@ -17,7 +17,6 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from sagemaker_dist.aws.s3_objects import s3_client
-from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract import toolkit
 from sagemaker_dist.contract.distributions import UNNAMED_LAUNCHER
 from sagemaker_dist.errors import JobFailedError
@@ -130,7 +129,6 @@ def _work_dir(stack: ExitStack, work_dir, job_name: str, keep: bool) -> Path:
 def _result(job: JobSpec, host: HostLifecycle, group, started, launch_time, work_dir):
     """Pack the outputs into the output path and sum up what each rank read."""
     model_uri = host.upload_outputs()
-    tensorboard = job.tensorboard_s3_uri or hp.decode_one(job.hyperparameters, "tensorboard_s3_uri")
     return LocalJobResult(
         job_name=job.name,
         hosts=job.hosts,
@@ -141,7 +139,7 @@ def _result(job: JobSpec, host: HostLifecycle, group, started, launch_time, work
         metrics=final_metrics(group.rank_lines.get(0, []), job.metric_definitions),
         model_uri=model_uri,
         checkpoint_uri=host.checkpoints.s3_uri,
-        tensorboard_uri=tensorboard,
+        tensorboard_uri=job.tensorboard_location,
         work_dir=work_dir,
         feed_stats=[f.stats for f in host.feeds],
         output=list(group.output),

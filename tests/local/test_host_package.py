@@ -138,3 +138,13 @@ def test_an_upload_that_fails_names_the_host_and_the_target(s3, bucket, tmp_path
 class _FailingUploads:
     def upload_file(self, *args, **kwargs):
         raise OSError("connection reset")
+
+
+def test_the_tensorboard_location_is_read_once_from_the_request():
+    """TensorBoardOutputConfig's S3 path, else the scripts' ``tensorboard_s3_uri`` hyperparameter: the
+    local job's summary names it from the spec."""
+    request = small_request({"tensorboard_s3_uri": "s3://b/tb/hp"})
+    assert JobSpec.from_request(request).tensorboard_location == "s3://b/tb/hp"
+    request["TensorBoardOutputConfig"] = {"S3OutputPath": "s3://b/tb/config"}
+    assert JobSpec.from_request(request).tensorboard_location == "s3://b/tb/config"
+    assert JobSpec.from_request(small_request({})).tensorboard_location is None
