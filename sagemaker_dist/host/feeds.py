@@ -44,17 +44,18 @@ class FileFeed:
 
 
 def open_feeds(
-    specs, trees, client, stop, on_error, echo, *, first_index=0, hosts=None, items=None, max_epochs=None
+    specs, trees, client, stop, on_error, echo, *, hosts=None, items=None, max_epochs=None
 ) -> list:
-    """One feed per (channel, host) for ``trees``, hosts ``first_index``.. of the job's ``hosts`` (all
-    of them by default); File-mode channels are downloaded here, Pipe ones start later and feed
-    ``max_epochs`` epochs (None: until stopped). Every channel is listed (and its keys checked) before
-    any is downloaded, unless ``items`` (channel name -> its objects) were listed already."""
+    """One feed per (channel, host) for ``trees`` (a ``JobHosts``: hosts from its ``first_index`` of the
+    job's ``hosts``, all of them by default); File-mode channels are downloaded here, Pipe ones start
+    later and feed ``max_epochs`` epochs (None: until stopped). Every channel is listed (and its keys
+    checked) before any is downloaded, unless ``items`` (channel name -> its objects) were listed
+    already."""
     hosts = len(trees) if hosts is None else hosts
     listed = [(spec, items[spec.name] if items else resolve_objects(spec, client)) for spec in specs]
     feeds: list = []
     for spec, objects in listed:
-        for index, tree in enumerate(trees, first_index):
+        for index, tree in enumerate(trees, trees.first_index):
             if spec.input_mode == "File":
                 feeds.append(FileFeed(spec, objects, tree, client, index, hosts, echo))
             else:

@@ -52,7 +52,7 @@ class HostLifecycle:
         announce_uploads: bool = False,
     ):
         self.job, self.trees, self.client, self.echo = job, trees, client, echo
-        self.first_index, self.label, self.announce_uploads = trees.first_index, label, announce_uploads
+        self.label, self.announce_uploads = label, announce_uploads
         self.channels = job.channels if channels is None else channels
         self._items, self._max_epochs = items, max_epochs
         self.stop = stop or threading.Event()
@@ -70,7 +70,7 @@ class HostLifecycle:
                 )
             self.feeds += open_feeds(
                 self.channels, self.trees, self.client, self.stop, self.errors.append, self.echo,
-                first_index=self.first_index, hosts=self.job.hosts, items=self._items,
+                hosts=self.job.hosts, items=self._items,
                 max_epochs=self._max_epochs,
             )  # fmt: skip
         except BaseException:
@@ -98,7 +98,7 @@ class HostLifecycle:
         """From the job's first host, as SageMaker after the job: ``model.tar.gz`` and ``output.tar.gz``
         into the output path (an empty directory uploads nothing: a failed or stopped job's model).
         Returns the model's URI, None where none was uploaded."""
-        if self.first_index != 0 or not self.job.output_path:
+        if self.trees.first_index != 0 or not self.job.output_path:
             return None
         tree, uploaded = self.trees[0], {}
         for directory, tarball in ((tree.model_dir, MODEL_TARBALL), (tree.output_data_dir, OUTPUT_TARBALL)):
