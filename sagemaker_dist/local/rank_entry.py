@@ -30,6 +30,29 @@ from sagemaker_dist.local.exit_files import TERMINATED, write_exit
 JOB_ENV = "SAGEMAKER_DIST_LOCAL_JOB"  # local mode's job description file, for each rank's entry
 
 
+def write_job_file(path: Path, trees, **script) -> None:
+    """Local mode's job description (``$SAGEMAKER_DIST_LOCAL_JOB``), one schema for every launcher that
+    reads it (the rank entry, the torchrun and toolkit host launchers), each value worked out here once:
+    ``hosts`` (name, tree, environment, first rank and ranks of each host of ``trees``, a ``JobHosts``)
+    and ``ranks`` (each rank's host index and its slot's variables; ``mpi_env``: Open MPI's local ones,
+    for a rank mpirun started), then ``script``: the entry script's ``source_dir``, ``entry_point``,
+    ``args`` and the ranks' ``pid_dir``, where the rank entry runs it. Written whole, then renamed."""
+    per_host = trees.processes_per_host
+    slots = rank_slots([t.name for t in trees], per_host)
+    hosts = [
+        {"name": t.name, "tree": str(t.root), "env": t.env, "first_rank": i * per_host, "ranks": per_host}
+        for i, t in enumerate(trees)
+    ]
+    ranks = []
+    for slot in slots:
+        env, with_mpi = slot_environment(slot, mpi=False), slot_environment(slot, mpi=True)
+        mpi_env = {k: v for k, v in with_mpi.items() if k not in env}
+        ranks.append({"host": slot.cross_rank, "env": env, "mpi_env": mpi_env})
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps({"hosts": hosts, "ranks": ranks, **script}))
+    os.replace(part, path)
+
+
 def world_rank() -> tuple[int, int]:
     """(rank, size) from the launcher's variables, with the contract's one precedence."""
     found = rank_from_environment(inherited())
@@ -51,11 +74,12 @@ def main() -> None:
         )
     job = json.loads(Path(variable(JOB_ENV)).read_text())
     rank, size = world_rank()
-    per_host = int(job["processes_per_host"])
-    slot = rank_slots([h["name"] for h in job["hosts"]], per_host)[rank]
-    host = job["hosts"][slot.cross_rank]
+    slot = job["ranks"][rank]
+    host = job["hosts"][slot["host"]]
     set_variables(host["env"])
-    set_variables(slot_environment(slot, mpi=variable("OMPI_COMM_WORLD_RANK") is not None))
+    set_variables(slot["env"])
+    if variable("OMPI_COMM_WORLD_RANK") is not None:  # mpirun started it: Open MPI's local variables too
+        set_variables(slot["mpi_env"])
     pid_dir = Path(job["pid_dir"])
     exit_file = pid_dir / f"{rank}.exit"
     terminated = []
@@ -73,7 +97,7 @@ def main() -> None:
     (pid_dir / f"{rank}.pid").write_text(str(os.getpid()))
     local = variable("HOROVOD_LOCAL_RANK")
     print(
-        f"rank {rank}/{size} on {host['name']} (local rank {local} of {per_host}): "
+        f"rank {rank}/{size} on {host['name']} (local rank {local} of {host['ranks']}): "
         f"{job['entry_point']} {' '.join(job['args'])}",
         flush=True,
     )

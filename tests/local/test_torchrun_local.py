@@ -98,7 +98,7 @@ def test_the_relay_tags_each_line_with_its_world_rank_and_notes_the_rank_torchru
             "  exitcode  : 3 (pid: 12)\n",
         ])  # fmt: skip
 
-    host = launcher._Host(2, 3, Proc())
+    host = launcher._Host("algo-3", 6, Proc())
     launcher._relay(host, threading.Lock())
     assert capsys.readouterr().out.splitlines()[:3] == [
         "[6]<stdout>:hello",

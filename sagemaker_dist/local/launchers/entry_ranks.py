@@ -11,7 +11,6 @@ environment and supervision are ``EntryRanks``'.
 
 from __future__ import annotations
 
-import json
 import os
 from abc import abstractmethod
 from pathlib import Path
@@ -26,7 +25,7 @@ from sagemaker_dist.local.launchers.base import Launcher, LocalJobError, RankGro
 from sagemaker_dist.local.launchers.mpi import check_hostname_resolves, horovodrun_command, mpirun_command
 from sagemaker_dist.local.launchers.private_net import PrivateNet
 from sagemaker_dist.local.launchers.torchrun import host_group_command
-from sagemaker_dist.local.rank_entry import JOB_ENV
+from sagemaker_dist.local.rank_entry import JOB_ENV, write_job_file
 from sagemaker_dist.local.supervision import supervise
 
 
@@ -61,15 +60,14 @@ class EntryRanks(Launcher):
         env.update({JOB_ENV: str(job_file), "PYTHONUNBUFFERED": "1"})
         package_parent = str(Path(sagemaker_dist.__file__).resolve().parents[1])  # where this package is
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-        description = {
-            "processes_per_host": job.processes_per_host,
-            "hosts": [{"name": t.name, "env": t.env} for t in setup.trees],
-            "source_dir": str(setup.code_dir),
-            "entry_point": job.entry_point,
-            "args": script_argv(job, env, setup.code_dir),
-            "pid_dir": str(pid_dir),
-        }
-        job_file.write_text(json.dumps(description))
+        write_job_file(
+            job_file,
+            setup.trees,
+            source_dir=str(setup.code_dir),
+            entry_point=job.entry_point,
+            args=script_argv(job, env, setup.code_dir),
+            pid_dir=str(pid_dir),
+        )
         show = rank_echo(setup.trees, setup.echo)
         group = RankGroup(self.command, env, pid_dir, job.world, show)
         group.network = PrivateNet(group.env, setup.echo)

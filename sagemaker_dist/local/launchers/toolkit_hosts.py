@@ -13,7 +13,6 @@ Both give each host the source dir at /opt/ml/code where one is given (the toolk
 
 from __future__ import annotations
 
-import json
 import sys
 from abc import abstractmethod
 from pathlib import Path
@@ -45,7 +44,7 @@ from sagemaker_dist.local.launchers.toolkit import (
 )
 from sagemaker_dist.local.launchers.toolkit_host import toolkit_host_command
 from sagemaker_dist.local.launchers.torchrun import host_group_command
-from sagemaker_dist.local.rank_entry import JOB_ENV
+from sagemaker_dist.local.rank_entry import JOB_ENV, write_job_file
 from sagemaker_dist.local.supervision import supervise
 
 
@@ -125,9 +124,7 @@ class Toolkit(ToolkitHosts):
         env.update(toolkit_host_env(job.distribution, setup.extra_env))
         if self.each_host:  # a toolkit host per simulated host, under our host supervisor
             env[JOB_ENV] = str(work / "job.json")
-            hosts = [{"name": t.name, "tree": str(t.root)} for t in trees]
-            description = {"processes_per_host": job.processes_per_host, "hosts": hosts}
-            Path(env[JOB_ENV]).write_text(json.dumps(description))
+            write_job_file(Path(env[JOB_ENV]), trees)
             command = host_group_command(sys.executable, self.python, state)
         else:
             command = toolkit_host_command(self.python, trees[0].root, state, [t.name for t in trees])

@@ -120,20 +120,22 @@ class TorchrunFailure:
 
 
 class _Host:
-    def __init__(self, index: int, per_host: int, proc: subprocess.Popen):
-        self.index, self.per_host, self.proc = index, per_host, proc
+    """One simulated host's torchrun: its name and first rank (local mode's job description's)."""
+
+    def __init__(self, name: str, first_rank: int, proc: subprocess.Popen):
+        self.name, self.first_rank, self.proc = name, first_rank, proc
         self.failure = TorchrunFailure()
 
 
 def _relay(host: _Host, lock: threading.Lock) -> None:
     for raw in host.proc.stdout:
         line = raw.rstrip("\n")
-        tagged = tee_tagged(line, host.index * host.per_host)
+        tagged = tee_tagged(line, host.first_rank)
         with lock:
             if tagged:
                 sys.stdout.write(f"[{tagged[0]}]<stdout>:{tagged[1]}\n")
             else:
-                sys.stdout.write(f"algo-{host.index + 1}: {line}\n")
+                sys.stdout.write(f"{host.name}: {line}\n")
                 host.failure.note(line)
             sys.stdout.flush()
 
@@ -172,19 +174,19 @@ def run_hosts(python: str, rank_cmd: list[str], toolkit_state: Path | None = Non
     toolkit host whose toolkit starts torchrun, its overlays under that dir); 0 when all end 0, else
     the first failure's code."""
     job = json.loads(Path(variable(JOB_ENV)).read_text())
-    per_host, hosts = int(job["processes_per_host"]), job["hosts"]
+    hosts = job["hosts"]
     names = [host["name"] for host in hosts]
     port = free_ports(1)[0] if toolkit_state is None else None  # the toolkit's: algo-1:7777
     lock = threading.Lock()
     running: list[_Host] = []
     relays = []
     for index, host in enumerate(hosts):
-        if toolkit_state is None:
-            env = {**inherited(), **host["env"]}
+        if toolkit_state is None:  # the host's SM_* and /opt/ml are each rank's, from the rank entry
+            env = inherited()
             # torchrun sets 1 and prints a banner about it where it is unset; every simulated host's
             # ranks share this machine's cores: say so once, quietly
-            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // (per_host * len(hosts)))))
-            command = host_command(python, len(hosts), index, per_host, port, rank_cmd)
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // len(job["ranks"]))))
+            command = host_command(python, len(hosts), index, host["ranks"], port, rank_cmd)
         else:  # the toolkit makes the host's SM_* and its torchrun command itself
             env = inherited()
             tree, state = Path(host["tree"]), toolkit_state / host["name"]
@@ -194,13 +196,13 @@ def run_hosts(python: str, rank_cmd: list[str], toolkit_state: Path | None = Non
         proc = subprocess.Popen(
             command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
         )
-        running.append(_Host(index, per_host, proc))
+        running.append(_Host(host["name"], host["first_rank"], proc))
         relays.append(threading.Thread(target=_relay, args=(running[-1], lock), daemon=True))
         relays[-1].start()
 
     def failed_name(index: int, code: int) -> tuple[int, int]:  # the rank torchrun blamed, if it said
         failure = running[index].failure
-        rank = failure.rank if failure.rank is not None else index * per_host
+        rank = failure.rank if failure.rank is not None else running[index].first_rank
         return rank, failure.code if failure.code is not None else code
 
     return supervise_workers([host.proc for host in running], relays, STOP_GRACE_S, failed_name)
