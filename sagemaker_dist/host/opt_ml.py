@@ -102,15 +102,17 @@ def build_host_trees(
     environment: dict | None = None,
     checkpoint_local_path: str | None = None,
     network_interface_name: str = "lo",
+    only: int | None = None,
 ) -> list[HostTree]:
     """Create ``base_dir/algo-N`` trees with the three config files and return them with their env.
     ``network_interface_name``: the interface the hosts reach each other on, which the toolkit gives
-    mpirun (``lo`` where they all run on this machine's loopback)."""
+    mpirun (``lo`` where they all run on this machine's loopback). ``only``: host ``only``'s tree
+    alone (a platform's node), still naming every host of the job."""
     names = host_names(hosts)
     hps = hp.encode_all(hyperparameters)
     data_config = input_data_config(channels)
     trees = []
-    for name in names:
+    for name in names if only is None else names[only : only + 1]:
         root = Path(base_dir) / name
         tree = HostTree(root, name)
         config_dir = tree.config_dir
@@ -146,9 +148,11 @@ def build_host_trees(
     return trees
 
 
-def host_trees_for(job, base_dir: Path, network_interface_name: str = "lo") -> JobHosts:
-    """Every host's tree for ``job`` (a ``JobSpec``), as SageMaker lays it out: one layout for local
-    mode and the platforms' pipe agent."""
+def host_trees_for(
+    job, base_dir: Path, network_interface_name: str = "lo", node: int | None = None
+) -> JobHosts:
+    """Every host's tree for ``job`` (a ``JobSpec``), as SageMaker lays it out (host ``node``'s alone,
+    for a platform's node): one layout for local mode and the platforms' pipe agent."""
     trees = build_host_trees(
         base_dir,
         job.hosts,
@@ -159,8 +163,9 @@ def host_trees_for(job, base_dir: Path, network_interface_name: str = "lo") -> J
         environment=job.environment,
         checkpoint_local_path=job.checkpoint_local_path,
         network_interface_name=network_interface_name,
+        only=node,
     )
-    return JobHosts(tuple(trees), job.processes_per_host)
+    return JobHosts(tuple(trees), job.processes_per_host, node or 0)
 
 
 def sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name) -> dict[str, str]:

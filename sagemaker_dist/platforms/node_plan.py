@@ -57,7 +57,7 @@ class NodePlan:
 
     @property
     def host(self) -> str:
-        return host_names(self.job.hosts)[self.node_index]
+        return self.slots[0].host  # its ranks' (a node runs processes_per_host >= 1 of them)
 
     @property
     def ranks(self) -> list[int]:

@@ -116,8 +116,8 @@ def install_opt_ml(plan: NodePlan, root: Path, client) -> JobHosts:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     try:
-        trees = host_trees_for(plan.job, staging / "hosts")
-        _move_tree(trees[plan.node_index].root, root)
+        staged = host_trees_for(plan.job, staging / "hosts", node=plan.node_index)
+        _move_tree(staged[0].root, root)
         for stale in (root / "input" / "data").iterdir():  # an earlier agent's FIFOs would block mkfifo
             if stat.S_ISFIFO(stale.lstat().st_mode):
                 stale.unlink()
@@ -128,7 +128,7 @@ def install_opt_ml(plan: NodePlan, root: Path, client) -> JobHosts:
             os.replace(code, root / "code")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return trees.node(plan.node_index, HostTree(root, plan.host))
+    return staged.node(0, HostTree(root, staged[0].name))
 
 
 def _move_tree(source: Path, target: Path) -> None:
