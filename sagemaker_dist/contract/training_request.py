@@ -185,10 +185,21 @@ class TrainingRequest:
             tags=_objects(request, "", "Tags", error),
         )
 
+    @property
+    def container_variables(self) -> dict[str, str]:
+        """What SageMaker sets in each of the job's containers from the request (``container_variables``)."""
+        return container_variables(self.name, self.environment)
+
     def output_uri(self, tarball: str) -> str | None:
         """Where SageMaker puts ``tarball`` (``MODEL_TARBALL``, ``OUTPUT_TARBALL``) after the job; None
         without an output path."""
         return f"{self.output_path}/{self.name}/output/{tarball}" if self.output_path else None
+
+
+def container_variables(job_name: str, environment: Mapping | None) -> dict[str, str]:
+    """The variables SageMaker sets in a job's containers from its request: the ``Environment`` map,
+    then ``TRAINING_JOB_NAME`` (the platform's: an ``Environment`` entry does not replace it)."""
+    return {**{str(k): str(v) for k, v in (environment or {}).items()}, "TRAINING_JOB_NAME": job_name}
 
 
 def edited_request(

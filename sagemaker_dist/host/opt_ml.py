@@ -16,7 +16,7 @@ from pathlib import Path
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract import toolkit
 from sagemaker_dist.contract.paths import CHECKPOINT_LOCAL_PATH, ROOT_ENV, OptMl
-from sagemaker_dist.contract.training_request import ChannelSpec
+from sagemaker_dist.contract.training_request import ChannelSpec, container_variables
 from sagemaker_dist.errors import ConfigurationError
 
 DEFAULT_INSTANCE_TYPE = "local"  # resourceconfig.json's instance type where the request names none
@@ -143,7 +143,7 @@ def build_host_trees(
         for filename, doc in files.items():
             (config_dir / filename).write_text(json.dumps(doc, indent=1))
         tree.env.update(sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name))
-        tree.env.update({str(k): str(v) for k, v in (environment or {}).items()})
+        tree.env.update(container_variables(job_name, environment))
         trees.append(tree)
     return trees
 
@@ -174,7 +174,6 @@ def sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name) 
     user_hps = hp.decode_all(hp.user_hyperparameters(hps))
     env = {
         ROOT_ENV: str(tree.root),  # the runtime's override of the /opt/ml root
-        "TRAINING_JOB_NAME": job_name,
         "SM_HOSTS": toolkit.env_value(names),
         "SM_CURRENT_HOST": tree.name,
         "SM_NUM_GPUS": str(num_gpus),

@@ -414,7 +414,7 @@ def cluster_group(stack, job, trees, code_dir: Path | None, work: Path, extra_en
     """The job's network (removed when ``stack`` closes, after the containers) and its hosts, not yet
     started."""
     env = container_environment(
-        inherited(), job.name, job.environment, toolkit_host_env(job.distribution, extra_env)
+        inherited(), job.container_variables, toolkit_host_env(job.distribution, extra_env)
     )
     port = check_cluster_endpoint(env)
     plan = stack.enter_context(cluster_network(job.name, [t.name for t in trees], job.processes_per_host,

@@ -72,10 +72,11 @@ def check_container_image(image: str | None) -> str:
 
 
 def container_environment(
-    base: Mapping[str, str], job_name: str, request_env: dict | None, extra_env: dict | None
+    base: Mapping[str, str], job_variables: Mapping[str, str], extra_env: dict | None
 ) -> dict[str, str]:
-    """The variables the container gets: S3 credentials, region and endpoint from ``base``, the
-    request's ``Environment`` and ``TRAINING_JOB_NAME`` (as SageMaker sets them), then ``extra_env``.
+    """The variables the container gets: S3 credentials, region and endpoint from ``base``, what
+    SageMaker sets from the request (``job_variables``: ``TrainingRequest.container_variables``), then
+    ``extra_env``.
     The image supplies the rest (``PATH``, ``SAGEMAKER_TRAINING_MODULE``).
 
     ``PYTHONUNBUFFERED=1`` (unless the request says otherwise): the toolkit ``print``s every line of
@@ -84,8 +85,7 @@ def container_environment(
     env = {k: v for k, v in base.items() if _AWS_NAMES.match(k)}
     env["TF_CPP_MIN_LOG_LEVEL"] = base.get("TF_CPP_MIN_LOG_LEVEL", "2")
     env["PYTHONUNBUFFERED"] = "1"
-    env.update({str(k): str(v) for k, v in (request_env or {}).items()})
-    env["TRAINING_JOB_NAME"] = job_name
+    env.update(job_variables)
     env.update(extra_env or {})
     return env
 

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from sagemaker_dist.contract.distributions import distribution
@@ -99,16 +100,16 @@ def _container_path(python: Path, path: str) -> str:
 def toolkit_environment(
     base: dict[str, str],
     python: Path,
-    job_name: str,
-    container_env: dict | None,
+    job_variables: Mapping[str, str],
     training_module: str = DEFAULT_TRAINING_MODULE,
 ) -> dict[str, str]:
-    """The container's environment: this machine's (S3 endpoint and credentials included), the
-    request's ``Environment``, and what the DLC (its ``training_module``) and the platform set; no
-    ``SM_*`` (the toolkit makes those), the container environment's ``bin`` first on PATH."""
+    """The container's environment: this machine's (S3 endpoint and credentials included), what the
+    platform sets from the request (``job_variables``: ``TrainingRequest.container_variables``) and
+    what the DLC (its ``training_module``) sets; no ``SM_*`` (the toolkit makes those), the container
+    environment's ``bin`` first on PATH."""
     env = {k: v for k, v in base.items() if not k.startswith("SM_") and k != "PYTHONPATH"}
-    env.update({str(k): str(v) for k, v in (container_env or {}).items()})
-    env.update({"SAGEMAKER_TRAINING_MODULE": training_module, "TRAINING_JOB_NAME": job_name})
+    env.update(job_variables)
+    env["SAGEMAKER_TRAINING_MODULE"] = training_module
     env["PATH"] = _container_path(python, env.get("PATH", os.defpath))
     return env
 

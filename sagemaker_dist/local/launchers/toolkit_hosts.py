@@ -118,8 +118,9 @@ class Toolkit(ToolkitHosts):
         job, work, trees = self.job, setup.work, setup.trees
         entry = distribution(job.distribution)
         state = work / "namespace"
-        request_env, module = job.environment, entry.toolkit_training_module
-        env = toolkit_environment(inherited(), self.python, job.name, request_env, module)
+        env = toolkit_environment(
+            inherited(), self.python, job.container_variables, entry.toolkit_training_module
+        )
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         env.update(toolkit_host_env(job.distribution, setup.extra_env))
         if self.each_host:  # a toolkit host per simulated host, under our host supervisor
@@ -167,7 +168,7 @@ class Container(ToolkitHosts):
         pid_dir = work / "ranks"  # stays empty, as the toolkit's
         pid_dir.mkdir()
         host_env = toolkit_host_env(job.distribution, setup.extra_env)
-        env = container_environment(inherited(), job.name, job.environment, host_env)
+        env = container_environment(inherited(), job.container_variables, host_env)
         show = rank_echo(trees, setup.echo)
         # S3 off this machine's loopback: the container shares this machine's network (private_net),
         # so its sshd, which would listen there as root, is a stub
