@@ -58,7 +58,7 @@ class HostLifecycle:
         self.stop = stop or threading.Event()
         self.errors: list[str] = []
         self.feeds: list = []
-        local_dirs = [t.checkpoint_path(job.checkpoint_local_path) for t in self.trees]
+        local_dirs = [t.checkpoint_dir for t in self.trees]
         self.checkpoints = CheckpointSync(job.checkpoint_s3_uri, local_dirs, client)
 
     def __enter__(self) -> HostLifecycle:

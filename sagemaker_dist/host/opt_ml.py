@@ -10,12 +10,13 @@ import os
 import shutil
 import stat
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract import toolkit
 from sagemaker_dist.contract.paths import CHECKPOINT_LOCAL_PATH, ROOT_ENV, OptMl
+from sagemaker_dist.contract.rank_slots import RankSlot, rank_slots
 from sagemaker_dist.contract.training_request import ChannelSpec, container_variables
 from sagemaker_dist.errors import ConfigurationError
 
@@ -28,10 +29,12 @@ def host_names(count: int) -> list[str]:
 
 @dataclass(frozen=True)
 class HostTree(OptMl):
-    """The /opt/ml tree of one host (its paths from the contract) and the environment its ranks get."""
+    """The /opt/ml tree of one host (its paths from the contract) and the environment its ranks get;
+    ``checkpoint_dir``: CheckpointConfig.LocalPath mapped into it, once the tree is laid out."""
 
     name: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    checkpoint_dir: Path | None = None
 
     def checkpoint_path(self, local_path: str | None) -> Path:
         """CheckpointConfig.LocalPath (default /opt/ml/checkpoints) mapped into this tree."""
@@ -43,11 +46,20 @@ class JobHosts(Sequence[HostTree]):
     """The trees of a job's hosts laid out here, in host order, and which host each rank runs on: the
     one answer to "where is rank r" for the launchers, the failure messages and the job's summary.
     (SageMaker fills hosts in order: rank r runs on host r // processes_per_host.) Local mode holds
-    every host; a platform's node, its own alone (``node``): ``first_index`` is the first's index."""
+    every host; a platform's node, its own alone (``node``): ``first_index`` is the first's index.
+    ``slots``: the slots of the ranks on these hosts (``contract.rank_slots``), worked out once."""
 
     trees: tuple[HostTree, ...]
     processes_per_host: int
     first_index: int = 0
+    slots: tuple[RankSlot, ...] = ()
+
+    @classmethod
+    def of(cls, trees, names: Sequence[str], processes_per_host: int, first_index: int = 0) -> JobHosts:
+        """``trees`` (hosts ``first_index`` on of a job whose hosts are ``names``) with their ranks' slots."""
+        mine = range(first_index, first_index + len(trees))
+        slots = tuple(s for s in rank_slots(list(names), processes_per_host) if s.cross_rank in mine)
+        return cls(tuple(trees), processes_per_host, first_index, slots)
 
     def __getitem__(self, index):
         return self.trees[index]
@@ -62,18 +74,26 @@ class JobHosts(Sequence[HostTree]):
     def world(self) -> int:
         return len(self.trees) * self.processes_per_host
 
+    def slot(self, rank: int) -> RankSlot | None:
+        """Rank ``rank``'s slot; None for a rank not on these hosts."""
+        index = rank - self.slots[0].rank if self.slots else -1
+        return self.slots[index] if 0 <= index < len(self.slots) else None
+
     def host_of(self, rank: int) -> str:
         """The name of the host rank ``rank`` runs on; "?" for a rank outside the job."""
-        index = rank // self.processes_per_host - self.first_index
-        return self.trees[index].name if 0 <= index < len(self.trees) and rank >= 0 else "?"
+        slot = self.slot(rank)
+        return slot.host if slot is not None else "?"
 
     def local_rank(self, rank: int) -> int:
-        return rank % self.processes_per_host
+        slot = self.slot(rank)
+        return slot.local_rank if slot is not None else rank % self.processes_per_host
 
     def node(self, index: int, tree: HostTree | None = None) -> JobHosts:
         """Host ``index`` alone (a platform's node), with ``tree`` in place of its tree where given
         (the agent's, moved under the node's root)."""
-        return JobHosts((tree or self.trees[index],), self.processes_per_host, self.first_index + index)
+        host = self.first_index + index
+        slots = tuple(s for s in self.slots if s.cross_rank == host)
+        return JobHosts((tree or self.trees[index],), self.processes_per_host, host, slots)
 
 
 def input_data_config(channels: Sequence[ChannelSpec]) -> dict[str, dict]:
@@ -93,7 +113,7 @@ def input_data_config(channels: Sequence[ChannelSpec]) -> dict[str, dict]:
 
 def build_host_trees(
     base_dir: Path,
-    hosts: int,
+    hosts: int | Sequence[str],
     channels: Sequence[ChannelSpec],
     hyperparameters: dict,
     instance_type: str = DEFAULT_INSTANCE_TYPE,
@@ -104,17 +124,19 @@ def build_host_trees(
     network_interface_name: str = "lo",
     only: int | None = None,
 ) -> list[HostTree]:
-    """Create ``base_dir/algo-N`` trees with the three config files and return them with their env.
+    """Create ``base_dir/algo-N`` trees with the three config files and return them with their env
+    (``hosts``: how many, or their names).
     ``network_interface_name``: the interface the hosts reach each other on, which the toolkit gives
     mpirun (``lo`` where they all run on this machine's loopback). ``only``: host ``only``'s tree
     alone (a platform's node), still naming every host of the job."""
-    names = host_names(hosts)
+    names = host_names(hosts) if isinstance(hosts, int) else list(hosts)
     hps = hp.encode_all(hyperparameters)
     data_config = input_data_config(channels)
     trees = []
     for name in names if only is None else names[only : only + 1]:
         root = Path(base_dir) / name
         tree = HostTree(root, name)
+        tree = replace(tree, checkpoint_dir=tree.checkpoint_path(checkpoint_local_path))
         config_dir = tree.config_dir
         for d in (
             config_dir,
@@ -122,7 +144,7 @@ def build_host_trees(
             tree.model_dir,
             tree.output_data_dir,
             tree.output_dir / "tensorboard",
-            tree.checkpoint_path(checkpoint_local_path),
+            tree.checkpoint_dir,
         ):
             d.mkdir(parents=True, exist_ok=True)
         resource = {
@@ -153,9 +175,10 @@ def host_trees_for(
 ) -> JobHosts:
     """Every host's tree for ``job`` (a ``JobSpec``), as SageMaker lays it out (host ``node``'s alone,
     for a platform's node): one layout for local mode and the platforms' pipe agent."""
+    names = host_names(job.hosts)
     trees = build_host_trees(
         base_dir,
-        job.hosts,
+        names,
         job.channels,
         job.hyperparameters,
         instance_type=job.instance_type or DEFAULT_INSTANCE_TYPE,
@@ -165,7 +188,7 @@ def host_trees_for(
         network_interface_name=network_interface_name,
         only=node,
     )
-    return JobHosts(tuple(trees), job.processes_per_host, node or 0)
+    return JobHosts.of(trees, names, job.processes_per_host, node or 0)
 
 
 def sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name) -> dict[str, str]:

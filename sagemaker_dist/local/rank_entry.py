@@ -22,7 +22,6 @@ from sagemaker_dist.contract.environment import inherited, set_variables, variab
 from sagemaker_dist.contract.rank_slots import (
     TORCHRUN_VARIABLES,
     rank_from_environment,
-    rank_slots,
     slot_environment,
 )
 from sagemaker_dist.local.exit_files import TERMINATED, write_exit
@@ -37,14 +36,13 @@ def write_job_file(path: Path, trees, **script) -> None:
     and ``ranks`` (each rank's host index and its slot's variables; ``mpi_env``: Open MPI's local ones,
     for a rank mpirun started), then ``script``: the entry script's ``source_dir``, ``entry_point``,
     ``args`` and the ranks' ``pid_dir``, where the rank entry runs it. Written whole, then renamed."""
-    per_host = trees.processes_per_host
-    slots = rank_slots([t.name for t in trees], per_host)
-    hosts = [
-        {"name": t.name, "tree": str(t.root), "env": t.env, "first_rank": i * per_host, "ranks": per_host}
-        for i, t in enumerate(trees)
-    ]
+    hosts = []
+    for index, tree in enumerate(trees, trees.first_index):
+        mine = [s.rank for s in trees.slots if s.cross_rank == index]
+        hosts.append({"name": tree.name, "tree": str(tree.root), "env": tree.env, "first_rank": mine[0],
+                      "ranks": len(mine)})  # fmt: skip
     ranks = []
-    for slot in slots:
+    for slot in trees.slots:
         env, with_mpi = slot_environment(slot, mpi=False), slot_environment(slot, mpi=True)
         mpi_env = {k: v for k, v in with_mpi.items() if k not in env}
         ranks.append({"host": slot.cross_rank, "env": env, "mpi_env": mpi_env})

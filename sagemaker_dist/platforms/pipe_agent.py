@@ -18,6 +18,7 @@ import signal
 import stat
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from sagemaker_dist.aws.s3_objects import S3AccessError
@@ -128,7 +129,8 @@ def install_opt_ml(plan: NodePlan, root: Path, client) -> JobHosts:
             os.replace(code, root / "code")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return staged.node(0, HostTree(root, staged[0].name))
+    tree = HostTree(root, staged[0].name)  # the staged tree, moved: its paths under root
+    return staged.node(0, replace(tree, checkpoint_dir=tree.checkpoint_path(plan.job.checkpoint_local_path)))
 
 
 def _move_tree(source: Path, target: Path) -> None:

@@ -16,6 +16,7 @@ from sagemaker_dist.host.job_spec import JobSpec
 from sagemaker_dist.host.lifecycle import HostLifecycle, OutputUploadError
 from sagemaker_dist.host.opt_ml import DEFAULT_INSTANCE_TYPE, host_trees_for
 from sagemaker_dist.local.demo import prepare_demo_job
+from sagemaker_dist.local.rank_entry import write_job_file
 
 PACKAGE = Path(sagemaker_dist.__file__).parent
 
@@ -47,6 +48,35 @@ def test_the_trees_say_which_host_each_rank_runs_on(s3, bucket, tmp_path):
     second = trees.node(1)  # a platform's node: its own tree, the same answers
     assert (second.first_index, len(second), second[0].name) == (1, 1, "algo-2")
     assert [second.host_of(r) for r in range(4)] == ["?", "?", "algo-2", "algo-2"]
+    assert [(s.rank, s.local_rank, s.cross_rank) for s in second.slots] == [(2, 0, 1), (3, 1, 1)]
+    alone = host_trees_for(JobSpec.from_request(request), tmp_path / "node", node=1)  # the agent's tree
+    assert [t.name for t in alone] == ["algo-2"] and alone.slots == second.slots
+    assert not (tmp_path / "node" / "algo-1").exists()
+    resource = json.loads((alone[0].config_dir / "resourceconfig.json").read_text())
+    assert resource["hosts"] == ["algo-1", "algo-2"]  # every host of the job, named
+
+
+def test_local_modes_job_description_holds_each_ranks_host_and_variables(s3, bucket, tmp_path):
+    """Written once for every launcher: the rank entry and the torchrun host launcher look values up."""
+    request = prepare_demo_job(bucket, 2, 2, printer=None).request
+    trees = host_trees_for(JobSpec.from_request(request), tmp_path)
+    write_job_file(tmp_path / "job.json", trees, entry_point="train.py")
+    job = json.loads((tmp_path / "job.json").read_text())
+    assert [(h["name"], h["first_rank"], h["ranks"]) for h in job["hosts"]] == [
+        ("algo-1", 0, 2),
+        ("algo-2", 2, 2),
+    ]
+    assert job["hosts"][1]["env"]["SM_CURRENT_HOST"] == "algo-2" and job["entry_point"] == "train.py"
+    assert [r["host"] for r in job["ranks"]] == [0, 0, 1, 1]
+    assert (
+        job["ranks"][3]["env"]["HOROVOD_LOCAL_RANK"] == "1"
+        and job["ranks"][3]["env"]["HOROVOD_CROSS_RANK"] == "1"
+    )
+    assert job["ranks"][3]["mpi_env"] == {
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+    }
+    assert not (tmp_path / "job.json.part").exists()
 
 
 def test_both_users_build_trees_through_it():
