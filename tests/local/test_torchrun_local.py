@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -130,6 +131,7 @@ def test_the_demo_trains_with_torchrun_each_rank_reading_its_own_fifo(
     state_dir, tmp_path, launcher, hosts, per_host, mode
 ):
     """In File mode each rank reads its channel's downloaded files (PipeBatches reads either mode)."""
+    elastic = set(Path(tempfile.gettempdir()).glob("torchelastic_*"))
     done = _demo(state_dir, launcher, hosts, per_host, tmp_path, "--input-mode", mode)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
@@ -160,6 +162,8 @@ def test_the_demo_trains_with_torchrun_each_rank_reading_its_own_fifo(
     assert len(METRICS.findall(out)) == 1, out[-3000:]  # rank 0's metric line, one epoch
     assert "model: s3://sagemaker-dist-demo/jobs/" in out
     assert not list(tmp_path.iterdir())  # the job's work dir is gone
+    if launcher == "torchrun":  # torchrun's own folders went with it, not left in the temporary dir
+        assert set(Path(tempfile.gettempdir()).glob("torchelastic_*")) <= elastic
     assert "ignoring arguments" not in out, out[-3000:]  # the script takes every hyperparameter it gets
     # c10d's lookup of the loopback is answered in the job's network namespace (no DNS there)
     assert "The hostname of the client socket cannot be retrieved" not in out, out[-3000:]

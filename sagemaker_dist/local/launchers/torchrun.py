@@ -169,6 +169,13 @@ def name_the_loopback(work: Path) -> bool:
     return True
 
 
+def _job_tmp() -> Path:
+    """``tmp`` in local mode's work dir (beside its job description), made if absent."""
+    tmp = Path(variable(JOB_ENV)).parent / "tmp"
+    tmp.mkdir(exist_ok=True)
+    return tmp
+
+
 def run_hosts(python: str, rank_cmd: list[str], toolkit_state: Path | None = None) -> int:
     """Start torchrun for every simulated host of local mode's job (or, given ``toolkit_state``, a
     toolkit host whose toolkit starts torchrun, its overlays under that dir); 0 when all end 0, else
@@ -186,6 +193,9 @@ def run_hosts(python: str, rank_cmd: list[str], toolkit_state: Path | None = Non
             # torchrun sets 1 and prints a banner about it where it is unset; every simulated host's
             # ranks share this machine's cores: say so once, quietly
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // len(job["ranks"]))))
+            # torchrun makes a torchelastic_* folder in the temporary dir each run and leaves it: the
+            # job's work dir holds it, removed with the job
+            env["TMPDIR"] = str(_job_tmp())
             command = host_command(python, len(hosts), index, host["ranks"], port, rank_cmd)
         else:  # the toolkit makes the host's SM_* and its torchrun command itself
             env = inherited()
