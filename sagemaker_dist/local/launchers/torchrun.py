@@ -58,9 +58,17 @@ def torchrun_executable(python: str) -> list[str]:
 
 
 def host_command(
-    python: str, hosts: int, node_rank: int, per_host: int, port: int, rank_cmd: list[str]
+    python: str,
+    hosts: int,
+    node_rank: int,
+    per_host: int,
+    port: int,
+    rank_cmd: list[str],
+    log_dir: Path | None = None,
 ) -> list[str]:
-    """One simulated host's torchrun, starting ``per_host`` ranks of ``rank_cmd``."""
+    """One simulated host's torchrun, starting ``per_host`` ranks of ``rank_cmd`` (its own logs in
+    ``log_dir``)."""
+    logs = ["--log-dir", str(log_dir)] if log_dir is not None else []
     return [
         *torchrun_executable(python),
         "--nnodes",
@@ -75,6 +83,7 @@ def host_command(
         str(port),
         "--tee",
         "3",
+        *logs,
         "--no-python",
         *rank_cmd,
     ]
@@ -169,11 +178,12 @@ def name_the_loopback(work: Path) -> bool:
     return True
 
 
-def _job_tmp() -> Path:
-    """``tmp`` in local mode's work dir (beside its job description), made if absent."""
-    tmp = Path(variable(JOB_ENV)).parent / "tmp"
-    tmp.mkdir(exist_ok=True)
-    return tmp
+def _log_dir() -> Path:
+    """torchrun's log dir: in local mode's work dir (beside its job description), removed with the
+    job. Without one, torchrun makes a ``torchelastic_*`` folder in /tmp each run and leaves it."""
+    logs = Path(variable(JOB_ENV)).parent / "torchelastic"
+    logs.mkdir(exist_ok=True)
+    return logs
 
 
 def run_hosts(python: str, rank_cmd: list[str], toolkit_state: Path | None = None) -> int:
@@ -193,10 +203,7 @@ def run_hosts(python: str, rank_cmd: list[str], toolkit_state: Path | None = Non
             # torchrun sets 1 and prints a banner about it where it is unset; every simulated host's
             # ranks share this machine's cores: say so once, quietly
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // len(job["ranks"]))))
-            # torchrun makes a torchelastic_* folder in the temporary dir each run and leaves it: the
-            # job's work dir holds it, removed with the job
-            env["TMPDIR"] = str(_job_tmp())
-            command = host_command(python, len(hosts), index, host["ranks"], port, rank_cmd)
+            command = host_command(python, len(hosts), index, host["ranks"], port, rank_cmd, _log_dir())
         else:  # the toolkit makes the host's SM_* and its torchrun command itself
             env = inherited()
             tree, state = Path(host["tree"]), toolkit_state / host["name"]
