@@ -286,8 +286,9 @@ def test_on_sigterm_the_agent_outlives_its_nodes_ranks_then_stops(tmp_path):
         signalled = time.monotonic()
         os.kill(os.getpid(), signal.SIGTERM)
         assert not stop.wait(1.0) and mine[0].poll() is None  # the ranks still stopping: it goes on
-        assert stop.wait(10) and [p.poll() for p in mine] == [0, 0]
-        assert time.monotonic() - signalled < 5 and "until this node's ranks end" in lines[0]
+        # then it stops once they have ended: well inside the 30 s drain, whatever the machine's load
+        assert stop.wait(20) and [p.poll() for p in mine] == [0, 0]
+        assert time.monotonic() - signalled < 20 and "until this node's ranks end" in lines[0]
         stop = threading.Event()
         stop_on_signals(stop, root, drain=30)
         os.kill(os.getpid(), signal.SIGINT)

@@ -15,9 +15,11 @@ recorded for torchrun's error summary), so the failed job names the rank that ra
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import fcntl
 import functools
+import gc
 import os
 import sys
 import time
@@ -321,6 +323,15 @@ def _claim_channels(config: ContainerConfig, channels: dict[str, str], info: Ran
     return claims
 
 
+def _collect_before_exit() -> None:
+    """Collect garbage at exit while the interpreter is whole. A DDP model and its reducer sit in
+    reference cycles, so they often outlive ``main`` until the collection that interpreter teardown
+    makes; their process group's Gloo work, freed there, can abort the process after a rank has
+    ended well ("terminate called without an active exception", seen in rare local-mode runs)."""
+    atexit.unregister(gc.collect)  # once, however many groups a process starts
+    atexit.register(gc.collect)
+
+
 def _start_group(info: RankInfo, env: Mapping[str, str], backend: str | None, timeout: float):
     """This rank's device, the backend, the agreement group and whether the default group was started
     here (a failure after that destroys it again)."""
@@ -335,6 +346,7 @@ def _start_group(info: RankInfo, env: Mapping[str, str], backend: str | None, ti
     limit = datetime.timedelta(seconds=timeout)
     created = not dist.is_initialized()
     if created:
+        _collect_before_exit()
         host, port = _master(env)
         kwargs = {"device_id": device} if chosen == "nccl" else {}
         try:
