@@ -36,6 +36,12 @@ class HostTree(OptMl):
     env: dict[str, str] = field(default_factory=dict)
     checkpoint_dir: Path | None = None
 
+    @classmethod
+    def laid_out(cls, root: Path, name: str, checkpoint_local_path: str | None) -> HostTree:
+        """Host ``name``'s tree at ``root``, its checkpoint dir mapped into it."""
+        tree = cls(root, name)
+        return replace(tree, checkpoint_dir=tree.checkpoint_path(checkpoint_local_path))
+
     def checkpoint_path(self, local_path: str | None) -> Path:
         """CheckpointConfig.LocalPath (default /opt/ml/checkpoints) mapped into this tree."""
         return self.local_path(local_path, CHECKPOINT_LOCAL_PATH)
@@ -135,8 +141,7 @@ def build_host_trees(
     trees = []
     for name in names if only is None else names[only : only + 1]:
         root = Path(base_dir) / name
-        tree = HostTree(root, name)
-        tree = replace(tree, checkpoint_dir=tree.checkpoint_path(checkpoint_local_path))
+        tree = HostTree.laid_out(root, name, checkpoint_local_path)
         config_dir = tree.config_dir
         for d in (
             config_dir,

@@ -18,7 +18,6 @@ import signal
 import stat
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from sagemaker_dist.aws.s3_objects import S3AccessError
@@ -129,8 +128,8 @@ def install_opt_ml(plan: NodePlan, root: Path, client) -> JobHosts:
             os.replace(code, root / "code")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    tree = HostTree(root, staged[0].name)  # the staged tree, moved: its paths under root
-    return staged.node(0, replace(tree, checkpoint_dir=tree.checkpoint_path(plan.job.checkpoint_local_path)))
+    # the staged tree, moved: its paths under root
+    return staged.node(0, HostTree.laid_out(root, staged[0].name, plan.job.checkpoint_local_path))
 
 
 def _move_tree(source: Path, target: Path) -> None:

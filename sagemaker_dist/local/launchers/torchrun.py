@@ -194,6 +194,7 @@ def run_hosts(python: str, rank_cmd: list[str], toolkit_state: Path | None = Non
     hosts = job["hosts"]
     names = [host["name"] for host in hosts]
     port = free_ports(1)[0] if toolkit_state is None else None  # the toolkit's: algo-1:7777
+    logs = _log_dir() if toolkit_state is None else None
     lock = threading.Lock()
     running: list[_Host] = []
     relays = []
@@ -203,7 +204,7 @@ def run_hosts(python: str, rank_cmd: list[str], toolkit_state: Path | None = Non
             # torchrun sets 1 and prints a banner about it where it is unset; every simulated host's
             # ranks share this machine's cores: say so once, quietly
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // len(job["ranks"]))))
-            command = host_command(python, len(hosts), index, host["ranks"], port, rank_cmd, _log_dir())
+            command = host_command(python, len(hosts), index, host["ranks"], port, rank_cmd, logs)
         else:  # the toolkit makes the host's SM_* and its torchrun command itself
             env = inherited()
             tree, state = Path(host["tree"]), toolkit_state / host["name"]
