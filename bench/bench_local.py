@@ -28,9 +28,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from sagemaker_dist import embedded_s3, run_local  # noqa: E402
-from sagemaker_dist.host.channel_objects import ChannelSpec, resolve_objects  # noqa: E402
-from sagemaker_dist.host.feeder import ChannelFeeder  # noqa: E402
-from sagemaker_dist.host.feeds import download_channel  # noqa: E402
+from sagemaker_dist.host.feeder import (  # noqa: E402
+    ChannelFeeder,  # noqa: E402
+    ChannelSpec,
+    resolve_objects,
+)
+from sagemaker_dist.host.lifecycle import download_channel  # noqa: E402
 from sagemaker_dist.local.demo import demo_estimator  # noqa: E402
 from sagemaker_dist.local.demo_data import tfrecord_file, tfrecord_frame  # noqa: E402
 from sagemaker_dist.local.endpoint import s3_client  # noqa: E402

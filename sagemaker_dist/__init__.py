@@ -73,7 +73,7 @@ _EXPORTS = {
     "LocalBackend": "local.backend",
     "run_local": "local.job",
     "LocalJobResult": "local.result",
-    "LocalJobError": "local.job",
+    "LocalJobError": "local.launchers.base",
     "LocalJobFailed": "local.job",
     "embedded_s3": "local.endpoint",
     "write_demo_data": "local.demo_data",

@@ -52,7 +52,7 @@ class JobHosts(Sequence[HostTree]):
     """The trees of a job's hosts laid out here, in host order, and which host each rank runs on: the
     one answer to "where is rank r" for the launchers, the failure messages and the job's summary.
     (SageMaker fills hosts in order: rank r runs on host r // processes_per_host.) Local mode holds
-    every host; a platform's node, its own alone (``node``): ``first_index`` is the first's index.
+    every host; a platform's node, its own alone: ``first_index`` is the first's index.
     ``slots``: the slots of the ranks on these hosts (``contract.rank_slots``), worked out once."""
 
     trees: tuple[HostTree, ...]
@@ -94,13 +94,6 @@ class JobHosts(Sequence[HostTree]):
         slot = self.slot(rank)
         return slot.local_rank if slot is not None else rank % self.processes_per_host
 
-    def node(self, index: int, tree: HostTree | None = None) -> JobHosts:
-        """Host ``index`` alone (a platform's node), with ``tree`` in place of its tree where given
-        (the agent's, moved under the node's root)."""
-        host = self.first_index + index
-        slots = tuple(s for s in self.slots if s.cross_rank == host)
-        return JobHosts((tree or self.trees[index],), self.processes_per_host, host, slots)
-
 
 def input_data_config(channels: Sequence[ChannelSpec]) -> dict[str, dict]:
     """inputdataconfig.json for the request's channels (FastFile shows as File)."""
@@ -134,13 +127,15 @@ def build_host_trees(
     (``hosts``: how many, or their names).
     ``network_interface_name``: the interface the hosts reach each other on, which the toolkit gives
     mpirun (``lo`` where they all run on this machine's loopback). ``only``: host ``only``'s tree
-    alone (a platform's node), still naming every host of the job."""
+    alone (a platform's node), at ``base_dir`` itself (the node's root), still naming every host of
+    the job. Each file is written beside and renamed into place, so a rank that starts early (a
+    platform's) never reads half of one; FIFOs an earlier run left in the data dir are removed."""
     names = host_names(hosts) if isinstance(hosts, int) else list(hosts)
     hps = hp.encode_all(hyperparameters)
     data_config = input_data_config(channels)
     trees = []
     for name in names if only is None else names[only : only + 1]:
-        root = Path(base_dir) / name
+        root = Path(base_dir) / name if only is None else Path(base_dir)
         tree = HostTree.laid_out(root, name, checkpoint_local_path)
         config_dir = tree.config_dir
         for d in (
@@ -168,18 +163,33 @@ def build_host_trees(
             "hyperparameters.json": hps,
         }
         for filename, doc in files.items():
-            (config_dir / filename).write_text(json.dumps(doc, indent=1))
+            _write_whole(config_dir / filename, json.dumps(doc, indent=1))
+        _remove_fifos(tree.data_dir)
         tree.env.update(sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name))
         tree.env.update(container_variables(job_name, environment))
         trees.append(tree)
     return trees
 
 
+def _write_whole(path: Path, text: str) -> None:
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
+def _remove_fifos(data_dir: Path) -> None:
+    """An earlier run's FIFOs on a platform's node would block the feeder's mkfifo."""
+    for stale in data_dir.iterdir():
+        if stat.S_ISFIFO(stale.lstat().st_mode):
+            stale.unlink()
+
+
 def host_trees_for(
     job, base_dir: Path, network_interface_name: str = "lo", node: int | None = None
 ) -> JobHosts:
-    """Every host's tree for ``job`` (a ``JobSpec``), as SageMaker lays it out (host ``node``'s alone,
-    for a platform's node): one layout for local mode and the platforms' pipe agent."""
+    """Every host's tree for ``job`` (a ``JobSpec``) under ``base_dir``, as SageMaker lays it out
+    (host ``node``'s alone, at ``base_dir``, for a platform's node): one layout for local mode and the
+    platforms' pipe agent."""
     names = host_names(job.hosts)
     trees = build_host_trees(
         base_dir,

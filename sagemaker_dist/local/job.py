@@ -22,9 +22,7 @@ from sagemaker_dist.contract.distributions import UNNAMED_LAUNCHER
 from sagemaker_dist.errors import JobFailedError
 from sagemaker_dist.host.job_spec import JobSpec
 from sagemaker_dist.host.lifecycle import HostLifecycle
-from sagemaker_dist.host.opt_ml import host_trees_for
-from sagemaker_dist.host.source_dir import fetch_source_dir
-from sagemaker_dist.local.launchers.base import JobSetup, LaunchOptions, LocalJobError
+from sagemaker_dist.local.launchers.base import JobSetup, LaunchOptions
 from sagemaker_dist.local.launchers.table import launcher_for
 from sagemaker_dist.local.result import LocalJobResult, final_metrics, rank_summaries
 from sagemaker_dist.local.supervision import interrupt_guard
@@ -72,13 +70,12 @@ def run_local(
     client = s3_client()
     with interrupt_guard() as guard, ExitStack() as stack:
         work = _work_dir(stack, work_dir, job.name, keep_work_dir)
-        code_dir = fetch_source_dir(source_dir, job.submit_directory, work, client)
-        if not (code_dir / job.entry_point).is_file():
-            raise LocalJobError(f"entry script {job.entry_point!r} is not in the source dir {code_dir}")
-        trees = host_trees_for(job, work / "hosts", runner.interface)
-        # checkpoints restored, File channels downloaded; on the way out (after the ranks are killed,
-        # LIFO) the feeders are stopped and closed and the checkpoints synced
-        host = stack.enter_context(HostLifecycle(job, trees, client, echo))
+        # the code fetched, the trees laid out, checkpoints restored, File channels downloaded; on the
+        # way out (after the ranks are killed, LIFO) the feeders stopped and closed, the checkpoints synced
+        host = stack.enter_context(
+            HostLifecycle(job, work, client, echo, interface=runner.interface, source_dir=source_dir)
+        )
+        trees, code_dir = host.trees, host.code_dir
         given = code_dir if source_dir else None  # the image's hosts get the source dir; else S3's
         group = runner.group(JobSetup(job, trees, code_dir, given, work, extra_env, echo, stack))
         if on_rank_line is not None:

@@ -13,9 +13,7 @@ On a platform's stop it can outlive the ranks' SIGTERM by a drain period (``stop
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import stat
 import threading
 import time
 from pathlib import Path
@@ -24,18 +22,14 @@ from sagemaker_dist.aws.s3_objects import S3AccessError
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.contract.training_request import request_from_json
 from sagemaker_dist.errors import ConfigurationError, DataError
-from sagemaker_dist.host.channel_objects import FeedError, resolve_objects
-from sagemaker_dist.host.feeder import ChannelFeeder
+from sagemaker_dist.host.feeder import ChannelFeeder, FeedError, resolve_objects
 from sagemaker_dist.host.job_spec import JobSpecError
 from sagemaker_dist.host.lifecycle import HostLifecycle
-from sagemaker_dist.host.opt_ml import HostTree, JobHosts, host_trees_for
 from sagemaker_dist.host.processes import pid_running
-from sagemaker_dist.host.source_dir import fetch_source_dir
 from sagemaker_dist.platforms.node_plan import NodePlan
 
 READY_FILE = "pipe_agent_ready"  # in the node's root once config, code and FIFOs are in place
 POLL_S = 0.2
-_STAGING = ".pipe-agent-staging"
 
 
 class AgentS3AccessError(ConfigurationError):
@@ -105,43 +99,6 @@ def check_s3_access(plan: NodePlan, client) -> dict[str, list]:
     return found
 
 
-def install_opt_ml(plan: NodePlan, root: Path, client) -> JobHosts:
-    """Write this node's /opt/ml tree under ``root`` (config files, directories, ``code/``).
-
-    Everything is built in a staging directory inside ``root`` (which may be a mount point, as an
-    emptyDir is) and moved into place file by file, so the runtime never reads a half-written file.
-    """
-    root.mkdir(parents=True, exist_ok=True)
-    staging = root / _STAGING
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    try:
-        staged = host_trees_for(plan.job, staging / "hosts", node=plan.node_index)
-        _move_tree(staged[0].root, root)
-        for stale in (root / "input" / "data").iterdir():  # an earlier agent's FIFOs would block mkfifo
-            if stat.S_ISFIFO(stale.lstat().st_mode):
-                stale.unlink()
-        if str(plan.job.submit_directory or "").startswith("s3://"):
-            # unpacked in staging/code
-            code = fetch_source_dir(None, plan.job.submit_directory, staging, client)
-            shutil.rmtree(root / "code", ignore_errors=True)
-            os.replace(code, root / "code")
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    # the staged tree, moved: its paths under root
-    return staged.node(0, HostTree.laid_out(root, staged[0].name, plan.job.checkpoint_local_path))
-
-
-def _move_tree(source: Path, target: Path) -> None:
-    """Move every file of ``source`` to the same place under ``target`` (each one atomically)."""
-    for path in sorted(source.rglob("*")):
-        dest = target / path.relative_to(source)
-        if path.is_dir():
-            dest.mkdir(parents=True, exist_ok=True)
-        else:
-            os.replace(path, dest)
-
-
 def run_agent(
     plan: NodePlan,
     root: Path,
@@ -154,11 +111,11 @@ def run_agent(
     every feeder has fed its epochs. Raises PipeAgentError naming the object that could not be fed."""
     root = Path(root)
     items = check_s3_access(plan, client)
-    node = install_opt_ml(plan, root, client)
     echo(f"pipe agent: {plan.describe()}; root {root}")
     ready = root / READY_FILE
+    root.mkdir(parents=True, exist_ok=True)
     host = HostLifecycle(
-        plan.job, node, client, echo, channels=plan.channels, items=items,
+        plan.job, root, client, echo, node=plan.node_index, channels=plan.channels, items=items,
         stop=stop, max_epochs=plan.epochs, label="pipe agent: ", announce_uploads=True,
     )  # fmt: skip
     with host:

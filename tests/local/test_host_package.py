@@ -45,15 +45,16 @@ def test_the_trees_say_which_host_each_rank_runs_on(s3, bucket, tmp_path):
     assert [trees.host_of(r) for r in range(4)] == ["algo-1", "algo-1", "algo-2", "algo-2"]
     assert [trees.local_rank(r) for r in range(4)] == [0, 1, 0, 1]
     assert trees.host_of(4) == "?" and trees.host_of(-1) == "?"
-    second = trees.node(1)  # a platform's node: its own tree, the same answers
-    assert (second.first_index, len(second), second[0].name) == (1, 1, "algo-2")
-    assert [second.host_of(r) for r in range(4)] == ["?", "?", "algo-2", "algo-2"]
-    assert [(s.rank, s.local_rank, s.cross_rank) for s in second.slots] == [(2, 0, 1), (3, 1, 1)]
-    alone = host_trees_for(JobSpec.from_request(request), tmp_path / "node", node=1)  # the agent's tree
-    assert [t.name for t in alone] == ["algo-2"] and alone.slots == second.slots
-    assert not (tmp_path / "node" / "algo-1").exists()
+    # a platform's node: its own tree alone, at the node's root, with the same answers
+    alone = host_trees_for(JobSpec.from_request(request), tmp_path / "node", node=1)
+    assert (alone.first_index, len(alone), alone[0].name) == (1, 1, "algo-2")
+    assert alone[0].root == tmp_path / "node" and alone[0].config_dir == tmp_path / "node/input/config"
+    assert [alone.host_of(r) for r in range(4)] == ["?", "?", "algo-2", "algo-2"]
+    assert [(s.rank, s.local_rank, s.cross_rank) for s in alone.slots] == [(2, 0, 1), (3, 1, 1)]
+    assert alone.slots == trees.slots[2:] and not (tmp_path / "node" / "algo-1").exists()
     resource = json.loads((alone[0].config_dir / "resourceconfig.json").read_text())
     assert resource["hosts"] == ["algo-1", "algo-2"]  # every host of the job, named
+    assert not list((tmp_path / "node").rglob(".*partial"))  # each file written whole, then renamed
 
 
 def test_local_modes_job_description_holds_each_ranks_host_and_variables(s3, bucket, tmp_path):
@@ -79,13 +80,6 @@ def test_local_modes_job_description_holds_each_ranks_host_and_variables(s3, buc
     assert not (tmp_path / "job.json.part").exists()
 
 
-def test_both_users_build_trees_through_it():
-    """Local mode and the pipe agent both build their host trees through it, not each its own reading."""
-    for user in ("local/job.py", "platforms/pipe_agent.py"):
-        source = (PACKAGE / user).read_text()
-        assert "host_trees_for(" in source and "build_host_trees(" not in source, user
-
-
 def test_local_modes_own_names_stay_in_local():
     """The rank entry's job-file variable is local mode's: defined once, in local/, not in host/."""
     defined = [
@@ -106,13 +100,23 @@ def test_host_speaks_of_hosts_not_of_an_emulator():
 
 
 def test_both_users_run_one_host_lifecycle():
-    """Checkpoints, feeds and the model's upload are ``host.lifecycle``'s, for local mode and the pipe agent
-    alike: neither builds them itself."""
+    """The code, the trees, checkpoints, feeds and the model's upload are ``host.lifecycle``'s, for
+    local mode and the pipe agent alike: neither lays out or builds them itself."""
+    own = ("CheckpointSync(", "ChannelFeeder(", "FileFeed(", "pack_and_upload(", "open_feeds(")
+    lays_out = ("host_trees_for(", "build_host_trees(", "fetch_source_dir(")
     for user in ("local/job.py", "platforms/pipe_agent.py"):
         source = (PACKAGE / user).read_text()
         assert "HostLifecycle(" in source, user
-        for own in ("CheckpointSync(", "ChannelFeeder(", "FileFeed(", "pack_and_upload(", "open_feeds("):
-            assert own not in source, (user, own)
+        for name in own + lays_out:
+            assert name not in source, (user, name)
+    assert all(name in (PACKAGE / "host/lifecycle.py").read_text() for name in lays_out[::2])
+
+
+def _code_dir(tmp_path: Path) -> Path:
+    code = tmp_path / "src"
+    code.mkdir()
+    (code / "train.py").write_text("")  # small_request's entry script
+    return code
 
 
 def _lifecycle_job(bucket: str, hosts: int) -> JobSpec:
@@ -129,9 +133,12 @@ def test_the_lifecycle_restores_feeds_syncs_and_uploads_from_the_first_host(s3, 
         s3.put_object(Bucket=bucket, Key=key, Body=key.encode())
     client = s3_client()
     job = _lifecycle_job(bucket, 2)
-    trees = host_trees_for(job, tmp_path / "hosts")
+    code = _code_dir(tmp_path)
     lines = []
-    with HostLifecycle(job, trees, client, lines.append) as host:  # local mode: every host
+    with HostLifecycle(job, tmp_path, client, lines.append, source_dir=code) as host:  # every host
+        trees = host.trees
+        assert host.code_dir == code
+        assert [t.root for t in trees] == [tmp_path / "hosts" / name for name in ("algo-1", "algo-2")]
         assert all((t.checkpoint_path(None) / "step-1" / "meta.json").read_bytes() == b"ckpt/step-1/meta.json"
                    for t in trees)  # fmt: skip
         assert sorted(p.name for p in (trees[0].data_dir / "train").iterdir()) == ["a", "b"]  # File mode
@@ -146,9 +153,10 @@ def test_the_lifecycle_restores_feeds_syncs_and_uploads_from_the_first_host(s3, 
     assert "ckpt/step-2/meta.json" in keys and f"out/{job.name}/output/model.tar.gz" in keys
     assert lines[0] == f"restored 1 checkpoint file(s) from s3://{bucket}/ckpt"
 
-    node = host_trees_for(job, tmp_path / "node").node(1)  # the pipe agent of the second node
-    (node[0].model_dir / "weights").write_text("w")
-    with HostLifecycle(job, node, client, lines.append, label="pipe agent: ") as host:
+    node = tmp_path / "node"  # the pipe agent of the second node, its ranks bringing their code
+    with HostLifecycle(job, node, client, lines.append, node=1, label="pipe agent: ") as host:
+        assert host.code_dir is None and host.trees[0].root == node and host.trees.first_index == 1
+        (host.trees[0].model_dir / "weights").write_text("w")
         assert host.upload_outputs() is None  # only the job's first host uploads
     assert f"pipe agent: restored 2 checkpoint file(s) from s3://{bucket}/ckpt" in lines
     assert lines[-1].startswith("algo-2: downloaded channel train")  # its own host's share of the channel
@@ -157,9 +165,8 @@ def test_the_lifecycle_restores_feeds_syncs_and_uploads_from_the_first_host(s3, 
 def test_an_upload_that_fails_names_the_host_and_the_target(s3, bucket, tmp_path):
     job = _lifecycle_job(bucket, 1)
     s3.put_object(Bucket=bucket, Key="train/a", Body=b"a")
-    trees = host_trees_for(job, tmp_path)
-    (trees[0].model_dir / "weights").write_text("w")
-    with HostLifecycle(job, trees, s3_client(), lambda line: None) as host:
+    with HostLifecycle(job, tmp_path, s3_client(), lambda line: None, source_dir=_code_dir(tmp_path)) as host:
+        (host.trees[0].model_dir / "weights").write_text("w")
         host.client = _FailingUploads()
         with pytest.raises(OutputUploadError, match=f"algo-1: cannot upload .*model to s3://{bucket}/out/"):
             host.upload_outputs()

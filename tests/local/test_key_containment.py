@@ -15,14 +15,14 @@ import pytest
 from sagemaker_dist.aws.request_validation import RequestValidationError
 from sagemaker_dist.aws.s3_objects import s3_client
 from sagemaker_dist.contract.paths import UnsafePathError
-from sagemaker_dist.host.channel_objects import (
+from sagemaker_dist.host.feeder import (
     ChannelSpec,
     FeedError,
     S3Item,
     channel_download_dir,
     resolve_objects,
 )
-from sagemaker_dist.host.feeds import download_channel
+from sagemaker_dist.host.lifecycle import download_channel
 from sagemaker_dist.host.outputs import CheckpointSync
 from sagemaker_dist.local.job import run_local
 

@@ -13,9 +13,15 @@ from helpers.local_s3_proxy import cutting_proxy
 
 from sagemaker_dist.aws.s3_objects import s3_client
 from sagemaker_dist.contract.record_formats import RECORDIO_MAGIC
-from sagemaker_dist.host.channel_objects import ChannelSpec, FeedError, epoch_objects, resolve_objects
-from sagemaker_dist.host.feeder import ChannelFeeder, recordio_headers
-from sagemaker_dist.host.feeds import download_channel
+from sagemaker_dist.host.feeder import (
+    ChannelFeeder,
+    ChannelSpec,
+    FeedError,
+    epoch_objects,
+    recordio_headers,
+    resolve_objects,
+)
+from sagemaker_dist.host.lifecycle import download_channel
 from sagemaker_dist.local.demo_data import tfrecord_frame
 
 

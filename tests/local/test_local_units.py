@@ -17,6 +17,7 @@ from sagemaker_dist.contract.layout import plan_layout
 from sagemaker_dist.contract.rank_slots import rank_slots, slot_environment
 from sagemaker_dist.contract.toolkit import script_argv
 from sagemaker_dist.contract.training_request import ChannelSpec
+from sagemaker_dist.host.lifecycle import SourceDirError, fetch_source_dir
 from sagemaker_dist.host.opt_ml import build_host_trees
 from sagemaker_dist.local.demo_data import encode_example, generate_examples, tfrecord_file
 from sagemaker_dist.local.launchers.base import describe_exit
@@ -156,7 +157,7 @@ def test_bad_requests_fail_before_anything_starts(tmp_path):
         run_local(_request(sagemaker_program="train.py", sagemaker_dist_layout=layout), tmp_path)
     with pytest.raises(JobSpecError, match="sagemaker_program"):
         run_local(_request(), tmp_path)
-    with pytest.raises(LocalJobError, match="'missing.py' is not in the source dir"):
+    with pytest.raises(SourceDirError, match="'missing.py' is not in the source dir"):
         run_local(_request(sagemaker_program="missing.py"), tmp_path, work_dir=tmp_path / "w")
     assert not os.listdir(tmp_path / "w")  # nothing left behind
     bad = {**_request(sagemaker_program="train.py"), "InputDataConfig": [], "TrainingJobName": "a_b"}
@@ -174,7 +175,6 @@ def test_source_comes_from_the_submit_directory_tarball_without_a_source_dir(s3,
     import tarfile
 
     from sagemaker_dist.aws.s3_objects import s3_client
-    from sagemaker_dist.host.source_dir import SourceDirError, fetch_source_dir
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:

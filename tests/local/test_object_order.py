@@ -13,7 +13,7 @@ from test_local_feeder import _Feed
 
 from sagemaker_dist.aws.s3_objects import s3_client
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
-from sagemaker_dist.host.channel_objects import ChannelSpec
+from sagemaker_dist.host.feeder import ChannelSpec
 from sagemaker_dist.launch.shard_writer import write_shards
 from sagemaker_dist.launch.sharding import ShardingError, plan_shards
 from sagemaker_dist.local.demo_data import tfrecord_frame

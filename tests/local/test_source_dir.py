@@ -10,7 +10,7 @@ import tarfile
 import pytest
 
 from sagemaker_dist.aws.s3_objects import s3_client
-from sagemaker_dist.host.source_dir import SourceDirError, fetch_source_dir
+from sagemaker_dist.host.lifecycle import SourceDirError, fetch_source_dir
 
 
 def _package(*members: tarfile.TarInfo, body: bytes = b"print('hi')\n") -> bytes:
