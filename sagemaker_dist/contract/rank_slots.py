@@ -2,10 +2,10 @@
 
 ``rank_slots`` computes every rank's slot once, as horovod's ``get_host_assignments`` does, for
 ranks that fill hosts of ``processes_per_host`` in order (how mpirun and horovodrun place them).
-``slot_environment`` renders a slot into Horovod's and Open MPI's variables; ``rank_from_environment``
-reads them back, with one precedence everywhere: Open MPI's (the toolkit launches mpirun) first,
-then Horovod's (horovodrun with Gloo), then ``TF_CONFIG`` (MultiWorkerMirroredStrategy: one worker
-per host, its task index the rank).
+``slot_environment`` and ``mpi_local_environment`` render a slot into Horovod's and Open MPI's
+variables; ``rank_from_environment`` reads them back, with one precedence everywhere: Open MPI's
+(the toolkit launches mpirun) first, then Horovod's (horovodrun with Gloo), then ``TF_CONFIG``
+(MultiWorkerMirroredStrategy: one worker per host, its task index the rank).
 """
 
 from __future__ import annotations
@@ -42,6 +42,11 @@ class RankSlot:
     host: str
 
 
+def host_names(count: int) -> list[str]:
+    """SageMaker's names of a job's ``count`` hosts: ``algo-1`` .. ``algo-<count>``."""
+    return [f"algo-{i + 1}" for i in range(count)]
+
+
 def rank_slots(hosts: Sequence[str], processes_per_host: int) -> list[RankSlot]:
     """Every rank's slot when ranks fill ``hosts`` in order, ``processes_per_host`` each."""
     size = len(hosts) * processes_per_host
@@ -59,19 +64,23 @@ def rank_slots(hosts: Sequence[str], processes_per_host: int) -> list[RankSlot]:
     ]
 
 
-def slot_environment(slot: RankSlot, mpi: bool) -> dict[str, str]:
-    """Horovod's local/cross variables of ``slot`` (and Open MPI's local ones when ``mpi``)."""
-    env = {
+def slot_environment(slot: RankSlot) -> dict[str, str]:
+    """Horovod's local and cross variables of ``slot``."""
+    return {
         "HOROVOD_HOSTNAME": slot.host,
         "HOROVOD_LOCAL_RANK": str(slot.local_rank),
         "HOROVOD_LOCAL_SIZE": str(slot.local_size),
         "HOROVOD_CROSS_RANK": str(slot.cross_rank),
         "HOROVOD_CROSS_SIZE": str(slot.cross_size),
     }
-    if mpi:
-        env["OMPI_COMM_WORLD_LOCAL_RANK"] = str(slot.local_rank)
-        env["OMPI_COMM_WORLD_LOCAL_SIZE"] = str(slot.local_size)
-    return env
+
+
+def mpi_local_environment(slot: RankSlot) -> dict[str, str]:
+    """Open MPI's local variables of ``slot``, which a rank mpirun starts gets from it."""
+    return {
+        "OMPI_COMM_WORLD_LOCAL_RANK": str(slot.local_rank),
+        "OMPI_COMM_WORLD_LOCAL_SIZE": str(slot.local_size),
+    }
 
 
 class RankVariablesError(ValueError):

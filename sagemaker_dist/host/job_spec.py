@@ -7,12 +7,14 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from functools import cached_property
 
 from sagemaker_dist.aws.request_validation import validate_request
 from sagemaker_dist.contract import distributions, toolkit
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract.draft import check_not_a_draft
 from sagemaker_dist.contract.layout import PER_WORKER, ChannelLayout, layout_of
+from sagemaker_dist.contract.rank_slots import RankSlot, host_names, rank_slots
 from sagemaker_dist.contract.training_request import ChannelSpec, TrainingRequest
 from sagemaker_dist.errors import ConfigurationError
 
@@ -40,6 +42,16 @@ class JobSpec(TrainingRequest):
     @property
     def world(self) -> int:
         return self.hosts * self.processes_per_host
+
+    @cached_property
+    def host_names(self) -> tuple[str, ...]:
+        """The hosts' names, as SageMaker gives them (``algo-1`` ..)."""
+        return tuple(host_names(self.hosts))
+
+    @cached_property
+    def slots(self) -> tuple[RankSlot, ...]:
+        """Every rank's slot (host, local and cross rank): ranks fill the hosts in order."""
+        return tuple(rank_slots(self.host_names, self.processes_per_host))
 
     @property
     def distribution(self) -> str:

@@ -16,15 +16,11 @@ from pathlib import Path
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract import toolkit
 from sagemaker_dist.contract.paths import CHECKPOINT_LOCAL_PATH, ROOT_ENV, OptMl
-from sagemaker_dist.contract.rank_slots import RankSlot, rank_slots
+from sagemaker_dist.contract.rank_slots import RankSlot, host_names
 from sagemaker_dist.contract.training_request import ChannelSpec, container_variables
 from sagemaker_dist.errors import ConfigurationError
 
 DEFAULT_INSTANCE_TYPE = "local"  # resourceconfig.json's instance type where the request names none
-
-
-def host_names(count: int) -> list[str]:
-    return [f"algo-{i + 1}" for i in range(count)]
 
 
 @dataclass(frozen=True)
@@ -61,11 +57,15 @@ class JobHosts(Sequence[HostTree]):
     slots: tuple[RankSlot, ...] = ()
 
     @classmethod
-    def of(cls, trees, names: Sequence[str], processes_per_host: int, first_index: int = 0) -> JobHosts:
-        """``trees`` (hosts ``first_index`` on of a job whose hosts are ``names``) with their ranks' slots."""
+    def of(
+        cls, trees, job_slots: Sequence[RankSlot], processes_per_host: int, first_index: int = 0
+    ) -> JobHosts:
+        """``trees`` (hosts ``first_index`` on of a job whose ranks' slots are ``job_slots``) with
+        their ranks' slots."""
         mine = range(first_index, first_index + len(trees))
-        slots = tuple(s for s in rank_slots(list(names), processes_per_host) if s.cross_rank in mine)
-        return cls(tuple(trees), processes_per_host, first_index, slots)
+        return cls(
+            tuple(trees), processes_per_host, first_index, tuple(s for s in job_slots if s.cross_rank in mine)
+        )
 
     def __getitem__(self, index):
         return self.trees[index]
@@ -190,10 +190,9 @@ def host_trees_for(
     """Every host's tree for ``job`` (a ``JobSpec``) under ``base_dir``, as SageMaker lays it out
     (host ``node``'s alone, at ``base_dir``, for a platform's node): one layout for local mode and the
     platforms' pipe agent."""
-    names = host_names(job.hosts)
     trees = build_host_trees(
         base_dir,
-        names,
+        job.host_names,
         job.channels,
         job.hyperparameters,
         instance_type=job.instance_type or DEFAULT_INSTANCE_TYPE,
@@ -203,7 +202,7 @@ def host_trees_for(
         network_interface_name=network_interface_name,
         only=node,
     )
-    return JobHosts.of(trees, names, job.processes_per_host, node or 0)
+    return JobHosts.of(trees, job.slots, job.processes_per_host, node or 0)
 
 
 def sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name) -> dict[str, str]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from sagemaker_dist.contract.environment import inherited, set_variables, variable
 from sagemaker_dist.contract.rank_slots import (
     TORCHRUN_VARIABLES,
+    mpi_local_environment,
     rank_from_environment,
     slot_environment,
 )
@@ -43,9 +44,9 @@ def write_job_file(path: Path, trees, **script) -> None:
                       "ranks": len(mine)})  # fmt: skip
     ranks = []
     for slot in trees.slots:
-        env, with_mpi = slot_environment(slot, mpi=False), slot_environment(slot, mpi=True)
-        mpi_env = {k: v for k, v in with_mpi.items() if k not in env}
-        ranks.append({"host": slot.cross_rank, "env": env, "mpi_env": mpi_env})
+        ranks.append(
+            {"host": slot.cross_rank, "env": slot_environment(slot), "mpi_env": mpi_local_environment(slot)}
+        )
     part = path.with_name(path.name + ".part")
     part.write_text(json.dumps({"hosts": hosts, "ranks": ranks, **script}))
     os.replace(part, path)

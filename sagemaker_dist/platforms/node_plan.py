@@ -18,11 +18,10 @@ from sagemaker_dist.aws.instances import (
     normalize_instance_type,
 )
 from sagemaker_dist.contract.distributions import KUBERNETES_KINDS, distribution, names_where
-from sagemaker_dist.contract.rank_slots import RankSlot, rank_slots
+from sagemaker_dist.contract.rank_slots import RankSlot
 from sagemaker_dist.contract.training_request import ChannelSpec
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.host.job_spec import JobSpec
-from sagemaker_dist.host.opt_ml import host_names
 
 # EFA interfaces per instance type (AWS's EFA "supported instance types"); what the EFA device plugin
 # offers as vpc.amazonaws.com/efa. Types missing here get no EFA request.
@@ -155,9 +154,7 @@ def plan_node(
         raise NodePlanError(
             f"epochs {epochs}: give a whole number >= 1, or leave it out to feed until stopped"
         )
-    slots = tuple(
-        s for s in rank_slots(host_names(job.hosts), job.processes_per_host) if s.cross_rank == node_index
-    )
+    slots = tuple(s for s in job.slots if s.cross_rank == node_index)
     expected = [s.rank for s in slots]
     if ranks is not None and sorted(ranks) != expected:
         raise NodePlanError(

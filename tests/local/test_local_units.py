@@ -14,7 +14,7 @@ from sagemaker_dist import JobSpecError, LocalJobError, run_local
 from sagemaker_dist.aws.request_validation import RequestValidationError
 from sagemaker_dist.contract.hyperparameters import encode_all
 from sagemaker_dist.contract.layout import plan_layout
-from sagemaker_dist.contract.rank_slots import rank_slots, slot_environment
+from sagemaker_dist.contract.rank_slots import mpi_local_environment, rank_slots, slot_environment
 from sagemaker_dist.contract.toolkit import script_argv
 from sagemaker_dist.contract.training_request import ChannelSpec
 from sagemaker_dist.host.lifecycle import SourceDirError, fetch_source_dir
@@ -71,9 +71,9 @@ def test_host_trees_follow_the_container_contract(tmp_path):
 def test_simulated_rank_env_fills_hosts_in_order(rank, local, cross):
     slot = rank_slots(["algo-1", "algo-2", "algo-3"], 2)[rank]
     assert (slot.rank, slot.size, slot.host) == (rank, 6, f"algo-{cross + 1}")
-    env = slot_environment(slot, mpi=False)
+    env = slot_environment(slot)
     assert "OMPI_COMM_WORLD_LOCAL_RANK" not in env
-    assert slot_environment(slot, mpi=True)["OMPI_COMM_WORLD_LOCAL_RANK"] == str(local)
+    assert mpi_local_environment(slot)["OMPI_COMM_WORLD_LOCAL_RANK"] == str(local)
     assert env["HOROVOD_LOCAL_RANK"] == str(local) and env["HOROVOD_LOCAL_SIZE"] == "2"
     assert env["HOROVOD_CROSS_RANK"] == str(cross) and env["HOROVOD_CROSS_SIZE"] == "3"
     assert env["HOROVOD_HOSTNAME"] == f"algo-{cross + 1}"
