@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from sagemaker_dist.contract.hyperparameters import decode_all, user_hyperparameters
 from sagemaker_dist.contract.shell_words import ShellSyntaxError, shell_words
@@ -101,10 +101,18 @@ def container_argv(
 
 
 def _received_argv(hyperparameters, toolkit_version, environ, cwd) -> list[str]:
-    args = toolkit_args(hyperparameters)
+    return received_argv(toolkit_args(hyperparameters), toolkit_version, environ, cwd)
+
+
+def received_argv(
+    args: Sequence[str], toolkit_version: str, environ: Mapping[str, str] | None, cwd: str | None
+) -> list[str]:
+    """What the script receives of the toolkit's argument list ``args`` under that version: the list
+    itself, or (a version that runs it through ``/bin/sh``) the words the shell makes of it.
+    Raises ``ShellSyntaxError`` where that shell would not pass a plain argument list."""
     if runs_through_shell(toolkit_version):
         return shell_words(" ".join(args), environ, cwd)
-    return args
+    return list(args)
 
 
 def user_environment(hyperparameters: Mapping[str, str]) -> dict[str, str]:

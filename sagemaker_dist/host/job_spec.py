@@ -49,6 +49,11 @@ class JobSpec(TrainingRequest):
         return tuple(host_names(self.hosts))
 
     @cached_property
+    def toolkit_args(self) -> tuple[str, ...]:
+        """The script's arguments as the toolkit lists them (``--key value``, sorted), before any shell."""
+        return tuple(toolkit.toolkit_args(self.hyperparameters))
+
+    @cached_property
     def slots(self) -> tuple[RankSlot, ...]:
         """Every rank's slot (host, local and cross rank): ranks fill the hosts in order."""
         return tuple(rank_slots(self.host_names, self.processes_per_host))

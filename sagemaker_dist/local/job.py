@@ -65,7 +65,7 @@ def run_local(
     started = time.monotonic()
     job = JobSpec.from_request(request, timeout, toolkit_version)
     # the launcher the job's registry entry names for the one asked for, checked before anything starts
-    runner = launcher_for(job, launcher, LaunchOptions(container_python, image, work_dir))
+    runner = launcher_for(job.distribution, launcher)(job, LaunchOptions(container_python, image, work_dir))
     runner.check()
     client = s3_client()
     with interrupt_guard() as guard, ExitStack() as stack:

@@ -392,7 +392,7 @@ def test_the_container_launcher_builds_its_host_without_starting_it(tmp_path, mo
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
     request = {**_request(sagemaker_program="train.py"), "ResourceConfig": {"InstanceCount": 1}}
     job = JobSpec.from_request(request)
-    launcher = launcher_for(job, "container", LaunchOptions(image="localhost/img:1"))
+    launcher = launcher_for(job.distribution, "container")(job, LaunchOptions(image="localhost/img:1"))
     launcher.check()
     assert launcher.interface == "lo" and job.world == 1
     (tmp_path / "code").mkdir()
@@ -407,7 +407,9 @@ def test_the_container_launcher_builds_its_host_without_starting_it(tmp_path, mo
     assert (trees[0].root / "code" / "train.py").is_file()  # the given source dir, where the toolkit looks
 
     two_hosts = JobSpec.from_request({**request, "ResourceConfig": {"InstanceCount": 2}})
-    cluster = launcher_for(two_hosts, "container", LaunchOptions(image="localhost/img:1"))
+    cluster = launcher_for(two_hosts.distribution, "container")(
+        two_hosts, LaunchOptions(image="localhost/img:1")
+    )
     assert cluster.interface == INTERFACE
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://10.1.2.3:9000")
     with pytest.raises(ContainerLauncherError):

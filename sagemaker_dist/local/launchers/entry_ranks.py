@@ -120,7 +120,7 @@ class Torchrun(EntryRanks):
 def script_argv(job: JobSpec, env: dict, code_dir: Path) -> list[str]:
     """The entry script's arguments exactly as the image's sagemaker-training toolkit passes them."""
     try:
-        return toolkit.script_argv(job.hyperparameters, job.toolkit_version, env, str(code_dir))
+        return toolkit.received_argv(job.toolkit_args, job.toolkit_version, env, str(code_dir))
     except ShellSyntaxError:
         problems = toolkit.changed_hyperparameters(job.hyperparameters, job.toolkit_version, env)
         raise LocalJobError("; ".join(p for p in problems if "broken command line" in p)) from None

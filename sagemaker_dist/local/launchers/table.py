@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from sagemaker_dist.contract.distributions import DistributionError, distribution
-from sagemaker_dist.host.job_spec import JobSpec
-from sagemaker_dist.local.launchers.base import Launcher, LaunchOptions, LocalJobError
+from sagemaker_dist.local.launchers.base import Launcher, LocalJobError
 from sagemaker_dist.local.launchers.entry_ranks import Horovodrun, Mpirun, TfConfig, Torchrun
 from sagemaker_dist.local.launchers.mpi import LaunchError
 from sagemaker_dist.local.launchers.toolkit_hosts import Container, Toolkit
@@ -28,11 +27,12 @@ def launcher_class(name: str) -> type[Launcher]:
         raise LaunchError(f"launcher {name!r} is not one of {', '.join(IMPLEMENTATIONS)}") from None
 
 
-def launcher_for(job: JobSpec, asked: str, options: LaunchOptions) -> Launcher:
-    """The launcher that runs ``job`` when ``asked`` is asked for: the one its registry entry names
-    (e.g. a tf-mwms job runs one worker per host with TF_CONFIG where no launcher is named)."""
+def launcher_for(distribution_name: str, asked: str) -> type[Launcher]:
+    """The launcher that runs a job of ``distribution_name`` when ``asked`` is asked for: the one its
+    registry entry names (e.g. a tf-mwms job runs one worker per host with TF_CONFIG where no launcher
+    is named)."""
     try:
-        name = distribution(job.distribution).local_launcher(asked)
+        name = distribution(distribution_name).local_launcher(asked)
     except DistributionError as exc:
         raise LocalJobError(str(exc)) from None
-    return launcher_class(name)(job, options)
+    return launcher_class(name)
