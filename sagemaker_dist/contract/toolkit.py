@@ -1,5 +1,6 @@
 """What AWS's sagemaker-training toolkit (the Deep Learning Containers' entry point) does with the
-hyperparameters: the arguments the user script receives and the ``SM_*`` variables it sees.
+hyperparameters and a host's tree: the arguments the user script receives and the ``SM_*`` variables
+it sees (``sm_environment``).
 
 The toolkit json-decodes every value it can (``environment.read_hyperparameters``), keeps the user's
 (not ``sagemaker_*``), sorts the keys, writes ``--key`` (``-k`` for a one-letter key) and turns each
@@ -12,10 +13,12 @@ as two arguments. The TF DLCs carry 4.8.3 (``sagemaker-tensorflow-training`` 20.
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from collections.abc import Mapping, Sequence
 
 from sagemaker_dist.contract.hyperparameters import decode_all, user_hyperparameters
+from sagemaker_dist.contract.paths import ROOT_ENV
 from sagemaker_dist.contract.shell_words import ShellSyntaxError, shell_words
 from sagemaker_dist.errors import ConfigurationError
 
@@ -176,3 +179,41 @@ def _dropped_arguments(hyperparameters: Mapping[str, str], toolkit_version: str,
         "joins the arguments into one /bin/sh command line, where a value with ' #' starts a comment that "
         "drops every later argument. Remove the '#' from that value"
     ]
+
+
+def sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name) -> dict[str, str]:
+    """The variables the sagemaker-training toolkit sets for the user script, for this host (JSON values
+    written as its ``mapping.to_env_vars`` writes them: sorted keys, no spaces)."""
+    user_hps = decode_all(user_hyperparameters(hps))
+    env = {
+        ROOT_ENV: str(tree.root),  # the runtime's override of the /opt/ml root
+        "SM_HOSTS": env_value(names),
+        "SM_CURRENT_HOST": tree.name,
+        "SM_NUM_GPUS": str(num_gpus),
+        "SM_NUM_CPUS": str(os.cpu_count() or 1),
+        "SM_CHANNELS": env_value(sorted(data_config)),
+        "SM_MODEL_DIR": str(tree.model_dir),
+        "SM_OUTPUT_DATA_DIR": str(tree.output_data_dir),
+        "SM_OUTPUT_DIR": str(tree.output_dir),
+        "SM_INPUT_DIR": str(tree.root / "input"),
+        "SM_INPUT_CONFIG_DIR": str(tree.config_dir),
+        "SM_INPUT_DATA_CONFIG": env_value(data_config),
+        "SM_RESOURCE_CONFIG": env_value(resource),
+        "SM_NETWORK_INTERFACE_NAME": resource["network_interface_name"],
+        "SM_CURRENT_INSTANCE_TYPE": resource["current_instance_type"],
+    }
+    for channel in data_config:
+        env[f"SM_CHANNEL_{channel.upper()}"] = str(tree.data_dir / channel)
+    env.update(user_environment(hps))  # SM_HPS, SM_USER_ARGS, SM_HP_<KEY> as the toolkit writes them
+    env["SM_TRAINING_ENV"] = env_value(
+        {
+            "hosts": names,
+            "current_host": tree.name,
+            "channel_input_dirs": {c: env[f"SM_CHANNEL_{c.upper()}"] for c in data_config},
+            "hyperparameters": user_hps,
+            "job_name": job_name,
+            "model_dir": str(tree.model_dir),
+            "num_gpus": num_gpus,
+        }
+    )
+    return env

@@ -196,6 +196,21 @@ class TrainingRequest:
         return f"{self.output_path}/{self.name}/output/{tarball}" if self.output_path else None
 
 
+def input_data_config(channels: Iterable[ChannelSpec]) -> dict[str, dict]:
+    """inputdataconfig.json for the request's channels (FastFile shows as File)."""
+    doc = {}
+    for ch in channels:
+        entry = {
+            "TrainingInputMode": ch.input_mode,
+            "S3DistributionType": ch.distribution,
+            "RecordWrapperType": ch.record_wrapper,
+        }
+        if ch.content_type:
+            entry["ContentType"] = ch.content_type
+        doc[ch.name] = entry
+    return doc
+
+
 def container_variables(job_name: str, environment: Mapping | None) -> dict[str, str]:
     """The variables SageMaker sets in a job's containers from its request: the ``Environment`` map,
     then ``TRAINING_JOB_NAME`` (the platform's: an ``Environment`` entry does not replace it)."""

@@ -12,17 +12,29 @@ ranks is the caller's.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import stat
 import tarfile
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
+from sagemaker_dist.contract import toolkit
+from sagemaker_dist.contract.hyperparameters import encode_all
 from sagemaker_dist.contract.paths import contained_path
+from sagemaker_dist.contract.rank_slots import host_names
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
-from sagemaker_dist.contract.training_request import MODEL_TARBALL, OUTPUT_TARBALL, ChannelSpec
+from sagemaker_dist.contract.training_request import (
+    MODEL_TARBALL,
+    OUTPUT_TARBALL,
+    ChannelSpec,
+    container_variables,
+    input_data_config,
+)
 from sagemaker_dist.errors import ConfigurationError, DataError
 from sagemaker_dist.host.feeder import (
     ChannelFeeder,
@@ -34,12 +46,110 @@ from sagemaker_dist.host.feeder import (
     epoch_objects,
     resolve_objects,
 )
-from sagemaker_dist.host.opt_ml import JobHosts, host_trees_for
+from sagemaker_dist.host.opt_ml import HostTree, JobHosts
 from sagemaker_dist.host.outputs import CheckpointSync, pack_and_upload
 
 
 class OutputUploadError(DataError):
     """The job's model or output could not be packed into the output path; names the host and target."""
+
+
+DEFAULT_INSTANCE_TYPE = "local"  # resourceconfig.json's instance type where the request names none
+
+
+def build_host_trees(
+    base_dir: Path,
+    hosts: int | Sequence[str],
+    channels: Sequence[ChannelSpec],
+    hyperparameters: dict,
+    instance_type: str = DEFAULT_INSTANCE_TYPE,
+    num_gpus: int = 0,
+    job_name: str = "local-job",
+    environment: dict | None = None,
+    checkpoint_local_path: str | None = None,
+    network_interface_name: str = "lo",
+    only: int | None = None,
+) -> list[HostTree]:
+    """Create ``base_dir/algo-N`` trees with the three config files and return them with their env
+    (``hosts``: how many, or their names).
+    ``network_interface_name``: the interface the hosts reach each other on, which the toolkit gives
+    mpirun (``lo`` where they all run on this machine's loopback). ``only``: host ``only``'s tree
+    alone (a platform's node), at ``base_dir`` itself (the node's root), still naming every host of
+    the job. Each file is written beside and renamed into place, so a rank that starts early (a
+    platform's) never reads half of one; FIFOs an earlier run left in the data dir are removed."""
+    names = host_names(hosts) if isinstance(hosts, int) else list(hosts)
+    hps = encode_all(hyperparameters)
+    data_config = input_data_config(channels)
+    trees = []
+    for name in names if only is None else names[only : only + 1]:
+        root = Path(base_dir) / name if only is None else Path(base_dir)
+        tree = HostTree.laid_out(root, name, checkpoint_local_path)
+        config_dir = tree.config_dir
+        for d in (
+            config_dir,
+            tree.data_dir,
+            tree.model_dir,
+            tree.output_data_dir,
+            tree.output_dir / "tensorboard",
+            tree.checkpoint_dir,
+        ):
+            d.mkdir(parents=True, exist_ok=True)
+        resource = {
+            "current_host": name,
+            "hosts": names,
+            "network_interface_name": network_interface_name,
+            "current_instance_type": instance_type,
+            "current_group_name": "homogeneousCluster",
+            "instance_groups": [
+                {"instance_group_name": "homogeneousCluster", "instance_type": instance_type, "hosts": names}
+            ],
+        }
+        files = {
+            "resourceconfig.json": resource,
+            "inputdataconfig.json": data_config,
+            "hyperparameters.json": hps,
+        }
+        for filename, doc in files.items():
+            _write_whole(config_dir / filename, json.dumps(doc, indent=1))
+        _remove_fifos(tree.data_dir)
+        tree.env.update(toolkit.sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name))
+        tree.env.update(container_variables(job_name, environment))
+        trees.append(tree)
+    return trees
+
+
+def _write_whole(path: Path, text: str) -> None:
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
+def _remove_fifos(data_dir: Path) -> None:
+    """An earlier run's FIFOs on a platform's node would block the feeder's mkfifo."""
+    for stale in data_dir.iterdir():
+        if stat.S_ISFIFO(stale.lstat().st_mode):
+            stale.unlink()
+
+
+def host_trees_for(
+    job, base_dir: Path, network_interface_name: str = "lo", node: int | None = None
+) -> JobHosts:
+    """Every host's tree for ``job`` (a ``JobSpec``) under ``base_dir``, as SageMaker lays it out
+    (host ``node``'s alone, at ``base_dir``, for a platform's node): one layout for local mode and the
+    platforms' pipe agent."""
+    trees = build_host_trees(
+        base_dir,
+        job.host_names,
+        job.channels,
+        job.hyperparameters,
+        instance_type=job.instance_type or DEFAULT_INSTANCE_TYPE,
+        job_name=job.name,
+        environment=job.environment,
+        checkpoint_local_path=job.checkpoint_local_path,
+        network_interface_name=network_interface_name,
+        only=node,
+    )
+    return JobHosts.of(trees, job.slots, job.processes_per_host, node or 0)
 
 
 class HostLifecycle:

@@ -150,7 +150,7 @@ def test_each_hosts_variables_are_written_as_the_toolkit_writes_them(tmp_path):
     the real toolkit writes reading that tree's config files: the same strings, JSON spacing included."""
     from sagemaker_dist.contract.layout import plan_layout
     from sagemaker_dist.contract.training_request import ChannelSpec
-    from sagemaker_dist.host.opt_ml import build_host_trees
+    from sagemaker_dist.host.lifecycle import build_host_trees
 
     if not TOOLKIT_PYTHON.is_file():
         pytest.skip(f"no sagemaker-training virtual environment at {TOOLKIT_PYTHON}; run scripts/setup.sh")

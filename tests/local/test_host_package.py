@@ -13,8 +13,12 @@ from helpers.small_request import small_request
 import sagemaker_dist
 from sagemaker_dist.aws.s3_objects import s3_client
 from sagemaker_dist.host.job_spec import JobSpec
-from sagemaker_dist.host.lifecycle import HostLifecycle, OutputUploadError
-from sagemaker_dist.host.opt_ml import DEFAULT_INSTANCE_TYPE, host_trees_for
+from sagemaker_dist.host.lifecycle import (
+    DEFAULT_INSTANCE_TYPE,
+    HostLifecycle,
+    OutputUploadError,
+    host_trees_for,
+)
 from sagemaker_dist.local.demo import prepare_demo_job
 from sagemaker_dist.local.rank_entry import write_job_file
 

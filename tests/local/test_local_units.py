@@ -17,8 +17,7 @@ from sagemaker_dist.contract.layout import plan_layout
 from sagemaker_dist.contract.rank_slots import mpi_local_environment, rank_slots, slot_environment
 from sagemaker_dist.contract.toolkit import script_argv
 from sagemaker_dist.contract.training_request import ChannelSpec
-from sagemaker_dist.host.lifecycle import SourceDirError, fetch_source_dir
-from sagemaker_dist.host.opt_ml import build_host_trees
+from sagemaker_dist.host.lifecycle import SourceDirError, build_host_trees, fetch_source_dir
 from sagemaker_dist.local.demo_data import encode_example, generate_examples, tfrecord_file
 from sagemaker_dist.local.launchers.base import describe_exit
 from sagemaker_dist.local.launchers.mpi import LaunchError
@@ -380,7 +379,7 @@ def test_the_container_launcher_builds_its_host_without_starting_it(tmp_path, mo
     from contextlib import ExitStack
 
     from sagemaker_dist.host.job_spec import JobSpec
-    from sagemaker_dist.host.opt_ml import host_trees_for
+    from sagemaker_dist.host.lifecycle import host_trees_for
     from sagemaker_dist.local.launchers import toolkit_hosts
     from sagemaker_dist.local.launchers.base import JobSetup, LaunchOptions
     from sagemaker_dist.local.launchers.cluster_plan import INTERFACE
