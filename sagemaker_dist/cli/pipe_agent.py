@@ -3,7 +3,6 @@ Kubernetes jobs run one per node)."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 from sagemaker_dist.contract.paths import opt_ml_root
@@ -55,21 +54,13 @@ def register(subparsers) -> None:
 
 
 def pipe_agent_command(args) -> int:
-    from sagemaker_dist.aws.s3_objects import s3_client
-    from sagemaker_dist.host.opt_ml import fresh_private_root
-    from sagemaker_dist.platforms.node_plan import parse_ranks, plan_node
-    from sagemaker_dist.platforms.pipe_agent import load_job_spec, run_agent, stop_on_signals
+    from sagemaker_dist.platforms.pipe_agent import serve_node
 
-    root = args.root or opt_ml_root()
-    if args.private_root:
-        fresh_private_root(root)
-    client = s3_client()
-    request = load_job_spec(args.spec, client)
-    ranks = parse_ranks(args.ranks) if args.ranks else None
-    plan = plan_node(request, args.node_index, ranks, args.epochs, args.shuffle_seed)
-    stop = threading.Event()
-    stop_on_signals(stop, root, args.drain, _echo)
-    run_agent(plan, root, client, stop, args.until_pid, echo=_echo)
+    serve_node(
+        args.spec, args.node_index, args.root or opt_ml_root(), ranks=args.ranks, epochs=args.epochs,
+        shuffle_seed=args.shuffle_seed, private_root=args.private_root, drain=args.drain,
+        until_pid=args.until_pid, echo=_echo,
+    )  # fmt: skip
     return 0
 
 

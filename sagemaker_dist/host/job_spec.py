@@ -1,12 +1,16 @@
 """A CreateTrainingJob request as a host runs it (its typed members, and the hosts, ranks per host,
 layout and entry script they imply), read and checked once, with no I/O: local mode, the platforms'
-planners and every pipe agent start from it."""
+planners and every pipe agent start from it. A platform's node plans its part from it
+(``plan_node``): which ranks run on it and which channels it feeds (those its ranks read, as the
+channel layout maps them, plus the channels every rank shares; on SageMaker every host gets a FIFO
+for every channel, and an agent feeds only its own ranks', so a node never waits on a FIFO nobody
+will open)."""
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cached_property
 
 from sagemaker_dist.aws.request_validation import validate_request
@@ -57,6 +61,12 @@ class JobSpec(TrainingRequest):
     def slots(self) -> tuple[RankSlot, ...]:
         """Every rank's slot (host, local and cross rank): ranks fill the hosts in order."""
         return tuple(rank_slots(self.host_names, self.processes_per_host))
+
+    @cached_property
+    def slots_by_host(self) -> tuple[tuple[RankSlot, ...], ...]:
+        """The slots of each host's ranks, in host order."""
+        per = self.processes_per_host
+        return tuple(self.slots[i * per : (i + 1) * per] for i in range(self.hosts))
 
     @property
     def distribution(self) -> str:
@@ -133,3 +143,82 @@ def _processes_per_host(hps: dict, layout: ChannelLayout | None) -> int:
     if value < 1:
         raise JobSpecError(f"sagemaker_mpi_num_of_processes_per_host is {value}; it must be >= 1")
     return value
+
+
+class NodePlanError(ConfigurationError):
+    """A node index, rank list or option that does not fit the job; the message says what does."""
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One node of a job: its host name (``algo-<i+1>``), its ranks and the channels it feeds."""
+
+    job: JobSpec
+    node_index: int
+    slots: tuple[RankSlot, ...]
+    channels: tuple[ChannelSpec, ...]
+    epochs: int | None
+
+    @property
+    def host(self) -> str:
+        return self.slots[0].host  # its ranks' (a node runs processes_per_host >= 1 of them)
+
+    @property
+    def ranks(self) -> list[int]:
+        return [s.rank for s in self.slots]
+
+    def describe(self) -> str:
+        names = ", ".join(c.name for c in self.channels) or "none"
+        return (
+            f"node {self.node_index} ({self.host}) of {self.job.hosts}, job {self.job.name}: "
+            f"rank(s) {', '.join(map(str, self.ranks))}; channels {names}"
+        )
+
+
+def plan_node(
+    request: dict | JobSpec,
+    node_index: int,
+    ranks: list[int] | None = None,
+    epochs: int | None = None,
+    shuffle_seed: int | None = None,
+) -> NodePlan:
+    """The plan of node ``node_index`` of the job ``request`` (a CreateTrainingJob request).
+
+    ``ranks`` are checked against the job: ranks fill nodes in order, processes-per-host each (as
+    mpirun's ``-map-by slot``, Slurm's block distribution and mpi-operator's hostfile place them).
+    ``shuffle_seed`` turns on a per-epoch shuffle of every channel (overriding the request's).
+    """
+    job = JobSpec.of(request)
+    if not 0 <= node_index < job.hosts:
+        raise NodePlanError(
+            f"node index {node_index} is not a node of job {job.name}: it has {job.hosts} node(s), "
+            f"0..{job.hosts - 1} (ResourceConfig.InstanceCount)"
+        )
+    if epochs is not None and epochs < 1:
+        raise NodePlanError(
+            f"epochs {epochs}: give a whole number >= 1, or leave it out to feed until stopped"
+        )
+    slots = job.slots_by_host[node_index]
+    expected = [s.rank for s in slots]
+    if ranks is not None and sorted(ranks) != expected:
+        raise NodePlanError(
+            f"node {node_index} runs rank(s) {', '.join(map(str, expected))} of job {job.name} "
+            f"({job.hosts} node(s) x {job.processes_per_host} process(es), filled in order), not "
+            f"{', '.join(map(str, ranks)) or 'none'}; start the ranks that way or fix --node-index"
+        )
+    channels = _node_channels(job, slots)
+    if shuffle_seed is not None:
+        channels = tuple(replace(c, shuffle_seed=shuffle_seed) for c in channels)
+    return NodePlan(job, node_index, slots, channels, epochs)
+
+
+def _node_channels(job: JobSpec, slots) -> tuple[ChannelSpec, ...]:
+    """The channels this node's ranks read; every channel when the request carries no layout."""
+    layout = job.layout
+    if layout is None:
+        return job.channels
+    mine = set(layout.shared_channels)
+    for slot in slots:
+        mine |= {layout.channel_for(role.role, slot.rank, slot.local_rank) for role in layout.roles}
+    laid_out = set(layout.channel_names)
+    return tuple(s for s in job.channels if s.name in mine or s.name not in laid_out)

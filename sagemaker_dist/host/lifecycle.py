@@ -149,7 +149,7 @@ def host_trees_for(
         network_interface_name=network_interface_name,
         only=node,
     )
-    return JobHosts.of(trees, job.slots, job.processes_per_host, node or 0)
+    return JobHosts.of(trees, job, node or 0)
 
 
 class HostLifecycle:

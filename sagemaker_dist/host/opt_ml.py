@@ -52,15 +52,10 @@ class JobHosts(Sequence[HostTree]):
     slots: tuple[RankSlot, ...] = ()
 
     @classmethod
-    def of(
-        cls, trees, job_slots: Sequence[RankSlot], processes_per_host: int, first_index: int = 0
-    ) -> JobHosts:
-        """``trees`` (hosts ``first_index`` on of a job whose ranks' slots are ``job_slots``) with
-        their ranks' slots."""
-        mine = range(first_index, first_index + len(trees))
-        return cls(
-            tuple(trees), processes_per_host, first_index, tuple(s for s in job_slots if s.cross_rank in mine)
-        )
+    def of(cls, trees, job, first_index: int = 0) -> JobHosts:
+        """``trees``: hosts ``first_index`` on of ``job`` (a ``JobSpec``), with their ranks' slots."""
+        hosts = job.slots_by_host[first_index : first_index + len(trees)]
+        return cls(tuple(trees), job.processes_per_host, first_index, tuple(s for h in hosts for s in h))
 
     def __getitem__(self, index):
         return self.trees[index]

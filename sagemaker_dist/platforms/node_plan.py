@@ -1,15 +1,9 @@
-"""What one node's Pipe-mode agent does, as pure data: which host of the job it is, which ranks run on
-it, and which channels it feeds (those its ranks read, as the channel layout maps them, plus the
-channels every rank shares). No I/O: the agent (``pipe_agent``) acts on the plan.
-
-On SageMaker every host gets a FIFO for every channel; an agent feeds only its own ranks' channels,
-so a node never waits on a FIFO nobody will open.
+"""What a platform's nodes need, as pure data: the ranks and GPUs per node of an instance type, its EFA
+interfaces, which platform forms run a job's distribution, and a node's ranks as a command line gives
+them. A node's own plan (its ranks and the channels it feeds) is ``host.job_spec.plan_node``'s.
 """
 
 from __future__ import annotations
-
-import dataclasses
-from dataclasses import dataclass
 
 from sagemaker_dist.aws.instances import (
     ProcessesPerHostError,
@@ -18,10 +12,7 @@ from sagemaker_dist.aws.instances import (
     normalize_instance_type,
 )
 from sagemaker_dist.contract.distributions import KUBERNETES_KINDS, distribution, names_where
-from sagemaker_dist.contract.rank_slots import RankSlot
-from sagemaker_dist.contract.training_request import ChannelSpec
-from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.host.job_spec import JobSpec
+from sagemaker_dist.host.job_spec import JobSpec, NodePlanError
 
 # EFA interfaces per instance type (AWS's EFA "supported instance types"); what the EFA device plugin
 # offers as vpc.amazonaws.com/efa. Types missing here get no EFA request.
@@ -38,36 +29,6 @@ EFA_INTERFACES = {
     "ml.trn1.32xlarge": 8,
     "ml.trn1n.32xlarge": 16,
 }
-
-
-class NodePlanError(ConfigurationError):
-    """A node index, rank list or option that does not fit the job; the message says what does."""
-
-
-@dataclass(frozen=True)
-class NodePlan:
-    """One node of a job: its host name (``algo-<i+1>``), its ranks and the channels it feeds."""
-
-    job: JobSpec
-    node_index: int
-    slots: tuple[RankSlot, ...]
-    channels: tuple[ChannelSpec, ...]
-    epochs: int | None
-
-    @property
-    def host(self) -> str:
-        return self.slots[0].host  # its ranks' (a node runs processes_per_host >= 1 of them)
-
-    @property
-    def ranks(self) -> list[int]:
-        return [s.rank for s in self.slots]
-
-    def describe(self) -> str:
-        names = ", ".join(c.name for c in self.channels) or "none"
-        return (
-            f"node {self.node_index} ({self.host}) of {self.job.hosts}, job {self.job.name}: "
-            f"rank(s) {', '.join(map(str, self.ranks))}; channels {names}"
-        )
 
 
 def ranks_per_node(
@@ -129,52 +90,3 @@ def parse_ranks(text: str) -> list[int]:
         except ValueError:
             raise NodePlanError(f"ranks {text!r}: {part!r} is not a rank or a range such as 0-7") from None
     return ranks
-
-
-def plan_node(
-    request: dict | JobSpec,
-    node_index: int,
-    ranks: list[int] | None = None,
-    epochs: int | None = None,
-    shuffle_seed: int | None = None,
-) -> NodePlan:
-    """The plan of node ``node_index`` of the job ``request`` (a CreateTrainingJob request).
-
-    ``ranks`` are checked against the job: ranks fill nodes in order, processes-per-host each (as
-    mpirun's ``-map-by slot``, Slurm's block distribution and mpi-operator's hostfile place them).
-    ``shuffle_seed`` turns on a per-epoch shuffle of every channel (overriding the request's).
-    """
-    job = JobSpec.of(request)
-    if not 0 <= node_index < job.hosts:
-        raise NodePlanError(
-            f"node index {node_index} is not a node of job {job.name}: it has {job.hosts} node(s), "
-            f"0..{job.hosts - 1} (ResourceConfig.InstanceCount)"
-        )
-    if epochs is not None and epochs < 1:
-        raise NodePlanError(
-            f"epochs {epochs}: give a whole number >= 1, or leave it out to feed until stopped"
-        )
-    slots = tuple(s for s in job.slots if s.cross_rank == node_index)
-    expected = [s.rank for s in slots]
-    if ranks is not None and sorted(ranks) != expected:
-        raise NodePlanError(
-            f"node {node_index} runs rank(s) {', '.join(map(str, expected))} of job {job.name} "
-            f"({job.hosts} node(s) x {job.processes_per_host} process(es), filled in order), not "
-            f"{', '.join(map(str, ranks)) or 'none'}; start the ranks that way or fix --node-index"
-        )
-    channels = _node_channels(job, slots)
-    if shuffle_seed is not None:
-        channels = tuple(dataclasses.replace(c, shuffle_seed=shuffle_seed) for c in channels)
-    return NodePlan(job, node_index, slots, channels, epochs)
-
-
-def _node_channels(job: JobSpec, slots) -> tuple[ChannelSpec, ...]:
-    """The channels this node's ranks read; every channel when the request carries no layout."""
-    layout = job.layout
-    if layout is None:
-        return job.channels
-    mine = set(layout.shared_channels)
-    for slot in slots:
-        mine |= {layout.channel_for(role.role, slot.rank, slot.local_rank) for role in layout.roles}
-    laid_out = set(layout.channel_names)
-    return tuple(s for s in job.channels if s.name in mine or s.name not in laid_out)

@@ -18,15 +18,16 @@ import threading
 import time
 from pathlib import Path
 
-from sagemaker_dist.aws.s3_objects import S3AccessError
+from sagemaker_dist.aws.s3_objects import S3AccessError, s3_client
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.contract.training_request import request_from_json
 from sagemaker_dist.errors import ConfigurationError, DataError
 from sagemaker_dist.host.feeder import ChannelFeeder, FeedError, resolve_objects
-from sagemaker_dist.host.job_spec import JobSpecError
+from sagemaker_dist.host.job_spec import JobSpecError, NodePlan, plan_node
 from sagemaker_dist.host.lifecycle import HostLifecycle
+from sagemaker_dist.host.opt_ml import fresh_private_root
 from sagemaker_dist.host.processes import pid_running
-from sagemaker_dist.platforms.node_plan import NodePlan
+from sagemaker_dist.platforms.node_plan import parse_ranks
 
 READY_FILE = "pipe_agent_ready"  # in the node's root once config, code and FIFOs are in place
 POLL_S = 0.2
@@ -97,6 +98,33 @@ def check_s3_access(plan: NodePlan, client) -> dict[str, list]:
             raise AgentS3AccessError(f"node {plan.node_index}: {exc}") from exc
         found[spec.name] = items
     return found
+
+
+def serve_node(
+    spec: str,
+    node_index: int,
+    root: Path,
+    *,
+    ranks: str | None = None,
+    epochs: int | None = None,
+    shuffle_seed: int | None = None,
+    private_root: bool = False,
+    drain: float = 0.0,
+    until_pid: int | None = None,
+    echo=print,
+) -> None:
+    """``sagemaker-dist pipe-agent``: node ``node_index`` of the job in ``spec`` (a JSON file or an
+    ``s3://`` URI) planned (``ranks``, as ``"0-7"``, checked against it), then run (``run_agent``) under
+    ``root`` (made this user's alone first where ``private_root``) until a signal stops it
+    (``stop_on_signals``, with ``drain``), ``until_pid`` exits or ``epochs`` are fed."""
+    if private_root:
+        fresh_private_root(root)
+    client = s3_client()
+    asked = parse_ranks(ranks) if ranks else None
+    plan = plan_node(load_job_spec(spec, client), node_index, asked, epochs, shuffle_seed)
+    stop = threading.Event()
+    stop_on_signals(stop, root, drain, echo)
+    run_agent(plan, root, client, stop, until_pid, echo=echo)
 
 
 def run_agent(

@@ -331,8 +331,8 @@ def test_a_checkpoint_local_path_that_climbs_out_is_refused_before_anything_star
 
 
 def test_the_pipe_agent_refuses_a_hostile_manifest_entry_before_it_writes_the_node_tree(s3, bucket, tmp_path):
+    from sagemaker_dist.host.job_spec import plan_node
     from sagemaker_dist.local.demo import prepare_demo_job
-    from sagemaker_dist.platforms.node_plan import plan_node
     from sagemaker_dist.platforms.pipe_agent import AgentS3AccessError, run_agent
 
     request = prepare_demo_job(bucket, 2, 1, printer=None).request
