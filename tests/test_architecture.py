@@ -36,6 +36,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import sagemaker_dist
 
 PACKAGE = Path(sagemaker_dist.__file__).parent
@@ -781,6 +783,46 @@ def test_the_request_rule_catches_a_read(tmp_path):
         'ok = job.checkpoint_s3_uri and {"TrainingJobName": name} and response["Key"]\n'
     )
     assert [h.split(":")[0] for h in _request_key_reads(bad)] == ["1", "2", "2", "3", "4", "5"]
+
+
+# What a job's hosts derive from its request, each worked out in one module: the hosts' names and the
+# ranks' slots (the job spec, from the contract's rule), the script's argument list (the job spec), the
+# trees and the source package (the host lifecycle, for local mode and every pipe agent alike).
+DERIVED_ONCE = {
+    "rank_slots": ("sagemaker_dist.contract.rank_slots", "sagemaker_dist.host.job_spec"),
+    "host_names": ("sagemaker_dist.contract.rank_slots", "sagemaker_dist.host.job_spec"),
+    "toolkit_args": ("sagemaker_dist.contract.toolkit", "sagemaker_dist.host.job_spec"),
+    "build_host_trees": ("sagemaker_dist.host.lifecycle",),
+    "host_trees_for": ("sagemaker_dist.host.lifecycle",),
+    "fetch_source_dir": ("sagemaker_dist.host.lifecycle",),
+}
+
+
+def _calls_of(name: str):
+    def find(path: Path) -> list[str]:
+        return [
+            f"{node.lineno}: {ast.unparse(node)[:80]}"
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call)
+            and name in (getattr(node.func, "id", None), getattr(node.func, "attr", None))
+        ]
+
+    return find
+
+
+@pytest.mark.parametrize("name", sorted(DERIVED_ONCE))
+def test_what_the_hosts_derive_from_the_request_is_worked_out_in_one_module(name):
+    """The request is read once (above), and what its hosts derive from it is worked out once: a
+    launcher, the rank entry or a platform reads the job spec's ``host_names``, ``slots`` and
+    ``toolkit_args`` and the lifecycle's trees, not a formula of its own beside them."""
+    hits = _found_outside(_calls_of(name), DERIVED_ONCE[name])
+    assert hits == [], f"{name}() called outside {DERIVED_ONCE[name]}:\n" + "\n".join(hits)
+
+
+def test_the_derivation_rule_catches_a_call(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("a = rank_slots(names, 2)\nb = slots.rank_slots(names, 2)\nc = job.slots\n")
+    assert [h.split(":")[0] for h in _calls_of("rank_slots")(bad)] == ["1", "2"]
 
 
 ENVIRONMENT_MODULE = "sagemaker_dist.contract.environment"

@@ -26,7 +26,6 @@ from pathlib import Path
 from sagemaker_dist.contract import toolkit
 from sagemaker_dist.contract.hyperparameters import encode_all
 from sagemaker_dist.contract.paths import contained_path
-from sagemaker_dist.contract.rank_slots import host_names
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.contract.training_request import (
     MODEL_TARBALL,
@@ -59,7 +58,7 @@ DEFAULT_INSTANCE_TYPE = "local"  # resourceconfig.json's instance type where the
 
 def build_host_trees(
     base_dir: Path,
-    hosts: int | Sequence[str],
+    names: Sequence[str],
     channels: Sequence[ChannelSpec],
     hyperparameters: dict,
     instance_type: str = DEFAULT_INSTANCE_TYPE,
@@ -70,14 +69,14 @@ def build_host_trees(
     network_interface_name: str = "lo",
     only: int | None = None,
 ) -> list[HostTree]:
-    """Create ``base_dir/algo-N`` trees with the three config files and return them with their env
-    (``hosts``: how many, or their names).
+    """Create ``base_dir/<name>`` trees for the hosts ``names`` (the job's ``host_names``) with the
+    three config files and return them with their env.
     ``network_interface_name``: the interface the hosts reach each other on, which the toolkit gives
     mpirun (``lo`` where they all run on this machine's loopback). ``only``: host ``only``'s tree
     alone (a platform's node), at ``base_dir`` itself (the node's root), still naming every host of
     the job. Each file is written beside and renamed into place, so a rank that starts early (a
     platform's) never reads half of one; FIFOs an earlier run left in the data dir are removed."""
-    names = host_names(hosts) if isinstance(hosts, int) else list(hosts)
+    names = list(names)
     hps = encode_all(hyperparameters)
     data_config = input_data_config(channels)
     trees = []

@@ -168,7 +168,7 @@ def test_each_hosts_variables_are_written_as_the_toolkit_writes_them(tmp_path):
     ]
     hps = {"epochs": 3, "name": "a b", "sagemaker_dist_layout": plan_layout(2, 1).to_json()}
     specs = [ChannelSpec.from_request(c) for c in channels]
-    tree = build_host_trees(tmp_path, 2, specs, hps, instance_type="ml.g5.2xlarge")[1]
+    tree = build_host_trees(tmp_path, ["algo-1", "algo-2"], specs, hps, instance_type="ml.g5.2xlarge")[1]
     out = tmp_path / "out.json"
     proc = subprocess.run(
         [str(TOOLKIT_PYTHON), str(PROBE), str(tree.root), str(out)],

@@ -46,7 +46,7 @@ def test_host_trees_follow_the_container_contract(tmp_path):
     layout = plan_layout(2, 2)
     hps = {"epochs": 3, "lr": 0.1, "name": "x", "sagemaker_dist_layout": layout.to_json()}
     channels = [ChannelSpec.from_request(c) for c in (_channel("train_0"), _channel("eval", "FastFile"))]
-    trees = build_host_trees(tmp_path, 2, channels, hps)
+    trees = build_host_trees(tmp_path, ["algo-1", "algo-2"], channels, hps)
     assert [t.name for t in trees] == ["algo-1", "algo-2"]
     config = trees[1].root / "input" / "config"
     resource = json.loads((config / "resourceconfig.json").read_text())
