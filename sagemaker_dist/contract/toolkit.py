@@ -16,6 +16,8 @@ import json
 import os
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from sagemaker_dist.contract.hyperparameters import decode_all, user_hyperparameters
 from sagemaker_dist.contract.paths import ROOT_ENV
@@ -64,9 +66,23 @@ def env_value(value) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
+@dataclass(frozen=True)
+class ScriptHyperparameters:
+    """The stored hyperparameters as the toolkit reads them for the script, once: the user's
+    (json-decoded, no ``sagemaker_*``) and the argument list it makes of them, before any shell."""
+
+    user: dict[str, Any]
+    args: tuple[str, ...]
+
+    @classmethod
+    def read(cls, hyperparameters: Mapping[str, str]) -> ScriptHyperparameters:
+        user = user_hyperparameters(decode_all(hyperparameters))
+        return cls(user, tuple(cmd_args(user)))
+
+
 def toolkit_args(hyperparameters: Mapping[str, str]) -> list[str]:
     """The toolkit's argument list for the stored (string) hyperparameters, before any shell."""
-    return cmd_args(user_hyperparameters(decode_all(hyperparameters)))
+    return list(ScriptHyperparameters.read(hyperparameters).args)
 
 
 def script_argv(
@@ -118,14 +134,14 @@ def received_argv(
     return list(args)
 
 
-def user_environment(hyperparameters: Mapping[str, str]) -> dict[str, str]:
-    """``SM_HPS``, ``SM_USER_ARGS`` and ``SM_HP_<KEY>`` as the toolkit sets them."""
-    user = user_hyperparameters(decode_all(hyperparameters))
-    env = {
-        "SM_HPS": env_value(user),
-        "SM_USER_ARGS": env_value(cmd_args(user)),
-    }
-    env.update({f"SM_HP_{str(key).upper()}": env_value(value) for key, value in user.items()})
+def user_environment(hyperparameters: Mapping[str, str] | ScriptHyperparameters) -> dict[str, str]:
+    """``SM_HPS``, ``SM_USER_ARGS`` and ``SM_HP_<KEY>`` as the toolkit sets them (for the stored
+    hyperparameters, or as read already)."""
+    script = hyperparameters
+    if not isinstance(script, ScriptHyperparameters):
+        script = ScriptHyperparameters.read(script)
+    env = {"SM_HPS": env_value(script.user), "SM_USER_ARGS": env_value(list(script.args))}
+    env.update({f"SM_HP_{str(key).upper()}": env_value(value) for key, value in script.user.items()})
     return env
 
 
@@ -181,10 +197,12 @@ def _dropped_arguments(hyperparameters: Mapping[str, str], toolkit_version: str,
     ]
 
 
-def sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name) -> dict[str, str]:
+def sm_environment(
+    tree, names, data_config, script: ScriptHyperparameters, resource, num_gpus, job_name
+) -> dict[str, str]:
     """The variables the sagemaker-training toolkit sets for the user script, for this host (JSON values
-    written as its ``mapping.to_env_vars`` writes them: sorted keys, no spaces)."""
-    user_hps = decode_all(user_hyperparameters(hps))
+    written as its ``mapping.to_env_vars`` writes them: sorted keys, no spaces); ``script``: the job's
+    hyperparameters as the toolkit reads them."""
     env = {
         ROOT_ENV: str(tree.root),  # the runtime's override of the /opt/ml root
         "SM_HOSTS": env_value(names),
@@ -204,13 +222,13 @@ def sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name) 
     }
     for channel in data_config:
         env[f"SM_CHANNEL_{channel.upper()}"] = str(tree.data_dir / channel)
-    env.update(user_environment(hps))  # SM_HPS, SM_USER_ARGS, SM_HP_<KEY> as the toolkit writes them
+    env.update(user_environment(script))  # SM_HPS, SM_USER_ARGS, SM_HP_<KEY> as the toolkit writes them
     env["SM_TRAINING_ENV"] = env_value(
         {
             "hosts": names,
             "current_host": tree.name,
             "channel_input_dirs": {c: env[f"SM_CHANNEL_{c.upper()}"] for c in data_config},
-            "hyperparameters": user_hps,
+            "hyperparameters": script.user,
             "job_name": job_name,
             "model_dir": str(tree.model_dir),
             "num_gpus": num_gpus,

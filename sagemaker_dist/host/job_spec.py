@@ -53,9 +53,14 @@ class JobSpec(TrainingRequest):
         return tuple(host_names(self.hosts))
 
     @cached_property
+    def script_hyperparameters(self) -> toolkit.ScriptHyperparameters:
+        """The hyperparameters as the toolkit reads them for the script: the user's, and the argument
+        list it makes of them (``--key value``, sorted) before any shell."""
+        return toolkit.ScriptHyperparameters.read(self.hyperparameters)
+
+    @property
     def toolkit_args(self) -> tuple[str, ...]:
-        """The script's arguments as the toolkit lists them (``--key value``, sorted), before any shell."""
-        return tuple(toolkit.toolkit_args(self.hyperparameters))
+        return self.script_hyperparameters.args
 
     @cached_property
     def slots(self) -> tuple[RankSlot, ...]:

@@ -68,6 +68,7 @@ def build_host_trees(
     checkpoint_local_path: str | None = None,
     network_interface_name: str = "lo",
     only: int | None = None,
+    script: toolkit.ScriptHyperparameters | None = None,
 ) -> list[HostTree]:
     """Create ``base_dir/<name>`` trees for the hosts ``names`` (the job's ``host_names``) with the
     three config files and return them with their env.
@@ -75,9 +76,11 @@ def build_host_trees(
     mpirun (``lo`` where they all run on this machine's loopback). ``only``: host ``only``'s tree
     alone (a platform's node), at ``base_dir`` itself (the node's root), still naming every host of
     the job. Each file is written beside and renamed into place, so a rank that starts early (a
-    platform's) never reads half of one; FIFOs an earlier run left in the data dir are removed."""
+    platform's) never reads half of one; FIFOs an earlier run left in the data dir are removed.
+    ``script``: the hyperparameters as the toolkit reads them, where the job has read them already."""
     names = list(names)
     hps = encode_all(hyperparameters)
+    script = script or toolkit.ScriptHyperparameters.read(hps)
     data_config = input_data_config(channels)
     trees = []
     for name in names if only is None else names[only : only + 1]:
@@ -111,7 +114,9 @@ def build_host_trees(
         for filename, doc in files.items():
             _write_whole(config_dir / filename, json.dumps(doc, indent=1))
         _remove_fifos(tree.data_dir)
-        tree.env.update(toolkit.sm_environment(tree, names, data_config, hps, resource, num_gpus, job_name))
+        tree.env.update(
+            toolkit.sm_environment(tree, names, data_config, script, resource, num_gpus, job_name)
+        )
         tree.env.update(container_variables(job_name, environment))
         trees.append(tree)
     return trees
@@ -147,6 +152,7 @@ def host_trees_for(
         checkpoint_local_path=job.checkpoint_local_path,
         network_interface_name=network_interface_name,
         only=node,
+        script=job.script_hyperparameters,
     )
     return JobHosts.of(trees, job, node or 0)
 
