@@ -38,9 +38,8 @@ def write_job_file(path: Path, trees, **script) -> None:
     for a rank mpirun started), then ``script``: the entry script's ``source_dir``, ``entry_point``,
     ``args`` and the ranks' ``pid_dir``, where the rank entry runs it. Written whole, then renamed."""
     hosts = []
-    for index, tree in enumerate(trees, trees.first_index):
-        mine = [s.rank for s in trees.slots if s.cross_rank == index]
-        hosts.append({"name": tree.name, "tree": str(tree.root), "env": tree.env, "first_rank": mine[0],
+    for tree, mine in zip(trees, trees.host_slots):
+        hosts.append({"name": tree.name, "tree": str(tree.root), "env": tree.env, "first_rank": mine[0].rank,
                       "ranks": len(mine)})  # fmt: skip
     ranks = []
     for slot in trees.slots:

@@ -13,7 +13,9 @@ On a platform's stop it can outlive the ranks' SIGTERM by a drain period (``stop
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import stat
 import threading
 import time
 from pathlib import Path
@@ -25,7 +27,6 @@ from sagemaker_dist.errors import ConfigurationError, DataError
 from sagemaker_dist.host.feeder import ChannelFeeder, FeedError, resolve_objects
 from sagemaker_dist.host.job_spec import JobSpecError, NodePlan, plan_node
 from sagemaker_dist.host.lifecycle import HostLifecycle
-from sagemaker_dist.host.opt_ml import fresh_private_root
 from sagemaker_dist.host.processes import pid_running
 from sagemaker_dist.platforms.node_plan import parse_ranks
 
@@ -39,6 +40,41 @@ class AgentS3AccessError(ConfigurationError):
 
 class PipeAgentError(DataError):
     """A channel could not be fed while the job ran; names the node, channel and S3 object."""
+
+
+def private_directory(path: Path) -> Path:
+    """``path`` as a directory only this user can enter: made 0700 if absent, else checked.
+
+    On a shared node another user could create a predictable path first (job ids are sequential)
+    and then read the data, take bytes from a FIFO or swap the code the ranks run: refuse it.
+    """
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise ConfigurationError(
+            f"{path} exists and is not a directory (a symlink?): remove it or use another root"
+        )
+    if info.st_uid != os.geteuid():
+        raise ConfigurationError(
+            f"{path} exists and belongs to uid {info.st_uid}, not to this user ({os.geteuid()}): another "
+            "user may have created it to read or replace the job's files. Remove it, or set another root"
+        )
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(path, 0o700)  # ours, but others could enter it: close it before anything goes in
+    return path
+
+
+def fresh_private_root(root: Path) -> Path:
+    """A new, empty node root in a private parent (a stale tree of the same job id is removed)."""
+    private_directory(root.parent)
+    if root.is_symlink() or root.is_file():
+        root.unlink()
+    elif root.exists():
+        shutil.rmtree(root)
+    return private_directory(root)
 
 
 def load_job_spec(source: str, client=None) -> dict:

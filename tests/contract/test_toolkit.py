@@ -146,7 +146,7 @@ SAME_AS_THE_TOOLKIT = (
 
 
 def test_each_hosts_variables_are_written_as_the_toolkit_writes_them(tmp_path):
-    """Local mode's model of the SM_* variables (``host.opt_ml``) for a tree of two hosts, against what
+    """Local mode's model of the SM_* variables (``host.lifecycle``) for a tree of two hosts, against what
     the real toolkit writes reading that tree's config files: the same strings, JSON spacing included."""
     from sagemaker_dist.contract.layout import plan_layout
     from sagemaker_dist.contract.training_request import ChannelSpec

@@ -19,10 +19,9 @@ from helpers.local_s3_proxy import cutting_proxy
 
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.host.job_spec import NodePlanError, plan_node
-from sagemaker_dist.host.opt_ml import fresh_private_root
 from sagemaker_dist.local.demo import prepare_demo_job
 from sagemaker_dist.platforms.node_plan import parse_ranks
-from sagemaker_dist.platforms.pipe_agent import READY_FILE, stop_on_signals, wait_ready
+from sagemaker_dist.platforms.pipe_agent import READY_FILE, fresh_private_root, stop_on_signals, wait_ready
 
 CLI = [sys.executable, "-m", "sagemaker_dist.cli", "pipe-agent"]
 
