@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
-from functools import cached_property
+from dataclasses import dataclass, field, fields, replace
 
 from sagemaker_dist.aws.request_validation import validate_request
 from sagemaker_dist.contract import distributions, toolkit
@@ -42,36 +41,34 @@ class JobSpec(TrainingRequest):
     tensorboard_location: str | None
     timeout: float | None  # the caller's limit, else StoppingCondition.MaxRuntimeInSeconds
     toolkit_version: str = toolkit.DEFAULT_TOOLKIT_VERSION  # the image's sagemaker-training
+    # what the hosts derive from the members above, worked out once when the job spec is made
+    host_names: tuple[str, ...] = field(init=False)  # as SageMaker names them: algo-1 ..
+    slots: tuple[RankSlot, ...] = field(init=False)  # every rank's; ranks fill the hosts in order
+    slots_by_host: tuple[tuple[RankSlot, ...], ...] = field(init=False)  # the same, host by host
+    # the hyperparameters as the toolkit reads them for the script: the user's, and its argument list
+    script_hyperparameters: toolkit.ScriptHyperparameters = field(init=False)
 
     @property
     def world(self) -> int:
         return self.hosts * self.processes_per_host
 
-    @cached_property
-    def host_names(self) -> tuple[str, ...]:
-        """The hosts' names, as SageMaker gives them (``algo-1`` ..)."""
-        return tuple(host_names(self.hosts))
-
-    @cached_property
-    def script_hyperparameters(self) -> toolkit.ScriptHyperparameters:
-        """The hyperparameters as the toolkit reads them for the script: the user's, and the argument
-        list it makes of them (``--key value``, sorted) before any shell."""
-        return toolkit.ScriptHyperparameters.read(self.hyperparameters)
+    def __post_init__(self) -> None:
+        names = tuple(host_names(self.hosts))
+        slots = tuple(rank_slots(names, self.processes_per_host))
+        per = self.processes_per_host
+        derived = {
+            "host_names": names,
+            "slots": slots,
+            "slots_by_host": tuple(slots[i * per : (i + 1) * per] for i in range(self.hosts)),
+            "script_hyperparameters": toolkit.ScriptHyperparameters.read(self.hyperparameters),
+        }
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)  # frozen: set once, here
 
     @property
     def toolkit_args(self) -> tuple[str, ...]:
+        """The script's arguments as the toolkit lists them (``--key value``, sorted), before any shell."""
         return self.script_hyperparameters.args
-
-    @cached_property
-    def slots(self) -> tuple[RankSlot, ...]:
-        """Every rank's slot (host, local and cross rank): ranks fill the hosts in order."""
-        return tuple(rank_slots(self.host_names, self.processes_per_host))
-
-    @cached_property
-    def slots_by_host(self) -> tuple[tuple[RankSlot, ...], ...]:
-        """The slots of each host's ranks, in host order."""
-        per = self.processes_per_host
-        return tuple(self.slots[i * per : (i + 1) * per] for i in range(self.hosts))
 
     @property
     def distribution(self) -> str:

@@ -3,6 +3,7 @@ into host trees one way for both, and keeps none of local mode's own vocabulary.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -38,6 +39,21 @@ def test_one_reading_of_a_request_into_host_trees(s3, bucket, tmp_path):
         and trees[1].env["TRAINING_JOB_NAME"] == request["TrainingJobName"]
     )
     assert DEFAULT_INSTANCE_TYPE == "local"
+
+
+def test_the_job_spec_works_out_what_its_hosts_derive_when_it_is_made():
+    """Host names, rank slots (all, and host by host) and the script's arguments are fields of the job
+    spec, worked out with it: every launcher, the rank entry and a node's plan read the same values,
+    and a job spec replaced with other hosts has its own."""
+    request = small_request({"epochs": 3, "sagemaker_mpi_num_of_processes_per_host": 2})
+    request["ResourceConfig"]["InstanceCount"] = 2
+    job = JobSpec.from_request(request)
+    assert job.host_names == ("algo-1", "algo-2") and [s.rank for s in job.slots] == [0, 1, 2, 3]
+    assert [[s.rank for s in host] for host in job.slots_by_host] == [[0, 1], [2, 3]]
+    assert job.toolkit_args == ("--epochs", "3") and job.script_hyperparameters.user == {"epochs": 3}
+    assert {"host_names", "slots", "slots_by_host", "script_hyperparameters"} <= set(vars(job))
+    bigger = dataclasses.replace(job, hosts=3)
+    assert bigger.host_names[-1] == "algo-3" and [s.host for s in bigger.slots_by_host[2]] == ["algo-3"] * 2
 
 
 def test_the_trees_say_which_host_each_rank_runs_on(s3, bucket, tmp_path):
