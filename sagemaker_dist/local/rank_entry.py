@@ -38,7 +38,7 @@ def write_job_file(path: Path, trees, **script) -> None:
     for a rank mpirun started), then ``script``: the entry script's ``source_dir``, ``entry_point``,
     ``args`` and the ranks' ``pid_dir``, where the rank entry runs it. Written whole, then renamed."""
     hosts = []
-    for tree, mine in zip(trees, trees.host_slots):
+    for tree, mine in zip(trees, trees.host_slots, strict=True):
         hosts.append({"name": tree.name, "tree": str(tree.root), "env": tree.env, "first_rank": mine[0].rank,
                       "ranks": len(mine)})  # fmt: skip
     ranks = []
