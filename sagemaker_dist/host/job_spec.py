@@ -4,19 +4,23 @@ planners and every pipe agent start from it. A platform's node plans its part fr
 (``plan_node``): which ranks run on it and which channels it feeds (those its ranks read, as the
 channel layout maps them, plus the channels every rank shares; on SageMaker every host gets a FIFO
 for every channel, and an agent feeds only its own ranks', so a node never waits on a FIFO nobody
-will open)."""
+will open). Once a host's tree is laid out (``host.lifecycle``), ``HostTree`` holds its paths and
+environment, and ``JobHosts`` a job's trees with which host each rank runs on."""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
+from pathlib import Path
 
 from sagemaker_dist.aws.request_validation import validate_request
 from sagemaker_dist.contract import distributions, toolkit
 from sagemaker_dist.contract import hyperparameters as hp
 from sagemaker_dist.contract.draft import check_not_a_draft
 from sagemaker_dist.contract.layout import PER_WORKER, ChannelLayout, layout_of
+from sagemaker_dist.contract.paths import CHECKPOINT_LOCAL_PATH, OptMl
 from sagemaker_dist.contract.rank_slots import RankSlot, host_names, rank_slots
 from sagemaker_dist.contract.training_request import ChannelSpec, TrainingRequest
 from sagemaker_dist.errors import ConfigurationError
@@ -224,3 +228,75 @@ def _node_channels(job: JobSpec, slots) -> tuple[ChannelSpec, ...]:
         mine |= {layout.channel_for(role.role, slot.rank, slot.local_rank) for role in layout.roles}
     laid_out = set(layout.channel_names)
     return tuple(s for s in job.channels if s.name in mine or s.name not in laid_out)
+
+
+@dataclass(frozen=True)
+class HostTree(OptMl):
+    """The /opt/ml tree of one host (its paths from the contract) and the environment its ranks get;
+    ``checkpoint_dir``: CheckpointConfig.LocalPath mapped into it, once the tree is laid out."""
+
+    name: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    checkpoint_dir: Path | None = None
+
+    @classmethod
+    def laid_out(cls, root: Path, name: str, checkpoint_local_path: str | None) -> HostTree:
+        """Host ``name``'s tree at ``root``, its checkpoint dir mapped into it."""
+        tree = cls(root, name)
+        return replace(tree, checkpoint_dir=tree.checkpoint_path(checkpoint_local_path))
+
+    def checkpoint_path(self, local_path: str | None) -> Path:
+        """CheckpointConfig.LocalPath (default /opt/ml/checkpoints) mapped into this tree."""
+        return self.local_path(local_path, CHECKPOINT_LOCAL_PATH)
+
+
+@dataclass(frozen=True)
+class JobHosts(Sequence[HostTree]):
+    """The trees of a job's hosts laid out here, in host order, and which host each rank runs on: the
+    one answer to "where is rank r" for the launchers, the failure messages and the job's summary.
+    (SageMaker fills hosts in order: rank r runs on host r // processes_per_host.) Local mode holds
+    every host; a platform's node, its own alone: ``first_index`` is the first's index.
+    ``host_slots``: the slots of each host's ranks (the job spec's, ``contract.rank_slots``)."""
+
+    trees: tuple[HostTree, ...]
+    processes_per_host: int
+    first_index: int = 0
+    host_slots: tuple[tuple[RankSlot, ...], ...] = ()
+
+    @classmethod
+    def of(cls, trees, job: JobSpec, first_index: int = 0) -> JobHosts:
+        """``trees``: hosts ``first_index`` on of ``job``, with their ranks' slots."""
+        per_host = job.slots_by_host[first_index : first_index + len(trees)]
+        return cls(tuple(trees), job.processes_per_host, first_index, per_host)
+
+    @cached_property
+    def slots(self) -> tuple[RankSlot, ...]:
+        """The slots of the ranks on these hosts, in rank order."""
+        return tuple(s for host in self.host_slots for s in host)
+
+    def __getitem__(self, index):
+        return self.trees[index]
+
+    def __len__(self) -> int:
+        return len(self.trees)
+
+    def __iter__(self) -> Iterator[HostTree]:
+        return iter(self.trees)
+
+    @property
+    def world(self) -> int:
+        return len(self.trees) * self.processes_per_host
+
+    def slot(self, rank: int) -> RankSlot | None:
+        """Rank ``rank``'s slot; None for a rank not on these hosts."""
+        index = rank - self.slots[0].rank if self.slots else -1
+        return self.slots[index] if 0 <= index < len(self.slots) else None
+
+    def host_of(self, rank: int) -> str:
+        """The name of the host rank ``rank`` runs on; "?" for a rank outside the job."""
+        slot = self.slot(rank)
+        return slot.host if slot is not None else "?"
+
+    def local_rank(self, rank: int) -> int:
+        slot = self.slot(rank)
+        return slot.local_rank if slot is not None else rank % self.processes_per_host

@@ -21,14 +21,12 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
 from pathlib import Path
 
 from sagemaker_dist.contract import toolkit
 from sagemaker_dist.contract.hyperparameters import encode_all
-from sagemaker_dist.contract.paths import CHECKPOINT_LOCAL_PATH, OptMl, contained_path
-from sagemaker_dist.contract.rank_slots import RankSlot
+from sagemaker_dist.contract.paths import contained_path
 from sagemaker_dist.contract.s3_uri import parse_s3_uri
 from sagemaker_dist.contract.training_request import (
     MODEL_TARBALL,
@@ -48,80 +46,12 @@ from sagemaker_dist.host.feeder import (
     epoch_objects,
     resolve_objects,
 )
+from sagemaker_dist.host.job_spec import HostTree, JobHosts
 from sagemaker_dist.host.outputs import CheckpointSync, pack_and_upload
 
 
 class OutputUploadError(DataError):
     """The job's model or output could not be packed into the output path; names the host and target."""
-
-
-@dataclass(frozen=True)
-class HostTree(OptMl):
-    """The /opt/ml tree of one host (its paths from the contract) and the environment its ranks get;
-    ``checkpoint_dir``: CheckpointConfig.LocalPath mapped into it, once the tree is laid out."""
-
-    name: str = ""
-    env: dict[str, str] = field(default_factory=dict)
-    checkpoint_dir: Path | None = None
-
-    @classmethod
-    def laid_out(cls, root: Path, name: str, checkpoint_local_path: str | None) -> HostTree:
-        """Host ``name``'s tree at ``root``, its checkpoint dir mapped into it."""
-        tree = cls(root, name)
-        return replace(tree, checkpoint_dir=tree.checkpoint_path(checkpoint_local_path))
-
-    def checkpoint_path(self, local_path: str | None) -> Path:
-        """CheckpointConfig.LocalPath (default /opt/ml/checkpoints) mapped into this tree."""
-        return self.local_path(local_path, CHECKPOINT_LOCAL_PATH)
-
-
-@dataclass(frozen=True)
-class JobHosts(Sequence[HostTree]):
-    """The trees of a job's hosts laid out here, in host order, and which host each rank runs on: the
-    one answer to "where is rank r" for the launchers, the failure messages and the job's summary.
-    (SageMaker fills hosts in order: rank r runs on host r // processes_per_host.) Local mode holds
-    every host; a platform's node, its own alone: ``first_index`` is the first's index.
-    ``slots``: the slots of the ranks on these hosts (``contract.rank_slots``), worked out once."""
-
-    trees: tuple[HostTree, ...]
-    processes_per_host: int
-    first_index: int = 0
-    slots: tuple[RankSlot, ...] = ()
-    host_slots: tuple[tuple[RankSlot, ...], ...] = ()  # the same, host by host
-
-    @classmethod
-    def of(cls, trees, job, first_index: int = 0) -> JobHosts:
-        """``trees``: hosts ``first_index`` on of ``job`` (a ``JobSpec``), with their ranks' slots."""
-        per_host = job.slots_by_host[first_index : first_index + len(trees)]
-        flat = tuple(s for h in per_host for s in h)
-        return cls(tuple(trees), job.processes_per_host, first_index, flat, per_host)
-
-    def __getitem__(self, index):
-        return self.trees[index]
-
-    def __len__(self) -> int:
-        return len(self.trees)
-
-    def __iter__(self) -> Iterator[HostTree]:
-        return iter(self.trees)
-
-    @property
-    def world(self) -> int:
-        return len(self.trees) * self.processes_per_host
-
-    def slot(self, rank: int) -> RankSlot | None:
-        """Rank ``rank``'s slot; None for a rank not on these hosts."""
-        index = rank - self.slots[0].rank if self.slots else -1
-        return self.slots[index] if 0 <= index < len(self.slots) else None
-
-    def host_of(self, rank: int) -> str:
-        """The name of the host rank ``rank`` runs on; "?" for a rank outside the job."""
-        slot = self.slot(rank)
-        return slot.host if slot is not None else "?"
-
-    def local_rank(self, rank: int) -> int:
-        slot = self.slot(rank)
-        return slot.local_rank if slot is not None else rank % self.processes_per_host
 
 
 DEFAULT_INSTANCE_TYPE = "local"  # resourceconfig.json's instance type where the request names none

@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from sagemaker_dist.errors import ConfigurationError
-from sagemaker_dist.host.job_spec import JobSpec
-from sagemaker_dist.host.lifecycle import JobHosts
+from sagemaker_dist.host.job_spec import JobHosts, JobSpec
 from sagemaker_dist.host.processes import descendants, pid_running
 from sagemaker_dist.local.exit_files import TERMINATED
 from sagemaker_dist.local.launchers.mpi import failed_process, rank_tagged_lines

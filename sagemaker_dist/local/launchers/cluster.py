@@ -30,7 +30,7 @@ from pathlib import Path
 
 from sagemaker_dist.contract.distributions import Distribution, distribution
 from sagemaker_dist.contract.environment import inherited
-from sagemaker_dist.host.lifecycle import JobHosts
+from sagemaker_dist.host.job_spec import JobHosts
 from sagemaker_dist.local.launchers.base import RankGroup, describe_exit
 from sagemaker_dist.local.launchers.cluster_log import (
     HostProgress,
