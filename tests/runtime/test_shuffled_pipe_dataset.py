@@ -118,3 +118,37 @@ def test_each_fifos_stream_head_is_noted_as_the_pytorch_readers_compute_it(opt_m
         for r in recs:
             head.add(r)
         assert read_head(opt_ml / "pipe_state", "train_0", fifo) == head.value
+
+
+def test_records_go_to_their_places_strings_whatever_their_sizes_and_an_error_comes_after_them(opt_ml):
+    """Windows of short records are read into strings allocated first for the last window's longest
+    record: records longer (grown), much shorter (shrunk), multipart RecordIO and text lines land
+    whole in their places; a window cut by an error hands out what it read, in its order, then fails."""
+    rng = np.random.default_rng(11)
+    sizes = [int(s) for s in rng.integers(4, 120, 200)]
+    sizes[40], sizes[41], sizes[90] = 3000, 4, 20_000  # past the reservation, then far under it
+    records = [i.to_bytes(4, "little") + bytes([65 + i % 26]) * (s - 4) for i, s in enumerate(sizes)]
+    window = sh.ShuffleWindow(5, records=16)
+    streams = {
+        "TFRecord": b"".join(encode_tfrecord(r) for r in records),
+        "RecordIO": b"".join(encode_recordio(r, max_part=50) for r in records),
+    }
+    lines = [r.replace(b"\n", b"n") for r in records]
+    streams["TextLine"] = b"\n".join(lines) + b"\n"
+    feeder = feed(opt_ml, "rio", list(streams.values()))
+    for epoch, (kind, want) in enumerate(zip(streams, (records, records, lines))):
+        got = [x.numpy() for x in PipeModeDataset("rio", kind, shuffle=window, rank=0)]
+        assert got == window_order(want, sizes, window, 0, "rio", epoch), kind
+    feeder.join(10)
+    assert feeder.error is None
+
+    bad = bytearray(streams["TFRecord"])
+    at = sum(len(encode_tfrecord(r)) for r in records[:37])
+    bad[at + 12] ^= 0x01  # record 37's data: windows of 16, 16, then 5 records before the error
+    feeder = feed(opt_ml, "train_0", [bytes(bad)])
+    got = []
+    with pytest.raises(tf.errors.OpError, match=f"byte offset {at}: TFRecord: data CRC mismatch"):
+        for x in PipeModeDataset("train_0", "TFRecord", shuffle=window, rank=0):
+            got.append(x.numpy())
+    feeder.join(10)
+    assert got == window_order(records[:37], sizes[:37], window, 0, "train_0", 0)

@@ -236,38 +236,44 @@ def _as_blob_or_records(chunk) -> tuple:
 def shuffled_chunks(items, order: EpochOrder):
     """The items of ``frame_views`` (blobs with offsets, or lists of large records) as one chunk per
     shuffle window, its records in the window's order: a blob with offsets (the window's blobs joined
-    where it spans several), or the large records themselves."""
+    where it spans several), or the large records themselves. The records read before an error come
+    out first, in their window's order, then the error (as the compiled reader's do)."""
     pieces: list = []  # (blob, starts, lengths) or a large record's bytes
     count = nbytes = 0
-    for item in items:
-        if isinstance(item, list):
-            for record in item:
-                pieces.append(record)
-                count += 1
-                nbytes += len(record)
-                if order.closes(count, nbytes):
-                    yield _window_chunk(pieces, order.order(count))
-                    pieces, count, nbytes = [], 0, 0
-            continue
-        view, starts, lengths, extra = item
-        blob = view.tobytes()
-        view.release()
-        if extra:
-            blob += b"".join(extra)
-        while len(lengths):
-            total = np.cumsum(lengths)
-            by_bytes = int(np.searchsorted(total, order.window.bytes - nbytes))  # first at the bound
-            last = min(order.window.records - count - 1, by_bytes)
-            if last >= len(lengths):  # the window goes on past this chunk
-                pieces.append((blob, starts, lengths))
-                count += len(lengths)
-                nbytes += int(total[-1])
-                break
-            pieces.append((blob, starts[: last + 1], lengths[: last + 1]))
-            count += last + 1
+    try:
+        for item in items:
+            if isinstance(item, list):
+                for record in item:
+                    pieces.append(record)
+                    count += 1
+                    nbytes += len(record)
+                    if order.closes(count, nbytes):
+                        yield _window_chunk(pieces, order.order(count))
+                        pieces, count, nbytes = [], 0, 0
+                continue
+            view, starts, lengths, extra = item
+            blob = view.tobytes()
+            view.release()
+            if extra:
+                blob += b"".join(extra)
+            while len(lengths):
+                total = np.cumsum(lengths)
+                by_bytes = int(np.searchsorted(total, order.window.bytes - nbytes))  # first at the bound
+                last = min(order.window.records - count - 1, by_bytes)
+                if last >= len(lengths):  # the window goes on past this chunk
+                    pieces.append((blob, starts, lengths))
+                    count += len(lengths)
+                    nbytes += int(total[-1])
+                    break
+                pieces.append((blob, starts[: last + 1], lengths[: last + 1]))
+                count += last + 1
+                yield _window_chunk(pieces, order.order(count))
+                pieces, count, nbytes = [], 0, 0
+                starts, lengths = starts[last + 1 :], lengths[last + 1 :]
+    except Exception:  # the records read before an error come out first, then the error
+        if count:
             yield _window_chunk(pieces, order.order(count))
-            pieces, count, nbytes = [], 0, 0
-            starts, lengths = starts[last + 1 :], lengths[last + 1 :]
+        raise
     if count:
         yield _window_chunk(pieces, order.order(count))
 

@@ -165,15 +165,22 @@ class EpochOrder:
 
 
 def shuffled(records, order: EpochOrder, size=len):
-    """``records`` (an iterable) in the window order: each window's records as they came, reordered."""
+    """``records`` (an iterable) in the window order: each window's records as they came, reordered. The
+    records read before an error come out first, in their window's order, then the error (as the
+    compiled reader's do)."""
     window: list = []
     nbytes = 0
-    for record in records:
-        window.append(record)
-        nbytes += size(record)
-        if order.closes(len(window), nbytes):
+    try:
+        for record in records:
+            window.append(record)
+            nbytes += size(record)
+            if order.closes(len(window), nbytes):
+                yield from (window[i] for i in order.order(len(window)).tolist())
+                window, nbytes = [], 0
+    except Exception:
+        if window:
             yield from (window[i] for i in order.order(len(window)).tolist())
-            window, nbytes = [], 0
+        raise
     if window:
         yield from (window[i] for i in order.order(len(window)).tolist())
 

@@ -11,8 +11,8 @@
 // the channel, epoch and byte offset, in the Python reader's words (tests run the same checks on
 // both). A length field is only the stream's claim: each is checked against max_record_bytes before
 // any arithmetic on it or any allocation, and a large record's tensor grows as its bytes come.
-// With a shuffle window (shuffle_records > 0) each window of records is read whole (each record in its
-// tensor string, moved out later: no copy) and handed out in
+// With a shuffle window (shuffle_records > 0) each window of records is read whole (each record into
+// the tensor string of its place in the window's order, moved out later: no copy) and handed out in
 // the order framing/native/shuffle_core.h draws from the stream's key and the epoch, the same order
 // every other reader gives the stream.
 #include "pipe_support.h"
@@ -187,6 +187,7 @@ class PipeDataset : public DatasetBase {
         epoch_key_ = sd_epoch_key(c_.stream_key, static_cast<uint64_t>(epoch_ + EpochBase(c_.state_dir, c_.channel)));
         window_index_ = 0;
         window_.clear();
+        reserve_ = 0;
         order_.clear();
         out_ = 0;
         window_error_ = absl::OkStatus();
@@ -196,8 +197,8 @@ class PipeDataset : public DatasetBase {
     }
 
     // The next record: as it comes, or out of the shuffle window (shuffle_core.h): a window is read
-    // whole (its records moved, not copied), then handed out in its order. The records read before
-    // an error come out first (in their window's order), then the error.
+    // whole, then handed out in its order, each record's string moved out (no copy). The records read
+    // before an error come out first (in their window's order), then the error.
     Status Pull(IteratorContext* ctx, tstring* out, bool* eof) {
       if (c_.shuffle_records <= 0) return Next(ctx, out, eof);
       if (out_ == order_.size()) {
@@ -205,30 +206,36 @@ class PipeDataset : public DatasetBase {
           *eof = window_eof_;
           return window_error_;
         }
-        TF_RETURN_IF_ERROR(FillWindow(ctx));
-        if (window_.empty()) {
+        FillWindow(ctx);
+        if (order_.empty()) {
           *eof = window_eof_;
           return window_error_;
         }
-        uint64_t size = static_cast<uint64_t>(c_.shuffle_records);
-        scratch_.resize(size);
-        order_.resize(window_.size());
-        sd_window_order(sd_window_key(epoch_key_, window_index_++), size, window_.size(), order_.data(),
-                        scratch_.data());
         out_ = 0;
       }
       *out = std::move(window_[order_[out_++]]);
       return absl::OkStatus();
     }
 
-    // Reads the next window: its records moved into window_, each in its own tensor string (moved out
-    // again in the window's order: measured, cheaper than one buffer for the window and a copy out).
-    Status FillWindow(IteratorContext* ctx) {
-      window_.clear();
-      uint64_t nbytes = 0;
-      while (static_cast<int64_t>(window_.size()) < c_.shuffle_records &&
-             nbytes < static_cast<uint64_t>(c_.shuffle_bytes)) {
-        tstring record;
+    // Reads the next window, each record into the string of its place in the window's order (Q from
+    // shuffle_core.h: place k takes the window's record Q[k]). Where the last window's records were all
+    // short enough that a whole window of them fits its byte bound, every place's string is allocated
+    // first, in the order the places go out, for the longest of them: so downstream frees the strings
+    // in the order they were allocated, as it does unshuffled. Strings allocated as records came and
+    // freed in the window's order cost 0.4 s/GB more at 1 KB (malloc's free lists, scattered pages).
+    void FillWindow(IteratorContext* ctx) {
+      const uint64_t size = static_cast<uint64_t>(c_.shuffle_records);
+      scratch_.resize(size);
+      place_.resize(size);
+      window_.resize(size);
+      sd_window_permutation(sd_window_key(epoch_key_, window_index_++), size, scratch_.data());
+      for (uint64_t k = 0; k < size; ++k) {
+        place_[scratch_[k]] = static_cast<int64_t>(k);
+        if (reserve_ > 0) window_[k].reserve(reserve_);
+      }
+      uint64_t count = 0, nbytes = 0, longest = 0;
+      while (count < size && nbytes < static_cast<uint64_t>(c_.shuffle_bytes)) {
+        tstring& record = window_[place_[count]];
         bool end = false;
         Status s = Next(ctx, &record, &end);
         if (!s.ok()) {
@@ -240,9 +247,13 @@ class PipeDataset : public DatasetBase {
           break;
         }
         nbytes += record.size();
-        window_.push_back(std::move(record));
+        longest = std::max<uint64_t>(longest, record.size());
+        ++count;
       }
-      return absl::OkStatus();
+      order_.clear();  // the places taken, in order: a window cut short keeps its records' order
+      for (uint64_t k = 0; k < size; ++k)
+        if (static_cast<uint64_t>(scratch_[k]) < count) order_.push_back(static_cast<int64_t>(k));
+      reserve_ = longest * size <= static_cast<uint64_t>(c_.shuffle_bytes) ? longest : 0;
     }
 
     // A framing error, named (channel, epoch, byte offset): DataLossError, or `code` where AWS's reader
@@ -384,8 +395,7 @@ class PipeDataset : public DatasetBase {
     // SageMaker/MXNet RecordIO: magic, 29-bit length + 3-bit multipart flag, payload, padding to 4.
     Status NextRecordIO(IteratorContext* ctx, tstring* out, bool* eof) {
       uint64_t start = in_.offset;
-      bool first = true;
-      out->clear();
+      bool first = true;  // the first part is assigned: a string allocated beforehand keeps its bytes
       while (true) {
         TF_RETURN_IF_ERROR(in_.Fill(ctx, 8, true));
         size_t have = in_.size();
@@ -406,13 +416,16 @@ class PipeDataset : public DatasetBase {
           return Error(absl::StrCat("multipart flag ", flag, " out of sequence (",
                                     first ? "a record must start with flag 0 or 1" : "expected 2 or 3", ")"),
                        in_.offset);
-        uint64_t size = out->size() + uint64_t{n};  // the parts so far: the record is at least this long
+        uint64_t size = (first ? 0 : out->size()) + uint64_t{n};  // the parts so far: at least this long
         if (size > c_.max_record) return TooLong(size, start, !first || flag != 0);
         size_t padded = sd_recordio_frame(n);
         TF_RETURN_IF_ERROR(in_.Fill(ctx, padded, true));
         have = in_.size();
         if (have < padded) return Truncated(in_.offset - start + have, in_.offset - start + padded, start);
-        out->append(in_.data() + 8, n);
+        if (first)
+          out->assign(in_.data() + 8, n);
+        else
+          out->append(in_.data() + 8, n);
         in_.Consume(padded);
         first = false;
         if (sd_recordio_last(flag)) return absl::OkStatus();
@@ -479,8 +492,9 @@ class PipeDataset : public DatasetBase {
     // the shuffle window: its records as they came, the order they go out in, how many went out
     uint64_t epoch_key_ = 0, window_index_ = 0, head_ = 0;
     int head_count_ = 0;
-    std::vector<tstring> window_;
-    std::vector<int64_t> order_, scratch_;
+    std::vector<tstring> window_;  // by place
+    std::vector<int64_t> order_, scratch_, place_;  // places handed out, Q, each record's place
+    uint64_t reserve_ = 0;  // the capacity each place's string is allocated with first (0: as it comes)
     size_t out_ = 0;
     Status window_error_ = absl::OkStatus();
     bool window_eof_ = false;
