@@ -12,13 +12,16 @@ imported before the clock), arms interleaved and rotated each round:
 - ``tar-dec`` / ``tfr-dec``: ``PipeBatches`` of 256 decoded samples, the image's bytes and the class as
   an int64 tensor (``sample_decoder`` and its collate, ``example_decoder`` and a collate to the same) -
   what a training loop gets;
+- ``tar-pipe`` / ``tfr-pipe``: the FIFO drained in 1 MiB reads, nothing framed - the most any reader
+  of that stream gets through the pipe (its samples/s are the stream's samples over the drain's time);
 - ``wds``: the ``webdataset`` library reading the same samples as one tar from the FIFO
   (``WebDataset(fifo)``, its tar reader and grouping, samples counted; no batches) - the peer. Given the
   stream of shards it stops at the first end-of-archive blocks, after the first shard.
 
 "tar / tfr" is the median over rounds of the TFRecord arm's time over the tar arm's, in the same round
 (samples/s); "per byte" the same ratio of MB/s (a 1 KB image in a tar shard is 2.4 times its bytes in
-TFRecords: a 512-byte header per file, each file padded to 512).
+TFRecords: a 512-byte header per file, each file padded to 512). "tar-pipe / tfr-raw" is the highest
+"tar / tfr" any tar reader can reach: the tar stream drained without framing against the TFRecord reader.
 
 **Writers.** An ImageFolder of ``--files`` images of ``size`` bytes (3 classes) packed into shards of
 about 64 MB in a local folder by ``pack_dataset`` (``--workers`` at once) and by ``webdataset.ShardWriter``
@@ -58,7 +61,13 @@ import torch  # not timed: every PyTorch script imports it
 from sagemaker_dist.runtime.config import ContainerConfig
 start = time.perf_counter()
 n = 0
-if arm == "wds":
+if arm.endswith("pipe"):  # the FIFO drained, nothing framed: what any reader of this stream can reach
+    import os
+    fd, buf = os.open(fifo, os.O_RDONLY), bytearray(1 << 20)
+    while got := os.readv(fd, [buf]):
+        n += got
+    os.close(fd)
+elif arm == "wds":
     import webdataset as wds
     for sample in wds.WebDataset(fifo, shardshuffle=False):
         n += 1
@@ -131,17 +140,17 @@ def readers(args, root: Path) -> None:
     (root / "input" / "config" / "inputdataconfig.json").write_text(
         json.dumps({"bench": {"TrainingInputMode": "Pipe", "RecordWrapperType": "None"}})
     )
-    arms = ["tar-raw", "tfr-raw", "tar-dec", "tfr-dec", "wds"]
+    arms = ["tar-raw", "tfr-raw", "tar-dec", "tfr-dec", "wds", "tar-pipe", "tfr-pipe"]
     epoch = other = 0
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     for size in [int(s) for s in args.sizes.split(",")]:
         tar_path, tfr_path, one_path, count = write_streams(root, size, args.mb << 20)
-        sources = {"wds": one_path, "tar-raw": tar_path, "tar-dec": tar_path}
+        sources = {"wds": one_path, "tar-raw": tar_path, "tar-dec": tar_path, "tar-pipe": tar_path}
         runs: dict[str, list[dict]] = {arm: [] for arm in arms}
         for round_ in range(args.repeats):
             for arm in rotated(arms, round_):
-                if arm == "wds":
-                    fifo, other = data / f"wds_{other}", other + 1
+                if arm == "wds" or arm.endswith("pipe"):  # not the readers' epochs: FIFOs of their own
+                    fifo, other = data / f"other_{other}", other + 1
                 else:
                     fifo, epoch = data / f"bench_{epoch}", epoch + 1
                 writer = start_writer(sources.get(arm, tfr_path), fifo)
@@ -153,7 +162,8 @@ def readers(args, root: Path) -> None:
                 if done.returncode:
                     raise SystemExit(f"{arm} failed: {done.stderr[-2000:]}")
                 result = json.loads(done.stdout.strip().splitlines()[-1])
-                assert result["n"] == count, (arm, result["n"], count)
+                want = sources.get(arm, tfr_path).stat().st_size if arm.endswith("pipe") else count
+                assert result["n"] == want, (arm, result["n"], want)
                 runs[arm].append(result)
         tar_mb, tfr_mb = tar_path.stat().st_size / 1e6, tfr_path.stat().st_size / 1e6
         print(
@@ -166,7 +176,7 @@ def readers(args, root: Path) -> None:
             mb = tfr_mb if arm.startswith("tfr") else tar_mb
             each = " ".join(f"{count / r['total']:,.0f}" for r in runs[arm])
             print(f"{arm:>8} {count / total:>10,.0f} {mb / total:>7.0f}   {each}")
-        for tar_arm, tfr_arm in (("tar-raw", "tfr-raw"), ("tar-dec", "tfr-dec")):
+        for tar_arm, tfr_arm in (("tar-raw", "tfr-raw"), ("tar-dec", "tfr-dec"), ("tar-pipe", "tfr-raw")):
             ratio = statistics.median(b["total"] / a["total"] for a, b in zip(runs[tar_arm], runs[tfr_arm]))
             print(f"{tar_arm} / {tfr_arm}: {ratio:.2f} (per byte {ratio * tar_mb / tfr_mb:.2f})")
         for path in (tar_path, tfr_path, one_path):

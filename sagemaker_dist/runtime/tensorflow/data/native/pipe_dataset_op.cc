@@ -187,7 +187,6 @@ class PipeDataset : public DatasetBase {
         epoch_key_ = sd_epoch_key(c_.stream_key, static_cast<uint64_t>(epoch_ + EpochBase(c_.state_dir, c_.channel)));
         window_index_ = 0;
         window_.clear();
-        reserve_ = 0;
         order_.clear();
         out_ = 0;
         window_error_ = absl::OkStatus();
@@ -253,7 +252,7 @@ class PipeDataset : public DatasetBase {
       order_.clear();  // the places taken, in order: a window cut short keeps its records' order
       for (uint64_t k = 0; k < size; ++k)
         if (static_cast<uint64_t>(scratch_[k]) < count) order_.push_back(static_cast<int64_t>(k));
-      reserve_ = longest * size <= static_cast<uint64_t>(c_.shuffle_bytes) ? longest : 0;
+      reserve_ = longest <= static_cast<uint64_t>(c_.shuffle_bytes) / size ? longest : 0;  // no product to wrap
     }
 
     // A framing error, named (channel, epoch, byte offset): DataLossError, or `code` where AWS's reader
@@ -494,7 +493,7 @@ class PipeDataset : public DatasetBase {
     int head_count_ = 0;
     std::vector<tstring> window_;  // by place
     std::vector<int64_t> order_, scratch_, place_;  // places handed out, Q, each record's place
-    uint64_t reserve_ = 0;  // the capacity each place's string is allocated with first (0: as it comes)
+    uint64_t reserve_ = 0;  // each place's string's first capacity (0: as its record comes); kept across epochs
     size_t out_ = 0;
     Status window_error_ = absl::OkStatus();
     bool window_eof_ = false;
