@@ -121,12 +121,13 @@ def test_each_fifos_stream_head_is_noted_as_the_pytorch_readers_compute_it(opt_m
 
 
 def test_records_go_to_their_places_strings_whatever_their_sizes_and_an_error_comes_after_them(opt_ml):
-    """Windows of short records are read into strings allocated first for the last window's longest
-    record: records longer (grown), much shorter (shrunk), multipart RecordIO and text lines land
-    whole in their places; a window cut by an error hands out what it read, in its order, then fails."""
+    """Windows of short records of about one size are read into strings allocated first for the last
+    window's longest record: records longer (grown), much shorter, large ones, multipart RecordIO and
+    text lines land whole in their places; a window cut by an error hands out what it read, in its
+    order, then fails."""
     rng = np.random.default_rng(11)
-    sizes = [int(s) for s in rng.integers(4, 120, 200)]
-    sizes[40], sizes[41], sizes[90] = 3000, 4, 20_000  # past the reservation, then far under it
+    sizes = [int(s) for s in rng.integers(100, 111, 200)]  # windows of 16: reserved from the second
+    sizes[20], sizes[21], sizes[90] = 3000, 4, 40_000  # past the reservation, far under it, a large one
     records = [i.to_bytes(4, "little") + bytes([65 + i % 26]) * (s - 4) for i, s in enumerate(sizes)]
     window = sh.ShuffleWindow(5, records=16)
     streams = {
@@ -143,12 +144,12 @@ def test_records_go_to_their_places_strings_whatever_their_sizes_and_an_error_co
     assert feeder.error is None
 
     bad = bytearray(streams["TFRecord"])
-    at = sum(len(encode_tfrecord(r)) for r in records[:37])
-    bad[at + 12] ^= 0x01  # record 37's data: windows of 16, 16, then 5 records before the error
+    at = sum(len(encode_tfrecord(r)) for r in records[:70])
+    bad[at + 12] ^= 0x01  # record 70's data: four windows of 16, then 6 records before the error
     feeder = feed(opt_ml, "train_0", [bytes(bad)])
     got = []
     with pytest.raises(tf.errors.OpError, match=f"byte offset {at}: TFRecord: data CRC mismatch"):
         for x in PipeModeDataset("train_0", "TFRecord", shuffle=window, rank=0):
             got.append(x.numpy())
     feeder.join(10)
-    assert got == window_order(records[:37], sizes[:37], window, 0, "train_0", 0)
+    assert got == window_order(records[:70], sizes[:70], window, 0, "train_0", 0)

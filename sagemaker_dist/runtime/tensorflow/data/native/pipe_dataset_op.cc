@@ -217,10 +217,10 @@ class PipeDataset : public DatasetBase {
     }
 
     // Reads the next window, each record into the string of its place in the window's order (Q from
-    // shuffle_core.h: place k takes the window's record Q[k]). Where the last window's records were all
-    // short enough that a whole window of them fits its byte bound, every place's string is allocated
-    // first, in the order the places go out, for the longest of them: so downstream frees the strings
-    // in the order they were allocated, as it does unshuffled. Strings allocated as records came and
+    // shuffle_core.h: place k takes the window's record Q[k]). Where the last window's records were of
+    // about one size and short enough that a whole window of them fits its byte bound, every place's
+    // string is allocated first, in the order the places go out, for the longest of them: so downstream
+    // frees the strings in the order they were allocated, as it does unshuffled. Strings allocated as records came and
     // freed in the window's order cost 0.4 s/GB more at 1 KB (malloc's free lists, scattered pages).
     void FillWindow(IteratorContext* ctx) {
       const uint64_t size = static_cast<uint64_t>(c_.shuffle_records);
@@ -252,7 +252,11 @@ class PipeDataset : public DatasetBase {
       order_.clear();  // the places taken, in order: a window cut short keeps its records' order
       for (uint64_t k = 0; k < size; ++k)
         if (static_cast<uint64_t>(scratch_[k]) < count) order_.push_back(static_cast<int64_t>(k));
-      reserve_ = longest <= static_cast<uint64_t>(c_.shuffle_bytes) / size ? longest : 0;  // no product to wrap
+      // Only for records of about one size: a string keeps its capacity downstream (a .shuffle or
+      // .prefetch buffer of them), so a window's longest record is reserved only where it is at most a
+      // quarter over the mean. And only where a whole window of it fits the byte bound (no product to wrap).
+      bool even = count > 0 && longest <= nbytes / count + nbytes / count / 4;
+      reserve_ = even && longest <= static_cast<uint64_t>(c_.shuffle_bytes) / size ? longest : 0;
     }
 
     // A framing error, named (channel, epoch, byte offset): DataLossError, or `code` where AWS's reader
