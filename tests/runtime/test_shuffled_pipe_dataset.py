@@ -127,9 +127,11 @@ def test_records_go_to_their_places_strings_whatever_their_sizes_and_an_error_co
     order, then fails."""
     rng = np.random.default_rng(11)
     sizes = [int(s) for s in rng.integers(100, 111, 200)]  # windows of 16: reserved from the second
-    sizes[20], sizes[21], sizes[90] = 3000, 4, 40_000  # past the reservation, far under it, a large one
+    # past the reservation (the window's byte bound then frees the places not taken), far under it,
+    # under half of it (its string re-made to its size), a large one
+    sizes[20], sizes[21], sizes[40], sizes[90] = 3000, 4, 30, 40_000
     records = [i.to_bytes(4, "little") + bytes([65 + i % 26]) * (s - 4) for i, s in enumerate(sizes)]
-    window = sh.ShuffleWindow(5, records=16)
+    window = sh.ShuffleWindow(5, records=16, bytes=4000)
     streams = {
         "TFRecord": b"".join(encode_tfrecord(r) for r in records),
         "RecordIO": b"".join(encode_recordio(r, max_part=50) for r in records),
@@ -145,7 +147,7 @@ def test_records_go_to_their_places_strings_whatever_their_sizes_and_an_error_co
 
     bad = bytearray(streams["TFRecord"])
     at = sum(len(encode_tfrecord(r)) for r in records[:70])
-    bad[at + 12] ^= 0x01  # record 70's data: four windows of 16, then 6 records before the error
+    bad[at + 12] ^= 0x01  # record 70's data: the windows before it, then 6 records before the error
     feeder = feed(opt_ml, "train_0", [bytes(bad)])
     got = []
     with pytest.raises(tf.errors.OpError, match=f"byte offset {at}: TFRecord: data CRC mismatch"):

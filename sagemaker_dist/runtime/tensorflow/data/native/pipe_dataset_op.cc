@@ -232,8 +232,9 @@ class PipeDataset : public DatasetBase {
         place_[scratch_[k]] = static_cast<int64_t>(k);
         if (reserve_ > 0) window_[k].reserve(reserve_);
       }
-      uint64_t count = 0, nbytes = 0, longest = 0;
-      while (count < size && nbytes < static_cast<uint64_t>(c_.shuffle_bytes)) {
+      const uint64_t bound = static_cast<uint64_t>(c_.shuffle_bytes);
+      uint64_t count = 0, nbytes = 0, longest = 0, reserved = reserve_ * size;  // <= bound: see below
+      while (count < size && nbytes < bound) {
         tstring& record = window_[place_[count]];
         bool end = false;
         Status s = Next(ctx, &record, &end);
@@ -248,6 +249,16 @@ class PipeDataset : public DatasetBase {
         nbytes += record.size();
         longest = std::max<uint64_t>(longest, record.size());
         ++count;
+        if (reserved == 0) continue;
+        // A string holds at most twice its record downstream; and the window, its records and the
+        // places still reserved, at most its byte bound and a record: longer records than the last
+        // window's free the places not taken yet.
+        if (record.capacity() > 2 * record.size() + 16) record = tstring(record.data(), record.size());
+        reserved -= reserve_;
+        if (nbytes + reserved > bound) {
+          for (uint64_t i = count; i < size; ++i) window_[place_[i]] = tstring();
+          reserved = 0;
+        }
       }
       order_.clear();  // the places taken, in order: a window cut short keeps its records' order
       for (uint64_t k = 0; k < size; ++k)
@@ -538,9 +549,11 @@ class PipeDatasetOp : public DatasetOpKernel {
     OP_REQUIRES_OK(ctx, Scalar(ctx, "shuffle_bytes", &c.shuffle_bytes));
     OP_REQUIRES_OK(ctx, Scalar(ctx, "stream_key", &stream_key));
     c.stream_key = static_cast<uint64_t>(stream_key);
-    OP_REQUIRES(ctx, c.shuffle_records >= 0 && c.shuffle_records < (int64_t{1} << 24) && c.shuffle_bytes >= 0,
+    OP_REQUIRES(ctx, c.shuffle_records >= 0 && c.shuffle_records < (int64_t{1} << 24) &&
+                         (c.shuffle_records == 0 || c.shuffle_bytes >= 1),
                 absl::InvalidArgumentError(absl::StrCat("shuffle window of ", c.shuffle_records, " records and ",
-                                                        c.shuffle_bytes, " bytes: need 0 <= records < 2**24")));
+                                                        c.shuffle_bytes,
+                                                        " bytes: need 0 <= records < 2**24, and bytes >= 1")));
     OP_REQUIRES(ctx, max_record >= 1 && static_cast<uint64_t>(max_record) <= kMaxRecordCeiling,
                 absl::InvalidArgumentError(absl::StrCat("max_record_bytes ", max_record,
                                                         " is not from 1 to 2**62")));
