@@ -147,7 +147,7 @@ def test_records_go_to_their_places_strings_whatever_their_sizes_and_an_error_co
 
     bad = bytearray(streams["TFRecord"])
     at = sum(len(encode_tfrecord(r)) for r in records[:70])
-    bad[at + 12] ^= 0x01  # record 70's data: the windows before it, then 6 records before the error
+    bad[at + 12] ^= 0x01  # record 70's data: windows of 16, 12, 16, 16, then 10 records before it
     feeder = feed(opt_ml, "train_0", [bytes(bad)])
     got = []
     with pytest.raises(tf.errors.OpError, match=f"byte offset {at}: TFRecord: data CRC mismatch"):

@@ -240,6 +240,7 @@ def shuffled_chunks(items, order: EpochOrder):
     out first, in their window's order, then the error (as the compiled reader's do)."""
     pieces: list = []  # (blob, starts, lengths) or a large record's bytes
     count = nbytes = 0
+    error = None
     try:
         for item in items:
             if isinstance(item, list):
@@ -270,12 +271,12 @@ def shuffled_chunks(items, order: EpochOrder):
                 yield _window_chunk(pieces, order.order(count))
                 pieces, count, nbytes = [], 0, 0
                 starts, lengths = starts[last + 1 :], lengths[last + 1 :]
-    except Exception:  # the records read before an error come out first, then the error
-        if count:
-            yield _window_chunk(pieces, order.order(count))
-        raise
+    except Exception as exc:  # the records read before an error come out first, then the error
+        error = exc
     if count:
         yield _window_chunk(pieces, order.order(count))
+    if error is not None:
+        raise error
 
 
 def _window_chunk(pieces: list, order: np.ndarray) -> tuple:

@@ -170,6 +170,7 @@ def shuffled(records, order: EpochOrder, size=len):
     compiled reader's do)."""
     window: list = []
     nbytes = 0
+    error = None
     try:
         for record in records:
             window.append(record)
@@ -177,12 +178,12 @@ def shuffled(records, order: EpochOrder, size=len):
             if order.closes(len(window), nbytes):
                 yield from (window[i] for i in order.order(len(window)).tolist())
                 window, nbytes = [], 0
-    except Exception:
-        if window:
-            yield from (window[i] for i in order.order(len(window)).tolist())
-        raise
+    except Exception as exc:
+        error = exc
     if window:
         yield from (window[i] for i in order.order(len(window)).tolist())
+    if error is not None:
+        raise error
 
 
 class StreamHead:

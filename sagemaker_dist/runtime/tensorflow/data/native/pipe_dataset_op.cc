@@ -220,8 +220,8 @@ class PipeDataset : public DatasetBase {
     // shuffle_core.h: place k takes the window's record Q[k]). Where the last window's records were of
     // about one size and short enough that a whole window of them fits its byte bound, every place's
     // string is allocated first, in the order the places go out, for the longest of them: so downstream
-    // frees the strings in the order they were allocated, as it does unshuffled. Strings allocated as records came and
-    // freed in the window's order cost 0.4 s/GB more at 1 KB (malloc's free lists, scattered pages).
+    // frees the strings in the order they were allocated, as it does unshuffled. Strings allocated as
+    // records came and freed in the window's order cost 0.4 s/GB more at 1 KB (malloc's free lists).
     void FillWindow(IteratorContext* ctx) {
       const uint64_t size = static_cast<uint64_t>(c_.shuffle_records);
       scratch_.resize(size);
@@ -267,7 +267,7 @@ class PipeDataset : public DatasetBase {
       // .prefetch buffer of them), so a window's longest record is reserved only where it is at most a
       // quarter over the mean. And only where a whole window of it fits the byte bound (no product to wrap).
       bool even = count > 0 && longest <= nbytes / count + nbytes / count / 4;
-      reserve_ = even && longest <= static_cast<uint64_t>(c_.shuffle_bytes) / size ? longest : 0;
+      reserve_ = even && longest <= bound / size ? longest : 0;
     }
 
     // A framing error, named (channel, epoch, byte offset): DataLossError, or `code` where AWS's reader
