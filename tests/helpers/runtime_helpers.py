@@ -52,11 +52,14 @@ class FifoFeeder(threading.Thread):
     Like SageMaker, the next FIFO appears only after the previous one was closed by the writer.
     """
 
-    def __init__(self, data_dir: Path, channel: str, epochs: list[bytes]):
+    def __init__(
+        self, data_dir: Path, channel: str, epochs: list[bytes], pace: tuple[int, float] | None = None
+    ):
         super().__init__(daemon=True)
         self.data_dir = Path(data_dir)
         self.channel = channel
         self.epochs = epochs
+        self.pace = pace  # (bytes, seconds): a writer slower than the reader, a pause after each piece
         self.served = 0
         self.error: BaseException | None = None
 
@@ -67,7 +70,12 @@ class FifoFeeder(threading.Thread):
                 os.mkfifo(path)
                 with open(path, "wb") as f:  # blocks until the reader opens its end
                     try:
-                        f.write(payload)
+                        step = self.pace[0] if self.pace else len(payload) or 1
+                        for at in range(0, len(payload), step):
+                            f.write(payload[at : at + step])
+                            if self.pace:
+                                f.flush()
+                                time.sleep(self.pace[1])
                     except BrokenPipeError:  # reader closed early: fine, as with SageMaker
                         pass
                 self.served += 1

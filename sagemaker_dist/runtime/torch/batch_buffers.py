@@ -83,24 +83,36 @@ class Arena:
     where the next does not fit), so that a batch across two windows is one span of rows: a view, not a
     copy. Every span handed out is a tensor of its own over a numpy view of its rows, tracked as a lent
     view of the arena (``Slot``); a window is only placed over rows no live view covers (``place`` says
-    None otherwise: the reader takes a new arena)."""
+    None otherwise: the reader takes a new arena).
 
-    def __init__(self, rows: int, row_bytes: int, pinned: bool, huge_pages: bool):
+    Windows go round the first ``lean_rows`` rows (what a loop that keeps up with the stream holds) until
+    one finds its rows held; then round all ``rows``. Only the rows in use are mapped: fresh memory is
+    what a shuffled first epoch pays for (the kernel clears it), and the rows a slower loop needs cost
+    more than reading a 512 MiB epoch of 150 KB records."""
+
+    def __init__(
+        self, rows: int, row_bytes: int, pinned: bool, huge_pages: bool, lean_rows: int | None = None
+    ):
         self.rows, self.row_bytes = int(rows), int(row_bytes)
+        self.limit = self.rows if pinned or lean_rows is None else min(int(lean_rows), self.rows)
         if pinned:
             torch = torch_module()
             self._tensor = torch.empty(self.rows * self.row_bytes, dtype=torch.uint8, pin_memory=True)
             self.array = self._tensor.numpy()
         else:
-            self.array = plain_array(self.rows * self.row_bytes, huge_pages)
+            self.array = plain_array(self.rows * self.row_bytes, huge_pages, self.limit * self.row_bytes)
         self.end = 0  # the row after the last window placed
         self.handed: deque = deque()  # (first row, end row, the Slot its view was lent by)
 
     def place(self, n: int) -> int | None:
         """The first row of a window of ``n`` rows: after the last one, or at the start."""
-        start = self.end if self.end + n <= self.rows else 0
+        start = self.end if self.end + n <= self.limit else 0
         self.handed = deque(h for h in self.handed if h[2].in_use)
-        if n > self.rows or any(a < start + n and start < b for a, b, _ in self.handed):
+        if n > self.limit or any(a < start + n and start < b for a, b, _ in self.handed):
+            if self.limit < self.rows:  # held: the rest of the rows, after the last window
+                populate(self.array, self.limit * self.row_bytes, self.rows * self.row_bytes)
+                self.limit = self.rows
+                return self.place(n)
             return None
         self.end = start + n
         return start
@@ -158,17 +170,37 @@ def torch_module():
     return torch
 
 
-def plain_array(nbytes: int, huge_pages: bool = False):
-    """An uninitialised uint8 array of ``nbytes``; from PLAIN_PAGES_FROM over an anonymous map of plain
-    pages, populated when mapped (one call, not a page fault per 4 KiB: a fresh process's 150 KB-record
-    epoch read at 0.71-0.75 of the raw pipe so, at 0.68-0.70 faulting)."""
+def plain_array(nbytes: int, huge_pages: bool = False, populate_bytes: int | None = None):
+    """An uninitialised uint8 array of ``nbytes``; from PLAIN_PAGES_FROM over an anonymous map, its first
+    ``populate_bytes`` (all by default) populated when mapped (one call, not a page fault per 4 KiB: a
+    fresh process's 150 KB-record epoch read at 0.71-0.75 of the raw pipe so, at 0.68-0.70 faulting)."""
     if nbytes < PLAIN_PAGES_FROM:
         return np.empty(nbytes, dtype=np.uint8)
+    populate_bytes = nbytes if populate_bytes is None else min(populate_bytes, nbytes)
+    whole = populate_bytes == nbytes and not huge_pages
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (getattr(mmap, "MAP_POPULATE", 0) if whole else 0)
+    area = mmap.mmap(-1, nbytes, flags=flags)
     if huge_pages and hasattr(mmap, "MADV_HUGEPAGE"):
-        area = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        area.madvise(mmap.MADV_HUGEPAGE)
-        array = np.frombuffer(area, dtype=np.uint8)
-        array[::4096] = 0  # faulted in now, in huge pages where the kernel has them
-        return array
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
-    return np.frombuffer(mmap.mmap(-1, nbytes, flags=flags), dtype=np.uint8)
+        area.madvise(mmap.MADV_HUGEPAGE)  # then populated in huge pages where the kernel has them
+    array = np.frombuffer(area, dtype=np.uint8)
+    if not whole:
+        populate(array, 0, populate_bytes)
+    return array
+
+
+# madvise(2)'s MADV_POPULATE_WRITE (Linux 5.14; Python names it from 3.13): pages mapped writable in one call
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+
+
+def populate(array: np.ndarray, start: int, end: int) -> None:
+    """Map bytes ``start .. end`` of ``plain_array``'s ``array``, never written yet, now rather than a
+    fault at a time (first writes: a kernel without MADV_POPULATE_WRITE)."""
+    area = getattr(array.base, "obj", array.base)  # np.frombuffer's base: a memoryview of the map
+    if isinstance(area, mmap.mmap) and end > start:
+        page = start - start % mmap.PAGESIZE
+        try:
+            area.madvise(MADV_POPULATE_WRITE, page, end - page)
+            return
+        except OSError:
+            pass
+    array[start:end:mmap.PAGESIZE] = 0

@@ -192,9 +192,10 @@ class BatchCutter:
             out = batch.holder[: count * fixed].view(count, fixed)
             at = 0
             for piece in pieces:
-                if isinstance(piece, ArenaSpan):
-                    rows = piece.arena.array[piece.first * fixed : (piece.first + piece.n) * fixed]
-                    out[at : at + piece.n].copy_(torch_module().from_numpy(rows).view(piece.n, fixed))
+                if isinstance(piece, ArenaSpan):  # numpy's memcpy (torch's copy_ wakes its OpenMP threads,
+                    # which spin on after it on cores the FIFO's writer needs)
+                    n = piece.n * fixed
+                    batch.data[at * fixed : at * fixed + n] = piece.arena.array[piece.first * fixed :][:n]
                     at += piece.n
                 elif isinstance(piece, tuple):  # rows of a window: memcpy each (index_select: 1 GB/s)
                     window, rows = piece

@@ -280,26 +280,31 @@ class RecordBatches(PipeBatches):
 
     def _arena(self, pinned: bool, size: int) -> tuple[Arena, int]:
         """The arena the next window of ``size`` rows goes into, and its first row there (a new arena
-        where the reader's holds rows still in use)."""
+        where the reader's holds rows still in use). Its windows go round the rows a loop that keeps up
+        with the stream needs until a window finds them held (``Arena``): the window being filled, the
+        one cut into batches, the loop's group and a carried batch, and room for a window left unused
+        where the next one does not fit before the end."""
         key = ("arena", pinned)
         arena = self._buffers.get(key)
         start = arena.place(size) if arena is not None and arena.row_bytes == self.record_bytes else None
         if start is None:
-            rows = ARENA_WINDOWS * size + self._rows_held(size)
+            rows = ARENA_WINDOWS * size + self._rows_held(size, self.prefetch + 2)
+            lean = (ARENA_WINDOWS + 1) * size + self._rows_held(size, 1)  # a window's rows left at the end
             huge = self.record_bytes < HUGE_PAGES_BELOW
-            arena = self._buffers[key] = Arena(rows, self.record_bytes, pinned, huge)
+            arena = self._buffers[key] = Arena(rows, self.record_bytes, pinned, huge, lean)
             start = arena.place(size)
         return arena, start
 
-    def _rows_held(self, size: int) -> int:
+    def _rows_held(self, size: int, groups: int) -> int:
         """Rows of an arena the batches handed out may still hold while the next window (``size`` rows)
-        is placed: the loop's group, the ``prefetch`` groups queued and the one being queued, and a
-        batch carried into the next window. A group is GROUP_BYTES of batches (one batch where that is
-        more), from one window at most. An arena smaller than that is left for a fresh one (new memory)
-        every few windows whenever the loop is slower than the stream."""
+        is placed: ``groups`` groups of batches (where the loop is slower than the stream: the loop's,
+        the ``prefetch`` groups queued and the one being queued) and a batch carried into the next
+        window. A group is GROUP_BYTES of batches (one batch where that is more), from one window at
+        most. An arena smaller than that is left for a fresh one (new memory) every few windows whenever
+        the loop is slower than the stream."""
         batch_bytes = self.batch_size * self.record_bytes
         group_rows = max(1, -(-GROUP_BYTES // batch_bytes)) * self.batch_size
-        return (self.prefetch + 2) * min(group_rows, size + self.batch_size) + self.batch_size
+        return groups * min(group_rows, size + self.batch_size) + self.batch_size
 
     def _ragged_windows(self, epoch: int, streams: list, order: EpochOrder, allocate, head):
         """Each window of records of any size as ``(window, order)``: the records as they came, and the

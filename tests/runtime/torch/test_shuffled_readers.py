@@ -34,11 +34,11 @@ def ident(r: bytes) -> int:
     return int.from_bytes(r[:4], "little")
 
 
-def channel(tmp_path, epochs, name="train_0", wrapper="None"):
+def channel(tmp_path, epochs, name="train_0", wrapper="None", pace=None):
     from sagemaker_dist.runtime.config import ContainerConfig
 
     root = write_opt_ml(tmp_path / "opt_ml", [name], plan_layout(1, 1), wrapper=wrapper)
-    feeder = FifoFeeder(root / "input" / "data", name, epochs)
+    feeder = FifoFeeder(root / "input" / "data", name, epochs, pace)
     feeder.start()
     return ContainerConfig.load(root, {}), feeder
 
@@ -235,6 +235,38 @@ def test_batches_kept_while_later_windows_are_read_stay_as_they_were(tmp_path, k
     # batches of one buffer, one after another (views of the windows' rows, not copies of them)
     adjacent = sum(b.data_ptr() == a.data_ptr() + a.numel() for a, b in zip(kept[0], kept[0][1:]))
     assert adjacent >= 40  # all but where a held arena made the reader take a new one
+
+
+@pytest.mark.parametrize("hold", ["kept-up", "all-held"])
+def test_an_arena_maps_the_rows_a_loop_that_keeps_up_needs_and_the_rest_once_they_are_held(tmp_path, hold):
+    """Windows of 20 KB records (an arena of mapped pages: 20 MB, 9 MB of it what a loop that keeps up
+    needs): a loop that drops each batch of a slower writer (a window every 50 ms) never maps the rest;
+    one that keeps every batch has the rest mapped after the last window, so the next window is still a
+    view after it, and no byte written before is lost."""
+    size, count, batch = 20_000, 900, 32
+    records = [record(i, size) for i in range(count)]
+    stream = b"".join(encode_tfrecord(r) for r in records)
+    window = sh.ShuffleWindow(5, records=100)
+    pace = (len(stream) // 9, 0.05) if hold == "kept-up" else None
+    config, feeder = channel(tmp_path, [stream], pace=pace)
+    batches = reader("fixed-compiled", config, batch, window, record_bytes=size)
+    held, ids = [], []
+    for b in batches:
+        ids.extend(ident(r) for r in records_of(b))
+        if hold == "all-held":
+            held.append(b)
+    feeder.join(10)
+    assert ids == window_order(list(range(count)), [size] * count, window, 0, "train_0", 0)
+    arena = batches._buffers[("arena", False)]
+    lean = 3 * 100 + 132 + batch  # three windows, a group (capped at a window and a batch), a carried batch
+    assert arena.rows == 2 * 100 + 6 * 132 + batch and arena.rows * size >= 4 << 20
+    if hold == "kept-up":
+        assert arena.limit == lean and arena.end <= lean
+        return
+    assert arena.limit == arena.rows  # the rest mapped: windows went on after the lean rows
+    assert all(r == records[ident(r)] for b in held for r in records_of(b))
+    adjacent = sum(b.data_ptr() == a.data_ptr() + a.numel() for a, b in zip(held, held[1:]))
+    assert adjacent >= len(held) - 4  # views of the arena but where a held one made the reader take another
 
 
 @pytest.mark.parametrize("kind", READERS)
