@@ -79,11 +79,13 @@ class BufferPool:
 
 
 class Arena:
-    """Shuffle windows of records of one size, placed one after another in one buffer (back to its start
-    where the next does not fit), so that a batch across two windows is one span of rows: a view, not a
-    copy. Every span handed out is a tensor of its own over a numpy view of its rows, tracked as a lent
-    view of the arena (``Slot``); a window is only placed over rows no live view covers (``place`` says
-    None otherwise: the reader takes a new arena).
+    """Shuffle windows of records of one size, placed one after another in one buffer, so that a batch
+    across two windows is one span of rows: a view, not a copy. Where a window does not fit before the
+    end, its first rows (those that complete the batch the window before began) go on past the end, into
+    ``overhang`` rows kept for them, and the rest from the start: that batch is a view too. Every span
+    handed out is a tensor of its own over a numpy view of its rows, tracked as a lent view of the arena
+    (``Slot``); a window is only placed over rows no live view covers (``place`` says None otherwise:
+    the reader takes a new arena).
 
     Windows go round the first ``lean_rows`` rows (what a loop that keeps up with the stream holds) until
     one finds its rows held; then round all ``rows``. Only the rows in use are mapped: fresh memory is
@@ -91,36 +93,62 @@ class Arena:
     more than reading a 512 MiB epoch of 150 KB records."""
 
     def __init__(
-        self, rows: int, row_bytes: int, pinned: bool, huge_pages: bool, lean_rows: int | None = None
+        self,
+        rows: int,
+        row_bytes: int,
+        pinned: bool,
+        huge_pages: bool,
+        lean_rows: int | None = None,
+        overhang: int = 0,
     ):
-        self.rows, self.row_bytes = int(rows), int(row_bytes)
+        self.rows, self.row_bytes, self.overhang = int(rows), int(row_bytes), int(overhang)
         self.limit = self.rows if pinned or lean_rows is None else min(int(lean_rows), self.rows)
+        nbytes = (self.rows + self.overhang) * self.row_bytes
         if pinned:
             torch = torch_module()
-            self._tensor = torch.empty(self.rows * self.row_bytes, dtype=torch.uint8, pin_memory=True)
+            self._tensor = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
             self.array = self._tensor.numpy()
         else:
-            self.array = plain_array(self.rows * self.row_bytes, huge_pages, self.limit * self.row_bytes)
+            self.array = plain_array(nbytes, huge_pages, (self.limit + self.overhang) * self.row_bytes)
         self.end = 0  # the row after the last window placed
         self.handed: deque = deque()  # (first row, end row, the Slot its view was lent by)
 
-    def place(self, n: int) -> int | None:
-        """The first row of a window of ``n`` rows: after the last one, or at the start."""
-        start = self.end if self.end + n <= self.limit else 0
+    def place(self, n: int, head: int = 0) -> list[tuple[int, int]] | None:
+        """Where a window of ``n`` rows goes, as ``(first row, rows)`` pieces in the window's order: after
+        the last window; where it does not fit before the end, its first ``head`` rows after the last
+        window (into the overhang) and the rest from the start; else all from the start."""
+        end = self.end
+        if end + n <= self.limit:
+            pieces = [(end, n)]
+        elif 0 < head < n and end + head <= self.limit + self.overhang:
+            pieces = [(end, head), (0, n - head)]
+        else:
+            pieces = [(0, n)]
         self.handed = deque(h for h in self.handed if h[2].in_use)
-        if n > self.limit or any(a < start + n and start < b for a, b, _ in self.handed):
+        held = any(a < first + k and first < b for first, k in pieces for a, b, _ in self.handed)
+        if n > self.limit or held:
             if self.limit < self.rows:  # held: the rest of the rows, after the last window
-                populate(self.array, self.limit * self.row_bytes, self.rows * self.row_bytes)
+                rb = self.row_bytes
+                populate(self.array, (self.limit + self.overhang) * rb, (self.rows + self.overhang) * rb)
                 self.limit = self.rows
-                return self.place(n)
+                return self.place(n, head)
             return None
-        self.end = start + n
-        return start
+        self.end = pieces[-1][0] + pieces[-1][1]
+        return pieces
 
-    def window(self, start: int, n: int) -> Batch:
-        """A batch of ``n`` records to fill rows ``start .. start + n`` with (straight into their rows)."""
+    def window(self, pieces: list[tuple[int, int]], places: np.ndarray) -> Batch:
+        """A batch to read a window into, straight into its rows: record i, at ``places[i]`` in the
+        window's order, goes to that place's row in ``pieces`` (``rows``, from the batch's first)."""
         rb = self.row_bytes
-        return Batch.over(self, self.array[start * rb : (start + n) * rb], n)
+        base = min(first for first, _ in pieces)
+        top = max(first + k for first, k in pieces)
+        batch = Batch.over(self, self.array[base * rb : top * rb], len(places))
+        (first, k), *rest = pieces
+        rows = places + (first - base)
+        if rest:
+            rows = np.where(places < k, rows, places - k + (rest[0][0] - base))
+        batch.rows = rows
+        return batch
 
     def span(self, first: int, end: int):
         """Rows ``first .. end`` as a ``[end - first, row_bytes]`` tensor, tracked while it lives."""

@@ -223,7 +223,7 @@ class RecordBatches(PipeBatches):
         cut = BatchCutter(self.batch_size, self.record_bytes, self.drop_last, allocate, skip)
         head = _HeadOf(self, skip)
         if fixed:
-            windows = self._fixed_windows(epoch, streams, order, pinned, head)
+            windows = self._fixed_windows(epoch, streams, order, pinned, head, cut)
         else:
             # the windows' buffers, the reader's own: the one being filled, the one read ahead, the one
             # being gathered from, the one the carried batch is gathered from
@@ -253,47 +253,54 @@ class RecordBatches(PipeBatches):
             windows.close()
         yield from cut.finish()
 
-    def _fixed_windows(self, epoch: int, streams: list, order: EpochOrder, pinned: bool, head):
-        """Each window of records of one size as a ``ArenaSpan`` of an arena, its rows in its order: every
-        record read straight into its row; a window the stream's end cut short keeps the rows that came
-        (``(window, rows)``, gathered batch by batch)."""
+    def _fixed_windows(self, epoch: int, streams: list, order: EpochOrder, pinned: bool, head, cut):
+        """Each window of records of one size as ``ArenaSpan`` s of an arena (one, or two where it goes on
+        from the arena's start), its rows in its order: every record read straight into its row; a window
+        the stream's end cut short keeps the rows that came (``(window, rows)``, gathered batch by
+        batch)."""
         fixed = self.record_bytes
         size = order.fixed_size(fixed)
         window = arena = None
         for fill, _ in self._fills(epoch, streams):
             while True:
                 if window is None:
-                    arena, start = self._arena(pinned, size)
-                    window = arena.window(start, size)
-                    window.rows = inverse(order.order(size))
+                    # the rows that complete the batch the cutter carries (none while it drops records)
+                    rest = self.batch_size - cut.carried if cut.carried and not cut.skip else 0
+                    arena, pieces = self._arena(pinned, size, rest)
+                    places = inverse(order.order(size))
+                    window = arena.window(pieces, places)
                 if not fill.fill(window):
                     break
                 head.feed(window)
-                yield ArenaSpan(arena, start, size)
+                for first, n in pieces:
+                    yield ArenaSpan(arena, first, n)
                 window = None
         head.feed(window, end=True)
         if window is not None and window.count:  # its records' rows, in order: gathered batch by batch
-            rows = np.sort(window.rows[: window.count])
-            window.count = size  # every row a record of record_bytes, for gather
-            window.offsets[: size + 1] = np.arange(0, (size + 1) * fixed, fixed, dtype=np.int64)
+            rows = window.rows[: window.count][np.argsort(places[: window.count])]
+            window.count = len(window.data) // fixed  # every row a record of record_bytes, for gather
+            offsets = np.arange(0, (window.count + 1) * fixed, fixed, dtype=np.int64)
+            window.offsets = window.offsets_holder = offsets
             yield window, rows
 
-    def _arena(self, pinned: bool, size: int) -> tuple[Arena, int]:
-        """The arena the next window of ``size`` rows goes into, and its first row there (a new arena
-        where the reader's holds rows still in use). Its windows go round the rows a loop that keeps up
-        with the stream needs until a window finds them held (``Arena``): the window being filled, the
-        one cut into batches, the loop's group and a carried batch, and room for a window left unused
-        where the next one does not fit before the end."""
+    def _arena(self, pinned: bool, size: int, head: int) -> tuple[Arena, list[tuple[int, int]]]:
+        """The arena the next window of ``size`` rows goes into, and its pieces there (``Arena.place``;
+        a new arena where the reader's holds rows still in use). Its windows go round the rows a loop
+        that keeps up with the stream needs until a window finds them held (``Arena``): the window being
+        filled, the one cut into batches, the loop's group and a carried batch, and room for a window
+        left unused where the next one does not fit before the end."""
         key = ("arena", pinned)
         arena = self._buffers.get(key)
-        start = arena.place(size) if arena is not None and arena.row_bytes == self.record_bytes else None
-        if start is None:
+        same = arena is not None and arena.row_bytes == self.record_bytes
+        pieces = arena.place(size, head) if same else None
+        if pieces is None:
             rows = ARENA_WINDOWS * size + self._rows_held(size, self.prefetch + 2)
             lean = (ARENA_WINDOWS + 1) * size + self._rows_held(size, 1)  # a window's rows left at the end
             huge = self.record_bytes < HUGE_PAGES_BELOW
-            arena = self._buffers[key] = Arena(rows, self.record_bytes, pinned, huge, lean)
-            start = arena.place(size)
-        return arena, start
+            arena = Arena(rows, self.record_bytes, pinned, huge, lean, overhang=self.batch_size)
+            self._buffers[key] = arena
+            pieces = arena.place(size, head)
+        return arena, pieces
 
     def _rows_held(self, size: int, groups: int) -> int:
         """Rows of an arena the batches handed out may still hold while the next window (``size`` rows)

@@ -240,9 +240,11 @@ def test_batches_kept_while_later_windows_are_read_stay_as_they_were(tmp_path, k
 @pytest.mark.parametrize("hold", ["kept-up", "all-held"])
 def test_an_arena_maps_the_rows_a_loop_that_keeps_up_needs_and_the_rest_once_they_are_held(tmp_path, hold):
     """Windows of 20 KB records (an arena of mapped pages: 20 MB, 9 MB of it what a loop that keeps up
-    needs): a loop that drops each batch of a slower writer (a window every 50 ms) never maps the rest;
-    one that keeps every batch has the rest mapped after the last window, so the next window is still a
-    view after it, and no byte written before is lost."""
+    needs): a loop that drops each batch of a slower writer (a window every 50 ms) never maps the rest,
+    and every batch is a view of the arena, the one across the fourth and fifth windows too (the fifth
+    goes on past the lean rows' end for the 16 rows that complete it, then from the start); one that
+    keeps every batch has the rest mapped after the last window, so the next window is still a view
+    after it, and no byte written before is lost."""
     size, count, batch = 20_000, 900, 32
     records = [record(i, size) for i in range(count)]
     stream = b"".join(encode_tfrecord(r) for r in records)
@@ -250,9 +252,10 @@ def test_an_arena_maps_the_rows_a_loop_that_keeps_up_needs_and_the_rest_once_the
     pace = (len(stream) // 9, 0.05) if hold == "kept-up" else None
     config, feeder = channel(tmp_path, [stream], pace=pace)
     batches = reader("fixed-compiled", config, batch, window, record_bytes=size)
-    held, ids = [], []
+    held, ids, at = [], [], []
     for b in batches:
         ids.extend(ident(r) for r in records_of(b))
+        at.append(b.data_ptr())
         if hold == "all-held":
             held.append(b)
     feeder.join(10)
@@ -262,6 +265,8 @@ def test_an_arena_maps_the_rows_a_loop_that_keeps_up_needs_and_the_rest_once_the
     assert arena.rows == 2 * 100 + 6 * 132 + batch and arena.rows * size >= 4 << 20
     if hold == "kept-up":
         assert arena.limit == lean and arena.end <= lean
+        base = arena.array.ctypes.data
+        assert all(base <= a < base + (lean + batch) * size for a in at)  # views of it, none copied
         return
     assert arena.limit == arena.rows  # the rest mapped: windows went on after the lean rows
     assert all(r == records[ident(r)] for b in held for r in records_of(b))
