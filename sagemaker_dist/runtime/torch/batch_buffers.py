@@ -80,12 +80,12 @@ class BufferPool:
 
 class Arena:
     """Shuffle windows of records of one size, placed one after another in one buffer, so that a batch
-    across two windows is one span of rows: a view, not a copy. Where a window does not fit before the
-    end, its first rows (those that complete the batch the window before began) go on past the end, into
-    ``overhang`` rows kept for them, and the rest from the start: that batch is a view too. Every span
-    handed out is a tensor of its own over a numpy view of its rows, tracked as a lent view of the arena
-    (``Slot``); a window is only placed over rows no live view covers (``place`` says None otherwise:
-    the reader takes a new arena).
+    across two windows is one span of rows: a view, not a copy. A window that does not fit before the
+    end goes on there for as many whole batches as fit (into ``batch_rows`` rows kept past the end: the
+    batch the window before began, completed) and from the start for the rest, so no batch is cut in two
+    and none is copied. Every span handed out is a tensor of its own over a numpy view of its rows,
+    tracked as a lent view of the arena (``Slot``); a window is only placed over rows no live view
+    covers (``place`` says None otherwise: the reader takes a new arena).
 
     Windows go round the first ``lean_rows`` rows (what a loop that keeps up with the stream holds) until
     one finds its rows held; then round all ``rows``. Only the rows in use are mapped: fresh memory is
@@ -99,37 +99,40 @@ class Arena:
         pinned: bool,
         huge_pages: bool,
         lean_rows: int | None = None,
-        overhang: int = 0,
+        batch_rows: int = 0,
     ):
-        self.rows, self.row_bytes, self.overhang = int(rows), int(row_bytes), int(overhang)
+        self.rows, self.row_bytes, self.batch_rows = int(rows), int(row_bytes), int(batch_rows)
         self.limit = self.rows if pinned or lean_rows is None else min(int(lean_rows), self.rows)
-        nbytes = (self.rows + self.overhang) * self.row_bytes
+        nbytes = (self.rows + self.batch_rows) * self.row_bytes
         if pinned:
             torch = torch_module()
             self._tensor = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
             self.array = self._tensor.numpy()
         else:
-            self.array = plain_array(nbytes, huge_pages, (self.limit + self.overhang) * self.row_bytes)
+            self.array = plain_array(nbytes, huge_pages, (self.limit + self.batch_rows) * self.row_bytes)
         self.end = 0  # the row after the last window placed
         self.handed: deque = deque()  # (first row, end row, the Slot its view was lent by)
 
-    def place(self, n: int, head: int = 0) -> list[tuple[int, int]] | None:
+    def place(self, n: int, head: int | None = None) -> list[tuple[int, int]] | None:
         """Where a window of ``n`` rows goes, as ``(first row, rows)`` pieces in the window's order: after
-        the last window; where it does not fit before the end, its first ``head`` rows after the last
-        window (into the overhang) and the rest from the start; else all from the start."""
+        the last window; where it does not fit before the end, its first ``head`` rows (those that
+        complete the batch carried into it) and whole batches after them as far as the rows kept past
+        the end, the rest from the start; all from the start where ``head`` is None (batches not known)."""
         end = self.end
         if end + n <= self.limit:
             pieces = [(end, n)]
-        elif 0 < head < n and end + head <= self.limit + self.overhang:
-            pieces = [(end, head), (0, n - head)]
         else:
-            pieces = [(0, n)]
+            room = self.limit + self.batch_rows - end
+            cut = 0
+            if head is not None and self.batch_rows and head <= room:
+                cut = min(n, head + (room - head) // self.batch_rows * self.batch_rows)
+            pieces = [(end, cut), (0, n - cut)] if 0 < cut < n else [(end, n)] if cut == n else [(0, n)]
         self.handed = deque(h for h in self.handed if h[2].in_use)
         held = any(a < first + k and first < b for first, k in pieces for a, b, _ in self.handed)
         if n > self.limit or held:
             if self.limit < self.rows:  # held: the rest of the rows, after the last window
                 rb = self.row_bytes
-                populate(self.array, (self.limit + self.overhang) * rb, (self.rows + self.overhang) * rb)
+                populate(self.array, (self.limit + self.batch_rows) * rb, (self.rows + self.batch_rows) * rb)
                 self.limit = self.rows
                 return self.place(n, head)
             return None

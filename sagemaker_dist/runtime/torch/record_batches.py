@@ -264,8 +264,8 @@ class RecordBatches(PipeBatches):
         for fill, _ in self._fills(epoch, streams):
             while True:
                 if window is None:
-                    # the rows that complete the batch the cutter carries (none while it drops records)
-                    rest = self.batch_size - cut.carried if cut.carried and not cut.skip else 0
+                    # the rows that complete the batch the cutter carries (unknown while it drops records)
+                    rest = None if cut.skip else -cut.carried % self.batch_size
                     arena, pieces = self._arena(pinned, size, rest)
                     places = inverse(order.order(size))
                     window = arena.window(pieces, places)
@@ -283,21 +283,20 @@ class RecordBatches(PipeBatches):
             window.offsets = window.offsets_holder = offsets
             yield window, rows
 
-    def _arena(self, pinned: bool, size: int, head: int) -> tuple[Arena, list[tuple[int, int]]]:
+    def _arena(self, pinned: bool, size: int, head: int | None) -> tuple[Arena, list[tuple[int, int]]]:
         """The arena the next window of ``size`` rows goes into, and its pieces there (``Arena.place``;
         a new arena where the reader's holds rows still in use). Its windows go round the rows a loop
         that keeps up with the stream needs until a window finds them held (``Arena``): the window being
-        filled, the one cut into batches, the loop's group and a carried batch, and room for a window
-        left unused where the next one does not fit before the end."""
+        filled, the one cut into batches, the loop's group and a carried batch."""
         key = ("arena", pinned)
         arena = self._buffers.get(key)
         same = arena is not None and arena.row_bytes == self.record_bytes
         pieces = arena.place(size, head) if same else None
         if pieces is None:
             rows = ARENA_WINDOWS * size + self._rows_held(size, self.prefetch + 2)
-            lean = (ARENA_WINDOWS + 1) * size + self._rows_held(size, 1)  # a window's rows left at the end
+            lean = ARENA_WINDOWS * size + self._rows_held(size, 1)
             huge = self.record_bytes < HUGE_PAGES_BELOW
-            arena = Arena(rows, self.record_bytes, pinned, huge, lean, overhang=self.batch_size)
+            arena = Arena(rows, self.record_bytes, pinned, huge, lean, self.batch_size)
             self._buffers[key] = arena
             pieces = arena.place(size, head)
         return arena, pieces

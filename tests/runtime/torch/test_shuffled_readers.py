@@ -239,10 +239,10 @@ def test_batches_kept_while_later_windows_are_read_stay_as_they_were(tmp_path, k
 
 @pytest.mark.parametrize("hold", ["kept-up", "all-held"])
 def test_an_arena_maps_the_rows_a_loop_that_keeps_up_needs_and_the_rest_once_they_are_held(tmp_path, hold):
-    """Windows of 20 KB records (an arena of mapped pages: 20 MB, 9 MB of it what a loop that keeps up
+    """Windows of 20 KB records (an arena of mapped pages: 21 MB, 8 MB of it what a loop that keeps up
     needs): a loop that drops each batch of a slower writer (a window every 50 ms) never maps the rest,
-    and every batch is a view of the arena, the one across the fourth and fifth windows too (the fifth
-    goes on past the lean rows' end for the 16 rows that complete it, then from the start); one that
+    and every batch is a view of the arena, those across its end too (a window goes on there for the
+    rows that complete the carried batch and whole batches after them, then from the start); one that
     keeps every batch has the rest mapped after the last window, so the next window is still a view
     after it, and no byte written before is lost."""
     size, count, batch = 20_000, 900, 32
@@ -261,7 +261,7 @@ def test_an_arena_maps_the_rows_a_loop_that_keeps_up_needs_and_the_rest_once_the
     feeder.join(10)
     assert ids == window_order(list(range(count)), [size] * count, window, 0, "train_0", 0)
     arena = batches._buffers[("arena", False)]
-    lean = 3 * 100 + 132 + batch  # three windows, a group (capped at a window and a batch), a carried batch
+    lean = 2 * 100 + 132 + batch  # two windows, a group (capped at a window and a batch), a carried batch
     assert arena.rows == 2 * 100 + 6 * 132 + batch and arena.rows * size >= 4 << 20
     if hold == "kept-up":
         assert arena.limit == lean and arena.end <= lean
