@@ -48,47 +48,27 @@ class RaggedBatch(NamedTuple):
 
 
 class BatchCutter:
-    """Cuts a shuffled epoch's windows into batches, in their order. A window is a ``[n, record_bytes]``
-    tensor already in its order (its batches are views of it), ``(tensor, rows)`` (records of one size at
-    those rows, a window the stream's end cut short) or ``(window, order)`` (records of any size as they
-    came, a ``Batch``). A batch that is not a view (across two windows, of rows, of records of any size)
-    is copied into buffers of its own. Drops the first ``skip`` records."""
+    """Cuts a shuffled epoch's windows into batches, in their order. A window is an ``ArenaSpan`` (records
+    of one size, in their order: its batches, and one across two adjacent spans, are views of the arena)
+    or ``(window, order)`` (records of any size as they came, a ``Batch``). A batch that is not a view
+    (across two arenas, of records of any size) is copied into buffers of its own. Drops the first
+    ``skip`` records."""
 
     def __init__(self, batch_size: int, record_bytes: int | None, drop_last: bool, allocate, skip: int):
         self.size, self.record_bytes, self.drop_last = int(batch_size), record_bytes, drop_last
         self.allocate, self.skip = allocate, int(skip)
-        self.carry: list = []  # pieces of the next batch: row tensors, (tensor, rows), (window, order)
+        self.carry: list = []  # pieces of the next batch: ArenaSpans, or (window, order) of any size
         self.carried = 0
         self.first = True
         self.gathered = allocate  # the buffers of a window's gathered batches
 
     def add(self, window):
+        """The groups of batches ``window`` completes: an ``ArenaSpan`` (records of one size, in their
+        order) or ``(window, order)`` (records of any size as they came, a ``Batch``)."""
         if isinstance(window, ArenaSpan):
             yield from self._groups(self._add_span(window))
-            return
-        if isinstance(window, tuple) and not self.record_bytes:
-            yield from self._groups(self._add_ragged(*window))
-            return
-        if isinstance(window, tuple):
-            source, order = window
-            n = len(order)
         else:
-            source, order, n = window, None, window.shape[0]
-        i = min(self.skip, n)
-        self.skip -= i
-        batches = []
-        while i < n:
-            take = min(self.size - self.carried, n - i)
-            piece = source[i : i + take] if order is None else (source, order[i : i + take])
-            i += take
-            if not self.carried and take == self.size and order is None:
-                batches.append((piece, take))  # a view of the window: no copy
-                continue
-            self.carry.append(piece)
-            self.carried += take
-            if self.carried == self.size:
-                batches.append(self._join())
-        yield from self._groups(batches)
+            yield from self._groups(self._add_ragged(*window))
 
     def _add_ragged(self, window: Batch, order: np.ndarray) -> list:
         """The batches of a window of records of any size: the one carried from the window before
@@ -187,25 +167,15 @@ class BatchCutter:
         if len(pieces) == 1 and isinstance(pieces[0], ArenaSpan):  # one span of an arena: a view
             span = pieces[0]
             return span.arena.span(span.first, span.first + span.n), count
-        if fixed:
+        if fixed:  # spans of two arenas (the reader took another): numpy's memcpy (torch's copy_ wakes
+            # its OpenMP threads, which spin on after it on cores the FIFO's writer needs)
             batch = Batch(count, count * fixed, self.allocate)
-            out = batch.holder[: count * fixed].view(count, fixed)
             at = 0
             for piece in pieces:
-                if isinstance(piece, ArenaSpan):  # numpy's memcpy (torch's copy_ wakes its OpenMP threads,
-                    # which spin on after it on cores the FIFO's writer needs)
-                    n = piece.n * fixed
-                    batch.data[at * fixed : at * fixed + n] = piece.arena.array[piece.first * fixed :][:n]
-                    at += piece.n
-                elif isinstance(piece, tuple):  # rows of a window: memcpy each (index_select: 1 GB/s)
-                    window, rows = piece
-                    batch.count, batch.nbytes = at, at * fixed
-                    gather(batch, window, rows)
-                    at += len(rows)
-                else:
-                    out[at : at + piece.shape[0]].copy_(piece)
-                    at += piece.shape[0]
-            return out, count
+                n = piece.n * fixed
+                batch.data[at : at + n] = piece.arena.array[piece.first * fixed :][:n]
+                at += n
+            return batch.holder[: count * fixed].view(count, fixed), count
         nbytes = sum(int(record_lengths(w)[idx].sum()) for w, idx in pieces)
         batch = Batch(count, nbytes, self.allocate)
         for window, idx in pieces:

@@ -16,6 +16,7 @@ it is), so an epoch does not fault in fresh pages for every batch. The buffers a
 from __future__ import annotations
 
 import contextlib
+import ctypes
 
 import numpy as np
 
@@ -56,6 +57,26 @@ HUGE_PAGES_BELOW = 16 << 10
 # Windows of records of one size an arena holds besides the rows its batches in flight hold (``_rows_held``):
 # the one being filled and the one being cut into batches
 ARENA_WINDOWS = 2
+
+
+def short_window(arena: Arena, pieces: list[tuple[int, int]], window: Batch, places: np.ndarray):
+    """A window the stream's end cut short, as ``ArenaSpan`` s: its records moved up to its first places,
+    in its order, so its batches are views of the arena too. Records keep their order, and each goes to a
+    place before its own (never to one a record still to move is at), a run of adjacent rows at a time
+    (memmove)."""
+    count, fixed = window.count, arena.row_bytes
+    row_of = np.empty(len(places), dtype=np.int64)  # each place's row, from the window's first
+    row_of[places] = window.rows
+    src, dst = row_of[np.sort(places[:count])], row_of[:count]
+    breaks = np.flatnonzero((np.diff(src) != 1) | (np.diff(dst) != 1)) + 1
+    base = window.data.ctypes.data
+    for a, b in zip([0, *breaks.tolist()], [*breaks.tolist(), count]):
+        if src[a] != dst[a]:
+            ctypes.memmove(base + int(dst[a]) * fixed, base + int(src[a]) * fixed, (b - a) * fixed)
+    for first, n in pieces:
+        if count > 0:
+            yield ArenaSpan(arena, first, min(n, count))
+        count -= n
 
 
 class _HeadOf:
@@ -256,8 +277,7 @@ class RecordBatches(PipeBatches):
     def _fixed_windows(self, epoch: int, streams: list, order: EpochOrder, pinned: bool, head, cut):
         """Each window of records of one size as ``ArenaSpan`` s of an arena (one, or two where it goes on
         from the arena's start), its rows in its order: every record read straight into its row; a window
-        the stream's end cut short keeps the rows that came (``(window, rows)``, gathered batch by
-        batch)."""
+        the stream's end cut short as the places its records were moved up to (``short_window``)."""
         fixed = self.record_bytes
         size = order.fixed_size(fixed)
         window = arena = None
@@ -276,12 +296,8 @@ class RecordBatches(PipeBatches):
                     yield ArenaSpan(arena, first, n)
                 window = None
         head.feed(window, end=True)
-        if window is not None and window.count:  # its records' rows, in order: gathered batch by batch
-            rows = window.rows[: window.count][np.argsort(places[: window.count])]
-            window.count = len(window.data) // fixed  # every row a record of record_bytes, for gather
-            offsets = np.arange(0, (window.count + 1) * fixed, fixed, dtype=np.int64)
-            window.offsets = window.offsets_holder = offsets
-            yield window, rows
+        if window is not None and window.count:
+            yield from short_window(arena, pieces, window, places)
 
     def _arena(self, pinned: bool, size: int, head: int | None) -> tuple[Arena, list[tuple[int, int]]]:
         """The arena the next window of ``size`` rows goes into, and its pieces there (``Arena.place``;

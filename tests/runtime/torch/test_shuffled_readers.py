@@ -237,6 +237,31 @@ def test_batches_kept_while_later_windows_are_read_stay_as_they_were(tmp_path, k
     assert adjacent >= 40  # all but where a held arena made the reader take a new one
 
 
+def test_a_window_cut_short_is_moved_up_to_its_first_places_in_its_order_across_the_arenas_end_too():
+    """The last window of an epoch, cut short by the stream's end, is handed out as spans of the arena:
+    its records moved up to its first places in its order, where the window went on past the arena's
+    end (6 places) and from its start (4) too."""
+    from sagemaker_dist.runtime.torch.batch_buffers import Arena
+    from sagemaker_dist.runtime.torch.record_batches import short_window
+
+    row, n = 8, 10
+    for seed in range(6):
+        for came in (1, 4, 6, 7, 9):
+            arena = Arena(24, row, False, False, batch_rows=4)
+            assert arena.place(n) == [(0, 10)] and arena.place(n) == [(10, 10)]
+            pieces = arena.place(n, head=2)
+            assert pieces == [(20, 6), (0, 4)]  # 2 rows complete the carried batch, then one whole batch
+            places = np.random.default_rng(seed).permutation(n)
+            window = arena.window(pieces, places)
+            for i in range(came):  # record i read into its place's row
+                window.data[window.rows[i] * row : (window.rows[i] + 1) * row] = 100 + i
+            window.count = came
+            spans = list(short_window(arena, pieces, window, places))
+            got = [int(arena.array[(s.first + j) * row]) for s in spans for j in range(s.n)]
+            assert got == [100 + i for i in np.argsort(places) if i < came], (seed, came)
+            assert spans[0].first == 20 and all(s.n for s in spans)
+
+
 @pytest.mark.parametrize("hold", ["kept-up", "all-held"])
 def test_an_arena_maps_the_rows_a_loop_that_keeps_up_needs_and_the_rest_once_they_are_held(tmp_path, hold):
     """Windows of 20 KB records (an arena of mapped pages: 21 MB, 8 MB of it what a loop that keeps up
