@@ -54,6 +54,9 @@ WINDOWS_KEPT = 6
 # 0.55-0.75 of their speed in huge pages). Longer records span pages anyway, and faulting in huge pages
 # costs compaction.
 HUGE_PAGES_BELOW = 16 << 10
+# A window cut short is moved up a run of rows at a time (a memmove each) where its runs average this many
+# bytes or more; else in one copy and one scatter (numpy), a Python call per run costing more than its bytes
+RUN_BYTES = 64 << 10
 # Windows of records of one size an arena holds besides the rows its batches in flight hold (``_rows_held``):
 # the one being filled and the one being cut into batches
 ARENA_WINDOWS = 2
@@ -63,16 +66,20 @@ def short_window(arena: Arena, pieces: list[tuple[int, int]], window: Batch, pla
     """A window the stream's end cut short, as ``ArenaSpan`` s: its records moved up to its first places,
     in its order, so its batches are views of the arena too. Records keep their order, and each goes to a
     place before its own (never to one a record still to move is at), a run of adjacent rows at a time
-    (memmove)."""
+    (memmove), or all at once through a copy where the runs are short."""
     count, fixed = window.count, arena.row_bytes
     row_of = np.empty(len(places), dtype=np.int64)  # each place's row, from the window's first
     row_of[places] = window.rows
     src, dst = row_of[np.sort(places[:count])], row_of[:count]
     breaks = np.flatnonzero((np.diff(src) != 1) | (np.diff(dst) != 1)) + 1
-    base = window.data.ctypes.data
-    for a, b in zip([0, *breaks.tolist()], [*breaks.tolist(), count]):
-        if src[a] != dst[a]:
-            ctypes.memmove(base + int(dst[a]) * fixed, base + int(src[a]) * fixed, (b - a) * fixed)
+    if len(breaks) * RUN_BYTES > count * fixed:  # short runs (small records): numpy's copy, then its scatter
+        rows = window.data.reshape(-1, fixed)
+        rows[dst] = rows[src]
+    else:
+        base = window.data.ctypes.data
+        for a, b in zip([0, *breaks.tolist()], [*breaks.tolist(), count]):
+            if src[a] != dst[a]:
+                ctypes.memmove(base + int(dst[a]) * fixed, base + int(src[a]) * fixed, (b - a) * fixed)
     for first, n in pieces:
         if count > 0:
             yield ArenaSpan(arena, first, min(n, count))

@@ -237,14 +237,15 @@ def test_batches_kept_while_later_windows_are_read_stay_as_they_were(tmp_path, k
     assert adjacent >= 40  # all but where a held arena made the reader take a new one
 
 
-def test_a_window_cut_short_is_moved_up_to_its_first_places_in_its_order_across_the_arenas_end_too():
+@pytest.mark.parametrize("row", [8, 64 << 10], ids=["one-copy", "a-memmove-a-run"])
+def test_a_window_cut_short_is_moved_up_to_its_first_places_in_its_order_across_the_arenas_end_too(row):
     """The last window of an epoch, cut short by the stream's end, is handed out as spans of the arena:
     its records moved up to its first places in its order, where the window went on past the arena's
     end (6 places) and from its start (4) too."""
     from sagemaker_dist.runtime.torch.batch_buffers import Arena
     from sagemaker_dist.runtime.torch.record_batches import short_window
 
-    row, n = 8, 10
+    n = 10
     for seed in range(6):
         for came in (1, 4, 6, 7, 9):
             arena = Arena(24, row, False, False, batch_rows=4)
