@@ -83,9 +83,10 @@ class Arena:
     across two windows is one span of rows: a view, not a copy. A window that does not fit before the
     end goes on there for as many whole batches as fit (into ``batch_rows`` rows kept past the end: the
     batch the window before began, completed) and from the start for the rest, so no batch is cut in two
-    and none is copied. Every span handed out is a tensor of its own over a numpy view of its rows,
-    tracked as a lent view of the arena (``Slot``); a window is only placed over rows no live view
-    covers (``place`` says None otherwise: the reader takes a new arena).
+    (only one across two arenas is copied). Every span handed out is a tensor of its own over a numpy
+    view of its rows, tracked as a lent view of the arena (``Slot``), and so is a window being read into
+    (``reserve``); a window is only placed over rows none of them covers (``place`` says None otherwise:
+    the reader takes a new arena).
 
     Windows go round the first ``lean_rows`` rows (what a loop that keeps up with the stream holds) until
     one finds its rows held; then round all ``rows``. Only the rows in use are mapped: fresh memory is
@@ -138,6 +139,13 @@ class Arena:
             return None
         self.end = pieces[-1][0] + pieces[-1][1]
         return pieces
+
+    def reserve(self, pieces: list[tuple[int, int]]) -> Slot:
+        """Holds ``pieces`` (a window being read into) until the Slot's ``in_use`` is set False."""
+        slot = Slot(self.array)
+        slot.in_use = True
+        self.handed.extend((first, first + n, slot) for first, n in pieces)
+        return slot
 
     def window(self, pieces: list[tuple[int, int]], places: np.ndarray) -> Batch:
         """A batch to read a window into, straight into its rows: record i, at ``places[i]`` in the

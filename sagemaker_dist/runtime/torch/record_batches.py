@@ -66,15 +66,17 @@ def short_window(arena: Arena, pieces: list[tuple[int, int]], window: Batch, pla
     """A window the stream's end cut short, as ``ArenaSpan`` s: its records moved up to its first places,
     in its order, so its batches are views of the arena too. Records keep their order, and each goes to a
     place before its own (never to one a record still to move is at), a run of adjacent rows at a time
-    (memmove), or all at once through a copy where the runs are short."""
+    (memmove), or through a copy of GROUP_BYTES of records at a time where the runs are short."""
     count, fixed = window.count, arena.row_bytes
     row_of = np.empty(len(places), dtype=np.int64)  # each place's row, from the window's first
     row_of[places] = window.rows
     src, dst = row_of[np.sort(places[:count])], row_of[:count]
     breaks = np.flatnonzero((np.diff(src) != 1) | (np.diff(dst) != 1)) + 1
-    if len(breaks) * RUN_BYTES > count * fixed:  # short runs (small records): numpy's copy, then its scatter
-        rows = window.data.reshape(-1, fixed)
-        rows[dst] = rows[src]
+    if len(breaks) * RUN_BYTES > count * fixed:  # short runs (small records): numpy's copy, then its scatter,
+        rows = window.data.reshape(-1, fixed)  # GROUP_BYTES of records at a time
+        step = max(1, GROUP_BYTES // fixed)
+        for a in range(0, count, step):
+            rows[dst[a : a + step]] = rows[src[a : a + step]]
     else:
         base = window.data.ctypes.data
         for a, b in zip([0, *breaks.tolist()], [*breaks.tolist(), count]):
@@ -287,24 +289,30 @@ class RecordBatches(PipeBatches):
         the stream's end cut short as the places its records were moved up to (``short_window``)."""
         fixed = self.record_bytes
         size = order.fixed_size(fixed)
-        window = arena = None
-        for fill, _ in self._fills(epoch, streams):
-            while True:
-                if window is None:
-                    # the rows that complete the batch the cutter carries (unknown while it drops records)
-                    rest = None if cut.skip else -cut.carried % self.batch_size
-                    arena, pieces = self._arena(pinned, size, rest)
-                    places = inverse(order.order(size))
-                    window = arena.window(pieces, places)
-                if not fill.fill(window):
-                    break
-                head.feed(window)
-                for first, n in pieces:
-                    yield ArenaSpan(arena, first, n)
-                window = None
-        head.feed(window, end=True)
-        if window is not None and window.count:
-            yield from short_window(arena, pieces, window, places)
+        window = arena = filling = None
+        try:
+            for fill, _ in self._fills(epoch, streams):
+                while True:
+                    if window is None:
+                        # the rows that complete the batch the cutter carries (unknown while it drops
+                        # records)
+                        rest = None if cut.skip else -cut.carried % self.batch_size
+                        arena, pieces = self._arena(pinned, size, rest)
+                        filling = arena.reserve(pieces)
+                        places = inverse(order.order(size))
+                        window = arena.window(pieces, places)
+                    if not fill.fill(window):
+                        break
+                    head.feed(window)
+                    for first, n in pieces:
+                        yield ArenaSpan(arena, first, n)
+                    window, filling.in_use = None, False
+            head.feed(window, end=True)
+            if window is not None and window.count:
+                yield from short_window(arena, pieces, window, places)
+        finally:  # its rows no longer being read into: a reader thread left behind an epoch holds them
+            if filling is not None:
+                filling.in_use = False
 
     def _arena(self, pinned: bool, size: int, head: int | None) -> tuple[Arena, list[tuple[int, int]]]:
         """The arena the next window of ``size`` rows goes into, and its pieces there (``Arena.place``;
