@@ -55,7 +55,8 @@ WINDOWS_KEPT = 6
 # costs compaction.
 HUGE_PAGES_BELOW = 16 << 10
 # A window cut short is moved up a run of rows at a time (a memmove each) where its runs average this many
-# bytes or more; else in one copy and one scatter (numpy), a Python call per run costing more than its bytes
+# bytes or more; else by numpy's copy and scatter, GROUP_BYTES of records at a time (a Python call per run
+# would cost more than its bytes)
 RUN_BYTES = 64 << 10
 # Windows of records of one size an arena holds besides the rows its batches in flight hold (``_rows_held``):
 # the one being filled and the one being cut into batches
