@@ -12,7 +12,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
@@ -51,11 +50,12 @@ def state_dir(tmp_path_factory) -> Path:
     return state
 
 
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}  # the embedded endpoint
+def _env(**more: str) -> dict[str, str]:
+    """This environment without AWS_* (the jobs use the embedded endpoint), plus ``more``."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **more}
 
 
-def _demo(state_dir: Path, launcher: str, hosts: int, per_host: int, work_dir: Path, *more: str):
+def _demo(state_dir: Path, launcher: str, hosts: int, per_host: int, work_dir: Path, *more: str, temp=None):
     argv = [
         *CLI,
         "local",
@@ -70,7 +70,8 @@ def _demo(state_dir: Path, launcher: str, hosts: int, per_host: int, work_dir: P
     ]
     argv += ["--hosts", str(hosts), "--processes-per-host", str(per_host)]
     argv += ["--s3-state-dir", str(state_dir), "--work-dir", str(work_dir), "--timeout", "240"]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=300, env=_env())
+    env = _env(TMPDIR=str(temp)) if temp else _env()
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
 
 
 def test_local_mode_starts_our_torchrun_launcher_which_starts_torchrun_once_per_host(tmp_path):
@@ -128,11 +129,13 @@ def test_a_rank_learns_its_place_from_torchrun_variables(monkeypatch):
     ],
 )
 def test_the_demo_trains_with_torchrun_each_rank_reading_its_own_fifo(
-    state_dir, tmp_path, launcher, hosts, per_host, mode
+    state_dir, tmp_path, tmp_path_factory, launcher, hosts, per_host, mode
 ):
     """In File mode each rank reads its channel's downloaded files (PipeBatches reads either mode)."""
-    elastic = set(Path(tempfile.gettempdir()).glob("torchelastic_*"))
-    done = _demo(state_dir, launcher, hosts, per_host, tmp_path, "--input-mode", mode)
+    # the job's $TMPDIR, where torchrun would make its own folders if the launcher gave it none (a
+    # folder of this test's own: the suite's other tests start torchrun too)
+    temp = tmp_path_factory.mktemp("job-tmpdir")
+    done = _demo(state_dir, launcher, hosts, per_host, tmp_path, "--input-mode", mode, temp=temp)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     for node_rank in range(hosts):
@@ -163,7 +166,7 @@ def test_the_demo_trains_with_torchrun_each_rank_reading_its_own_fifo(
     assert "model: s3://sagemaker-dist-demo/jobs/" in out
     assert not list(tmp_path.iterdir())  # the job's work dir is gone
     if launcher == "torchrun":  # torchrun's own folders went with it, not left in the temporary dir
-        assert set(Path(tempfile.gettempdir()).glob("torchelastic_*")) <= elastic
+        assert not list(temp.glob("torchelastic_*")), list(temp.iterdir())
     assert "ignoring arguments" not in out, out[-3000:]  # the script takes every hyperparameter it gets
     # c10d's lookup of the loopback is answered in the job's network namespace (no DNS there)
     assert "The hostname of the client socket cannot be retrieved" not in out, out[-3000:]
