@@ -59,10 +59,26 @@ def _request(s3, bucket, source_dir: Path, entry_point: str, hps: dict, **kwargs
     return estimator.prepare(inputs, printer=None).request
 
 
-def _run(request, tmp_path, lines, **kwargs):
+def _run(request, tmp_path, lines, containers: list[str] | None = None, on_started=None, **kwargs):
+    """``run_local`` in the image; ``containers`` gets the job's container name once it is started."""
+
+    def started(group):
+        if containers is not None:
+            containers.append(group.name)
+        if on_started is not None:
+            on_started(group)
+
     return run_local(
-        request, launcher="container", image=IMAGE, work_dir=tmp_path, echo=lines.append, **kwargs
-    )
+        request, launcher="container", image=IMAGE, work_dir=tmp_path, echo=lines.append, on_started=started,
+        **kwargs,
+    )  # fmt: skip
+
+
+def _gone(containers: list[str]) -> bool:
+    """Each of the job's containers is gone from podman's storage (the jobs of the cluster tests may be
+    running beside this one: only the job's own are looked for)."""
+    assert containers, "the job never started its container"
+    return all(_podman("container", "exists", name).returncode == 1 for name in containers)
 
 
 def _listener_checks():
@@ -103,7 +119,7 @@ def test_the_container_files_are_lint_clean():
 @needs_image
 def test_the_demo_trains_in_the_image(s3, bucket, tmp_path):
     request = _request(s3, bucket, DEMO_JOB_DIR, "train_cifar10.py", {"epochs": 2, "batch_size": 16})
-    lines = []
+    lines, containers = [], []
     listeners = _listener_checks()
     watch = listeners.ListenerWatch(lambda: [])
 
@@ -112,7 +128,9 @@ def test_the_demo_trains_in_the_image(s3, bucket, tmp_path):
         watch.start()
 
     try:
-        result = _run(request, tmp_path, lines, keep_work_dir=True, timeout=400, on_started=started)
+        result = _run(
+            request, tmp_path, lines, containers, on_started=started, keep_work_dir=True, timeout=400
+        )
     finally:
         watch.stop()
     out = "\n".join(lines)
@@ -142,15 +160,15 @@ def test_the_demo_trains_in_the_image(s3, bucket, tmp_path):
     assert (tree / "model" / "1" / "saved_model.pb").is_file()
     assert (tree / "checkpoints" / "epoch-00002").is_dir()
     assert (tree / "code" / "train_cifar10.py").is_file()  # the toolkit fetched the package from S3
-    assert not _podman("ps", "--all", "--quiet").stdout.strip()  # --rm: the container is gone
+    assert _gone(containers)  # --rm: the container is gone
 
 
 @needs_image
 def test_a_failing_rank_ends_with_the_failure_file_naming_it(s3, bucket, tmp_path):
     request = _request(s3, bucket, SCRIPTS, "fail_rank.py", {"fail_rank": 1})
-    lines = []
+    lines, containers = [], []
     with pytest.raises(LocalJobFailed) as failure:
-        _run(request, tmp_path, lines, keep_work_dir=True, timeout=300)
+        _run(request, tmp_path, lines, containers, keep_work_dir=True, timeout=300)
     message = str(failure.value)
     launcher_lines = "\n".join(line for line in lines if not line.startswith("[rank "))
     assert message.startswith("rank 1 (host algo-1) "), message + "\n" + launcher_lines[-4000:]
@@ -162,7 +180,7 @@ def test_a_failing_rank_ends_with_the_failure_file_naming_it(s3, bucket, tmp_pat
     written = (output / "failure").read_text()
     assert "rank 1 failed on purpose" in written and "Process name: [[" in written, written[-2000:]
     assert not (output / "success").exists()
-    assert not _podman("ps", "--all", "--quiet").stdout.strip()
+    assert _gone(containers)
 
 
 @needs_image
@@ -170,10 +188,10 @@ def test_a_job_past_its_time_limit_is_stopped_with_its_container(s3, bucket, tmp
     """No rank fails (rank 5 of 2 never comes): the job runs until the limit, then stopping it must
     remove the container, whose processes are no children of the podman client."""
     request = _request(s3, bucket, SCRIPTS, "fail_rank.py", {"fail_rank": 5})
-    lines = []
+    lines, containers = [], []
     with pytest.raises(LocalJobFailed, match="ran past its 20 s limit"):
-        _run(request, tmp_path, lines, timeout=20)
-    assert not _podman("ps", "--all", "--quiet").stdout.strip()
+        _run(request, tmp_path, lines, containers, timeout=20)
+    assert _gone(containers)
     assert not list(tmp_path.iterdir())
 
 
