@@ -42,9 +42,12 @@ def run_torchrun(
     *,
     nproc: int = 2,
     timeout: float = JOB_TIMEOUT_S,
+    monitor_interval: float | None = None,
     **env,
 ) -> TorchrunJob:
-    """Feed each channel's epochs through FIFOs and run ``script`` under torchrun with ``nproc`` ranks."""
+    """Feed each channel's epochs through FIFOs and run ``script`` under torchrun with ``nproc`` ranks
+    (``monitor_interval``: how often torchrun looks at its ranks, and so how soon after one fails it stops
+    the others; torchrun's own default where None)."""
     out.mkdir(parents=True, exist_ok=True)
     feeders = [FifoFeeder(root / "input" / "data", ch, epochs) for ch, epochs in shards.items()]
     for f in feeders:
@@ -59,7 +62,10 @@ def run_torchrun(
         TEST_OUT=str(out),
     )
     environ.update(env)  # the test's own settings win
-    command = [str(TORCHRUN), "--standalone", "--nnodes", "1", "--nproc_per_node", str(nproc), str(script)]
+    command = [str(TORCHRUN), "--standalone", "--nnodes", "1", "--nproc_per_node", str(nproc)]
+    if monitor_interval is not None:
+        command += ["--monitor-interval", str(monitor_interval)]
+    command.append(str(script))
     started = time.monotonic()
     proc = subprocess.run(command, cwd=REPO, env=environ, capture_output=True, text=True, timeout=timeout)
     return TorchrunJob(proc, out, time.monotonic() - started, feeders)

@@ -173,7 +173,9 @@ def test_a_rank_that_raises_fails_the_job_naming_the_rank(raising):
 def mismatched(tmp_path_factory):
     layout = plan_layout(1, 3)  # 3 ranks' channels, torchrun starts 2
     root = write_opt_ml(tmp_path_factory.mktemp("layout") / "opt_ml", layout.channel_names, layout)
-    return run_job(root, root.parent / "out", "train", {})
+    # torchrun stops the other rank once it sees one failed: it looks every 5 s here (0.1 s by default),
+    # so a rank that a loaded machine started a second later still reaches its own setup and fails there
+    return run_torchrun(SCRIPT, root, root.parent / "out", {}, TEST_MODE="train", monitor_interval=5)
 
 
 def test_a_layout_of_another_world_size_fails_fast_before_any_collective(mismatched):
