@@ -157,11 +157,9 @@ step_done
 # several hosts, one container each on a private network (test_cluster_image.py: the 2 x 2 demo, tf-mwms
 # on 2 hosts, torchrun 2 x 2, a dead worker, a rank raising on algo-2 (Horovod and torchrun), no SSH
 # key, the time limit, Ctrl-C). The tests marked `image` (deselected in the main suite, where no image is
-# configured). The two files run side by side (two workers, a file each): each test looks only for its
-# own jobs' containers and networks.
+# configured).
 step "jobs in $IMAGE (tests/container/ -m image)"
 SAGEMAKER_DIST_TEST_IMAGE="$IMAGE" SAGEMAKER_DIST_TEST_MWMS_IMAGE="$MWMS_IMAGE" \
   SAGEMAKER_DIST_TEST_TORCH_IMAGE="$TORCH_IMAGE" .venv/bin/python -m pytest -q -p no:cacheprovider \
-  -n 2 --dist loadfile -m image --durations=0 \
-  tests/container/test_container_image.py tests/container/test_cluster_image.py "$@"
+  -m image --durations=0 tests/container/test_container_image.py tests/container/test_cluster_image.py "$@"
 step_done

@@ -134,13 +134,15 @@ def pytest_collection_modifyitems(config, items):
             if chosen:
                 config.hook.pytest_deselected(items=chosen)
                 items[:] = [item for item in items if not item.get_closest_marker(marker)]
-    _longest_modules_first(items)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _longest_modules_first(items)
 
 
 def _longest_modules_first(items) -> None:
-    """Modules with the most ``slow`` tests first, each module's tests in their order: scripts/test.sh
-    hands the suite's modules to its workers in this order (``--dist loadfile``), so the long ones start
-    at once and quick modules fill the end, where one worker would otherwise run a long module alone."""
+    """Modules with the most ``slow`` tests first, each module's tests in their order: pytest-xdist hands
+    the suite's modules to its workers in this order (``--dist loadfile``, scripts/test.sh), so the long
+    ones start at once and quick modules fill the end, where one worker would otherwise run a long module
+    alone."""
     slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
     place = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
     items.sort(key=lambda item: (-slow[item.path], place[item.path]))
