@@ -34,7 +34,7 @@ DOCS = [
     "nbconvert==7.17.2",
     "matplotlib==3.11.2",
 ]
-# also the TF 2.21 venv's, for the reader tests; pytest-xdist: scripts/test.sh spreads the suite over workers
+# also the TF 2.21 venv's, for the reader tests; pytest-xdist: SAGEMAKER_DIST_TEST_WORKERS (scripts/test.sh)
 TEST = ["pytest>=8,<10", "pytest-timeout>=2.3,<3", "pytest-xdist>=3.6,<4"]
 DEV = TEST + [
     "moto[server,s3,sagemaker]>=5.1,<6",

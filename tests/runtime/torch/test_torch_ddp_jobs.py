@@ -36,9 +36,10 @@ def shard(rank: int, count: int) -> bytes:
     return b"".join(encode_tfrecord(example(rank * 1000 + i)) for i in range(count))
 
 
-def run_job(root: Path, out: Path, mode: str, shards: dict[str, list[bytes]], **env) -> TorchrunJob:
-    """Feed each channel's epochs through FIFOs and run the script under torchrun with 2 ranks."""
-    return run_torchrun(SCRIPT, root, out, shards, TEST_MODE=mode, **env)
+def run_job(root: Path, out: Path, mode: str, shards: dict[str, list[bytes]], **more) -> TorchrunJob:
+    """Feed each channel's epochs through FIFOs and run the script under torchrun with 2 ranks (``more``:
+    ``run_torchrun``'s keywords and the job's environment variables)."""
+    return run_torchrun(SCRIPT, root, out, shards, TEST_MODE=mode, **more)
 
 
 def trained(job: TorchrunJob, rank: int) -> dict[int, list[int]]:
@@ -175,7 +176,7 @@ def mismatched(tmp_path_factory):
     root = write_opt_ml(tmp_path_factory.mktemp("layout") / "opt_ml", layout.channel_names, layout)
     # torchrun stops the other rank once it sees one failed: it looks every 5 s here (0.1 s by default),
     # so a rank that a loaded machine started a second later still reaches its own setup and fails there
-    return run_torchrun(SCRIPT, root, root.parent / "out", {}, TEST_MODE="train", monitor_interval=5)
+    return run_job(root, root.parent / "out", "train", {}, monitor_interval=5)
 
 
 def test_a_layout_of_another_world_size_fails_fast_before_any_collective(mismatched):
