@@ -18,6 +18,7 @@ container's PID 1, the image's entry point (``host/stop_forwarding.py``), which 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -76,6 +77,8 @@ class Interruption:
         self.signalled_at: float | None = None  # time.monotonic()
         self.ended_after: float | None = None  # seconds from SIGTERM to the launcher's exit
         self.killed = False
+        # (ranks up, world size) at the signal, where the ranks say when they are up (``reports_pids``)
+        self.ranks_up: tuple[int, int] | None = None
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -93,6 +96,12 @@ class Interruption:
         self._cancel.set()
         if self._thread is not None:
             self._thread.join(10.0)
+
+    @property
+    def in_start_up(self) -> bool:
+        """The signal came before every rank was up: no step can have been trained (a step needs every
+        rank), so the ranks that were still starting ended on SIGTERM, as they would on SageMaker."""
+        return self.ranks_up is not None and self.ranks_up[0] < self.ranks_up[1]
 
     def _due(self, group) -> bool:
         """Wait until the interruption is due (``at`` seconds, or ``when()`` before that); False if the
@@ -121,10 +130,16 @@ class Interruption:
             )
         else:
             pids = rank_pids(group)
+            if getattr(group, "reports_pids", False):
+                self.ranks_up = (len(group.known_pids), group.world_size)
             self.signalled_at = time.monotonic()
             self.after = self.signalled_at - self.armed_at
             after = f"{self.after:.1f} s after the ranks started"
-            self.echo(f"[spot] interruption: SIGTERM to rank process(es) {pids}, {after}")
+            if pids:
+                self.echo(f"[spot] interruption: SIGTERM to rank process(es) {pids}, {after}")
+            elif group.proc is not None:  # no rank has started: the launcher, as SageMaker's reaches the
+                pids = [group.proc.pid]  # container's entry point and ends what it started
+                self.echo(f"[spot] interruption: SIGTERM to the launcher {pids} (no rank yet), {after}")
             for pid in pids:
                 try:
                     os.kill(pid, signal.SIGTERM)
@@ -152,7 +167,9 @@ class Attempt:
 
     number: int
     interrupted_at: float | None  # seconds after its ranks started; None: not interrupted
-    status: str  # Completed, Stopped (interrupted, ended in time), Killed, Failed
+    # Completed; Stopped (interrupted, ended in time); Interrupted (in the ranks' start-up, ended in time:
+    # a rank still starting ends on SIGTERM); Killed (not ended in time); Failed
+    status: str
     ended_after_signal: float | None = None
     # (epoch counted from 1, steps of it trained), as rank 0's stop and resume lines name them
     stopped_at: tuple[int, int] | None = None  # where the ranks stopped
@@ -160,6 +177,7 @@ class Attempt:
     seconds: float = 0.0
     error: str | None = None
     result: object = None
+    ranks_up: tuple[int, int] | None = None  # (ranks up, world size) at the signal, where known
 
     def line(self) -> str:
         text = f"attempt {self.number}: {self.status} after {self.seconds:.1f} s"
@@ -176,8 +194,15 @@ class Attempt:
                 text += f", the job ended {self.ended_after_signal:.1f} s after SIGTERM"
         if self.stopped_at:
             text += f"; the ranks stopped in epoch {self.stopped_at[0]} after step {self.stopped_at[1]}"
+        if self.status == "Interrupted":
+            up, world = self.ranks_up
+            text += (
+                f"; in the ranks' start-up ({up} of {world} up): no step was trained, and the ranks still "
+                "starting ended on SIGTERM, as on SageMaker"
+            )
         if self.error and self.status != "Completed":
-            text += f"; {self.error.splitlines()[0]}"
+            # its first line, less the heading of the output lines after it
+            text += "; " + re.sub(r"[;.] [Ll]ast output[^:]*:$", "", self.error.splitlines()[0])
         return text
 
 
@@ -224,15 +249,16 @@ def run_interrupted(
             interruption.cancel()
         stopped, resumed = stop_positions(lines)
         signalled = interruption.signalled_at is not None
-        status = (
-            ("Killed" if interruption.killed else "Stopped" if error is None else "Failed")
-            if signalled
-            else ("Completed" if error is None else "Failed")
-        )
+        status = "Completed" if error is None else "Failed"
+        if signalled:
+            status = "Killed" if interruption.killed else "Stopped" if error is None else status
+            if status == "Failed" and interruption.in_start_up and stopped is None:
+                status = "Interrupted"
+
         attempts.append(
             Attempt(
                 number, interruption.after if signalled else None, status, interruption.ended_after, stopped,
-                resumed, time.monotonic() - started, error, result,
+                resumed, time.monotonic() - started, error, result, interruption.ranks_up,
             )
         )  # fmt: skip
         echo("[spot] " + attempts[-1].line())

@@ -136,6 +136,9 @@ class RankGroup:
         self.rank_lines: dict[int, list[str]] = {}
         self._reader: threading.Thread | None = None
         self.known_pids: dict[int, int] = {}
+        # whether each rank writes its pid once it is up (``rank_entry``, after it takes SIGTERM): then a
+        # rank without a pid has not started yet; the toolkit's ranks write none
+        self.reports_pids = False
         self.last_alive: dict[int, float] = {}  # rank -> time.time() it was last seen running
         self.first_dead: dict[int, float] = {}  # rank -> time.time() it was first seen gone, no exit file
         # where untagged output counts as a rank's (for its metrics and last lines): the one worker

@@ -70,6 +70,7 @@ class EntryRanks(Launcher):
         )
         show = rank_echo(setup.trees, setup.echo)
         group = RankGroup(self.command, env, pid_dir, job.world, show)
+        group.reports_pids = True
         group.network = PrivateNet(group.env, setup.echo)
         return group
 

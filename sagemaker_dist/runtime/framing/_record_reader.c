@@ -103,7 +103,14 @@ typedef struct {
     int64_t *offsets;
     Py_ssize_t count;
     const int64_t *rows; /* records of one size (fixed): record i goes to row rows[i] of data; else NULL */
+    Py_ssize_t limit;    /* the records data takes: rows[0:limit] */
 } Batch;
+
+/* Record k + SD_PLACE_AHEAD's row, fetched while record k is framed and copied (shuffle_core.h). */
+static inline void prefetch_row(const Batch *b) {
+    Py_ssize_t k = b->count + SD_PLACE_AHEAD;
+    if (b->rows != NULL && k < b->limit) sd_prefetch_place(b->data + (uint64_t)b->rows[k] * b->fixed, b->fixed);
+}
 
 /* Where the next record's bytes go: after the ones before it, or its row. */
 static inline unsigned char *dest(const Batch *b) {
@@ -606,12 +613,14 @@ static PyObject *Reader_fill(Reader *self, PyObject *args) {
         return PyErr_Format(PyExc_RuntimeError, "Reader.fill is running in another thread");
     }
     self->busy = 1;
-    Batch b = {data.buf, (uint64_t)data.len, nbytes, fixed, offsets.buf, count, rows.obj != NULL ? rows.buf : NULL};
+    Batch b = {data.buf, (uint64_t)data.len, nbytes, fixed, offsets.buf, count, rows.obj != NULL ? rows.buf : NULL,
+               batch};
     int s = ST_FULL, raised = 0;
     Py_BEGIN_ALLOW_THREADS;
     for (;;) {
         s = ST_FULL;
         while (b.count < batch && !(stop_bytes && b.nbytes >= stop_bytes)) {
+            prefetch_row(&b);
             s = self->format == FMT_TFRECORD     ? tfrecord_next(self, &b)
                 : self->format == FMT_RECORDIO   ? recordio_next(self, &b)
                 : self->format == FMT_WEBDATASET ? tar_next(self, &b)
@@ -760,6 +769,10 @@ static PyObject *gather(PyObject *self, PyObject *args) {
             for (Py_ssize_t k = 0; k < n; k++) {
                 int64_t i = order[k];
                 uint64_t len = (uint64_t)(src_offsets[i + 1] - src_offsets[i]);
+                if (k + SD_PLACE_AHEAD < n) {
+                    int64_t ahead = order[k + SD_PLACE_AHEAD];
+                    sd_prefetch_place(src + src_offsets[ahead], (uint64_t)(src_offsets[ahead + 1] - src_offsets[ahead]));
+                }
                 memcpy(dst + at, src + src_offsets[i], len);
                 at += len;
                 dst_offsets[count + k + 1] = (int64_t)at;

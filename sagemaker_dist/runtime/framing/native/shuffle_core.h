@@ -73,6 +73,28 @@ static inline uint64_t sd_window_order(uint64_t window_key, uint64_t size, uint6
     return k;
 }
 
+/* A window's records go to (or come from) places in random order, each a few cache lines, tens of MiB
+ * apart: out of the caches' reach, and out of the hardware prefetcher's, which follows runs. A reader
+ * fetches the place of the record SD_PLACE_AHEAD on while it frames and copies this one, so the misses
+ * overlap that work instead of stalling the copy (at 1 KB, the CPU time of a second epoch unshuffled over
+ * shuffled: records of one size 0.90 without, 1.09 with; PipeModeDataset 0.85 and 0.98). Places over SD_PLACE_PREFETCH_MAX bytes are left to the
+ * hardware prefetcher, which streams them once their first lines are touched. */
+#define SD_PLACE_AHEAD 2
+#define SD_PLACE_PREFETCH_MAX 4096
+
+static inline void sd_prefetch_place(const void *place, uint64_t nbytes) {
+    if (nbytes > SD_PLACE_PREFETCH_MAX) return;
+    const unsigned char *p = (const unsigned char *)place;
+    for (uint64_t at = 0; at < nbytes; at += 64) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+        __asm__ volatile("prefetcht0 %0" : : "m"(p[at])); /* GCC drops a loop of __builtin_prefetch alone */
+#elif defined(__GNUC__)
+        __asm__ volatile("" : : "r"(p + at)); /* keeps the loop, as above */
+        __builtin_prefetch(p + at, 1, 3);
+#endif
+    }
+}
+
 /* A stream's head: the digest of its first SD_HEAD_RECORDS records (fewer where it has fewer), folded in
  * stream order from each record's CRC32C and length. A resumed job compares the head of the FIFO it
  * replays with the stopped attempt's: equal heads say the FIFO carries the same records again. */

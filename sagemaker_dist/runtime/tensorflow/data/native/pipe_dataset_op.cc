@@ -236,6 +236,8 @@ class PipeDataset : public DatasetBase {
       uint64_t count = 0, nbytes = 0, longest = 0, reserved = reserve_ * size;  // <= bound: see below
       while (count < size && nbytes < bound) {
         tstring& record = window_[place_[count]];
+        if (reserved > 0 && count + SD_PLACE_AHEAD < size)  // strings allocated: fetch one a few records on
+          sd_prefetch_place(window_[place_[count + SD_PLACE_AHEAD]].data(), reserve_);
         bool end = false;
         Status s = Next(ctx, &record, &end);
         if (!s.ok()) {
