@@ -4,11 +4,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
-# SAGEMAKER_DIST_TEST_WORKERS=N (N >= 2) spreads the suite over N pytest-xdist workers, each taking a
-# whole test file at a time (a file's module fixtures, its jobs, made once). On two cores that ends in
-# about three quarters of one process's time, but jobs then start several times slower, and tests whose
-# timing assumes a quiet machine can fail (docs/reference/testing.md): one process is the default.
-workers=${SAGEMAKER_DIST_TEST_WORKERS:-0}
+# The suite runs over two pytest-xdist workers where the machine has two cores or more, each taking a
+# whole test file at a time (a file's module fixtures, its jobs, made once): on two cores that ends in
+# about three quarters of one process's time (docs/reference/testing.md). SAGEMAKER_DIST_TEST_WORKERS=N
+# sets the count; 1 runs one plain process.
+workers=${SAGEMAKER_DIST_TEST_WORKERS:-$(($(nproc) >= 2 ? 2 : 1))}
 if [ "$workers" -ge 2 ] 2>/dev/null; then
   .venv/bin/python -m pytest -n "$workers" --dist loadfile "$@"
 else
