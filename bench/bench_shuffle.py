@@ -15,8 +15,12 @@ unshuffled arm's time over the shuffled arm's in the same round (the shuffled re
 the unshuffled), ``CPU ratio`` the same of the process's CPU time (user + system, every thread: what
 the read costs, less moved by other work on the machine than the wall time).
 
+``--baseline DIR``: a checkout of another build (its compiled readers built in place) whose shuffled
+readers run as arms of their own in the same rounds, so a change is measured against the build before
+it under the same load (``shuffled@baseline`` lines: the same ratios, of that build's shuffled arm).
+
     .venv/bin/python bench/bench_shuffle.py [--mb 512] [--repeats 5] [--sizes 1000,150000] \\
-        [--readers fixed,ragged,pmd]
+        [--readers fixed,ragged,pmd] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ SEED = 7
 CHILD = """
 import json, os, sys, time
 arm, root, size, batch, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-shuffle = seed if arm.endswith("-shuf") else None
+shuffle = seed if "-shuf" in arm else None
 kind = arm.split("-")[0]
 if kind == "pmd":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -80,11 +84,11 @@ print(json.dumps({"times": times, "cpu": cpus, "n": ns}))
 """
 
 
-def run_child(arm: str, root: Path, size: int) -> dict:
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+def run_child(arm: str, root: Path, size: int, repo: Path = REPO) -> dict:
+    path = os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH")) if p)
     argv = [sys.executable, "-c", CHILD, arm, str(root), str(size), str(BATCH), str(SEED)]
-    proc = subprocess.run(
-        argv, env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, timeout=900
+    proc = subprocess.run(  # cwd: not the repo, whose package would come first on the path
+        argv, env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, timeout=900, cwd=root
     )
     if proc.returncode != 0:
         raise SystemExit(f"{arm} failed ({proc.returncode}): {proc.stderr[-3000:]}")
@@ -107,10 +111,14 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5, help="runs per arm; medians are reported")
     parser.add_argument("--sizes", default="1000,150000", help="record sizes in bytes")
     parser.add_argument("--readers", default="fixed,ragged,pmd", help="fixed, ragged, pmd")
+    parser.add_argument("--baseline", type=Path, help="a checkout of another build: its shuffled arms too")
     args = parser.parse_args()
     kinds = args.readers.split(",")
-    arms = [f"{k}{s}" for k in kinds for s in ("", "-shuf")]
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "sagemaker_dist")], check=True)
+    arms = [f"{k}{s}" for k in kinds for s in ("", "-shuf", *(("-shuf-base",) if args.baseline else ()))]
+    for repo in (REPO, *([args.baseline.resolve()] if args.baseline else [])):
+        if not (repo / "sagemaker_dist" / "runtime").is_dir():
+            raise SystemExit(f"{repo}: not a checkout of sagemaker-dist")
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(repo / "sagemaker_dist")], check=True)
     print(
         f"fresh processes, {os.cpu_count()} CPU(s), {args.mb} MiB epochs of TFRecords through FIFOs, batches "
         f"of {BATCH}, shuffle=ShuffleWindow({SEED}) (16384 records, 64 MiB), median of {args.repeats} "
@@ -128,24 +136,27 @@ def main() -> int:
                     root = opt_ml(base, f"{size}-{arm}-{round_}")
                     data = root / "input" / "data"
                     writers = [start_writer(src, data / f"bench_{e}") for e in range(2)]
-                    result = run_child(arm, root, size)
+                    repo = args.baseline.resolve() if arm.endswith("-base") else REPO
+                    result = run_child(arm, root, size, repo)
                     for writer in writers:
                         writer.wait()
                     assert result["n"] == [records, records], f"{arm} read {result['n']}, expected {records}"
                     runs[arm].append(result)
-            report(size, nbytes, runs, kinds)
+            report(size, nbytes, runs, kinds, bool(args.baseline))
             src.unlink()
     return 0
 
 
-def report(size: int, nbytes: int, runs: dict, kinds: list[str]) -> None:
+def report(size: int, nbytes: int, runs: dict, kinds: list[str], baseline: bool = False) -> None:
     print(f"-- {size} B records, {nbytes / 1e6:.0f} MB an epoch, load average {os.getloadavg()[0]:.1f} after")
     print(
-        f"{'reader':>7} {'epoch':>5} {'unshuffled MB/s':>16} {'shuffled MB/s':>14} {'wall ratio':>11} "
+        f"{'reader':>14} {'epoch':>5} {'unshuffled MB/s':>16} {'shuffled MB/s':>14} {'wall ratio':>11} "
         f"{'CPU s/GB':>15} {'CPU ratio':>10}"
     )
-    for kind in kinds:
-        plain, shuffled = runs[kind], runs[f"{kind}-shuf"]
+    rows = [(kind, f"{kind}-shuf", kind) for kind in kinds]
+    rows += [(kind, f"{kind}-shuf-base", f"{kind}@baseline") for kind in kinds if baseline]
+    for kind, shuffled_arm, name in rows:
+        plain, shuffled = runs[kind], runs[shuffled_arm]
         for e, label in enumerate(("1st", "2nd")):
             mbs = [statistics.median(nbytes / r["times"][e] / 1e6 for r in arm) for arm in (plain, shuffled)]
             cpu = [statistics.median(r["cpu"][e] / nbytes * 1e9 for r in arm) for arm in (plain, shuffled)]
@@ -153,7 +164,7 @@ def report(size: int, nbytes: int, runs: dict, kinds: list[str]) -> None:
             cpu_ratios = [p["cpu"][e] / s["cpu"][e] for p, s in zip(plain, shuffled)]
             per = " ".join(f"{r:.2f}" for r in ratios)  # wall
             print(
-                f"{kind:>7} {label:>5} {mbs[0]:>16.0f} {mbs[1]:>14.0f} {statistics.median(ratios):>11.3f} "
+                f"{name:>14} {label:>5} {mbs[0]:>16.0f} {mbs[1]:>14.0f} {statistics.median(ratios):>11.3f} "
                 f"{cpu[0]:>7.3f} {cpu[1]:>7.3f} {statistics.median(cpu_ratios):>10.3f}  wall by round: {per}"
             )
 
