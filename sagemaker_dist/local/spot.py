@@ -10,7 +10,9 @@ The signal goes to each rank process itself (the pids the rank entry writes, or 
 start the ranks themselves, the Python processes below the launcher with a rank's environment), not to
 horovodrun or mpirun: those answer SIGTERM by killing the ranks after a few seconds, whatever the ranks
 were doing. That is what the image's entry point must do on SageMaker too (forward SIGTERM to every
-rank), and what the runtime's stop (``runtime/stop.py``) needs: time to agree and checkpoint.
+rank), and what the runtime's stop (``runtime/stop.py``) needs: time to agree and checkpoint. Before any
+rank process has started, the launcher and what it started so far get it. An attempt interrupted before
+every rank was up (``reports_pids`` launchers) reads Interrupted: no step can have been trained.
 With ``launcher="container"`` the interruption is SageMaker's own, ``podman stop``: SIGTERM to each
 container's PID 1, the image's entry point (``host/stop_forwarding.py``), which forwards it to the ranks.
 """
@@ -30,6 +32,7 @@ from sagemaker_dist.contract.stop_lines import RESUMED, STOPPED, resumed_positio
 from sagemaker_dist.contract.stop_window import STOP_WINDOW_S
 from sagemaker_dist.contract.training_request import TrainingRequest
 from sagemaker_dist.errors import ConfigurationError, JobFailedError
+from sagemaker_dist.host.processes import descendants
 from sagemaker_dist.host.stop_forwarding import rank_processes
 
 
@@ -137,9 +140,11 @@ class Interruption:
             after = f"{self.after:.1f} s after the ranks started"
             if pids:
                 self.echo(f"[spot] interruption: SIGTERM to rank process(es) {pids}, {after}")
-            elif group.proc is not None:  # no rank has started: the launcher, as SageMaker's reaches the
-                pids = [group.proc.pid]  # container's entry point and ends what it started
-                self.echo(f"[spot] interruption: SIGTERM to the launcher {pids} (no rank yet), {after}")
+            elif group.proc is not None:  # no rank has started: the launcher and what it started so far,
+                # as on SageMaker the container's entry point gets it and the container's end ends the rest
+                pids = [group.proc.pid, *sorted(descendants([group.proc.pid]))]
+                what = f"the launcher and its processes {pids} (no rank yet)"
+                self.echo(f"[spot] interruption: SIGTERM to {what}, {after}")
             for pid in pids:
                 try:
                     os.kill(pid, signal.SIGTERM)

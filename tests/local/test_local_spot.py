@@ -193,14 +193,28 @@ def test_demo_interrupted_in_start_up_then_as_the_docs_say_ends_0_with_3_attempt
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     proc = subprocess.run(
         [*CLI, "local", "--demo", "-p", "epochs=6", "--interrupt-at", "0.2", "--interrupt-at", "15",
-         "--s3-state-dir", str(tmp_path / "s3")],
+         "--s3-state-dir", str(tmp_path / "s3"), "--work-dir", str(tmp_path / "work")],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-5000:]
     summary = output[output.index("[spot] 3 attempt(s):") :]
-    assert "SIGTERM to the launcher" in output, output[-5000:]
+    assert "SIGTERM to the launcher and its processes" in output, output[-5000:]
+    assert not _processes_in(tmp_path / "work"), "processes of the job outlived it"
+
     assert "attempt 1: Interrupted" in summary and "start-up (0 of 2 up)" in summary, summary
     stopped = "attempt 2: Stopped" in summary and "the ranks stopped in epoch" in summary
     assert stopped or "attempt 2: Interrupted" in summary, summary
     assert "attempt 3: Completed" in summary, summary
+
+
+def _processes_in(folder: Path) -> list[int]:
+    """Live processes whose working directory is in ``folder`` (a job's ranks run in its trees)."""
+    found = []
+    for cwd in Path("/proc").glob("[0-9]*/cwd"):
+        try:
+            if Path(os.readlink(cwd)).is_relative_to(folder):
+                found.append(int(cwd.parent.name))
+        except OSError:
+            pass
+    return found
