@@ -259,7 +259,6 @@ def run_interrupted(
             status = "Killed" if interruption.killed else "Stopped" if error is None else status
             if status == "Failed" and interruption.in_start_up and stopped is None:
                 status = "Interrupted"
-
         attempts.append(
             Attempt(
                 number, interruption.after if signalled else None, status, interruption.ended_after, stopped,

@@ -769,9 +769,9 @@ static PyObject *gather(PyObject *self, PyObject *args) {
             for (Py_ssize_t k = 0; k < n; k++) {
                 int64_t i = order[k];
                 uint64_t len = (uint64_t)(src_offsets[i + 1] - src_offsets[i]);
-                if (k + SD_PLACE_AHEAD < n) {
-                    int64_t ahead = order[k + SD_PLACE_AHEAD];
-                    sd_prefetch_place(src + src_offsets[ahead], (uint64_t)(src_offsets[ahead + 1] - src_offsets[ahead]));
+                if (k + SD_PLACE_AHEAD < n) { /* the source of a record a few on (shuffle_core.h) */
+                    const int64_t *ahead = src_offsets + order[k + SD_PLACE_AHEAD];
+                    sd_prefetch_place(src + ahead[0], (uint64_t)(ahead[1] - ahead[0]));
                 }
                 memcpy(dst + at, src + src_offsets[i], len);
                 at += len;

@@ -77,8 +77,9 @@ static inline uint64_t sd_window_order(uint64_t window_key, uint64_t size, uint6
  * apart: out of the caches' reach, and out of the hardware prefetcher's, which follows runs. A reader
  * fetches the place of the record SD_PLACE_AHEAD on while it frames and copies this one, so the misses
  * overlap that work instead of stalling the copy (at 1 KB, the CPU time of a second epoch unshuffled over
- * shuffled: records of one size 0.90 without, 1.09 with; PipeModeDataset 0.85 and 0.98). Places over SD_PLACE_PREFETCH_MAX bytes are left to the
- * hardware prefetcher, which streams them once their first lines are touched. */
+ * shuffled: records of one size 0.90 without, 1.09 with; PipeModeDataset 0.85 and 0.98). Places over
+ * SD_PLACE_PREFETCH_MAX bytes are left to the hardware prefetcher, which streams them once their first
+ * lines are touched. */
 #define SD_PLACE_AHEAD 2
 #define SD_PLACE_PREFETCH_MAX 4096
 
