@@ -133,7 +133,7 @@ class Interruption:
             )
         else:
             pids = rank_pids(group)
-            if getattr(group, "reports_pids", False):
+            if group.reports_pids:  # RankGroup.reports_pids: False where the ranks write no pid
                 self.ranks_up = (len(group.known_pids), group.world_size)
             self.signalled_at = time.monotonic()
             self.after = self.signalled_at - self.armed_at
