@@ -280,8 +280,8 @@ def test_mpirun_launcher_gives_each_rank_its_simulated_host(s3, bucket, tmp_path
     seen = sorted(line.split("] ", 1)[1] for line in lines if "env rank=" in line)
     fed = {(s.host, s.channel): s.bytes for s in result.feed_stats}
     assert seen == [
-        f"env rank=0 local=0 host=algo-1 bytes={fed['algo-1', 'train_0']}",
-        f"env rank=1 local=0 host=algo-2 bytes={fed['algo-2', 'train_1']}",
+        f"env rank=0 local=0 host=algo-1 bytes={fed['algo-1', 'train_0']} yield=1",
+        f"env rank=1 local=0 host=algo-2 bytes={fed['algo-2', 'train_1']} yield=1",
     ]
     assert fed["algo-1", "train_0"] > 0
 

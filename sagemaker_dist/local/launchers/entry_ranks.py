@@ -17,6 +17,7 @@ from pathlib import Path
 
 import sagemaker_dist
 from sagemaker_dist.contract import toolkit
+from sagemaker_dist.contract.distributions import LOCAL_MPI_ENV
 from sagemaker_dist.contract.environment import inherited
 from sagemaker_dist.contract.shell_words import ShellSyntaxError
 from sagemaker_dist.host.job_spec import JobSpec
@@ -98,6 +99,11 @@ class Mpirun(EntryRanks):
     @staticmethod
     def rank_command(world_size: int, python: str) -> list[str]:
         return mpirun_command(world_size, entry_command(python), python)
+
+    def group(self, setup) -> RankGroup:
+        group = super().group(setup)
+        group.env.update(LOCAL_MPI_ENV)  # the ranks inherit mpirun's environment
+        return group
 
 
 class TfConfig(EntryRanks):

@@ -11,4 +11,6 @@ while not os.path.exists(fifo):
     time.sleep(0.01)
 with open(fifo, "rb") as f:
     size = len(f.read())
-print(f"env rank={rank} local={local} host={os.environ['SM_CURRENT_HOST']} bytes={size}", flush=True)
+mpi_yield = os.environ.get("OMPI_MCA_mpi_yield_when_idle")  # local mode's ranks share one machine's cores
+host = os.environ["SM_CURRENT_HOST"]
+print(f"env rank={rank} local={local} host={host} bytes={size} yield={mpi_yield}", flush=True)
