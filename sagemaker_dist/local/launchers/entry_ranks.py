@@ -102,7 +102,8 @@ class Mpirun(EntryRanks):
 
     def group(self, setup) -> RankGroup:
         group = super().group(setup)
-        group.env.update(LOCAL_MPI_ENV)  # the ranks inherit mpirun's environment
+        for name, value in LOCAL_MPI_ENV:  # the ranks inherit mpirun's environment; a value given wins
+            group.env.setdefault(name, value)
         return group
 
 
