@@ -288,3 +288,28 @@ def test_claimed_lengths_are_refused_or_read_as_they_come_in_bounded_memory(tmp_
         offset = len(first) if record_format == "TFRecord" else len(encode_recordio(b"first"))
         assert result["error"].startswith(f"channel 'ch_0', epoch 0, byte offset {offset}: {record_format}: ")
         assert words in result["error"], result
+
+
+def test_gather_copies_each_named_record_whole_across_the_streamed_copy_size(monkeypatch):
+    """The compiled gather streams records from 4 KiB (non-temporal stores, its own head and tail
+    bytes); it appends to a batch at any byte, as the Python gather does."""
+    rng = np.random.default_rng(5)
+    lengths = [0, 1, 63, 4095, 4096, 4097, 5000, 65_537, 150_001, 17, 8191, 70]
+    records = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in lengths]
+    src = bf.Batch(len(records), sum(lengths))
+    for r in records:
+        src.data[src.nbytes : src.nbytes + len(r)] = np.frombuffer(r, np.uint8)
+        src.nbytes += len(r)
+        src.count += 1
+        src.offsets[src.count] = src.nbytes
+    order = rng.permutation(len(records))
+    got = {}
+    for path in PATHS:
+        if path == "python":
+            monkeypatch.setattr(bf, "_native", None)
+        dst = bf.Batch(len(records) + 1, 3 + sum(lengths))
+        dst.data[:3] = (7, 8, 9)  # a record already there: the gathered ones start at an odd byte
+        dst.count, dst.nbytes, dst.offsets[1] = 1, 3, 3
+        bf.gather(dst, src, order)
+        got[path] = [bytes(dst.data[dst.offsets[i] : dst.offsets[i + 1]]) for i in range(dst.count)]
+    assert got["compiled"] == got["python"] == [b"\x07\x08\x09"] + [records[i] for i in order]

@@ -727,6 +727,35 @@ static PyObject *window_order(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* Records from STREAM_COPY_MIN bytes are gathered with streaming (non-temporal) stores: a group of
+ * batches is tens of MB, past the caches, and a plain store first reads each destination line in. On the
+ * 2-core VM, 150 KB records in a window's order: 0.15-0.17 s/GB with memcpy, 0.11-0.12 streamed (at 1 KB,
+ * 0.17 against 0.42: a record's partial lines at each end flush the write-combining buffers). */
+#define STREAM_COPY_MIN 4096
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+static void stream_copy(unsigned char *dst, const unsigned char *src, uint64_t n) {
+    while (n && ((uintptr_t)dst & 15)) { /* up to dst's first 16-byte boundary */
+        *dst++ = *src++;
+        n--;
+    }
+    for (; n >= 64; n -= 64, dst += 64, src += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)src), b = _mm_loadu_si128((const __m128i *)(src + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + 32)), d = _mm_loadu_si128((const __m128i *)(src + 48));
+        _mm_stream_si128((__m128i *)dst, a);
+        _mm_stream_si128((__m128i *)(dst + 16), b);
+        _mm_stream_si128((__m128i *)(dst + 32), c);
+        _mm_stream_si128((__m128i *)(dst + 48), d);
+    }
+    memcpy(dst, src, n);
+}
+#define STREAM_FENCE() _mm_sfence() /* streamed stores are weakly ordered: done before another thread reads */
+#else
+#define stream_copy(dst, src, n) memcpy(dst, src, n)
+#define STREAM_FENCE() ((void)0)
+#endif
+
 /* gather(dst, dst_offsets, count, nbytes, src, src_offsets, order) -> (count, nbytes): the records of src
  * (record i is src[src_offsets[i]:src_offsets[i + 1]]) named by the int64 order, appended to dst after its
  * count records (nbytes bytes), their offsets to dst_offsets. dst must have room for them. */
@@ -773,10 +802,14 @@ static PyObject *gather(PyObject *self, PyObject *args) {
                     const int64_t *ahead = src_offsets + order[k + SD_PLACE_AHEAD];
                     sd_prefetch_place(src + ahead[0], (uint64_t)(ahead[1] - ahead[0]));
                 }
-                memcpy(dst + at, src + src_offsets[i], len);
+                if (len >= STREAM_COPY_MIN)
+                    stream_copy(dst + at, src + src_offsets[i], len);
+                else
+                    memcpy(dst + at, src + src_offsets[i], len);
                 at += len;
                 dst_offsets[count + k + 1] = (int64_t)at;
             }
+            STREAM_FENCE();
             Py_END_ALLOW_THREADS;
             result = Py_BuildValue("nK", count + n, (unsigned long long)need);
         }
