@@ -13,7 +13,8 @@ the window) and its second epoch (``2nd``) the steady state. The consumer only c
 run interleaved, the order rotated each round; ``wall ratio`` is the median over rounds of the
 unshuffled arm's time over the shuffled arm's in the same round (the shuffled read speed as a share of
 the unshuffled), ``CPU ratio`` the same of the process's CPU time (user + system, every thread: what
-the read costs, less moved by other work on the machine than the wall time).
+the read costs, less moved by other work on the machine than the wall time); ``90%`` a bootstrap
+interval of each median (how far it can be trusted: single rounds on a shared VM spread widely).
 
 ``--baseline DIR``: a checkout of another build (its compiled readers built in place) whose shuffled
 readers run as arms of their own in the same rounds, so a change is measured against the build before
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -162,11 +164,22 @@ def report(size: int, nbytes: int, runs: dict, kinds: list[str], baseline: bool 
             cpu = [statistics.median(r["cpu"][e] / nbytes * 1e9 for r in arm) for arm in (plain, shuffled)]
             ratios = [p["times"][e] / s["times"][e] for p, s in zip(plain, shuffled)]
             cpu_ratios = [p["cpu"][e] / s["cpu"][e] for p, s in zip(plain, shuffled)]
-            per = " ".join(f"{r:.2f}" for r in ratios)  # wall
+            wall_low, wall_high = median_interval(ratios)
+            cpu_low, cpu_high = median_interval(cpu_ratios)
             print(
                 f"{name:>14} {label:>5} {mbs[0]:>16.0f} {mbs[1]:>14.0f} {statistics.median(ratios):>11.3f} "
-                f"{cpu[0]:>7.3f} {cpu[1]:>7.3f} {statistics.median(cpu_ratios):>10.3f}  wall by round: {per}"
+                f"{cpu[0]:>7.3f} {cpu[1]:>7.3f} {statistics.median(cpu_ratios):>10.3f}  90%: wall "
+                f"{wall_low:.2f}-{wall_high:.2f}, CPU {cpu_low:.2f}-{cpu_high:.2f}"
             )
+
+
+def median_interval(values: list[float], level: float = 0.9, resamples: int = 4000) -> tuple[float, float]:
+    """A bootstrap interval (percentile, seeded) of the median of ``values``: how far the medians above
+    can be trusted when single rounds on a shared VM spread by half either way."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    cut = int(resamples * (1 - level) / 2)
+    return medians[cut], medians[-cut - 1]
 
 
 if __name__ == "__main__":
