@@ -178,7 +178,7 @@ def median_interval(values: list[float], level: float = 0.9, resamples: int = 40
     can be trusted when single rounds on a shared VM spread by half either way."""
     rng = random.Random(0)
     medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
-    cut = int(resamples * (1 - level) / 2)
+    cut = round(resamples * (1 - level) / 2)
     return medians[cut], medians[-cut - 1]
 
 

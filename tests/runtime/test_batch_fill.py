@@ -311,5 +311,9 @@ def test_gather_copies_each_named_record_whole_across_the_streamed_copy_size(mon
         dst.data[:3] = (7, 8, 9)  # a record already there: the gathered ones start at an odd byte
         dst.count, dst.nbytes, dst.offsets[1] = 1, 3, 3
         bf.gather(dst, src, order)
+        if path == "compiled":  # streamed records that start off a cache line: their head bytes apart
+            base = dst.data.ctypes.data
+            places = [(base + int(dst.offsets[k + 1]), lengths[i]) for k, i in enumerate(order)]
+            assert sum(1 for at, n in places if at % 64 and n >= 4096) >= 3
         got[path] = [bytes(dst.data[dst.offsets[i] : dst.offsets[i + 1]]) for i in range(dst.count)]
     assert got["compiled"] == got["python"] == [b"\x07\x08\x09"] + [records[i] for i in order]
