@@ -1,4 +1,5 @@
-"""How a local-mode rank tells the supervisor how it ended: ``<pid_dir>/<rank>.exit``.
+"""How a local-mode rank tells the supervisor how it ended: ``<pid_dir>/<rank>.exit``, and when:
+``<pid_dir>/<rank>.alive``, a lock it holds while it runs.
 
 A file of its own (not in ``rank_entry``) so the launcher can read the protocol without importing
 the module each rank runs with ``python -m`` (which would make every rank warn that the module is already
@@ -7,14 +8,57 @@ in ``sys.modules``).
 
 from __future__ import annotations
 
+import fcntl
 import os
+import time
 from pathlib import Path
 
 TERMINATED = "terminated"  # exit-file content of a rank stopped by SIGTERM (the launcher or local mode)
+LOCK_WAIT_S = 5.0  # a rank taking its lock waits this long for the supervisor's probe to let it go
 
 
-def write_exit(path: Path, text: str) -> None:
-    """Write a rank's exit file in one step (the supervisor never reads half of it)."""
+def write_whole(path: Path, text: str) -> None:
+    """Write a rank's pid or exit file in one step (the supervisor never reads half of it)."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def hold_alive_lock(path: Path) -> int:
+    """Lock ``path`` for as long as this process runs; the descriptor (keep it open).
+
+    The kernel drops a POSIX lock as the process's files close when it ends, before its sockets
+    send their last packets and before /proc shows it gone: so a peer that fails on a killed rank's
+    sockets always fails after the supervisor could see that rank's lock free. Forked children
+    (DataLoader workers) do not inherit it; a script that execs another program keeps it.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.set_inheritable(fd, True)  # kept across exec
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise SystemExit(
+                    f"{path} stayed locked for {LOCK_WAIT_S:.0f} s: another process of this rank "
+                    "is running; stop it, or start the job in a new work directory"
+                ) from None
+            time.sleep(0.01)
+
+
+def alive_lock_held(path: Path) -> bool | None:
+    """Whether a rank holds its lock at ``path``; None where it has no lock file (not started)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the lock this probe took
+    return False

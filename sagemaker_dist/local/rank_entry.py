@@ -25,7 +25,7 @@ from sagemaker_dist.contract.rank_slots import (
     rank_from_environment,
     slot_environment,
 )
-from sagemaker_dist.local.exit_files import TERMINATED, write_exit
+from sagemaker_dist.local.exit_files import TERMINATED, hold_alive_lock, write_whole
 
 JOB_ENV = "SAGEMAKER_DIST_LOCAL_JOB"  # local mode's job description file, for each rank's entry
 
@@ -87,12 +87,13 @@ def main() -> None:
         # supervisor can tell these ranks from the one that failed first
         if not terminated:
             terminated.append(True)
-            write_exit(exit_file, TERMINATED)
+            write_whole(exit_file, TERMINATED)
             os.write(1, f"rank {rank} terminated by SIGTERM (stopped by the launcher)\n".encode())
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    (pid_dir / f"{rank}.pid").write_text(str(os.getpid()))
+    hold_alive_lock(pid_dir / f"{rank}.alive")  # its descriptor stays open until this process ends
+    write_whole(pid_dir / f"{rank}.pid", str(os.getpid()))
     local = variable("HOROVOD_LOCAL_RANK")
     print(
         f"rank {rank}/{size} on {host['name']} (local rank {local} of {host['ranks']}): "
@@ -117,7 +118,7 @@ def main() -> None:
         raise SystemExit(1) from None
     finally:
         if not terminated:
-            write_exit(exit_file, str(code))
+            write_whole(exit_file, str(code))
             print(f"rank {rank} exits with code {code}", flush=True)
 
 

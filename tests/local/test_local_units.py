@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,10 @@ from sagemaker_dist.contract.rank_slots import mpi_local_environment, rank_slots
 from sagemaker_dist.contract.toolkit import script_argv
 from sagemaker_dist.contract.training_request import ChannelSpec
 from sagemaker_dist.host.lifecycle import SourceDirError, build_host_trees, fetch_source_dir
+from sagemaker_dist.local import exit_files
 from sagemaker_dist.local.demo_data import encode_example, generate_examples, tfrecord_file
-from sagemaker_dist.local.launchers.base import describe_exit
+from sagemaker_dist.local.exit_files import alive_lock_held, hold_alive_lock, write_whole
+from sagemaker_dist.local.launchers.base import RankGroup, describe_exit
 from sagemaker_dist.local.launchers.mpi import LaunchError
 from sagemaker_dist.local.launchers.table import IMPLEMENTATIONS, launcher_class
 from sagemaker_dist.local.result import final_metrics
@@ -427,3 +430,71 @@ def test_a_failed_ranks_shown_output_keeps_its_traceback():
     assert last_output(["a", "b"] + raised) == ["a", "b"] + raised  # within the tail: the tail alone
     assert last_output(raised + shutdown[:10]) == raised + shutdown[:10]  # adjoining: nothing skipped
     assert last_output(raised + plain * 8) == (plain * 8)[-SHOWN_LINES:]  # too far back: not looked for
+
+
+_HOLDS_THEN_DROPS_ITS_LOCK = """
+import os, sys, time
+from pathlib import Path
+from sagemaker_dist.local.exit_files import hold_alive_lock, write_whole
+pid_dir, drop = Path(sys.argv[1]), sys.argv[2] == "drop"
+fd = hold_alive_lock(pid_dir / "1.alive")
+write_whole(pid_dir / "1.pid", str(os.getpid()))
+if drop:
+    os.close(fd)  # as a killed process's files close before /proc shows it gone
+if sys.argv[2] == "exec":  # a script that becomes another program is the same rank
+    os.execv(sys.executable, [sys.executable, "-c", "import pathlib, sys, time; "
+             "pathlib.Path(sys.argv[1], 'ready').write_text(''); time.sleep(60)", sys.argv[1]])
+(pid_dir / "ready").write_text("")
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("then", ["keep", "exec", "drop"])
+def test_a_rank_that_closed_its_files_is_blamed_before_a_peer_that_then_failed(tmp_path, then):
+    """A killed rank closes its sockets, then ends; its peer can fail on them and exit while /proc
+    still shows the killed one running. Its lock, dropped with its files, is what tells them apart."""
+    drop = then == "drop"
+    rank_1 = subprocess.Popen([sys.executable, "-c", _HOLDS_THEN_DROPS_ITS_LOCK, str(tmp_path), then])
+    try:
+        for _ in range(600):
+            if (tmp_path / "ready").exists() or rank_1.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert (tmp_path / "ready").exists(), "the rank never took its lock"
+        group = RankGroup([], {}, tmp_path, 2, on_line=lambda *_: None)
+        group.watch()
+        write_whole(tmp_path / "0.exit", "1")  # the peer fails after that look
+        assert rank_1.poll() is None  # still running either way
+        if drop:
+            assert group.first_failure() == (1, "died (killed or crashed without exiting)")
+        else:
+            assert group.first_failure() == (0, "exited with code 1")
+            rank_1.kill()
+            rank_1.wait(10)
+            assert group.first_failure() == (0, "exited with code 1")  # it died after the peer failed
+    finally:
+        rank_1.kill()
+        rank_1.wait(10)
+
+
+def test_a_second_process_of_a_rank_cannot_take_its_lock(tmp_path, monkeypatch):
+    path = tmp_path / "0.alive"
+    assert alive_lock_held(path) is None
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDS_THEN_DROPS_ITS_LOCK.replace('"1.', '"0.'), str(tmp_path), "keep"]
+    )
+    try:
+        for _ in range(600):
+            if (tmp_path / "ready").exists():
+                break
+            time.sleep(0.05)
+        assert alive_lock_held(path) is True
+        monkeypatch.setattr(exit_files, "LOCK_WAIT_S", 0.5)
+        with pytest.raises(SystemExit, match=r"0\.alive stayed locked for 0 s: another process of this rank"):
+            hold_alive_lock(path)
+        holder.kill()
+        holder.wait(10)
+        assert alive_lock_held(path) is False
+    finally:
+        holder.kill()
+        holder.wait(10)

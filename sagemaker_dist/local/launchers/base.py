@@ -30,7 +30,7 @@ from typing import ClassVar
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.host.job_spec import JobHosts, JobSpec
 from sagemaker_dist.host.processes import descendants, pid_running
-from sagemaker_dist.local.exit_files import TERMINATED
+from sagemaker_dist.local.exit_files import TERMINATED, alive_lock_held
 from sagemaker_dist.local.launchers.mpi import failed_process, rank_tagged_lines
 from sagemaker_dist.local.launchers.private_net import PrivateNet
 from sagemaker_dist.local.launchers.torchrun import tee_tagged
@@ -210,7 +210,9 @@ class RankGroup:
         for rank, pid in self.known_pids.items():
             if rank in exits:
                 continue
-            if pid_running(pid):
+            # a rank whose lock is free has closed its files, sockets included, even while /proc
+            # still shows it ending: its peers may already have failed on them
+            if pid_running(pid) and alive_lock_held(self.pid_dir / f"{rank}.alive") is not False:
                 self.last_alive[rank] = now
             else:
                 self.first_dead.setdefault(rank, now)
