@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 TERMINATED = "terminated"  # exit-file content of a rank stopped by SIGTERM (the launcher or local mode)
-LOCK_WAIT_S = 5.0  # a rank taking its lock waits this long for the supervisor's probe to let it go
+LOCK_WAIT_S = 5.0  # a rank taking its lock waits this long for another holder to let it go
 
 
 def write_whole(path: Path, text: str) -> None:
@@ -24,13 +24,14 @@ def write_whole(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def hold_alive_lock(path: Path) -> int:
-    """Lock ``path`` for as long as this process runs; the descriptor (keep it open).
+def hold_alive_lock(path: Path) -> int | None:
+    """Lock ``path`` for as long as this process runs; the descriptor (keep it open), or None where
+    its file system has no locks (the supervisor then goes by /proc alone).
 
     The kernel drops a POSIX lock as the process's files close when it ends, before its sockets
-    send their last packets and before /proc shows it gone: so a peer that fails on a killed rank's
-    sockets always fails after the supervisor could see that rank's lock free. Forked children
-    (DataLoader workers) do not inherit it; a script that execs another program keeps it.
+    are released (their last packets) and before its exit ends: so the supervisor can see the lock of
+    a killed rank free before a peer fails on that rank's sockets, even while /proc still shows it
+    running. Forked children (DataLoader workers) do not inherit it; an exec keeps it.
     """
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     os.set_inheritable(fd, True)  # kept across exec
@@ -39,7 +40,7 @@ def hold_alive_lock(path: Path) -> int:
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return fd
-        except OSError:
+        except (BlockingIOError, PermissionError):  # held by another process
             if time.monotonic() > deadline:
                 os.close(fd)
                 raise SystemExit(
@@ -47,18 +48,25 @@ def hold_alive_lock(path: Path) -> int:
                     "is running; stop it, or start the job in a new work directory"
                 ) from None
             time.sleep(0.01)
+        except OSError:  # no locks here (ENOLCK)
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            return None
 
 
 def alive_lock_held(path: Path) -> bool | None:
-    """Whether a rank holds its lock at ``path``; None where it has no lock file (not started)."""
+    """Whether a rank holds its lock at ``path``; None where there is no lock to go by (no file: not
+    started, or no locks on its file system)."""
     try:
         fd = os.open(path, os.O_RDWR)
     except FileNotFoundError:
         return None
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except (BlockingIOError, PermissionError):
         return True
+    except OSError:
+        return None
     finally:
         os.close(fd)  # closing drops the lock this probe took
     return False

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,6 +24,7 @@ from sagemaker_dist.host.lifecycle import SourceDirError, build_host_trees, fetc
 from sagemaker_dist.local import exit_files
 from sagemaker_dist.local.demo_data import encode_example, generate_examples, tfrecord_file
 from sagemaker_dist.local.exit_files import alive_lock_held, hold_alive_lock, write_whole
+from sagemaker_dist.local.launchers import base as launchers_base
 from sagemaker_dist.local.launchers.base import RankGroup, describe_exit
 from sagemaker_dist.local.launchers.mpi import LaunchError
 from sagemaker_dist.local.launchers.table import IMPLEMENTATIONS, launcher_class
@@ -433,15 +436,17 @@ def test_a_failed_ranks_shown_output_keeps_its_traceback():
 
 
 _HOLDS_THEN_DROPS_ITS_LOCK = """
-import os, sys, time
+import os, sys, threading, time
 from pathlib import Path
 from sagemaker_dist.local.exit_files import hold_alive_lock, write_whole
-pid_dir, drop = Path(sys.argv[1]), sys.argv[2] == "drop"
-fd = hold_alive_lock(pid_dir / "1.alive")
-write_whole(pid_dir / "1.pid", str(os.getpid()))
-if drop:
-    os.close(fd)  # as a killed process's files close before /proc shows it gone
-if sys.argv[2] == "exec":  # a script that becomes another program is the same rank
+pid_dir, then, rank = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+fd = hold_alive_lock(pid_dir / f"{rank}.alive")
+write_whole(pid_dir / f"{rank}.pid", str(os.getpid()))
+for _ in range(4):  # a rank has threads (its framework's)
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+if then == "drop":
+    os.close(fd)  # as a killed process's files close before its exit ends
+if then == "exec":  # a script that becomes another program is the same rank
     os.execv(sys.executable, [sys.executable, "-c", "import pathlib, sys, time; "
              "pathlib.Path(sys.argv[1], 'ready').write_text(''); time.sleep(60)", sys.argv[1]])
 (pid_dir / "ready").write_text("")
@@ -449,52 +454,92 @@ time.sleep(60)
 """
 
 
+def _start_rank(tmp_path, then: str, rank: int = 1, **popen) -> subprocess.Popen:
+    """A process that takes rank ``rank``'s lock as ``rank_entry`` does, then ``then`` (keep, drop, exec)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLDS_THEN_DROPS_ITS_LOCK, str(tmp_path), then, str(rank)], **popen
+    )
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "ready").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert (tmp_path / "ready").exists(), f"the rank never took its lock (exit {proc.poll()})"
+    return proc
+
+
 @pytest.mark.parametrize("then", ["keep", "exec", "drop"])
-def test_a_rank_that_closed_its_files_is_blamed_before_a_peer_that_then_failed(tmp_path, then):
-    """A killed rank closes its sockets, then ends; its peer can fail on them and exit while /proc
-    still shows the killed one running. Its lock, dropped with its files, is what tells them apart."""
-    drop = then == "drop"
-    rank_1 = subprocess.Popen([sys.executable, "-c", _HOLDS_THEN_DROPS_ITS_LOCK, str(tmp_path), then])
+def test_a_rank_that_let_its_lock_go_is_blamed_before_a_peer_that_failed_while_it_ended(tmp_path, then):
+    """A killed rank closes its files, then its sockets; a peer can fail on them and exit while /proc
+    still shows the killed one running. Its lock, let go with its files, says which came first."""
+    rank_1 = _start_rank(tmp_path, then)
     try:
-        for _ in range(600):
-            if (tmp_path / "ready").exists() or rank_1.poll() is not None:
-                break
-            time.sleep(0.05)
-        assert (tmp_path / "ready").exists(), "the rank never took its lock"
         group = RankGroup([], {}, tmp_path, 2, on_line=lambda *_: None)
         group.watch()
-        write_whole(tmp_path / "0.exit", "1")  # the peer fails after that look
-        assert rank_1.poll() is None  # still running either way
-        if drop:
-            assert group.first_failure() == (1, "died (killed or crashed without exiting)")
-        else:
-            assert group.first_failure() == (0, "exited with code 1")
-            rank_1.kill()
-            rank_1.wait(10)
-            assert group.first_failure() == (0, "exited with code 1")  # it died after the peer failed
+        write_whole(tmp_path / "0.exit", "1")  # the peer fails
+        time.sleep(0.05)
+        group.watch()  # rank 1 still running, after the peer's exit
+        assert rank_1.poll() is None
     finally:
         rank_1.kill()
         rank_1.wait(10)
+    if then == "drop":  # it had let its lock go: its end began before the peer failed
+        assert group.first_failure() == (1, "died (killed or crashed without exiting)")
+    else:  # it held its lock (an exec keeps it) when the peer failed
+        assert group.first_failure() == (0, "exited with code 1")
+
+
+def test_a_rank_that_runs_on_without_its_lock_counts_as_alive(tmp_path, monkeypatch):
+    """A rank that let go of its lock and runs on (one that closed every descriptor) is alive: /proc
+    alone says, so a peer that fails later is the one named."""
+    monkeypatch.setattr(launchers_base, "LOCK_GONE_S", 0.2)
+    rank_1 = _start_rank(tmp_path, "drop")
+    try:
+        group = RankGroup([], {}, tmp_path, 2, on_line=lambda *_: None)
+        group.watch()
+        assert 1 not in group.last_alive  # while it may be ending: no newer sign of life
+        time.sleep(0.3)
+        group.watch()
+        assert 1 in group.lockless and 1 in group.last_alive
+        time.sleep(0.05)
+        write_whole(tmp_path / "0.exit", "1")
+        time.sleep(0.05)
+        group.watch()
+    finally:
+        rank_1.kill()
+        rank_1.wait(10)
+    assert group.first_failure() == (0, "exited with code 1")
+
+
+def test_a_killed_ranks_lock_is_free_by_the_time_its_peer_reads_the_end_of_its_socket(tmp_path):
+    """The order the supervisor relies on, from the kernel: SIGKILL a rank with threads and a
+    socket; when the peer's read sees the socket end, the rank's lock is already free."""
+    for attempt in range(5):
+        (tmp_path / "ready").unlink(missing_ok=True)
+        peer, ranks_end = socket.socketpair()
+        rank = _start_rank(tmp_path, "keep", rank=attempt, pass_fds=[ranks_end.fileno()])
+        ranks_end.close()  # the rank's end is now the rank's alone
+        try:
+            assert alive_lock_held(tmp_path / f"{attempt}.alive") is True
+            peer.settimeout(30)
+            rank.send_signal(signal.SIGKILL)
+            assert peer.recv(1) == b""  # the rank's socket is gone
+            assert alive_lock_held(tmp_path / f"{attempt}.alive") is False
+        finally:
+            peer.close()
+            rank.kill()
+            rank.wait(10)
 
 
 def test_a_second_process_of_a_rank_cannot_take_its_lock(tmp_path, monkeypatch):
     path = tmp_path / "0.alive"
     assert alive_lock_held(path) is None
-    holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLDS_THEN_DROPS_ITS_LOCK.replace('"1.', '"0.'), str(tmp_path), "keep"]
-    )
+    holder = _start_rank(tmp_path, "keep", rank=0)
     try:
-        for _ in range(600):
-            if (tmp_path / "ready").exists():
-                break
-            time.sleep(0.05)
         assert alive_lock_held(path) is True
-        monkeypatch.setattr(exit_files, "LOCK_WAIT_S", 0.5)
+        monkeypatch.setattr(exit_files, "LOCK_WAIT_S", 0.3)
         with pytest.raises(SystemExit, match=r"0\.alive stayed locked for 0 s: another process of this rank"):
             hold_alive_lock(path)
-        holder.kill()
-        holder.wait(10)
-        assert alive_lock_held(path) is False
     finally:
         holder.kill()
         holder.wait(10)
+    assert alive_lock_held(path) is False
+    os.close(hold_alive_lock(path))  # free again: taken at once

@@ -35,6 +35,12 @@ from sagemaker_dist.local.launchers.mpi import failed_process, rank_tagged_lines
 from sagemaker_dist.local.launchers.private_net import PrivateNet
 from sagemaker_dist.local.launchers.torchrun import tee_tagged
 
+# A rank that lets go of its lock (``exit_files``) is ending unless it runs on this long
+LOCK_GONE_S = 2.0
+# A file's mtime comes from the kernel's coarse clock, up to a tick (10 ms at HZ=100) behind time.time():
+# a rank seen alive counts as seen this much earlier, so a peer's exit file written after never looks older
+MTIME_LAG_S = 0.01
+
 
 class LocalJobError(ConfigurationError):
     """A request local mode cannot run as given; the message names what to fix."""
@@ -141,6 +147,8 @@ class RankGroup:
         self.reports_pids = False
         self.last_alive: dict[int, float] = {}  # rank -> time.time() it was last seen running
         self.first_dead: dict[int, float] = {}  # rank -> time.time() it was first seen gone, no exit file
+        self.lock_free_since: dict[int, float] = {}  # rank -> when it was first seen running without its lock
+        self.lockless: set[int] = set()  # ranks that run on without their lock: /proc alone says
         # where untagged output counts as a rank's (for its metrics and last lines): the one worker
         # the toolkit starts without mpirun (tf-mwms on one host) prints untagged
         self.untagged_rank: int | None = None
@@ -203,19 +211,32 @@ class RankGroup:
         return found
 
     def watch(self) -> None:
-        """Note, for every rank without an exit file, when it was last seen alive and first seen dead."""
+        """Note, for every rank without an exit file, when it was last seen alive and first seen dead:
+        /proc says whether it is gone, its lock (``exit_files.hold_alive_lock``) since when."""
         self._read_pids()
         now = time.time()
         exits = self._exit_files()
         for rank, pid in self.known_pids.items():
             if rank in exits:
                 continue
-            # a rank whose lock is free has closed its files, sockets included, even while /proc
-            # still shows it ending: its peers may already have failed on them
-            if pid_running(pid) and alive_lock_held(self.pid_dir / f"{rank}.alive") is not False:
-                self.last_alive[rank] = now
-            else:
+            if not pid_running(pid):
                 self.first_dead.setdefault(rank, now)
+            elif self._holds_lock(rank, now):
+                self.last_alive[rank] = now - MTIME_LAG_S
+
+    def _holds_lock(self, rank: int, now: float) -> bool:
+        """Whether running ``rank`` still counts as alive. One that let its lock go is ending (its
+        sockets close next, so a peer may fail on them while /proc still shows it) unless it runs on
+        for ``LOCK_GONE_S``: then it let the lock go itself (closed every descriptor; an exec from a
+        process with threads before Linux 5.12) and /proc alone says from then on."""
+        if rank in self.lockless:
+            return True
+        if alive_lock_held(self.pid_dir / f"{rank}.alive") is not False:
+            return True
+        if now - self.lock_free_since.setdefault(rank, now) > LOCK_GONE_S:
+            self.lockless.add(rank)
+            return True
+        return False
 
     def terminated_ranks(self) -> list[int]:
         """Ranks stopped by SIGTERM (the launcher stopping them after another rank failed)."""
