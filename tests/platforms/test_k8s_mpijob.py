@@ -178,6 +178,7 @@ def test_the_checks_catch_what_the_api_server_and_controller_refuse(demo_mpijob)
 
 def test_bad_input_is_refused_before_anything_is_written(tmp_path):
     nowhere = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "PATH": "/usr/bin:/bin"}  # S3 would fail
+    nowhere["XDG_CACHE_HOME"] = str(tmp_path / "cache")  # the embedded endpoint's state: this test's own
     cpu = _k8s(
         "--demo", "--instance-type", "ml.c5.18xlarge", "--endpoint-url", "http://127.0.0.1:9", env=nowhere
     )

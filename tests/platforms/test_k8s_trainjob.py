@@ -126,6 +126,7 @@ def test_the_checks_catch_what_the_api_server_and_the_trainer_refuse(demo_trainj
 
 def test_bad_input_is_refused_before_anything_is_written(tmp_path):
     nowhere = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "PATH": "/usr/bin:/bin"}  # S3 would fail
+    nowhere["XDG_CACHE_HOME"] = str(tmp_path / "cache")  # the embedded endpoint's state: this test's own
     mwms = _k8s("--demo", "--distribution", "tf-mwms", "--endpoint-url", "http://127.0.0.1:9", env=nowhere)
     assert mwms.returncode == 2 and "invalid choice: 'tf-mwms'" in mwms.stderr, mwms.stderr
     cpu = _k8s(
