@@ -96,10 +96,9 @@ def test_a_torchrun_jobs_ranks_get_torchruns_variables_and_meet_at_the_first_nod
     assert shown.stdout.strip() == "10.1.2.3:23456", shown.stderr
 
 
-def test_bad_input_is_refused_before_anything_is_written(tmp_path, tmp_path_factory):
+def test_bad_input_is_refused_before_anything_is_written(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
     env["AWS_ENDPOINT_URL"] = DEAD_ENDPOINT
-    env["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))  # the embedded endpoint's state: its own
     base = ["--demo", "--endpoint-url", DEAD_ENDPOINT]
 
     def refused(*args, **extra) -> str:
