@@ -95,61 +95,108 @@ def _recover_state(state_dir: Path) -> None:
                 shutil.rmtree(leftover, ignore_errors=True)
 
 
-def _load_state(client, state_dir: Path) -> set[str]:
+def _transfers(client):
+    """One transfer manager for a whole load or save: boto3's ``upload_file`` / ``download_file`` make
+    a manager (and its threads) per call, 10 ms an object, which a state of hundreds of objects pays on
+    every command."""
+    from boto3.s3.transfer import TransferConfig, create_transfer_manager
+
+    return create_transfer_manager(client, TransferConfig(max_concurrency=8))
+
+
+def _etags(client, buckets) -> dict[tuple[str, str], str]:
+    """``(bucket, key) -> ETag`` of every object of ``buckets``."""
+    tags = {}
+    for name in buckets:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
+            for obj in page.get("Contents", []):
+                tags[(name, obj["Key"])] = obj["ETag"]
+    return tags
+
+
+def _linked(source: Path, target: Path) -> bool:
+    """Whether ``source`` could be hard-linked as ``target`` (not where it is gone or on another
+    file system)."""
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
+
+
+def _load_state(client, state_dir: Path) -> dict[tuple[str, str], str]:
     """Put every file of ``state_dir`` into the server (links are skipped: only what we saved); a
     folder or file there that another user could have written is refused (``UntrustedCacheError``).
-    Returns the buckets loaded."""
+    Returns each loaded object's ETag by ``(bucket, key)`` (a bucket loaded empty as ``(bucket, "")``),
+    so that ``_save_state`` keeps the files of objects left as they were rather than fetch them again."""
     _recover_state(state_dir)
     trusted_dir(state_dir, create=False, hint=STATE_HINT)
-    loaded: set[str] = set()
     if not state_dir.is_dir():
-        return loaded
-    for bucket_dir in sorted(
-        p for p in state_dir.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")
-    ):
-        check_path(bucket_dir, "dir", hint=STATE_HINT)
-        client.create_bucket(Bucket=bucket_dir.name)
-        loaded.add(bucket_dir.name)
-        for path in sorted(bucket_dir.rglob("*")):
-            if path.is_symlink():
-                continue
-            if path.is_dir():
-                check_path(path, "dir", hint=STATE_HINT)
-            elif path.is_file():
-                check_path(path, "file", hint=STATE_HINT)
-                client.upload_file(str(path), bucket_dir.name, path.relative_to(bucket_dir).as_posix())
-    return loaded
+        return {}
+    buckets = []
+    with _transfers(client) as transfers:
+        uploads = []
+        for bucket_dir in sorted(
+            p for p in state_dir.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")
+        ):
+            check_path(bucket_dir, "dir", hint=STATE_HINT)
+            client.create_bucket(Bucket=bucket_dir.name)
+            buckets.append(bucket_dir.name)
+            for path in sorted(bucket_dir.rglob("*")):
+                if path.is_symlink():
+                    continue
+                if path.is_dir():
+                    check_path(path, "dir", hint=STATE_HINT)
+                elif path.is_file():
+                    check_path(path, "file", hint=STATE_HINT)
+                    key = path.relative_to(bucket_dir).as_posix()
+                    uploads.append(transfers.upload(str(path), bucket_dir.name, key))
+        for upload in uploads:
+            upload.result()
+    return {(name, ""): "" for name in buckets} | _etags(client, buckets)
 
 
-def _save_state(client, state_dir: Path, skip: set[str] | frozenset[str] = frozenset()) -> None:
+def _save_state(
+    client,
+    state_dir: Path,
+    skip: set[str] | frozenset[str] = frozenset(),
+    loaded: dict[tuple[str, str], str] | None = None,
+) -> None:
     """Mirror every bucket (but those in ``skip``) into ``state_dir``: written to a temporary dir, then
     swapped in by two renames (the previous state to ``<state dir>.old``, the new one into place), so
     that a crash leaves either state whole (``_recover_state`` puts the previous one back), never none
-    or half of one."""
+    or half of one. An object whose ETag is the one ``loaded`` gives it (``_load_state``) is unchanged:
+    its file is linked from the previous state, not downloaded again."""
     state_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     _recover_state(state_dir)
+    loaded = loaded or {}
     tmp = Path(tempfile.mkdtemp(prefix=f".{state_dir.name}.saving-", dir=state_dir.parent))
     left_out = []
     fix = "it is not kept between commands (a key that is not a relative path cannot be a file there)"
     try:
-        for bucket in client.list_buckets().get("Buckets", []):
-            name = bucket["Name"]
-            if name in skip:
-                continue
-            bucket_dir = contained_path(tmp, name, "the embedded S3 state: bucket", fix=fix)
-            bucket_dir.mkdir()
-            for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
-                for obj in page.get("Contents", []):
-                    if obj["Key"].endswith("/"):
-                        continue
-                    try:
-                        what = f"the embedded S3 state: bucket {name!r} has the key"
-                        target = contained_path(bucket_dir, obj["Key"], what, fix=fix)
-                    except UnsafePathError as exc:
-                        left_out.append(str(exc))
-                        continue
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    client.download_file(name, obj["Key"], str(target))
+        with _transfers(client) as transfers:
+            downloads = []
+            names = [bucket["Name"] for bucket in client.list_buckets().get("Buckets", [])]
+            for (name, key), etag in _etags(client, [n for n in names if n not in skip]).items():
+                bucket_dir = contained_path(tmp, name, "the embedded S3 state: bucket", fix=fix)
+                bucket_dir.mkdir(exist_ok=True)
+                if key.endswith("/"):
+                    continue
+                try:
+                    what = f"the embedded S3 state: bucket {name!r} has the key"
+                    target = contained_path(bucket_dir, key, what, fix=fix)
+                except UnsafePathError as exc:
+                    left_out.append(str(exc))
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if loaded.get((name, key)) == etag and _linked(state_dir / name / key, target):
+                    continue  # the file it was loaded from
+                downloads.append(transfers.download(name, key, str(target)))
+            for download in downloads:
+                download.result()
+            for name in names:  # an empty bucket is kept too
+                if name not in skip:
+                    contained_path(tmp, name, "the embedded S3 state: bucket", fix=fix).mkdir(exist_ok=True)
         _drop_others_write(tmp)  # the next load refuses what others could write
         old = _old_state(state_dir)
         shutil.rmtree(old, ignore_errors=True)  # a previous swap's leftover; state_dir is whole
@@ -206,11 +253,12 @@ def embedded_s3(state_dir: str | Path | None = DEFAULT_STATE_DIR, set_env: bool 
             # test's, an earlier one in a notebook) holds are not this state's, unless it loads them
             others = {bucket["Name"] for bucket in client.list_buckets().get("Buckets", [])}
             loaded = _load_state(client, state_dir)
+            loaded_buckets = {name for name, _ in loaded}
             try:
                 yield url
             finally:  # also after a failed or interrupted job: a rerun resumes from its checkpoints
                 try:
-                    _save_state(client, state_dir, skip=others - loaded)
+                    _save_state(client, state_dir, skip=others - loaded_buckets, loaded=loaded)
                 except Exception as exc:  # noqa: BLE001 - report, never mask the job's own error
                     print(f"warning: could not save the embedded S3 state to {state_dir}: {exc}")
         return

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
+import uuid
 
 import pytest
 
@@ -13,19 +14,6 @@ from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local import endpoint
 
 NOBODY = 65534
-
-
-class RecordingClient:
-    """The two calls ``_load_state`` makes, recorded."""
-
-    def __init__(self):
-        self.buckets, self.uploads = [], []
-
-    def create_bucket(self, Bucket):  # noqa: N803 - boto3's name
-        self.buckets.append(Bucket)
-
-    def upload_file(self, path, bucket, key):
-        self.uploads.append((bucket, key))
 
 
 @pytest.fixture
@@ -40,43 +28,56 @@ def root_user():
         pytest.skip("needs root, to make files another user's (chown)")
 
 
-def saved_state(base):
+@pytest.fixture
+def name():
+    """The state's bucket: a name of its own per test, as the tests' moto server is shared."""
+    return f"state-{uuid.uuid4().hex[:12]}"
+
+
+def saved_state(base, name="bucket"):
     state = base / "state"
-    (state / "bucket" / "ckpt").mkdir(parents=True, mode=0o700)
-    for d in (state, state / "bucket", state / "bucket" / "ckpt"):
+    (state / name / "ckpt").mkdir(parents=True, mode=0o700)
+    for d in (state, state / name, state / name / "ckpt"):
         d.chmod(0o700)
-    (state / "bucket" / "ckpt" / "model.pt").write_bytes(b"weights")
-    (state / "bucket" / "ckpt" / "model.pt").chmod(0o600)
+    (state / name / "ckpt" / "model.pt").write_bytes(b"weights")
+    (state / name / "ckpt" / "model.pt").chmod(0o600)
     return state
 
 
-def test_a_file_another_user_put_in_the_state_is_refused_not_served(base, root_user):
-    state = saved_state(base)
-    client = RecordingClient()
-    endpoint._load_state(client, state)  # ours: served
-    assert client.buckets == ["bucket"] and client.uploads == [("bucket", "ckpt/model.pt")]
-    os.chown(state / "bucket" / "ckpt" / "model.pt", NOBODY, NOBODY)
-    client = RecordingClient()
+def served(s3, name: str) -> list[str] | None:
+    """The keys the server holds in bucket ``name`` (None: no such bucket)."""
+    if name not in {b["Name"] for b in s3.list_buckets()["Buckets"]}:
+        return None
+    return [obj["Key"] for obj in s3.list_objects_v2(Bucket=name).get("Contents", [])]
+
+
+def test_a_file_another_user_put_in_the_state_is_refused_not_served(base, root_user, s3, name):
+    state = saved_state(base, name)
+    os.chown(state / name / "ckpt" / "model.pt", NOBODY, NOBODY)
     with pytest.raises(ConfigurationError, match=r"model\.pt .*belongs to another user.*--s3-state-dir"):
-        endpoint._load_state(client, state)
-    assert client.uploads == []
+        endpoint._load_state(s3, state)
+    assert not served(s3, name)
+    os.chown(state / name / "ckpt" / "model.pt", 0, 0)
+    loaded = endpoint._load_state(s3, state)  # ours: served
+    assert served(s3, name) == ["ckpt/model.pt"] and (name, "ckpt/model.pt") in loaded
 
 
-def test_a_state_dir_of_another_user_is_refused_before_anything_starts(base, root_user):
+def test_a_state_dir_of_another_user_is_refused_before_anything_starts(base, root_user, s3):
     state = saved_state(base)
     os.chown(state, NOBODY, NOBODY)
     with pytest.raises(ConfigurationError, match=f"{state} .*belongs to another user"):
         with endpoint.embedded_s3(state):
             pytest.fail("the endpoint started on another user's state")
     with pytest.raises(ConfigurationError, match="belongs to another user"):
-        endpoint._load_state(RecordingClient(), state)
+        endpoint._load_state(s3, state)
 
 
-def test_a_state_writable_by_others_is_refused(base):
-    state = saved_state(base)
-    (state / "bucket" / "ckpt").chmod(0o777)
+def test_a_state_writable_by_others_is_refused(base, s3, name):
+    state = saved_state(base, name)
+    (state / name / "ckpt").chmod(0o777)
     with pytest.raises(ConfigurationError, match=r"ckpt .*writable by group or others.*chmod go-w"):
-        endpoint._load_state(RecordingClient(), state)
+        endpoint._load_state(s3, state)
+    assert not served(s3, name)
 
 
 def test_a_lock_that_is_a_link_is_not_followed(base):
@@ -102,7 +103,9 @@ def test_the_lock_is_0600_and_its_folder_0700_when_made(base):
     assert stat.S_IMODE(os.stat(base / "cache" / "local-s3.lock").st_mode) == 0o600
 
 
-def test_a_state_dir_in_a_folder_anyone_can_write_is_refused_in_a_sticky_one_it_is_not(base, root_user):
+def test_a_state_dir_in_a_folder_anyone_can_write_is_refused_in_a_sticky_one_it_is_not(
+    base, root_user, s3, name
+):
     shared = base / "shared"
     shared.mkdir()
     shared.chmod(0o777)
@@ -113,20 +116,19 @@ def test_a_state_dir_in_a_folder_anyone_can_write_is_refused_in_a_sticky_one_it_
     with endpoint._state_lock(shared / "state"):
         pass
     # there, another user's ".old" (a half-done swap, as the recovery reads it) is never adopted ...
-    (shared / "state.old" / "bucket").mkdir(parents=True)
-    (shared / "state.old" / "bucket" / "code.tar.gz").write_bytes(b"planted")
+    (shared / "state.old" / name).mkdir(parents=True)
+    (shared / "state.old" / name / "code.tar.gz").write_bytes(b"planted")
     os.chown(shared / "state.old", NOBODY, NOBODY)
-    client = RecordingClient()
     with pytest.raises(ConfigurationError, match=r"state\.old .*belongs to another user"):
-        endpoint._load_state(client, shared / "state")
-    assert client.uploads == [] and not (shared / "state").exists()
+        endpoint._load_state(s3, shared / "state")
+    assert served(s3, name) is None and not (shared / "state").exists()
     # ... and another user's leftover of a save is theirs to remove
     leftover = shared / ".state.saving-abc"
     leftover.mkdir()
     os.chown(leftover, NOBODY, NOBODY)
     os.chown(shared / "state.old", 0, 0)
     endpoint._recover_state(shared / "state")
-    assert leftover.is_dir() and (shared / "state" / "bucket").is_dir()
+    assert leftover.is_dir() and (shared / "state" / name).is_dir()
 
 
 def test_a_saved_state_is_writable_by_no_one_else_whatever_the_umask(base):
@@ -144,7 +146,9 @@ def test_a_saved_state_is_writable_by_no_one_else_whatever_the_umask(base):
     modes = {str(p.relative_to(base)): stat.S_IMODE(os.lstat(p).st_mode) for p in [state, *state.rglob("*")]}
     assert modes and all(m & 0o022 == 0 for m in modes.values()), modes
     assert (state / "kept-bucket" / "deep" / "er" / "key.txt").read_bytes() == b"x"
-    endpoint._load_state(RecordingClient(), state)  # and it loads back
+    with endpoint.embedded_s3(None, set_env=False) as url:  # and it loads back
+        loaded = endpoint._load_state(endpoint._local_client(url), state)
+    assert ("kept-bucket", "deep/er/key.txt") in loaded
 
 
 def test_a_saved_state_holds_its_own_buckets_not_another_moto_servers(s3, bucket, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 
 from sagemaker_dist.cli import main
 
@@ -87,3 +88,39 @@ def test_two_commands_cannot_share_one_state_dir_at_once(tmp_path):
     free = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert free.returncode == 0, free.stderr
     assert (state / "sagemaker-dist-demo").is_dir()  # saved on exit, once the dir was free
+
+
+def test_a_save_keeps_unchanged_objects_files_and_writes_only_what_changed(tmp_path):
+    """A state of hundreds of objects is loaded and saved by every command: an object left as it was
+    keeps its file (the same inode, linked into the new state), one that changed is written again,
+    one deleted is gone, and an empty bucket stays."""
+    from sagemaker_dist.aws.s3_objects import s3_client
+    from sagemaker_dist.local.endpoint import embedded_s3
+
+    state = tmp_path / "state"
+    kept, empty = (
+        f"kept-{uuid.uuid4().hex[:8]}",
+        f"empty-{uuid.uuid4().hex[:8]}",
+    )  # the process's moto store is shared
+    with embedded_s3(state):
+        c = s3_client()
+        for name in (kept, empty):
+            c.create_bucket(Bucket=name)
+        for key in ("same.bin", "changed.bin", "deleted.bin", "deep/same.bin"):
+            c.put_object(Bucket=kept, Key=key, Body=key.encode())
+    files = {p.relative_to(state).as_posix(): p.stat().st_ino for p in state.rglob("*") if p.is_file()}
+    with embedded_s3(state):
+        c = s3_client()
+        c.put_object(Bucket=kept, Key="changed.bin", Body=b"new bytes")
+        c.delete_object(Bucket=kept, Key="deleted.bin")
+        c.put_object(Bucket=kept, Key="added.bin", Body=b"added")
+    after = {p.relative_to(state).as_posix(): p for p in state.rglob("*") if p.is_file()}
+    assert sorted(after) == [f"{kept}/{k}" for k in ("added.bin", "changed.bin", "deep/same.bin", "same.bin")]
+    for key in ("same.bin", "deep/same.bin"):
+        assert after[f"{kept}/{key}"].stat().st_ino == files[f"{kept}/{key}"]  # linked, not fetched
+        assert after[f"{kept}/{key}"].read_bytes() == key.encode()
+    assert after[f"{kept}/changed.bin"].read_bytes() == b"new bytes"
+    assert after[f"{kept}/changed.bin"].stat().st_ino != files[f"{kept}/changed.bin"]
+    assert after[f"{kept}/added.bin"].read_bytes() == b"added"
+    assert (state / empty).is_dir() and not any((state / empty).iterdir())
+    assert not (tmp_path / "state.old").exists()
