@@ -118,10 +118,13 @@ class Distribution:
     # with no SSH from a master and no fixed port but the master's: local mode then runs one toolkit host
     # per simulated host, side by side on the job's loopback
     toolkit_starts_each_host: bool = False
-    # what local mode adds to a toolkit host's environment: for torchrun, that each rank's lines name the
-    # rank (torchrun reads its options from PET_* variables: PET_TEE=3 is --tee 3, "[default0]:line");
-    # for mpirun, LOCAL_MPI_ENV
+    # what local mode sets in a toolkit host's environment, whatever the shell's holds: for torchrun, that
+    # each rank's lines name the rank, which local mode's line tagging needs (torchrun reads its options
+    # from PET_* variables: PET_TEE=3 is --tee 3, "[default0]:line")
     local_toolkit_env: tuple[tuple[str, str], ...] = ()
+    # what it sets there where the shell does not: tuning for ranks that share one machine (LOCAL_MPI_ENV
+    # for mpirun), which a user may set otherwise
+    local_toolkit_defaults: tuple[tuple[str, str], ...] = ()
     # the TF toolkit rewrites a tuning trial's model_dir to "<model_dir>/<job>/model"
     # (sagemaker_tensorflow_container.training); without one that is "None/<job>/model", a relative
     # directory the script saves into and the model never leaves. A tuning job then gets the training
@@ -233,7 +236,7 @@ HOROVOD_ENTRY = Distribution(
     kubernetes=MPIJOB,
     keras_helper="sagemaker_dist.runtime.tensorflow.horovod_keras",
     tuning_sets_model_dir=True,
-    local_toolkit_env=LOCAL_MPI_ENV,  # the toolkit's mpirun passes OMPI_MCA_* on to every rank
+    local_toolkit_defaults=LOCAL_MPI_ENV,  # the toolkit's mpirun passes OMPI_MCA_* on to every rank
 )
 TF_MWMS_ENTRY = Distribution(
     name="tf-mwms",

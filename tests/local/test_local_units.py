@@ -543,3 +543,17 @@ def test_a_second_process_of_a_rank_cannot_take_its_lock(tmp_path, monkeypatch):
         holder.wait(10)
     assert alive_lock_held(path) is False
     os.close(hold_alive_lock(path))  # free again: taken at once
+
+
+def test_a_toolkit_host_keeps_the_shells_mpi_tuning_but_always_tags_torchrun_lines():
+    """The MPI ranks' yield is a default for ranks sharing one machine, which a user may turn off in the
+    shell; torchrun's --tee is what local mode's line tagging reads, so the shell cannot turn it off."""
+    from sagemaker_dist.local.launchers.container import toolkit_host_env
+
+    assert toolkit_host_env("horovod", None, {}) == {"OMPI_MCA_mpi_yield_when_idle": "1"}
+    assert toolkit_host_env("horovod", None, {"OMPI_MCA_mpi_yield_when_idle": "0"}) == {}
+    assert toolkit_host_env("horovod", {"OMPI_MCA_mpi_yield_when_idle": "0"}, {}) == {
+        "OMPI_MCA_mpi_yield_when_idle": "0"
+    }
+    assert toolkit_host_env("torchrun", None, {"PET_TEE": "0"}) == {"PET_TEE": "3"}
+    assert toolkit_host_env("tf-mwms", {"X": "1"}, {}) == {"X": "1"}

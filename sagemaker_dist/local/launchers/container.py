@@ -90,10 +90,16 @@ def container_environment(
     return env
 
 
-def toolkit_host_env(distribution_name: str, extra_env: Mapping[str, str] | None) -> dict[str, str]:
+def toolkit_host_env(
+    distribution_name: str, extra_env: Mapping[str, str] | None, shell: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """What local mode gives a toolkit host beyond SageMaker's environment: the registry's
-    ``local_toolkit_env`` (torchrun tagging each rank's lines), then ``extra_env``."""
-    return {**dict(distribution(distribution_name).local_toolkit_env), **(extra_env or {})}
+    ``local_toolkit_defaults`` that ``shell`` (the environment the host starts from) does not set (the
+    MPI ranks' yield), its ``local_toolkit_env`` (torchrun tagging each rank's lines), then
+    ``extra_env``."""
+    entry, shell = distribution(distribution_name), shell or {}
+    env = {name: value for name, value in entry.local_toolkit_defaults if name not in shell}
+    return {**env, **dict(entry.local_toolkit_env), **(extra_env or {})}
 
 
 def container_name(job_name: str) -> str:

@@ -122,7 +122,7 @@ class Toolkit(ToolkitHosts):
             inherited(), self.python, job.container_variables, entry.toolkit_training_module
         )
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        env.update(toolkit_host_env(job.distribution, setup.extra_env))
+        env.update(toolkit_host_env(job.distribution, setup.extra_env, env))
         if self.each_host:  # a toolkit host per simulated host, under our host supervisor
             env[JOB_ENV] = str(work / "job.json")
             write_job_file(Path(env[JOB_ENV]), trees)
