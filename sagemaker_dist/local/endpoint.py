@@ -127,8 +127,9 @@ def _linked(source: Path, target: Path) -> bool:
 def _load_state(client, state_dir: Path) -> dict[tuple[str, str], str]:
     """Put every file of ``state_dir`` into the server (links are skipped: only what we saved); a
     folder or file there that another user could have written is refused (``UntrustedCacheError``).
-    Returns each loaded object's ETag by ``(bucket, key)`` (a bucket loaded empty as ``(bucket, "")``),
-    so that ``_save_state`` keeps the files of objects left as they were rather than fetch them again."""
+    Returns each loaded object's ETag by ``(bucket, key)``, and each loaded bucket as ``(bucket, "")``
+    (an empty one too), so that ``_save_state`` keeps the files of objects left as they were rather
+    than fetch them again."""
     _recover_state(state_dir)
     trusted_dir(state_dir, create=False, hint=STATE_HINT)
     if not state_dir.is_dir():
