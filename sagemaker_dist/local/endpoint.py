@@ -124,16 +124,15 @@ def _linked(source: Path, target: Path) -> bool:
     return True
 
 
-def _load_state(client, state_dir: Path) -> dict[tuple[str, str], str]:
+def _load_state(client, state_dir: Path) -> tuple[set[str], dict[tuple[str, str], str]]:
     """Put every file of ``state_dir`` into the server (links are skipped: only what we saved); a
     folder or file there that another user could have written is refused (``UntrustedCacheError``).
-    Returns each loaded object's ETag by ``(bucket, key)``, and each loaded bucket as ``(bucket, "")``
-    (an empty one too), so that ``_save_state`` keeps the files of objects left as they were rather
-    than fetch them again."""
+    Returns the buckets loaded, and each loaded object's ETag by ``(bucket, key)``, so that
+    ``_save_state`` keeps the files of objects left as they were rather than fetch them again."""
     _recover_state(state_dir)
     trusted_dir(state_dir, create=False, hint=STATE_HINT)
     if not state_dir.is_dir():
-        return {}
+        return set(), {}
     buckets = []
     with _transfers(client) as transfers:
         uploads = []
@@ -154,7 +153,7 @@ def _load_state(client, state_dir: Path) -> dict[tuple[str, str], str]:
                     uploads.append(transfers.upload(str(path), bucket_dir.name, key))
         for upload in uploads:
             upload.result()
-    return {(name, ""): "" for name in buckets} | _etags(client, buckets)
+    return set(buckets), _etags(client, buckets)
 
 
 def _save_state(
@@ -175,17 +174,20 @@ def _save_state(
     left_out = []
     fix = "it is not kept between commands (a key that is not a relative path cannot be a file there)"
     try:
+        names = [b["Name"] for b in client.list_buckets().get("Buckets", []) if b["Name"] not in skip]
+        bucket_dirs = {
+            name: contained_path(tmp, name, "the embedded S3 state: bucket", fix=fix) for name in names
+        }
+        for bucket_dir in bucket_dirs.values():
+            bucket_dir.mkdir()
         with _transfers(client) as transfers:
             downloads = []
-            names = [bucket["Name"] for bucket in client.list_buckets().get("Buckets", [])]
-            for (name, key), etag in _etags(client, [n for n in names if n not in skip]).items():
-                bucket_dir = contained_path(tmp, name, "the embedded S3 state: bucket", fix=fix)
-                bucket_dir.mkdir(exist_ok=True)
+            for (name, key), etag in _etags(client, names).items():
                 if key.endswith("/"):
                     continue
                 try:
                     what = f"the embedded S3 state: bucket {name!r} has the key"
-                    target = contained_path(bucket_dir, key, what, fix=fix)
+                    target = contained_path(bucket_dirs[name], key, what, fix=fix)
                 except UnsafePathError as exc:
                     left_out.append(str(exc))
                     continue
@@ -195,9 +197,6 @@ def _save_state(
                 downloads.append(transfers.download(name, key, str(target)))
             for download in downloads:
                 download.result()
-            for name in names:  # an empty bucket is kept too
-                if name not in skip:
-                    contained_path(tmp, name, "the embedded S3 state: bucket", fix=fix).mkdir(exist_ok=True)
         _drop_others_write(tmp)  # the next load refuses what others could write
         old = _old_state(state_dir)
         shutil.rmtree(old, ignore_errors=True)  # a previous swap's leftover; state_dir is whole
@@ -253,8 +252,7 @@ def embedded_s3(state_dir: str | Path | None = DEFAULT_STATE_DIR, set_env: bool 
             # moto keeps one store per process: buckets that another moto server of this process (a
             # test's, an earlier one in a notebook) holds are not this state's, unless it loads them
             others = {bucket["Name"] for bucket in client.list_buckets().get("Buckets", [])}
-            loaded = _load_state(client, state_dir)
-            loaded_buckets = {name for name, _ in loaded}
+            loaded_buckets, loaded = _load_state(client, state_dir)
             try:
                 yield url
             finally:  # also after a failed or interrupted job: a rerun resumes from its checkpoints
