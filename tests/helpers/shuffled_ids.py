@@ -24,11 +24,18 @@ def fifo_ids(
 
 
 def expected_windows(sizes: list[int], window: sh.ShuffleWindow) -> list[range]:
-    """The windows the readers cut a stream of records of ``sizes`` bytes into."""
+    """The windows the readers cut a stream of records of ``sizes`` bytes into: each window's count fixed
+    at its start, from the mean record of the window before (the first: its first record)."""
     out, start, nbytes = [], 0, 0
+    cap = window.bytes + window.bytes // 8
+    count = None
     for i, n in enumerate(sizes):
         nbytes += n
-        if i + 1 - start >= window.records or nbytes >= window.bytes:
+        if count is None:
+            count = min(window.records, -(-window.bytes // max(n, 1)))
+        if i + 1 - start >= count or nbytes >= cap:
+            mean = max(nbytes // (i + 1 - start), 1)
+            count = min(window.records, -(-window.bytes // mean))
             out.append(range(start, i + 1))
             start, nbytes = i + 1, 0
     if start < len(sizes):
@@ -42,4 +49,8 @@ def window_order(
     """``items`` (a stream's records, or their ids; ``sizes`` their bytes) in the order the readers give
     them in ``epoch`` for ``rank``'s stream of ``channel``."""
     order = sh.EpochOrder(window, window.stream_key(rank, channel), epoch)
-    return [items[w[i]] for w in expected_windows(sizes, window) for i in order.order(len(w)).tolist()]
+    return [
+        items[w[i]]
+        for w in expected_windows(sizes, window)
+        for i in order.order(len(w), sum(sizes[w.start : w.stop])).tolist()
+    ]

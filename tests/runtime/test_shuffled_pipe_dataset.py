@@ -74,7 +74,7 @@ def test_a_resumed_job_shuffles_each_fifo_as_the_epoch_its_base_says(opt_ml):
     assert second == reference([100] * 300, window, 0, "train_0", 6)
 
 
-def test_records_of_any_size_close_the_window_at_its_byte_bound(opt_ml):
+def test_records_of_any_size_close_the_window_at_its_count_or_its_byte_cap(opt_ml):
     rng = np.random.default_rng(8)
     sizes = [int(s) for s in rng.integers(4, 5000, 300)]
     sizes[7] = 100_000  # read into its own tensor by the compiled reader

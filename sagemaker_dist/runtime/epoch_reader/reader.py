@@ -249,7 +249,7 @@ def shuffled_chunks(items, order: EpochOrder):
                     count += 1
                     nbytes += len(record)
                     if order.closes(count, nbytes):
-                        yield _window_chunk(pieces, order.order(count))
+                        yield _window_chunk(pieces, order.order(count, nbytes))
                         pieces, count, nbytes = [], 0, 0
                 continue
             view, starts, lengths, extra = item
@@ -258,9 +258,11 @@ def shuffled_chunks(items, order: EpochOrder):
             if extra:
                 blob += b"".join(extra)
             while len(lengths):
+                if order.records is None:  # the epoch's first record sets the first window's count
+                    order.closes(1, int(lengths[0]))
                 total = np.cumsum(lengths)
-                by_bytes = int(np.searchsorted(total, order.window.bytes - nbytes))  # first at the bound
-                last = min(order.window.records - count - 1, by_bytes)
+                by_bytes = int(np.searchsorted(total, order.cap - nbytes))  # the first at the cap
+                last = min(order.records - count - 1, by_bytes)
                 if last >= len(lengths):  # the window goes on past this chunk
                     pieces.append((blob, starts, lengths))
                     count += len(lengths)
@@ -268,13 +270,13 @@ def shuffled_chunks(items, order: EpochOrder):
                     break
                 pieces.append((blob, starts[: last + 1], lengths[: last + 1]))
                 count += last + 1
-                yield _window_chunk(pieces, order.order(count))
+                yield _window_chunk(pieces, order.order(count, nbytes + int(total[last])))
                 pieces, count, nbytes = [], 0, 0
                 starts, lengths = starts[last + 1 :], lengths[last + 1 :]
     except Exception as exc:  # the records read before an error come out first, then the error
         error = exc
     if count:
-        yield _window_chunk(pieces, order.order(count))
+        yield _window_chunk(pieces, order.order(count, nbytes))
     if error is not None:
         raise error
 

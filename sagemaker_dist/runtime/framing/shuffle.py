@@ -1,14 +1,18 @@
 """The readers' seeded shuffle window: which order a window of a stream's records comes out in.
 
 Every reader (``PipeBatches``, ``RecordBatches``, ``PipeModeDataset`` and ``rank_dataset``, compiled or
-Python) cuts an epoch's stream into windows as the records come: a window closes after the record that
-makes it ``ShuffleWindow.records`` records, or brings its record bytes to ``ShuffleWindow.bytes`` or
-more, or at the stream's end. Each window's records come out in an order drawn from its key alone
-(``native/shuffle_core.h`` in C, the same arithmetic here): the stream key (the seed, the rank, the
-channel), the epoch, the window's index. So the order is a pure function of (seed, epoch, rank, stream):
-equal seeds give equal orders in every reader, another epoch another order, and a stream that replays
-the same records replays the same order, so a resume that drops the records already trained drops
-exactly those. A window holds at most ``records`` records and ``bytes`` plus one record's bytes.
+Python) cuts an epoch's stream into windows as the records come. A window's record count is fixed when it
+starts (``window_records``): enough records of the last window's mean size (the first window: of its first
+record's) to fill ``ShuffleWindow.bytes``, and at most ``ShuffleWindow.records``. It closes after that
+many records, or where its record bytes reach its cap first (``window_cap``: the bytes and an eighth), or at
+the stream's end. A count known at the start is what lets a reader put each record straight where the
+window's order sends it, as it arrives (records of one size: their row; of any size: their batch), instead
+of copying the window into its order afterwards. Each window's records come out in an order drawn from its
+key alone (``native/shuffle_core.h`` in C, the same arithmetic here): the stream key (the seed, the rank,
+the channel), the epoch, the window's index. So the order is a pure function of (seed, epoch, rank,
+stream): equal seeds give equal orders in every reader, another epoch another order, and a stream that
+replays the same records replays the same order, so a resume that drops the records already trained drops
+exactly those. A window holds at most ``records`` records and its cap plus one record's bytes.
 """
 
 from __future__ import annotations
@@ -96,6 +100,20 @@ def window_order(key: int, size: int, n: int, scratch: np.ndarray | None = None)
     return q[q < n] if n < size else q
 
 
+def window_records(window: ShuffleWindow, count: int, nbytes: int) -> int:
+    """The record count of a window that follows one of ``count`` records and ``nbytes`` bytes (the first
+    window: its first record, ``count`` 1): ``window.bytes`` of records of that window's mean size
+    (rounded down, at least a byte), at most ``window.records``."""
+    mean = max(int(nbytes) // max(int(count), 1), 1)
+    return min(window.records, -(-window.bytes // mean))
+
+
+def window_cap(window: ShuffleWindow) -> int:
+    """The record bytes that close a window before its count: its bound and an eighth (a window of
+    records a little longer than the last one's still closes at its count)."""
+    return window.bytes + window.bytes // 8
+
+
 def inverse(order: np.ndarray) -> np.ndarray:
     """Where each record goes: ``rows[order[k]] = k``."""
     rows = np.empty(len(order), dtype=np.int64)
@@ -141,26 +159,35 @@ class ShuffleWindow:
 
 
 class EpochOrder:
-    """The windows of one epoch of one stream, in turn: ``closes(count, nbytes)`` says whether a window of
-    that many records and bytes is complete; ``order(n)`` is the next window's order (and moves on)."""
+    """The windows of one epoch of one stream, in turn: ``closes(count, nbytes)`` (after each record)
+    says whether a window of that many records and bytes is complete; ``order(n, nbytes)`` is the next
+    window's order (and moves on). ``records`` is the window's count where known (None before the
+    epoch's first record)."""
 
     def __init__(self, window: ShuffleWindow, stream: int, epoch: int):
         self.window = window
         self.epoch = int(epoch)
         self.key = epoch_key(stream, epoch)
         self.index = 0  # the next window's
+        self.cap = window_cap(window)
+        self.records: int | None = None
         self._scratch = np.empty(window.records, dtype=np.int64) if _native is not None else None
 
     def closes(self, count: int, nbytes: int) -> bool:
-        return count >= self.window.records or nbytes >= self.window.bytes
+        if self.records is None:  # the epoch's first record: its length sets the first window's count
+            self.records = window_records(self.window, count, nbytes)
+        return count >= self.records or nbytes >= self.cap
 
     def fixed_size(self, record_bytes: int) -> int:
-        """Records in a whole window where every record is ``record_bytes`` long."""
-        return min(self.window.records, -(-self.window.bytes // max(int(record_bytes), 1)))
+        """Records in every window where every record is ``record_bytes`` long."""
+        return window_records(self.window, 1, record_bytes)
 
-    def order(self, n: int) -> np.ndarray:
+    def order(self, n: int, nbytes: int) -> np.ndarray:
+        """The order of the window of ``n`` records and ``nbytes`` bytes just read; the next one's count
+        follows from them."""
         key = window_key(self.key, self.index)
         self.index += 1
+        self.records = window_records(self.window, n, nbytes)
         return window_order(key, self.window.records, n, self._scratch)
 
 
@@ -176,12 +203,12 @@ def shuffled(records, order: EpochOrder, size=len):
             window.append(record)
             nbytes += size(record)
             if order.closes(len(window), nbytes):
-                yield from (window[i] for i in order.order(len(window)).tolist())
+                yield from (window[i] for i in order.order(len(window), nbytes).tolist())
                 window, nbytes = [], 0
     except Exception as exc:
         error = exc
     if window:
-        yield from (window[i] for i in order.order(len(window)).tolist())
+        yield from (window[i] for i in order.order(len(window), nbytes).tolist())
     if error is not None:
         raise error
 

@@ -300,7 +300,7 @@ class RecordBatches(PipeBatches):
                         rest = None if cut.skip else -cut.carried % self.batch_size
                         arena, pieces = self._arena(pinned, size, rest)
                         filling = arena.reserve(pieces)
-                        places = inverse(order.order(size))
+                        places = inverse(order.order(size, size * fixed))
                         window = arena.window(pieces, places)
                     if not fill.fill(window):
                         break
@@ -354,16 +354,22 @@ class RecordBatches(PipeBatches):
             while True:
                 if window is None:
                     window = BoundedWindow(order.window.records, self._window_capacity, allocate, limit)
-                if not fill.fill(window, stop_bytes=limit):
+                    window.size = order.records or 1  # the epoch's first record sets the first count
+                if not fill.fill(window, stop_bytes=order.cap):
                     break
+                if order.records is None:
+                    order.closes(window.count, window.nbytes)
+                    window.size = order.records
+                    if not window.full and window.nbytes < order.cap:
+                        continue
                 head.feed(window)
                 self._window_capacity = min(with_slack(window.nbytes), with_slack(limit))
                 allocate.huge_pages = window.nbytes < HUGE_PAGES_BELOW * window.count  # by the mean record
-                yield window, order.order(window.count)
+                yield window, order.order(window.count, window.nbytes)
                 window = None
         head.feed(window, end=True)
         if window is not None and window.count:
-            yield window, order.order(window.count)
+            yield window, order.order(window.count, window.nbytes)
 
     def _feed_head(self, head: StreamHead, batch: Batch | None, skip: int, end: bool = False) -> None:
         """Add ``batch``'s records, in stream order, to the stream's head; note it once known."""

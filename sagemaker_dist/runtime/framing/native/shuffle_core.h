@@ -5,9 +5,11 @@
  * arithmetic in Python (the fallback, and the reference its tests compare with), so every reader puts
  * one stream's records in the same order.
  *
- * A stream's records are cut into windows, in the order they come: a window closes after the record that
- * makes it `size` records, or its record bytes reach the byte bound, or at the stream's end. Each window's
- * records come out in an order that depends only on the window's key:
+ * A stream's records are cut into windows, in the order they come. A window's record count is fixed when
+ * it starts (sd_window_records): the byte bound's worth of records of the last window's mean size (the
+ * first window: of its first record's), at most `size`. It closes after that many records, or where its
+ * record bytes reach the cap first (sd_window_cap: the byte bound and an eighth), or at the stream's end.
+ * Each window's records come out in an order that depends only on the window's key:
  *
  *   stream key  (seed, rank, channel), made in Python (framing/shuffle.py: stream_key)
  *   epoch key   sd_epoch_key(stream key, epoch)
@@ -45,6 +47,18 @@ static inline uint64_t sd_epoch_key(uint64_t stream, uint64_t epoch) {
 static inline uint64_t sd_window_key(uint64_t epoch_key, uint64_t window) {
     return sd_mix64(epoch_key ^ sd_mix64(SD_GOLDEN * (window + 1)));
 }
+
+/* The record count of a window after one of `count` records and `nbytes` bytes (the first window: its
+ * first record, count 1): `bytes` of records of that mean size (rounded down, at least 1), at most `size`. */
+static inline uint64_t sd_window_records(uint64_t size, uint64_t bytes, uint64_t count, uint64_t nbytes) {
+    uint64_t mean = nbytes / (count ? count : 1);
+    if (mean == 0) mean = 1;
+    uint64_t n = bytes / mean + (bytes % mean != 0);
+    return n < size ? n : size;
+}
+
+/* The record bytes that close a window before its count. */
+static inline uint64_t sd_window_cap(uint64_t bytes) { return bytes + bytes / 8; }
 
 /* floor(r * n / 2**64): a draw below n (n < 2**32 here) */
 static inline uint64_t sd_below(uint64_t r, uint64_t n) {

@@ -186,6 +186,7 @@ class PipeDataset : public DatasetBase {
       if (c_.shuffle_records > 0) {
         epoch_key_ = sd_epoch_key(c_.stream_key, static_cast<uint64_t>(epoch_ + EpochBase(c_.state_dir, c_.channel)));
         window_index_ = 0;
+        window_records_ = 0;
         window_.clear();
         order_.clear();
         out_ = 0;
@@ -232,9 +233,11 @@ class PipeDataset : public DatasetBase {
         place_[scratch_[k]] = static_cast<int64_t>(k);
         if (reserve_ > 0) window_[k].reserve(reserve_);
       }
-      const uint64_t bound = static_cast<uint64_t>(c_.shuffle_bytes);
+      const uint64_t bound = static_cast<uint64_t>(c_.shuffle_bytes), cap = sd_window_cap(bound);
       uint64_t count = 0, nbytes = 0, longest = 0, reserved = reserve_ * size;  // <= bound: see below
-      while (count < size && nbytes < bound) {
+      // the window's count (shuffle_core.h), the first window's set by its first record
+      uint64_t records = window_records_ ? window_records_ : size;
+      while (count < records && nbytes < cap) {
         tstring& record = window_[place_[count]];
         if (reserved > 0 && count + SD_PLACE_AHEAD < size)  // strings allocated: fetch one a few records on
           sd_prefetch_place(window_[place_[count + SD_PLACE_AHEAD]].data(), reserve_);
@@ -250,7 +253,7 @@ class PipeDataset : public DatasetBase {
         }
         nbytes += record.size();
         longest = std::max<uint64_t>(longest, record.size());
-        ++count;
+        if (++count == 1 && window_records_ == 0) records = sd_window_records(size, bound, 1, nbytes);
         if (reserved == 0) continue;
         // A string holds at most twice its record downstream; and the window, its records and the
         // places still reserved, at most its byte bound and a record: longer records than the last
@@ -262,6 +265,7 @@ class PipeDataset : public DatasetBase {
           reserved = 0;
         }
       }
+      window_records_ = sd_window_records(size, bound, count, nbytes);  // the next window's
       order_.clear();  // the places taken, in order: a window cut short keeps its records' order
       for (uint64_t k = 0; k < size; ++k)
         if (static_cast<uint64_t>(scratch_[k]) < count) order_.push_back(static_cast<int64_t>(k));
@@ -506,7 +510,7 @@ class PipeDataset : public DatasetBase {
     int64_t epoch_ = 0, calls_ = 0, records_ = 0, skipped_ = 0, bad_in_a_row_ = 0, next_report_ = 0;
     std::chrono::steady_clock::time_point started_;
     // the shuffle window: its records as they came, the order they go out in, how many went out
-    uint64_t epoch_key_ = 0, window_index_ = 0, head_ = 0;
+    uint64_t epoch_key_ = 0, window_index_ = 0, window_records_ = 0, head_ = 0;  // records: the next window's
     int head_count_ = 0;
     std::vector<tstring> window_;  // by place
     std::vector<int64_t> order_, scratch_, place_;  // places handed out, Q, each record's place
