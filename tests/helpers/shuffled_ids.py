@@ -44,13 +44,23 @@ def expected_windows(sizes: list[int], window: sh.ShuffleWindow) -> list[range]:
 
 
 def window_order(
-    items: list, sizes: list[int], window: sh.ShuffleWindow, rank: int, channel: str, epoch: int
+    items: list,
+    sizes: list[int],
+    window: sh.ShuffleWindow,
+    rank: int,
+    channel: str,
+    epoch: int,
+    batch: int | None = None,
 ):
     """``items`` (a stream's records, or their ids; ``sizes`` their bytes) in the order the readers give
-    them in ``epoch`` for ``rank``'s stream of ``channel``."""
+    them in ``epoch`` for ``rank``'s stream of ``channel``; ``batch``: as ``RecordBatches`` of records of
+    any size gives them in batches of that many, each batch's records in stream order."""
     order = sh.EpochOrder(window, window.stream_key(rank, channel), epoch)
-    return [
-        items[w[i]]
+    positions = [
+        w[i]
         for w in expected_windows(sizes, window)
         for i in order.order(len(w), sum(sizes[w.start : w.stop])).tolist()
     ]
+    if batch is not None:
+        positions = [p for a in range(0, len(positions), batch) for p in sorted(positions[a : a + batch])]
+    return [items[p] for p in positions]

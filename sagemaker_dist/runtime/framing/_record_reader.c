@@ -48,7 +48,7 @@
 #include "native/shuffle_core.h"
 #include "native/tar_core.h"
 
-#define API 2
+#define API 3
 #define BUFFER_BYTES ((size_t)1 << 20) /* the internal buffer at first, and so the largest read */
 #define LARGE_RECORD ((uint64_t)32 << 10) /* framing/base.py's LARGE_RECORD_BYTES */
 #define READ_STEP ((uint64_t)64 << 20)    /* framing/base.py's READ_STEP */
@@ -649,6 +649,117 @@ static PyObject *Reader_fill(Reader *self, PyObject *args) {
                          (unsigned long long)self->e_a, (unsigned long long)self->e_b);
 }
 
+/* place(data, carry, spans, slots, bounds, state, limit, stop_bytes) -> (status, count, nbytes, offset, a, b):
+ * a shuffle window read with each record straight into the region of its batch (records of any size;
+ * TFRecord, RecordIO, TextLine). Record i goes to region slots[i], after the records there before it;
+ * region r is bounds[3r] (0: data, 1: carry, the buffer of the batch carried into the window),
+ * bounds[3r + 1] its next free byte (moved on), bounds[3r + 2] its end. spans[2i], spans[2i + 1]: where
+ * record i went. state: [records placed, their bytes, the start of the record under way or -1] (kept
+ * between calls). Fills until `limit` records are placed, their bytes reach stop_bytes, the stream ends,
+ * or a record needs something the caller must do: fill()'s statuses, ROOM meaning the record does not fit
+ * its region (a: the end it needs, b: the end of its bytes so far, from state[2]): the caller reads the
+ * rest of the window the usual way (fill()), after the records placed and the record's bytes so far. */
+static PyObject *Reader_place(Reader *self, PyObject *args) {
+    PyObject *objs[6];
+    Py_ssize_t limit;
+    unsigned long long stop_bytes;
+    if (!PyArg_ParseTuple(args, "OOOOOOnK", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &limit,
+                          &stop_bytes))
+        return NULL;
+    if (self->buf == NULL) return PyErr_Format(PyExc_RuntimeError, "Reader.__init__ was not called");
+    if (self->format == FMT_WEBDATASET) return PyErr_Format(PyExc_ValueError, "place() takes no WebDataset");
+    Py_buffer v[6];
+    int got = 0;
+    for (; got < 6; got++) {
+        if (got == 1 && objs[1] == Py_None) {
+            v[1].obj = NULL;
+            v[1].buf = NULL;
+            v[1].len = 0;
+            continue;
+        }
+        int flags = got == 3 ? PyBUF_C_CONTIGUOUS : PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS;
+        if (PyObject_GetBuffer(objs[got], &v[got], flags) < 0) break;
+    }
+    PyObject *result = NULL;
+    const char *problem = NULL;
+    int64_t *spans = v[2].buf, *bounds = v[4].buf, *state = v[5].buf;
+    const int64_t *slots = v[3].buf;
+    Py_ssize_t regions = got == 6 ? v[4].len / 24 : 0;
+    if (got < 6) goto done;
+    if (limit < 0 || v[2].len < limit * 16 || v[3].len < limit * 8 || v[5].len < 24) problem = "spans, slots or state is too short";
+    else if (state[0] < 0 || state[0] > limit || state[1] < 0) problem = "state is not a placement's";
+    for (Py_ssize_t r = 0; problem == NULL && r < regions; r++) {
+        int64_t which = bounds[3 * r], at = bounds[3 * r + 1], end = bounds[3 * r + 2];
+        Py_ssize_t len = which == 1 ? v[1].len : v[0].len;
+        if ((which != 0 && which != 1) || (which == 1 && v[1].obj == NULL) || at < 0 || at > end || end > len)
+            problem = "a region lies outside its buffer";
+    }
+    for (Py_ssize_t i = state[0]; problem == NULL && i < limit; i++)
+        if (slots[i] < 0 || slots[i] >= regions) problem = "a slot names no region";
+    if (problem == NULL && state[2] >= 0) {
+        const int64_t *region = bounds + 3 * slots[state[0]];
+        if (state[0] == limit || state[2] != region[1]) problem = "the record under way is not at its region's end";
+    }
+    if (problem != NULL) {
+        PyErr_SetString(PyExc_ValueError, problem);
+        goto done;
+    }
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "Reader.fill is running in another thread");
+        goto done;
+    }
+    self->busy = 1;
+    int s = ST_FULL, raised = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    for (;;) {
+        s = ST_FULL;
+        while (state[0] < limit && !(stop_bytes && (uint64_t)state[1] >= stop_bytes)) {
+            int64_t *region = bounds + 3 * slots[state[0]];
+            unsigned char *base = region[0] == 1 ? v[1].buf : v[0].buf;
+            int64_t end_at[2];
+            /* the record's batch: from its region's next free byte to its end (add_record sets end_at[1]) */
+            Batch b = {base, (uint64_t)region[2], (uint64_t)region[1], 0, end_at, 0, NULL, 1};
+            state[2] = region[1];
+            s = self->format == FMT_TFRECORD ? tfrecord_next(self, &b)
+                : self->format == FMT_RECORDIO ? recordio_next(self, &b)
+                                               : textline_next(self, &b);
+            if (s != ST_NEXT) {
+                if (s != ST_ROOM && s != ST_SIGNAL) state[2] = -1; /* consumed (CORRUPT), ended, or failed */
+                break;
+            }
+            spans[2 * state[0]] = region[1];
+            spans[2 * state[0] + 1] = (int64_t)b.nbytes;
+            state[1] += (int64_t)b.nbytes - region[1];
+            region[1] = (int64_t)b.nbytes;
+            state[0]++;
+            state[2] = -1;
+            s = ST_FULL;
+        }
+        if (s != ST_SIGNAL) break;
+        Py_BLOCK_THREADS;
+        raised = PyErr_CheckSignals() < 0;
+        Py_UNBLOCK_THREADS;
+        if (raised) break;
+    }
+    Py_END_ALLOW_THREADS;
+    self->busy = 0;
+    if (raised) goto done;
+    if (s == ST_OS_ERROR) {
+        errno = self->err;
+        PyErr_SetFromErrno(PyExc_OSError);
+    } else if (s == ST_NO_MEMORY) {
+        PyErr_NoMemory();
+    } else {
+        result = Py_BuildValue("inKKKK", s, (Py_ssize_t)state[0], (unsigned long long)state[1],
+                               (unsigned long long)self->e_offset, (unsigned long long)self->e_a,
+                               (unsigned long long)self->e_b);
+    }
+done:
+    for (int k = 0; k < got; k++)
+        if (v[k].obj != NULL) PyBuffer_Release(&v[k]);
+    return result;
+}
+
 /* take() -> bytes: the stream's bytes read but not handed out (after FALLBACK: for framing/tar.py to frame
  * them, then the rest of the descriptor); the reader moves past them. */
 static PyObject *Reader_take(Reader *self, PyObject *unused) {
@@ -668,6 +779,8 @@ static PyMethodDef Reader_methods[] = {
     {"fill", (PyCFunction)Reader_fill, METH_VARARGS,
      "fill(data, offsets, count, nbytes, batch, record_bytes, rows=None, stop_bytes=0) -> (status, count, nbytes, "
      "offset, a, b)"},
+    {"place", (PyCFunction)Reader_place, METH_VARARGS,
+     "place(data, carry, spans, slots, bounds, state, limit, stop_bytes) -> (status, count, nbytes, offset, a, b)"},
     {"take", (PyCFunction)Reader_take, METH_NOARGS, "take() -> bytes read but not handed out; the reader moves past them"},
     {NULL, NULL, 0, NULL},
 };

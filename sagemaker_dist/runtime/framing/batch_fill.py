@@ -22,7 +22,7 @@ import numpy as np
 from sagemaker_dist.runtime.framing.base import DEFAULT_CHUNK, READ_STEP, Framer
 from sagemaker_dist.runtime.framing.stream import frame_views
 
-_NATIVE_API = 2
+_NATIVE_API = 3
 try:  # the compiled reader (setup.py builds it where it can); StreamFill falls back to Python without it
     import sagemaker_dist.runtime.framing._record_reader as _native
 except ImportError:  # pragma: no cover - depends on the install
@@ -37,6 +37,9 @@ _HEADER_BYTES = {"TFRecord": 12, "RecordIO": 8, "TextLine": 0, "WebDataset": 0} 
 COMPILED_FORMATS = ("TFRecord", "RecordIO", "TextLine") + (
     ("WebDataset",) if _native is not None and hasattr(_native, "FALLBACK") else ()
 )
+
+# The formats whose records a shuffle window can place straight into their batches (StreamFill.place)
+PLACEABLE_FORMATS = ("TFRecord", "RecordIO", "TextLine")
 
 # allocate(nbytes) -> (holder, a writable uint8 numpy array of nbytes over the holder's memory)
 Allocate = Callable[[int], tuple[Any, np.ndarray]]
@@ -178,8 +181,51 @@ class StreamFill:
         if not self.compiled:
             self._items.close()
 
-    def _fill_compiled(self, batch: Batch, stop_bytes: int) -> bool:
+    @property
+    def placeable(self) -> bool:
+        """Whether ``place`` reads this stream (the compiled reader, a format it frames without the
+        Python framer's help)."""
+        return self.compiled and self.framer.format_name in PLACEABLE_FORMATS
+
+    def place(self, data, carry, spans, slots, bounds, state, limit: int, stop_bytes: int):
+        """A shuffle window's records each straight into its batch's region (``Reader.place``): True once
+        ``limit`` records are placed or their bytes reach ``stop_bytes``, False at the stream's end, or
+        ``(need, so_far)`` where a record does not fit its region (the end it needs; the end of its bytes
+        read so far, from ``state[2]``)."""
+        native = _native
+        while True:
+            before = int(state[0])
+            status, count, _, offset, a, b = self._reader.place(
+                data, carry, spans, slots, bounds, state, limit, stop_bytes
+            )
+            done = self._settle(status, count > before, offset, a, b)
+            if done is not None:
+                return done
+            if status == native.ROOM:
+                return a, b
+
+    def _settle(self, status: int, added: bool, offset: int, a: int, b: int) -> bool | None:
+        """What a compiled fill's status means: True (full), False (the stream ended), None (the caller
+        acts: ROOM, FALLBACK, a corrupted record skipped); the errors are raised."""
         native, framer = _native, self.framer
+        framer.records = self._reader.records
+        if added:
+            framer._bad_in_a_row = 0  # good records since the last corrupted one
+        if status == native.FULL:
+            return True
+        if status == native.END:
+            framer.offset = self._reader.offset
+            return False
+        if status in (native.ROOM, native.FALLBACK):
+            return None
+        framer.offset = offset  # the errors below name the record's offset (pos 0 from it)
+        if status == native.CORRUPT:
+            framer.corrupted(f"data CRC mismatch in a {a}-byte record", 0)  # raises, or skips it
+            return None
+        raise self._error(status, a, b)
+
+    def _fill_compiled(self, batch: Batch, stop_bytes: int) -> bool:
+        native = _native
         while True:
             before = batch.count
             status, batch.count, batch.nbytes, offset, a, b = self._reader.fill(
@@ -192,25 +238,14 @@ class StreamFill:
                 batch.rows,
                 stop_bytes,
             )
-            framer.records = self._reader.records
-            if batch.count > before:
-                framer._bad_in_a_row = 0  # good records since the last corrupted one
-            if status == native.FULL:
-                return True
-            if status == native.END:
-                framer.offset = self._reader.offset
-                return False
+            done = self._settle(status, batch.count > before, offset, a, b)
+            if done is not None:
+                return done
             if status == native.ROOM:
                 batch.grow(a, b)
-                continue
-            if status == getattr(native, "FALLBACK", None):
+            elif status == native.FALLBACK:
                 self._hand_over()
                 return self._fill_python(batch, stop_bytes)
-            framer.offset = offset  # the errors below name the record's offset (pos 0 from it)
-            if status == native.CORRUPT:
-                framer.corrupted(f"data CRC mismatch in a {a}-byte record", 0)  # raises, or skips it
-                continue
-            raise self._error(status, a, b)
 
     def _error(self, status: int, a: int, b: int):
         native, framer = _native, self.framer

@@ -114,6 +114,23 @@ def window_cap(window: ShuffleWindow) -> int:
     return window.bytes + window.bytes // 8
 
 
+def stream_order_within_batches(order: np.ndarray, skip: int, carried: int, size: int) -> np.ndarray:
+    """``order`` (a window's records, first out first) with each batch's records in stream order: the
+    first ``skip`` records (dropped) first, then the ``size - carried`` that complete the batch carried
+    into the window, then each ``size`` after them. Which records share a batch does not change."""
+    n = len(order)
+    out = order.copy()
+    first = min(skip, n)
+    cuts = [0, first, min(first + (size - carried if carried else 0), n)]
+    whole = (n - cuts[-1]) // size
+    end = cuts[-1] + whole * size
+    if whole:  # the whole batches, a row each
+        out[cuts[-1] : end] = np.sort(order[cuts[-1] : end].reshape(whole, size), axis=1).ravel()
+    for a, b in (*zip(cuts, cuts[1:]), (end, n)):
+        out[a:b] = np.sort(order[a:b])
+    return out
+
+
 def inverse(order: np.ndarray) -> np.ndarray:
     """Where each record goes: ``rows[order[k]] = k``."""
     rows = np.empty(len(order), dtype=np.int64)
@@ -182,13 +199,21 @@ class EpochOrder:
         """Records in every window where every record is ``record_bytes`` long."""
         return window_records(self.window, 1, record_bytes)
 
+    def ahead(self, n: int) -> np.ndarray:
+        """The next window's order if it has ``n`` records (it does not move on)."""
+        return window_order(window_key(self.key, self.index), self.window.records, n, self._scratch)
+
     def order(self, n: int, nbytes: int) -> np.ndarray:
         """The order of the window of ``n`` records and ``nbytes`` bytes just read; the next one's count
         follows from them."""
-        key = window_key(self.key, self.index)
+        out = self.ahead(n)
+        self.passed(n, nbytes)
+        return out
+
+    def passed(self, n: int, nbytes: int) -> None:
+        """Moves on past a window of ``n`` records and ``nbytes`` bytes whose order is known (``ahead``)."""
         self.index += 1
         self.records = window_records(self.window, n, nbytes)
-        return window_order(key, self.window.records, n, self._scratch)
 
 
 def shuffled(records, order: EpochOrder, size=len):

@@ -50,17 +50,25 @@ class Slot:
 class BufferPool:
     """Allocates the batches' tensors: pinned (torch's caching host allocator reuses them), or from a
     pool of arrays reused once nothing uses them any more (no fresh pages to fault in per batch).
-    ``tensors=False``: numpy arrays only (buffers the reader keeps to itself, never pinned)."""
+    ``tensors=False``: numpy arrays only (buffers the reader keeps to itself, never pinned).
+    ``same_size``: every buffer is as large as the largest asked for so far, so any free one serves any
+    request (requests that vary by a batch or two: no fresh memory once the pool holds enough)."""
 
-    def __init__(self, pinned: bool, keep: int, huge_pages: bool = False, tensors: bool = True):
+    def __init__(
+        self, pinned: bool, keep: int, huge_pages: bool = False, tensors: bool = True, same_size: bool = False
+    ):
         self.pinned = pinned and tensors
         self.tensors = tensors
         self.keep = keep
         self.huge_pages = huge_pages
+        self.same_size = same_size
+        self.largest = 0
         self.pool: list[Slot] = []
         self.lock = threading.Lock()  # an epoch left early may still be filling while the next one starts
 
     def __call__(self, nbytes: int):
+        if self.same_size:
+            nbytes = self.largest = max(nbytes, self.largest)
         if self.pinned:
             torch = torch_module()
             tensor = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from sagemaker_dist.runtime.framing.batch_fill import Batch, gather
+from sagemaker_dist.runtime.framing.shuffle import stream_order_within_batches
 from sagemaker_dist.runtime.torch.batch_buffers import ArenaSpan, torch_module
 
 # Batches the reader thread hands to the loop at once, up to this many bytes, while the stream has bytes
@@ -70,25 +71,36 @@ class BatchCutter:
         else:
             yield from self._groups(self._add_ragged(*window))
 
-    def _add_ragged(self, window: Batch, order: np.ndarray) -> list:
-        """The batches of a window of records of any size: the one carried from the window before
-        completed, then the whole batches of this one, a group's worth at a time gathered in one call
-        (GIL released) into one buffer, each batch a view of it; the rest carried. Every record is copied
-        once, out of the window."""
+    def _add_ragged(self, window, order: np.ndarray, views=None) -> list:
+        """The batches of a window of records of any size, each batch's records in stream order: the one
+        carried from the window before completed, then the whole batches of this one, a group's worth at
+        a time gathered in one call (GIL released) into one buffer, each batch a view of it; the rest
+        carried. Every record is copied once, out of the window. ``views``: a placed window's
+        (``placed_windows.Views``), whose batches are views of its buffers already."""
         n, size, batches = len(order), self.size, []
+        if views is None:
+            order = stream_order_within_batches(order, self.skip, self.carried, size)
         i = min(self.skip, n)
         self.skip -= i
         if self.carried and i < n:
             take = min(size - self.carried, n - i)
-            self.carry.append((window, order[i : i + take]))
+            source = window if views is None or views.carried_from is None else views.carried_from
+            self.carry.append((source, order[i : i + take]))
             self.carried += take
             i += take
             if self.carried == size:
-                batches.append(self._join())
+                if views is not None and views.carried is not None:  # completed in place: a view
+                    self.carry, self.carried = [], 0
+                    batches.append((views.carried, size))
+                else:
+                    batches.append(self._join())
+        if views is not None:
+            batches.extend((batch, size) for batch in views.whole)
+            i += len(views.whole) * size
         whole = (n - i) // size
         # a buffer per group's worth of batches (GROUP_BYTES at the window's mean record): buffers come
         # back to the pool as the loop drops each group, not once it dropped a whole window's batches
-        per = max(1, GROUP_BYTES * window.count // max(window.nbytes * size, 1))
+        per = max(1, GROUP_BYTES * n // max(int(record_lengths(window)[order].sum()) * size, 1))
         while whole:
             k = min(per, whole)
             batches.extend(self._gathered(window, order[i : i + k * size], k))
@@ -104,7 +116,7 @@ class BatchCutter:
         torch, size = torch_module(), self.size
         holder, data = self.gathered(int(record_lengths(window)[order].sum()))
         out = Batch.over(holder, data, len(order))
-        gather(out, window, order)
+        gather_from(out, window, order)
         ends = out.offsets
         starts = ends[:-1:size]  # each batch's first byte
         offsets_holder, offsets = self.gathered(8 * count * (size + 1))
@@ -179,7 +191,7 @@ class BatchCutter:
         nbytes = sum(int(record_lengths(w)[idx].sum()) for w, idx in pieces)
         batch = Batch(count, nbytes, self.allocate)
         for window, idx in pieces:
-            gather(batch, window, idx)
+            gather_from(batch, window, idx)
         return tensors_of(batch, self.record_bytes), count
 
 
@@ -190,6 +202,16 @@ def tensors_of(batch: Batch, record_bytes: int | None):
     torch = torch_module()
     offsets = batch.offsets_holder[: 8 * (batch.count + 1)].view(torch.int64)
     return RaggedBatch(batch.holder[: batch.nbytes], offsets)
+
+
+def gather_from(dst: Batch, window, order: np.ndarray) -> None:
+    """``gather``, or a window's own where its records lie in more than one buffer
+    (``placed_windows.SplitSpans``)."""
+    own = getattr(window, "gather_into", None)
+    if own is not None:
+        own(dst, order)
+    else:
+        gather(dst, window, order)
 
 
 def record_lengths(window: Batch):

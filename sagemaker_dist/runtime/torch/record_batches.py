@@ -40,6 +40,7 @@ from sagemaker_dist.runtime.torch.batch_buffers import (
 )
 from sagemaker_dist.runtime.torch.batch_cutter import GROUP_BYTES, BatchCutter, RaggedBatch, tensors_of
 from sagemaker_dist.runtime.torch.batches import DEFAULT_PREFETCH, PipeBatches
+from sagemaker_dist.runtime.torch.placed_windows import WindowPlacer
 
 __all__ = ["GROUP_BYTES", "PLAIN_PAGES_FROM", "RaggedBatch", "RecordBatches", "with_slack"]
 
@@ -269,10 +270,14 @@ class RecordBatches(PipeBatches):
                 keep = 2 * (self.prefetch + POOL_EXTRA)
                 gathered = self._buffers[("gathered", pinned)] = BufferPool(pinned, keep)
             cut.gathered = gathered
+            placed = self._buffers.get(("placed", pinned))
+            if placed is None:  # placed windows' buffers: their batches are views of them
+                placed = self._buffers[("placed", pinned)] = BufferPool(pinned, 2 * WINDOWS_KEPT, same_size=True)
+            placer = WindowPlacer(self.batch_size, order, skip, placed, gathered)
             # The next window is read (a thread of its own, in C with the GIL released) while this one is
-            # gathered into batches: the FIFO is drained while the records are copied out of the window.
+            # cut into batches: the FIFO is drained while a window not placed is copied out.
             windows = read_ahead(
-                self._ragged_windows(epoch, streams, order, windows_pool, head),
+                self._ragged_windows(epoch, streams, order, windows_pool, head, placer),
                 1,
                 f"{self.channel} windows",
                 reader=type(self).__name__,
@@ -344,32 +349,75 @@ class RecordBatches(PipeBatches):
         group_rows = max(1, -(-GROUP_BYTES // batch_bytes)) * self.batch_size
         return groups * min(group_rows, size + self.batch_size) + self.batch_size
 
-    def _ragged_windows(self, epoch: int, streams: list, order: EpochOrder, allocate, head):
-        """Each window of records of any size as ``(window, order)``: the records as they came, and the
-        order they go out in. A window's buffer starts at the size the last whole one needed (kept over
-        epochs): growing it again each epoch took fresh memory for every step."""
-        window = None
+    def _ragged_windows(self, epoch: int, streams: list, order: EpochOrder, allocate, head, placer):
+        """Each window of records of any size: placed straight into its batches (``placed_windows``) where
+        it can be, as ``(records, order, views)``; else as ``(window, order)``: the records as they came,
+        and the order they go out in. A window's buffer starts at the size the last whole one needed
+        (kept over epochs): growing it again each epoch took fresh memory for every step."""
+        window = placing = None
         limit = self.shuffle.bytes
+
+        def usual() -> BoundedWindow:
+            out = BoundedWindow(order.window.records, self._window_capacity, allocate, limit)
+            out.size = order.records or 1  # the epoch's first record sets the first count
+            return out
+
         for fill, _ in self._fills(epoch, streams):
             while True:
-                if window is None:
-                    window = BoundedWindow(order.window.records, self._window_capacity, allocate, limit)
-                    window.size = order.records or 1  # the epoch's first record sets the first count
-                if not fill.fill(window, stop_bytes=order.cap):
+                if window is None and placing is None:
+                    placing = placer.start() if fill.placeable and order.records is not None else None
+                    if placing is None:
+                        window = usual()
+                if placing is not None:
+                    carry = placing.carry.data if placing.carry is not None else None
+                    got = fill.place(
+                        placing.data, carry, placing.spans, placing.slots, placing.bounds, placing.state,
+                        placing.t, order.cap,
+                    )
+                    if got is False:
+                        break
+                    if got is True:  # placed whole, or cut short by its cap
+                        if not head.noted:
+                            head.feed(placer.first_records(placing, HEAD_RECORDS))
+                        whole = placing.count == placing.t
+                        yield placer.finish(placing) if whole else placer.settle(placing)
+                        placing = None
+                        continue
+                    window = usual()  # a record that does not fit its region: read on the usual way
+                    placer.spill(placing, window, got)
+                    placing = None
+                    continue
+                elif not fill.fill(window, stop_bytes=order.cap):
                     break
-                if order.records is None:
+                if order.records is None:  # the epoch's first record: it sets the first window's count
                     order.closes(window.count, window.nbytes)
                     window.size = order.records
+                    if fill.placeable:
+                        placing = placer.start(window.data[: window.nbytes])
+                        if placing is not None:
+                            window = None
+                            continue
                     if not window.full and window.nbytes < order.cap:
                         continue
-                head.feed(window)
-                self._window_capacity = min(with_slack(window.nbytes), with_slack(limit))
                 allocate.huge_pages = window.nbytes < HUGE_PAGES_BELOW * window.count  # by the mean record
-                yield window, order.order(window.count, window.nbytes)
+                yield self._usual_window(window, order, head, placer, limit)
                 window = None
+        if placing is not None and placing.count:  # the stream ended inside a placed window
+            if not head.noted:
+                head.feed(placer.first_records(placing, HEAD_RECORDS))
+            head.feed(None, end=True)
+            yield placer.settle(placing)
+            return
         head.feed(window, end=True)
         if window is not None and window.count:
             yield window, order.order(window.count, window.nbytes)
+
+    def _usual_window(self, window: BoundedWindow, order: EpochOrder, head, placer, limit: int):
+        """``(window, order)`` of a window read whole (not placed)."""
+        head.feed(window)
+        self._window_capacity = min(with_slack(window.nbytes), with_slack(limit))
+        placer.done(window.count, window.nbytes)
+        return window, order.order(window.count, window.nbytes)
 
     def _feed_head(self, head: StreamHead, batch: Batch | None, skip: int, end: bool = False) -> None:
         """Add ``batch``'s records, in stream order, to the stream's head; note it once known."""

@@ -55,7 +55,7 @@ def test_batches_larger_than_a_group_come_from_several_buffers_a_window_in_the_w
     feeder.join(10)
     assert feeder.error is None
     assert [i for b in got for i in ids(b)] == window_order(
-        list(range(count)), [size] * count, window, 0, "train_0", 0
+        list(range(count)), [size] * count, window, 0, "train_0", 0, batch
     )
     assert all(bytes(b.record(i).numpy()) == record(j, size) for b in got for i, j in enumerate(ids(b)))
     buffers = {b.data.untyped_storage().data_ptr() for b in got}
@@ -75,7 +75,7 @@ def test_an_error_in_the_stream_comes_after_the_batches_of_the_windows_before_it
         for b in batches:
             got.extend(ids(b))
     feeder.join(10)
-    reference = window_order(list(range(300)), [1000] * 300, window, 0, "train_0", 0)
+    reference = window_order(list(range(300)), [1000] * 300, window, 0, "train_0", 0, 32)
     assert got == reference[: len(got)] and len(got) >= 288  # every whole batch of the three windows
 
 
@@ -93,6 +93,6 @@ def test_an_epoch_left_early_ends_its_window_thread_and_the_next_epoch_reads_its
     second = [i for b in batches for i in ids(b)]
     feeder.join(10)
     assert feeder.error is None
-    reference = window_order(list(range(500)), [1000] * 500, window, 0, "train_0", 0)
+    reference = window_order(list(range(500)), [1000] * 500, window, 0, "train_0", 0, 32)
     assert first == reference[:32]
     assert sorted(second) == list(range(1000, 1500))

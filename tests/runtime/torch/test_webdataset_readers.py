@@ -231,9 +231,9 @@ def test_a_bad_header_in_the_pipe_fails_the_epoch_naming_the_channel_and_offset(
     feeder.join(10)
 
 
-def test_record_batches_shuffle_samples_in_the_order_pipe_batches_do(tmp_path, shards):
+def test_record_batches_shuffle_samples_into_the_batches_pipe_batches_make(tmp_path, shards):
     """Sample records lie one after another in the stream: RecordBatches copies runs of them at once, into
-    batches and into shuffle windows cut by bytes; the order stays the seeded one every reader has."""
+    batches and into shuffle windows cut by bytes; the batches hold the samples PipeBatches' do."""
     from sagemaker_dist.runtime import PipeBatches, RecordBatches, ShuffleWindow, sample_decoder
 
     stream = b"".join(p.read_bytes() for p in shards)
@@ -252,4 +252,7 @@ def test_record_batches_shuffle_samples_in_the_order_pipe_batches_do(tmp_path, s
     )
     got = [k for b in raw for k in decode.decode_batch(b)["__key__"]]
     feeder.join(10)
-    assert got == expected and sorted(got) == sorted(s["__key__"] for s in reference(shards))
+    # the same samples in each batch, RecordBatches' in stream order
+    position = {s["__key__"]: i for i, s in enumerate(reference(shards))}
+    batches = [sorted(expected[a : a + 9], key=position.get) for a in range(0, len(expected), 9)]
+    assert got == [k for b in batches for k in b] and sorted(got) == sorted(position)
