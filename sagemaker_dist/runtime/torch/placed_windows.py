@@ -25,7 +25,6 @@ from sagemaker_dist.runtime.framing.shuffle import EpochOrder
 from sagemaker_dist.runtime.torch.batch_buffers import torch_module
 from sagemaker_dist.runtime.torch.batch_cutter import RaggedBatch
 
-
 # Windows of records this long or longer (by the last window's mean) are placed. Shorter ones are read
 # the usual way: at 1 KB, a window's Python work per batch (its region, its view) cost more than the
 # copy it saves (0.77 of unshuffled speed placed, 0.96 read whole into huge pages and gathered)
