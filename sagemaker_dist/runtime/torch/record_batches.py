@@ -272,7 +272,8 @@ class RecordBatches(PipeBatches):
             cut.gathered = gathered
             placed = self._buffers.get(("placed", pinned))
             if placed is None:  # placed windows' buffers: their batches are views of them
-                placed = self._buffers[("placed", pinned)] = BufferPool(pinned, 2 * WINDOWS_KEPT, same_size=True)
+                placed = BufferPool(pinned, 2 * WINDOWS_KEPT, same_size=True)
+                self._buffers[("placed", pinned)] = placed
             placer = WindowPlacer(self.batch_size, order, skip, placed, gathered)
             # The next window is read (a thread of its own, in C with the GIL released) while this one is
             # cut into batches: the FIFO is drained while a window not placed is copied out.
