@@ -10,7 +10,8 @@ any size as a ``RaggedBatch``: one data tensor and int64 offsets (``.padded()`` 
 ``[n, longest]`` tensor of it). Where the extension is not built, the Python framers fill the same
 tensors. Unpinned buffers are reused once no tensor holds them (a batch kept by the script stays as
 it is), so an epoch does not fault in fresh pages for every batch. The buffers are
-``batch_buffers``'; a shuffled epoch is cut into batches by ``batch_cutter``.
+``batch_buffers``'; a shuffled epoch is cut into batches by ``batch_cutter``, and its windows of large
+records are read straight into their batches by ``placed_windows``.
 """
 
 from __future__ import annotations
@@ -114,12 +115,17 @@ class RecordBatches(PipeBatches):
     ``compiled``: None uses the compiled reader where it is built (``compiled_available()``), False the
     Python framers, True requires the compiled reader.
     ``shuffle``, ``set_epoch``, ``state_dict`` and ``load_state_dict`` are ``PipeBatches``'; the window's
-    order is the same as theirs. Records of one size are put straight into the rows the window's order
-    gives them (one copy each, as unshuffled); records of any size are gathered out of the window in
-    its order (a second copy, in C, while a thread of its own reads the next window), a group of
-    batches at a time into one buffer, each batch a view of it. A shuffled reader of records of any size
-    holds three windows (``ShuffleWindow.bytes`` each, plus an eighth): the one being read, the one read
-    ahead, the one being gathered from.
+    order is the same as theirs, except that a ``RaggedBatch`` holds its records in stream order (the
+    same records as theirs in each batch). Records of one size are put straight into the rows the
+    window's order gives them (one copy each, as unshuffled). Records of any size from 16 KB (by the
+    last window's mean, ``placed_windows.PLACE_FROM``; TFRecord, RecordIO, TextLine, compiled) are
+    read straight into their batches (one copy each), each batch a view of its window's buffer; a
+    reader of them holds the buffers of the windows its batches in flight come from (each the window's
+    bytes and an eighth, and room for the batch it leaves open). Shorter ones (and WebDataset samples)
+    are read into the window, then gathered out of it in its order (a second copy, in C, while a thread
+    of its own reads the next window), a group of batches at a time into one buffer, each batch a view
+    of it; such a reader holds three windows (``ShuffleWindow.bytes`` each, plus an eighth): the one
+    being read, the one read ahead, the one being gathered from.
     """
 
     def __init__(
