@@ -9,9 +9,10 @@ order. The batch a window leaves open is completed in its region by the next win
 a batch as it is, a view of its buffer: every record is copied once, as unshuffled, where the window
 before it copied it twice (read into the window, then gathered into its batch).
 
-A window that does not go as placed is read the usual way (``spill``): a record that does not fit its
-region, or a window its byte cap or the stream's end cut short (its order then is that of fewer records).
-Its records so far are copied into a window of the usual kind, and ``BatchCutter`` gathers its batches.
+A window its byte cap or the stream's end cuts short has the order of the records that came, not the
+one its batches were placed for: ``BatchCutter`` gathers its batches from where its records lie
+(``settle``). A record that does not fit its region sends its window the usual way (``spill``): the
+records so far, and the bytes of that one, are copied into a window of the usual kind and read on.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from sagemaker_dist.runtime.torch.batch_cutter import RaggedBatch
 
 # Windows of records this long or longer (by the last window's mean) are placed. Shorter ones are read
 # the usual way: at 1 KB, a window's Python work per batch (its region, its view) cost more than the
-# copy it saves (0.77 of unshuffled speed placed, 0.96 read whole into huge pages and gathered)
+# copy it saves (a first version read them placed at 0.77 of the unshuffled speed; read into the window
+# and gathered, 0.96-1.02: docs/benchmarks.md)
 PLACE_FROM = 16 << 10
 
 
