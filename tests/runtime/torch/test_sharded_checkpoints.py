@@ -245,6 +245,7 @@ def test_a_model_is_sharded_when_fully_shard_was_applied(tmp_path):
 def _save_without_restore(rank: int, store: str, directory: str) -> None:
     """One of 2 Gloo ranks: a save before any restore (a loop of its own, not PipeTraining's)."""
     import torch.distributed as dist
+    import torch.distributed.nn  # noqa: F401 - before the group, as docs/tasks/sharded-models.md asks
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
