@@ -550,6 +550,37 @@ static void Reader_dealloc(Reader *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* The next record of the reader's format, into b. */
+static int next_record(Reader *r, Batch *b) {
+    return r->format == FMT_TFRECORD     ? tfrecord_next(r, b)
+           : r->format == FMT_RECORDIO   ? recordio_next(r, b)
+           : r->format == FMT_WEBDATASET ? tar_next(r, b)
+                                         : textline_next(r, b);
+}
+
+/* Whether a run with the GIL released (save: Py_BEGIN_ALLOW_THREADS's thread state) stops at status s:
+ * at anything but a signal, or at a signal whose Python handler raised (*raised set); at another signal
+ * it goes on. */
+static int run_stops(int s, PyThreadState **save, int *raised) {
+    if (s != ST_SIGNAL) return 1;
+    PyEval_RestoreThread(*save);
+    *raised = PyErr_CheckSignals() < 0;
+    *save = PyEval_SaveThread();
+    return *raised;
+}
+
+/* fill()'s and place()'s answer after a run that ended with status s: (status, count, nbytes, offset, a,
+ * b), or the OS error or MemoryError. */
+static PyObject *answer(Reader *r, int s, Py_ssize_t count, uint64_t nbytes) {
+    if (s == ST_OS_ERROR) {
+        errno = r->err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (s == ST_NO_MEMORY) return PyErr_NoMemory();
+    return Py_BuildValue("inKKKK", s, count, (unsigned long long)nbytes, (unsigned long long)r->e_offset,
+                         (unsigned long long)r->e_a, (unsigned long long)r->e_b);
+}
+
 static PyObject *Reader_fill(Reader *self, PyObject *args) {
     PyObject *data_obj, *offsets_obj, *rows_obj = Py_None;
     Py_ssize_t count, batch;
@@ -621,32 +652,18 @@ static PyObject *Reader_fill(Reader *self, PyObject *args) {
         s = ST_FULL;
         while (b.count < batch && !(stop_bytes && b.nbytes >= stop_bytes)) {
             prefetch_row(&b);
-            s = self->format == FMT_TFRECORD     ? tfrecord_next(self, &b)
-                : self->format == FMT_RECORDIO   ? recordio_next(self, &b)
-                : self->format == FMT_WEBDATASET ? tar_next(self, &b)
-                                                 : textline_next(self, &b);
+            s = next_record(self, &b);
             if (s != ST_NEXT) break;
             s = ST_FULL;
         }
-        if (s != ST_SIGNAL) break;
-        Py_BLOCK_THREADS;
-        raised = PyErr_CheckSignals() < 0;
-        Py_UNBLOCK_THREADS;
-        if (raised) break;
+        if (run_stops(s, &_save, &raised)) break;
     }
     Py_END_ALLOW_THREADS;
     self->busy = 0;
     if (rows.obj != NULL) PyBuffer_Release(&rows);
     PyBuffer_Release(&data);
     PyBuffer_Release(&offsets);
-    if (raised) return NULL;
-    if (s == ST_OS_ERROR) {
-        errno = self->err;
-        return PyErr_SetFromErrno(PyExc_OSError);
-    }
-    if (s == ST_NO_MEMORY) return PyErr_NoMemory();
-    return Py_BuildValue("inKKKK", s, b.count, (unsigned long long)b.nbytes, (unsigned long long)self->e_offset,
-                         (unsigned long long)self->e_a, (unsigned long long)self->e_b);
+    return raised ? NULL : answer(self, s, b.count, b.nbytes);
 }
 
 /* place(data, carry, spans, slots, bounds, state, limit, stop_bytes) -> (status, count, nbytes, offset, a, b):
@@ -720,9 +737,7 @@ static PyObject *Reader_place(Reader *self, PyObject *args) {
             /* the record's batch: from its region's next free byte to its end (add_record sets end_at[1]) */
             Batch b = {base, (uint64_t)region[2], (uint64_t)region[1], 0, end_at, 0, NULL, 1};
             state[2] = region[1];
-            s = self->format == FMT_TFRECORD ? tfrecord_next(self, &b)
-                : self->format == FMT_RECORDIO ? recordio_next(self, &b)
-                                               : textline_next(self, &b);
+            s = next_record(self, &b); /* not WebDataset (refused above) */
             if (s != ST_NEXT) {
                 if (s != ST_ROOM && s != ST_SIGNAL) state[2] = -1; /* consumed (CORRUPT), ended, or failed */
                 break;
@@ -735,25 +750,11 @@ static PyObject *Reader_place(Reader *self, PyObject *args) {
             state[2] = -1;
             s = ST_FULL;
         }
-        if (s != ST_SIGNAL) break;
-        Py_BLOCK_THREADS;
-        raised = PyErr_CheckSignals() < 0;
-        Py_UNBLOCK_THREADS;
-        if (raised) break;
+        if (run_stops(s, &_save, &raised)) break;
     }
     Py_END_ALLOW_THREADS;
     self->busy = 0;
-    if (raised) goto done;
-    if (s == ST_OS_ERROR) {
-        errno = self->err;
-        PyErr_SetFromErrno(PyExc_OSError);
-    } else if (s == ST_NO_MEMORY) {
-        PyErr_NoMemory();
-    } else {
-        result = Py_BuildValue("inKKKK", s, (Py_ssize_t)state[0], (unsigned long long)state[1],
-                               (unsigned long long)self->e_offset, (unsigned long long)self->e_a,
-                               (unsigned long long)self->e_b);
-    }
+    if (!raised) result = answer(self, s, (Py_ssize_t)state[0], (uint64_t)state[1]);
 done:
     for (int k = 0; k < got; k++)
         if (v[k].obj != NULL) PyBuffer_Release(&v[k]);
