@@ -317,3 +317,72 @@ def test_gather_copies_each_named_record_whole_across_the_streamed_copy_size(mon
             assert sum(1 for at, n in places if at % 64 and n >= 4096) >= 3
         got[path] = [bytes(dst.data[dst.offsets[i] : dst.offsets[i + 1]]) for i in range(dst.count)]
     assert got["compiled"] == got["python"] == [b"\x07\x08\x09"] + [records[i] for i in order]
+
+
+@pytest.mark.parametrize("call", ["fill", "place"])
+@pytest.mark.parametrize("handler", ["returns", "raises"])
+def test_a_signal_while_the_compiled_reader_waits_runs_its_handler_then_reads_on_or_raises(
+    tmp_path, call, handler
+):
+    """A read interrupted by a signal (EINTR) runs the signal's Python handler: the read goes on where it
+    returns, and stops with its exception where it raises."""
+    import signal
+
+    if not bf.compiled_available():
+        pytest.fail("the compiled batch reader is not built (pip install -e . needs a C compiler)")
+    fifo = tmp_path / "train_0"
+    os.mkfifo(fifo)
+    data = encode_tfrecord_all([bytes([i]) * 100 for i in range(4)])
+    go = threading.Event()
+
+    def write():
+        fd = os.open(fifo, os.O_WRONLY)
+        try:
+            os.write(fd, data[:200])
+            go.wait(10)
+            os.write(fd, data[200:])
+        except BrokenPipeError:  # the reader stopped at the raising handler
+            pass
+        finally:
+            os.close(fd)
+
+    class Alarm(Exception):
+        pass
+
+    seen = []
+
+    def on_alarm(signum, frame):
+        seen.append(signum)
+        go.set()  # the writer goes on once the read was interrupted
+        if handler == "raises":
+            raise Alarm
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    before = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        with FifoReader(fifo) as reader:
+            native = bf._native.Reader(reader.fileno(), "TFRecord", 1 << 20)
+            signal.setitimer(signal.ITIMER_REAL, 0.3)  # while the reader waits for the third record
+            data_ = np.zeros(1000, dtype=np.uint8)
+            try:
+                if call == "fill":
+                    offsets = np.zeros(5, dtype=np.int64)
+                    out = native.fill(data_, offsets, 0, 0, 4, 0)
+                else:
+                    spans, state = np.zeros(8, dtype=np.int64), np.array([0, 0, -1], dtype=np.int64)
+                    bounds = np.array([[0, 0, 1000]], dtype=np.int64)
+                    out = native.place(data_, None, spans, np.zeros(4, dtype=np.int64), bounds, state, 4, 0)
+            except Alarm:
+                out = "raised"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+        go.set()
+        writer.join(10)
+    assert seen == [signal.SIGALRM]
+    if handler == "raises":
+        assert out == "raised"
+    else:
+        assert out[:3] == (bf._native.FULL, 4, 400)
+        assert bytes(data_[300:400]) == bytes([3]) * 100
