@@ -217,13 +217,8 @@ class WindowPlacer:
         """The window's first ``count`` records (at most), in stream order, copied into a batch of their own
         (the stream's head is their digest)."""
         spans, n = placing.spans, min(count, placing.count)
-        out = Batch(max(n, 1), int(sum(spans[2 * i + 1] - spans[2 * i] for i in range(n))) or 1)
-        for i in range(n):
-            record = placing.buffer_of(int(placing.slots[i]))[spans[2 * i] : spans[2 * i + 1]]
-            out.data[out.nbytes : out.nbytes + len(record)] = record
-            out.nbytes += len(record)
-            out.count += 1
-            out.offsets[out.count] = out.nbytes
+        out = Batch(max(n, 1), int((spans[1 : 2 * n : 2] - spans[0 : 2 * n : 2]).sum()) or 1)
+        self._copy_placed(placing, out, n)
         return out
 
     def _views(self, views: list) -> list:
@@ -245,8 +240,21 @@ class WindowPlacer:
     def spill(self, placing: Placing, window, so_far: tuple[int, int] | None) -> None:
         """The records placed so far, in stream order, into ``window`` (a ``Batch``), and the bytes of the
         record under way (``so_far``: ``place``'s (need, end)) after them, for ``fill`` to go on with."""
+        self._copy_placed(placing, window, placing.count)
+        if so_far is not None:
+            need, end = so_far
+            start, at = int(placing.state[2]), window.nbytes
+            if at + need - start > len(window.data):
+                window.grow(at + need - start, at)
+            src = placing.buffer_of(int(placing.slots[placing.count]))
+            window.data[at : at + end - start] = src[start:end]
+
+    @staticmethod
+    def _copy_placed(placing: Placing, window: Batch, count: int) -> None:
+        """The window's first ``count`` placed records, in stream order, appended to ``window`` (grown
+        where they do not fit)."""
         spans = placing.spans
-        for i in range(placing.count):
+        for i in range(count):
             src = placing.buffer_of(int(placing.slots[i]))
             a, b = int(spans[2 * i]), int(spans[2 * i + 1])
             at = window.nbytes
@@ -256,10 +264,3 @@ class WindowPlacer:
             window.nbytes = at + b - a
             window.count += 1
             window.offsets[window.count] = window.nbytes
-        if so_far is not None:
-            need, end = so_far
-            start, at = int(placing.state[2]), window.nbytes
-            if at + need - start > len(window.data):
-                window.grow(at + need - start, at)
-            src = placing.buffer_of(int(placing.slots[placing.count]))
-            window.data[at : at + end - start] = src[start:end]

@@ -15,11 +15,9 @@ recorded for torchrun's error summary), so the failed job names the rank that ra
 
 from __future__ import annotations
 
-import atexit
 import datetime
 import fcntl
 import functools
-import gc
 import os
 import sys
 import time
@@ -36,6 +34,7 @@ from sagemaker_dist.runtime import environment
 from sagemaker_dist.runtime.config import ContainerConfig
 from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo, check_rank_channels
 from sagemaker_dist.runtime.stop import positive_seconds
+from sagemaker_dist.runtime.torch.group_exit import prepare_group_exit
 
 TIMEOUT_ENV = environment.COLLECTIVE_TIMEOUT  # seconds a collective may wait for its peers
 DEFAULT_TIMEOUT_S = 1800.0  # torch's own default for Gloo and NCCL
@@ -323,24 +322,6 @@ def _claim_channels(config: ContainerConfig, channels: dict[str, str], info: Ran
     return claims
 
 
-def _collect_before_exit() -> None:
-    """Collect garbage at exit while the interpreter is whole. A DDP model and its reducer sit in
-    reference cycles, so they often outlive ``main`` until the collection that interpreter teardown
-    makes; their process group's Gloo work, freed there, can abort the process after a rank has
-    ended well ("terminate called without an active exception", seen in rare local-mode runs)."""
-    atexit.unregister(gc.collect)  # once, however many groups a process starts
-    atexit.register(gc.collect)
-
-
-def _bind_collectives_first() -> None:
-    """Import ``torch.distributed.nn`` before the default group exists. Its functions take
-    ``group.WORLD`` as a default argument, bound at import, and DCP imports it: imported after
-    ``init_process_group`` they hold the group past ``destroy_process_group``, and its Gloo threads then
-    race the interpreter's exit ("terminate called without an active exception": 3 of 12 runs of a
-    2-rank sharded save ended in SIGABRT after the rank had returned; none of 16 with this import first)."""
-    import torch.distributed.nn  # noqa: F401
-
-
 def _start_group(info: RankInfo, env: Mapping[str, str], backend: str | None, timeout: float):
     """This rank's device, the backend, the agreement group and whether the default group was started
     here (a failure after that destroys it again)."""
@@ -355,8 +336,7 @@ def _start_group(info: RankInfo, env: Mapping[str, str], backend: str | None, ti
     limit = datetime.timedelta(seconds=timeout)
     created = not dist.is_initialized()
     if created:
-        _collect_before_exit()
-        _bind_collectives_first()
+        prepare_group_exit()
         host, port = _master(env)
         kwargs = {"device_id": device} if chosen == "nccl" else {}
         try:
