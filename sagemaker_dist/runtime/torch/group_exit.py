@@ -1,26 +1,51 @@
-"""What a process does before it starts its default process group, so the group's Gloo threads do not
-outlive it: both failures are "terminate called without an active exception" (SIGABRT) after a rank
-ended well, the group's work or threads still alive while the interpreter tears down."""
+"""What a process does around its default process group so that ending it neither aborts nor hangs.
+The failures are "terminate called without an active exception" (SIGABRT) after a rank ended well, the
+group's work or threads alive while the interpreter tears down, and a rank that never exits because the
+group was destroyed with the GIL held while one of Gloo's threads waited for it."""
 
 from __future__ import annotations
 
 import atexit
 import gc
 
+_KEPT: list = []  # the default groups setup_ddp used, then their backends, released at exit
+
 
 def prepare_group_exit() -> None:
-    """Both steps below, before ``init_process_group``."""
-    collect_before_exit()
+    """What is done before ``init_process_group``: release at exit (below), and bind collectives first."""
+    _release_at_exit_once()
     bind_collectives_first()
 
 
-def collect_before_exit() -> None:
-    """Collect garbage at exit while the interpreter is whole. A DDP model and its reducer sit in
-    reference cycles, so they often outlive ``main`` until the collection that interpreter teardown
-    makes; their process group's Gloo work, freed there, can abort the process after a rank has
-    ended well ("terminate called without an active exception", seen in rare local-mode runs)."""
-    atexit.unregister(gc.collect)  # once, however many groups a process starts
-    atexit.register(gc.collect)
+def _release_at_exit_once() -> None:
+    atexit.unregister(release_at_exit)  # once, however many groups a process starts
+    atexit.register(release_at_exit)
+
+
+def keep_until_exit(group) -> None:
+    """Hold ``group`` and its backends until ``release_at_exit``. A DDP model's reducer owns its group in
+    C++; freed last there (the model dropped after ``destroy_process_group``), the group's destructor
+    joins Gloo's threads with the GIL held, and a thread still freeing a finished collective's tensor
+    waits for the GIL: the rank never exits (seen in local-mode runs, ``~ProcessGroupGloo`` in
+    ``thread.join`` under ``~Reducer``). Dropped from Python, the group and its backends release the GIL
+    first, so that thread finishes."""
+    import torch
+
+    _release_at_exit_once()
+    if any(kept is group for kept in _KEPT):
+        return
+    backends = [group._get_backend(torch.device(kind)) for kind in getattr(group, "_device_types", ())]
+    _KEPT.extend([group, *backends])
+
+
+def release_at_exit() -> None:
+    """At exit, while the interpreter is whole: collect garbage, then drop the kept groups, each group
+    before its backends. A DDP model and its reducer sit in reference cycles, so they often outlive
+    ``main`` until the collection that interpreter teardown makes; their group's Gloo work, freed
+    there, can abort the process after a rank has ended well."""
+    gc.collect()
+    while _KEPT:
+        _KEPT.pop(0)
 
 
 def bind_collectives_first() -> None:

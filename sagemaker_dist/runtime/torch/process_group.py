@@ -34,7 +34,7 @@ from sagemaker_dist.runtime import environment
 from sagemaker_dist.runtime.config import ContainerConfig
 from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo, check_rank_channels
 from sagemaker_dist.runtime.stop import positive_seconds
-from sagemaker_dist.runtime.torch.group_exit import prepare_group_exit
+from sagemaker_dist.runtime.torch.group_exit import keep_until_exit, prepare_group_exit
 
 TIMEOUT_ENV = environment.COLLECTIVE_TIMEOUT  # seconds a collective may wait for its peers
 DEFAULT_TIMEOUT_S = 1800.0  # torch's own default for Gloo and NCCL
@@ -346,6 +346,7 @@ def _start_group(info: RankInfo, env: Mapping[str, str], backend: str | None, ti
             )
         except dist.DistError as exc:  # the store or the backend: the ranks did not meet
             raise _rendezvous_failed(info, f"{host}:{port}", chosen, timeout, exc) from exc
+    keep_until_exit(dist.group.WORLD)
     try:
         group = dist.new_group(backend="gloo", timeout=limit) if dist.get_backend() != "gloo" else None
     except BaseException:

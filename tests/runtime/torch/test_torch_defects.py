@@ -11,7 +11,9 @@ threads and signals.
 - bad arguments and variables raise the project's ``ConfigurationError``; a channel the job lacks is the
   same ``RankChannelError`` in the readers as in ``setup_ddp`` (it was a ``TypeError`` building its message);
 - the reader thread is named after its reader and FIFO (``PipeBatches-train_0_0``), not ``PipeModeDataset``;
-- ``StopRequest.install`` off the main thread says that SIGTERM will not be caught.
+- ``StopRequest.install`` off the main thread says that SIGTERM will not be caught;
+- a rank that frees its DDP model after destroying its group, while Gloo still finishes a collective,
+  exits (it hung in the group's destructor).
 """
 
 from __future__ import annotations
@@ -257,6 +259,65 @@ def test_a_stop_in_pipe_training_leaves_a_process_group_the_script_started(tmp_p
             for _ in training.batches([torch.ones(1, 2)] * 4):
                 training.stop.request("a test's stop")
     assert dist.is_initialized(), "PipeTraining's stop destroyed the process group the script had started"
+
+
+# --- a rank whose DDP model outlives its group still exits ---
+
+FREES_ITS_MODEL_LAST = textwrap.dedent(
+    """
+    import json, sys, time
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from sagemaker_dist.runtime import setup_ddp
+
+    env = json.loads(sys.argv[1])
+    job = setup_ddp(environ=env, timeout_s=60)
+    model = DDP(torch.nn.Linear(1, 1))
+    model(torch.ones(1, 1)).sum().backward()
+    if job.rank == 0:
+        # a collective whose tensor only Gloo's thread holds, still waiting for rank 1
+        pending = torch.ones(1)
+        dist.all_reduce(pending, async_op=True)
+        del pending
+        dist.destroy_process_group()
+        del model  # the reducer held the group last: before, ~ProcessGroupGloo joined with the GIL held
+        print("rank 0 freed its model", flush=True)
+    else:
+        time.sleep(2)
+        dist.all_reduce(torch.ones(1))
+        dist.destroy_process_group()
+    print(f"rank {job.rank} ends", flush=True)
+    """
+)
+
+
+def test_a_rank_that_frees_its_ddp_model_after_its_group_exits_while_gloo_finishes_a_collective(tmp_path):
+    """The group a DDP model's reducer held last was destroyed with the GIL held, while Gloo's thread
+    waited for the GIL to free the finished collective's tensor: rank 0 never exited (before the fix
+    this test's rank 0 ran into its 60 s; seen in local-mode jobs after their last step)."""
+    root, port = _job_root(tmp_path, 2), _free_port()
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", FREES_ITS_MODEL_LAST, __import__("json").dumps(_env(root, r, 2, port))],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outputs = []
+    try:
+        for rank in ranks:
+            outputs.append(rank.communicate(timeout=60)[0])
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"rank {len(outputs)} did not exit within 60 s after freeing its DDP model")
+    finally:
+        for rank in ranks:
+            rank.kill()
+    assert [rank.returncode for rank in ranks] == [0, 0], outputs
+    assert "rank 0 freed its model" in outputs[0] and "rank 0 ends" in outputs[0], outputs[0]
+    assert "rank 1 ends" in outputs[1], outputs[1]
 
 
 # --- 4. the project's error families ---
