@@ -86,12 +86,29 @@ def supervise(
             group.finish_output()
             return rank_failure(group, *failed, trees)
         if timeout is not None and time.monotonic() - started > timeout:
+            unfinished = group.unfinished_ranks()  # before the kill, which has each rank record its stop
             group.kill()
-            return (
-                f"the job ran past its {timeout:.0f} s limit (StoppingCondition.MaxRuntimeInSeconds or "
-                "timeout=) and was stopped"
-            )
+            group.finish_output()
+            return time_limit_reached(timeout) + still_running(group, unfinished, trees)
         time.sleep(0.05)
+
+
+def time_limit_reached(timeout: float) -> str:
+    return (
+        f"the job ran past its {timeout:.0f} s limit (StoppingCondition.MaxRuntimeInSeconds or "
+        "timeout=) and was stopped"
+    )
+
+
+def still_running(group: RankGroup, unfinished: list[int], trees) -> str:
+    """Which ranks had not ended at the time limit, with the first one's last output: a rank that
+    trained to the end and hangs on its way out is told from a job that is just slow."""
+    if not unfinished or len(unfinished) == group.world_size:
+        return ""
+    named = ", ".join(f"rank {rank} (host {trees.host_of(rank)})" for rank in unfinished)
+    first = unfinished[0]
+    shown = "\n".join(f"  {line}" for line in last_output(group.rank_lines.get(first, []))) or "  (no output)"
+    return f"; the other ranks had ended, {named} had not. Last output of rank {first}:\n{shown}"
 
 
 TRACEBACK = "Traceback (most recent call last):"

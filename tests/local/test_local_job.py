@@ -191,6 +191,20 @@ def test_rank_raising_an_exception_is_named_with_its_traceback(s3, bucket, tmp_p
     assert not list(tmp_path.iterdir())
 
 
+def test_a_rank_that_never_ends_is_named_when_the_time_limit_stops_the_job(s3, bucket, tmp_path):
+    """The others ended; rank 1 hangs on its way out: the time limit's message names it, with its
+    last output, so a hang at exit is told from a slow job."""
+    _small_data(s3, bucket, files=2, records=2)
+    request = _request(bucket, "print_rank_env.py", {"hang_rank": 1}, hosts=2, per_host=1)
+    with pytest.raises(LocalJobFailed) as failure:
+        run_local(request, SCRIPTS, work_dir=tmp_path, echo=lambda line: None, timeout=20)
+    message = str(failure.value)
+    assert message.startswith("the job ran past its 20 s limit"), message
+    assert "the other ranks had ended, rank 1 (host algo-2) had not" in message, message
+    assert "  rank 1 waits on its way out" in message, message
+    assert not list(tmp_path.iterdir())
+
+
 def test_setup_without_any_record_count_works_on_several_ranks(s3, bucket, tmp_path):
     """No train_records on 2 ranks: setup() accepts it, and the ranks agree on epoch ends instead."""
     _small_data(s3, bucket, files=2, records=2)

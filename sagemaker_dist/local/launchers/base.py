@@ -238,6 +238,12 @@ class RankGroup:
             return True
         return False
 
+    def unfinished_ranks(self) -> list[int]:
+        """Ranks that have not written their exit file (none known where the ranks report no pids)."""
+        if not self.reports_pids:
+            return []
+        return sorted(set(range(self.world_size)) - set(self._exit_files()))
+
     def terminated_ranks(self) -> list[int]:
         """Ranks stopped by SIGTERM (the launcher stopping them after another rank failed)."""
         return sorted(r for r, (text, _) in self._exit_files().items() if text == TERMINATED)

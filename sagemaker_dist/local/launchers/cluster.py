@@ -55,7 +55,7 @@ from sagemaker_dist.local.launchers.container import (
 from sagemaker_dist.local.launchers.mpi import mpi_tagged_lines
 from sagemaker_dist.local.launchers.netns_relay import NetnsRelay, RelayError, listen_in_netns
 from sagemaker_dist.local.launchers.torchrun import TorchrunFailure, tee_tagged
-from sagemaker_dist.local.supervision import rank_failure
+from sagemaker_dist.local.supervision import rank_failure, time_limit_reached
 
 SSH_WAIT_S = 90.0  # from the master's "Waiting for MPI workers": every worker's SSH lets it in
 WORKERS_END_WAIT_S = 60.0  # after the master ended well: each worker's toolkit (its own 30 s sleep) ends
@@ -358,10 +358,7 @@ def supervise_cluster(group: ClusterGroup, feed_errors: list[str], started: floa
             return ssh
         if timeout is not None and now - started > timeout:
             group.kill()
-            return (
-                f"the job ran past its {timeout:.0f} s limit (StoppingCondition.MaxRuntimeInSeconds or "
-                "timeout=) and was stopped"
-            )
+            return time_limit_reached(timeout)
         time.sleep(0.05)
 
 

@@ -1,7 +1,13 @@
-"""Test entry script without Horovod: print what this rank sees, read its channel's first FIFO."""
+"""Test entry script without Horovod: print what this rank sees, read its channel's first FIFO
+(``--hang_rank R``: rank R then never ends, as a rank that hangs on its way out)."""
 
+import argparse
 import os
 import time
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--hang_rank", type=int, default=-1)
+args, _ = parser.parse_known_args()
 
 root = os.environ["SAGEMAKER_DIST_OPT_ML"]
 rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("HOROVOD_RANK", "-1")))
@@ -14,3 +20,7 @@ with open(fifo, "rb") as f:
 mpi_yield = os.environ.get("OMPI_MCA_mpi_yield_when_idle")  # local mode's ranks share one machine's cores
 host = os.environ["SM_CURRENT_HOST"]
 print(f"env rank={rank} local={local} host={host} bytes={size} yield={mpi_yield}", flush=True)
+if rank == args.hang_rank:
+    print(f"rank {rank} waits on its way out", flush=True)
+    while True:
+        time.sleep(1)
