@@ -21,7 +21,7 @@ readers run as arms of their own in the same rounds, so a change is measured aga
 it under the same load (``shuffled@baseline`` lines: the same ratios, of that build's shuffled arm).
 
     .venv/bin/python bench/bench_shuffle.py [--mb 512] [--repeats 5] [--sizes 1000,150000] \\
-        [--readers fixed,ragged,pmd] [--baseline DIR]
+        [--readers fixed,ragged,pmd] [--baseline DIR] [--window-records N]
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ SEED = 7
 CHILD = """
 import json, os, sys, time
 arm, root, size, batch, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-shuffle = seed if "-shuf" in arm else None
+window = int(sys.argv[6])  # records a window, 0: the default
+from sagemaker_dist.runtime.framing.shuffle import ShuffleWindow
+shuffle = (ShuffleWindow(seed, records=window) if window else seed) if "-shuf" in arm else None
 kind = arm.split("-")[0]
 if kind == "pmd":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -86,9 +88,9 @@ print(json.dumps({"times": times, "cpu": cpus, "n": ns}))
 """
 
 
-def run_child(arm: str, root: Path, size: int, repo: Path = REPO) -> dict:
+def run_child(arm: str, root: Path, size: int, repo: Path = REPO, window: int = 0) -> dict:
     path = os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH")) if p)
-    argv = [sys.executable, "-c", CHILD, arm, str(root), str(size), str(BATCH), str(SEED)]
+    argv = [sys.executable, "-c", CHILD, arm, str(root), str(size), str(BATCH), str(SEED), str(window)]
     proc = subprocess.run(  # cwd: not the repo, whose package would come first on the path
         argv, env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, timeout=900, cwd=root
     )
@@ -114,6 +116,7 @@ def main() -> int:
     parser.add_argument("--sizes", default="1000,150000", help="record sizes in bytes")
     parser.add_argument("--readers", default="fixed,ragged,pmd", help="fixed, ragged, pmd")
     parser.add_argument("--baseline", type=Path, help="a checkout of another build: its shuffled arms too")
+    parser.add_argument("--window-records", type=int, default=0, help="records a window (0: the default)")
     args = parser.parse_args()
     kinds = args.readers.split(",")
     arms = [f"{k}{s}" for k in kinds for s in ("", "-shuf", *(("-shuf-base",) if args.baseline else ()))]
@@ -123,7 +126,8 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(repo / "sagemaker_dist")], check=True)
     print(
         f"fresh processes, {os.cpu_count()} CPU(s), {args.mb} MiB epochs of TFRecords through FIFOs, batches "
-        f"of {BATCH}, shuffle=ShuffleWindow({SEED}) (16384 records, 64 MiB), median of {args.repeats} "
+        f"of {BATCH}, shuffle=ShuffleWindow({SEED}) ({args.window_records or 16384} records, 64 MiB), "
+        f"median of {args.repeats} "
         "interleaved rounds"
     )
     with tempfile.TemporaryDirectory(prefix="bench-shuffle-") as tmp:
@@ -139,7 +143,7 @@ def main() -> int:
                     data = root / "input" / "data"
                     writers = [start_writer(src, data / f"bench_{e}") for e in range(2)]
                     repo = args.baseline.resolve() if arm.endswith("-base") else REPO
-                    result = run_child(arm, root, size, repo)
+                    result = run_child(arm, root, size, repo, args.window_records)
                     for writer in writers:
                         writer.wait()
                     assert result["n"] == [records, records], f"{arm} read {result['n']}, expected {records}"

@@ -250,4 +250,4 @@ def populate(array: np.ndarray, start: int, end: int) -> None:
             return
         except OSError:
             pass
-    array[start:end:mmap.PAGESIZE] = 0
+    array[start : end : mmap.PAGESIZE] = 0

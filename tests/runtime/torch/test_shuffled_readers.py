@@ -84,7 +84,6 @@ def test_the_window_order_is_the_same_arithmetic_in_c_and_python():
     assert sh.window_order(key, 64, 40).tolist() == [i for i in whole if i < 40]
 
 
-
 def test_a_windows_count_is_fixed_at_its_start_by_the_mean_record_of_the_window_before():
     window = sh.ShuffleWindow(1, records=100, bytes=10_000)
     order = sh.EpochOrder(window, 5, 0)
@@ -101,6 +100,7 @@ def test_a_windows_count_is_fixed_at_its_start_by_the_mean_record_of_the_window_
     assert order.records == 100 and sh.window_records(window, 4, 0) == 100
     # C's arithmetic (native/shuffle_core.h) is checked through the readers that use it: each test
     # below compares a compiled reader's order with this one's, window by window
+
 
 @pytest.mark.parametrize("kind", READERS)
 def test_every_reader_puts_the_stream_in_the_same_seeded_order_inside_bounded_windows(tmp_path, kind):
