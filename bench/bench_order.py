@@ -14,7 +14,7 @@ epochs; the figure is rank 0's ``val_accuracy`` at each epoch's end (the metric 
 - ``window N``: the reader's seeded shuffle window of N records (smaller than a rank's epoch);
 - ``window N + ShuffleConfig``: the same window, and SageMaker's ShuffleConfig (another permutation of the
   objects each epoch before ShardedByS3Key deals them to the hosts);
-- ``window``: the reader's default window (16384 records; here more than a rank's epoch).
+- ``window``: the reader's default window (4096 records; here more than a rank's epoch).
 
     .venv/bin/python bench/bench_order.py [--epochs 4] [--frameworks horovod,torchrun]
         [--window 1000] [--plot docs/img/order_learning.png]

@@ -7,14 +7,15 @@ each record read straight into its row of the window), ``RecordBatches()`` (``ra
 offsets, the records gathered out of the window a group of batches at a time, while a thread of their
 own reads the next window) and ``PipeModeDataset(batch_size=256)``
 (``pmd``: the compiled op, records moved out of the window), each without and with
-``shuffle=ShuffleWindow(seed)`` (the default window: 16384 records, 64 MiB). The framework is imported
-before the clock; the first epoch's clock covers building the reader, the first epoch (fresh memory for
-the window) and its second epoch (``2nd``) the steady state. The consumer only counts records. Arms
-run interleaved, the order rotated each round; ``wall ratio`` is the median over rounds of the
-unshuffled arm's time over the shuffled arm's in the same round (the shuffled read speed as a share of
-the unshuffled), ``CPU ratio`` the same of the process's CPU time (user + system, every thread: what
-the read costs, less moved by other work on the machine than the wall time); ``90%`` a bootstrap
-interval of each median (how far it can be trusted: single rounds on a shared VM spread widely).
+``shuffle=ShuffleWindow(seed)`` (the default window: 4096 records, 64 MiB; ``--window-records N``: N
+records). The framework is imported before the clock; the first epoch's clock covers building the
+reader, the first epoch (fresh memory for the window) and its second epoch (``2nd``) the steady state.
+The consumer only counts records. Arms run interleaved, the order rotated each round; ``wall ratio`` is
+the median over rounds of the unshuffled arm's time over the shuffled arm's in the same round (the
+shuffled read speed as a share of the unshuffled), ``CPU ratio`` the same of the process's CPU time
+(user + system, every thread: what the read costs, less moved by other work on the machine than the wall
+time); ``90%`` a bootstrap interval of each median (how far it can be trusted: single rounds on a shared
+VM spread widely).
 
 ``--baseline DIR``: a checkout of another build (its compiled readers built in place) whose shuffled
 readers run as arms of their own in the same rounds, so a change is measured against the build before
@@ -126,7 +127,7 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(repo / "sagemaker_dist")], check=True)
     print(
         f"fresh processes, {os.cpu_count()} CPU(s), {args.mb} MiB epochs of TFRecords through FIFOs, batches "
-        f"of {BATCH}, shuffle=ShuffleWindow({SEED}) ({args.window_records or 16384} records, 64 MiB), "
+        f"of {BATCH}, shuffle=ShuffleWindow({SEED}) ({args.window_records or 4096} records, 64 MiB), "
         f"median of {args.repeats} "
         "interleaved rounds"
     )

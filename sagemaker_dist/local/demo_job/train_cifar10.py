@@ -7,7 +7,7 @@ The sagemaker-training toolkit runs this as ``sagemaker_program`` under mpirun a
 hyperparameters as ``--name value`` (``sagemaker-dist local`` does the same):
 
     --epochs 2 --batch-size 32 --learning-rate 0.001 [--tensorboard-s3-uri s3://bucket/tb/job]
-    [--tensorboard-interval 30] [--reader-shuffle-seed 0] [--reader-shuffle-records 16384]
+    [--tensorboard-interval 30] [--reader-shuffle-seed 0] [--reader-shuffle-records 4096]
 
 The train reader shuffles each epoch's records in a seeded window (``--reader-shuffle-seed -1`` reads
 the stream in order).
@@ -55,7 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     arg("tensorboard-interval", type=float, default=30.0)
     arg("model-dir", default=None, help="local directory; default $SM_MODEL_DIR, else <root>/model")
     arg("reader-shuffle-seed", type=int, default=0, help="the train reader's shuffle; -1 reads in order")
-    arg("reader-shuffle-records", type=int, default=None, help="records in a shuffle window (default 16384)")
+    arg("reader-shuffle-records", type=int, default=None, help="records in a shuffle window (default 4096)")
     args, unknown = p.parse_known_args(argv)
     if args.model_dir and args.model_dir.startswith("s3://"):  # the TF toolkit's legacy --model_dir
         unknown += ["--model_dir", args.model_dir]

@@ -6,7 +6,7 @@ decoded by ``example_decoder``. The sagemaker-training toolkit runs this under `
 the user hyperparameters as ``--name value`` (``sagemaker-dist local`` does the same):
 
     --epochs 2 --batch-size 32 --learning-rate 0.001 [--tensorboard-s3-uri s3://bucket/tb/job]
-    [--tensorboard-interval 30] [--reader-shuffle-seed 0] [--reader-shuffle-records 16384]
+    [--tensorboard-interval 30] [--reader-shuffle-seed 0] [--reader-shuffle-records 4096]
 
 The train reader shuffles each epoch's records in a seeded window (``shuffle=``; a resume inside the
 epoch trains each record once; ``--reader-shuffle-seed -1`` reads the stream in order).
@@ -58,7 +58,7 @@ def parse_args(argv=None, *, description=None, more=None, **defaults) -> argpars
     arg("tensorboard-interval", type=float, default=30.0, help="seconds between TensorBoard uploads to S3")
     arg("model-dir", default=None, help="local directory; default $SM_MODEL_DIR, else <root>/model")
     arg("reader-shuffle-seed", type=int, default=0, help="the train reader's shuffle; -1 reads in order")
-    arg("reader-shuffle-records", type=int, default=None, help="records in a shuffle window (default 16384)")
+    arg("reader-shuffle-records", type=int, default=None, help="records in a shuffle window (default 4096)")
     if more is not None:
         more(arg)
     p.set_defaults(**defaults)

@@ -29,7 +29,7 @@ _native = (
 
 M64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
-DEFAULT_WINDOW_RECORDS = 16384
+DEFAULT_WINDOW_RECORDS = 4096  # larger windows of short records outgrow the caches (docs/benchmarks.md)
 DEFAULT_WINDOW_BYTES = 64 << 20
 MAX_WINDOW_RECORDS = 1 << 24  # a window's order takes 8 bytes of scratch a record
 HEAD_RECORDS = 16  # a stream's head: its first records, whose digest says whether it replays (sd_head_fold)

@@ -24,7 +24,7 @@ p.add_argument("--helper", default="horovod", help="horovod or mwms")
 p.add_argument("--stop_after_steps", type=int, default=0, help="rank 0 of a fresh job asks to stop then")
 p.add_argument("--train_records", type=int, default=0, help="records in each rank's shard (counted epochs)")
 p.add_argument("--shuffle_seed", type=int, default=-1, help="the reader's shuffle window's seed (-1: none)")
-p.add_argument("--shuffle_window", type=int, default=16384, help="records in the reader's shuffle window")
+p.add_argument("--shuffle_window", type=int, default=4096, help="records in the reader's shuffle window")
 args, _ = p.parse_known_args()
 
 FEATURES = {

@@ -30,7 +30,7 @@ p.add_argument("--epochs", type=int, default=3)
 p.add_argument("--batch_size", type=int, default=4)
 p.add_argument("--pause", type=float, default=0.1)
 p.add_argument("--shuffle_seed", type=int, default=-1, help="the reader's shuffle window's seed (-1: none)")
-p.add_argument("--shuffle_window", type=int, default=16384, help="records in the reader's shuffle window")
+p.add_argument("--shuffle_window", type=int, default=4096, help="records in the reader's shuffle window")
 args, _ = p.parse_known_args()
 decode = example_decoder({"id": "int64", "label": "int64"})
 
