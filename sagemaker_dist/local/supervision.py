@@ -107,7 +107,7 @@ def still_running(group: RankGroup, unfinished: list[int], trees) -> str:
         return ""
     named = ", ".join(f"rank {rank} (host {trees.host_of(rank)})" for rank in unfinished)
     first = unfinished[0]
-    shown = "\n".join(f"  {line}" for line in last_output(group.rank_lines.get(first, []))) or "  (no output)"
+    shown = rank_output(group, first)
     return f"; the other ranks had ended, {named} had not. Last output of rank {first}:\n{shown}"
 
 
@@ -139,11 +139,15 @@ def last_output(lines: list[str]) -> list[str]:
     return lines[tail_start:]
 
 
+def rank_output(group: RankGroup, rank: int) -> str:
+    """``rank``'s last output (``last_output``), indented for a message."""
+    return "\n".join(f"  {line}" for line in last_output(group.rank_lines.get(rank, []))) or "  (no output)"
+
+
 def rank_failure(group: RankGroup, rank: int, what: str, trees) -> str:
     """The failure of ``rank`` (on its host of ``trees``, a ``JobHosts``), with its last output."""
     host = trees.host_of(rank)
-    tail = last_output(group.rank_lines.get(rank, []))
-    shown = "\n".join(f"  {line}" for line in tail) or "  (no output)"
+    shown = rank_output(group, rank)
     stopped = [r for r in group.terminated_ranks() if r != rank]
     others = (
         f"rank(s) {', '.join(map(str, stopped))} were then stopped by the launcher"

@@ -1,4 +1,5 @@
-"""What a process does around its default process group so that ending it neither aborts nor hangs.
+"""What a process does around its default process group so that ending it neither aborts nor hangs:
+``bind_collectives_first`` before ``init_process_group``, ``keep_until_exit`` after it.
 The failures are "terminate called without an active exception" (SIGABRT) after a rank ended well, the
 group's work or threads alive while the interpreter tears down, and a rank that never exits because the
 group was destroyed with the GIL held while one of Gloo's threads waited for it."""
@@ -11,17 +12,6 @@ import gc
 _KEPT: list = []  # the default groups setup_ddp used, then their backends, released at exit
 
 
-def prepare_group_exit() -> None:
-    """What is done before ``init_process_group``: release at exit (below), and bind collectives first."""
-    _release_at_exit_once()
-    bind_collectives_first()
-
-
-def _release_at_exit_once() -> None:
-    atexit.unregister(release_at_exit)  # once, however many groups a process starts
-    atexit.register(release_at_exit)
-
-
 def keep_until_exit(group) -> None:
     """Hold ``group`` and its backends until ``release_at_exit``. A DDP model's reducer owns its group in
     C++; freed last there (the model dropped after ``destroy_process_group``), the group's destructor
@@ -31,7 +21,8 @@ def keep_until_exit(group) -> None:
     first, so that thread finishes."""
     import torch
 
-    _release_at_exit_once()
+    atexit.unregister(release_at_exit)  # once, however many groups a process keeps
+    atexit.register(release_at_exit)
     if any(kept is group for kept in _KEPT):
         return
     backends = [group._get_backend(torch.device(kind)) for kind in getattr(group, "_device_types", ())]

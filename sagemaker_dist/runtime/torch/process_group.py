@@ -34,7 +34,7 @@ from sagemaker_dist.runtime import environment
 from sagemaker_dist.runtime.config import ContainerConfig
 from sagemaker_dist.runtime.ranks import RankChannelError, RankInfo, check_rank_channels
 from sagemaker_dist.runtime.stop import positive_seconds
-from sagemaker_dist.runtime.torch.group_exit import keep_until_exit, prepare_group_exit
+from sagemaker_dist.runtime.torch.group_exit import bind_collectives_first, keep_until_exit
 
 TIMEOUT_ENV = environment.COLLECTIVE_TIMEOUT  # seconds a collective may wait for its peers
 DEFAULT_TIMEOUT_S = 1800.0  # torch's own default for Gloo and NCCL
@@ -336,7 +336,7 @@ def _start_group(info: RankInfo, env: Mapping[str, str], backend: str | None, ti
     limit = datetime.timedelta(seconds=timeout)
     created = not dist.is_initialized()
     if created:
-        prepare_group_exit()
+        bind_collectives_first()
         host, port = _master(env)
         kwargs = {"device_id": device} if chosen == "nccl" else {}
         try:
