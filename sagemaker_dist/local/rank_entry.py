@@ -118,6 +118,10 @@ def main() -> None:
         raise SystemExit(1) from None
     finally:
         if not terminated:
+            # the script has ended: a SIGTERM from now on (a stop or spot interruption that came late)
+            # has nothing left to stop, and finalisation gives SIGTERM back to its default, which would
+            # end this rank by the signal instead of with the script's code
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             write_whole(exit_file, str(code))
             print(f"rank {rank} exits with code {code}", flush=True)
 

@@ -34,6 +34,7 @@ from sagemaker_dist.contract.training_request import TrainingRequest
 from sagemaker_dist.errors import ConfigurationError, JobFailedError
 from sagemaker_dist.host.processes import descendants
 from sagemaker_dist.host.stop_forwarding import rank_processes
+from sagemaker_dist.local.exit_files import TERMINATED
 
 
 def check_interrupts(interrupt_at: list[float], checkpoint_s3_uri: str | None) -> None:
@@ -82,6 +83,8 @@ class Interruption:
         self.killed = False
         # (ranks up, world size) at the signal, where the ranks say when they are up (``reports_pids``)
         self.ranks_up: tuple[int, int] | None = None
+        self.ended_first = False  # every rank had ended its script (exit 0) before the signal
+        self.group = None
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -89,6 +92,7 @@ class Interruption:
         if self.at is None:
             return
         self.armed_at = time.monotonic()
+        self.group = group
         self._thread = threading.Thread(
             target=self._run, args=(group,), name="spot-interruption", daemon=True
         )
@@ -105,6 +109,17 @@ class Interruption:
         """The signal came before every rank was up: no step can have been trained (a step needs every
         rank), so the ranks that were still starting ended on SIGTERM, as they would on SageMaker."""
         return self.ranks_up is not None and self.ranks_up[0] < self.ranks_up[1]
+
+    @property
+    def ended_on_signal(self) -> bool:
+        """Every rank ended on the SIGTERM itself (its rank entry's handler: no stop of the runtime had
+        the signal, so none was agreed), as far as the ranks say (``reports_pids``)."""
+        group = self.group
+        return bool(
+            group is not None
+            and group.reports_pids
+            and len(group.ranks_ended_with(TERMINATED, read=False)) == group.world_size
+        )
 
     def _due(self, group) -> bool:
         """Wait until the interruption is due (``at`` seconds, or ``when()`` before that); False if the
@@ -135,6 +150,7 @@ class Interruption:
             pids = rank_pids(group)
             if group.reports_pids:  # RankGroup.reports_pids: False where the ranks write no pid
                 self.ranks_up = (len(group.known_pids), group.world_size)
+                self.ended_first = len(group.ranks_ended_with("0")) == group.world_size
             self.signalled_at = time.monotonic()
             self.after = self.signalled_at - self.armed_at
             after = f"{self.after:.1f} s after the ranks started"
@@ -199,11 +215,16 @@ class Attempt:
                 text += f", the job ended {self.ended_after_signal:.1f} s after SIGTERM"
         if self.stopped_at:
             text += f"; the ranks stopped in epoch {self.stopped_at[0]} after step {self.stopped_at[1]}"
+        if self.status == "Completed" and self.interrupted_at is not None:
+            text += "; every rank's script had ended (exit 0) before it: nothing to start again"
         if self.status == "Interrupted":
             up, world = self.ranks_up
             text += (
                 f"; in the ranks' start-up ({up} of {world} up): no step was trained, and the ranks still "
                 "starting ended on SIGTERM, as on SageMaker"
+                if up < world
+                else "; every rank ended on SIGTERM itself, none in a stop the ranks agreed (its script had "
+                "not set up the runtime's stop yet, or has none): it starts again from its last checkpoint"
             )
         if self.error and self.status != "Completed":
             # its first line, less the heading of the output lines after it
@@ -255,9 +276,10 @@ def run_interrupted(
         stopped, resumed = stop_positions(lines)
         signalled = interruption.signalled_at is not None
         status = "Completed" if error is None else "Failed"
-        if signalled:
+        if signalled and not (interruption.ended_first and error is None):
             status = "Killed" if interruption.killed else "Stopped" if error is None else status
-            if status == "Failed" and interruption.in_start_up and stopped is None:
+            ended_on_signal = interruption.in_start_up or interruption.ended_on_signal
+            if status == "Failed" and stopped is None and ended_on_signal:
                 status = "Interrupted"
         attempts.append(
             Attempt(
@@ -266,8 +288,8 @@ def run_interrupted(
             )
         )  # fmt: skip
         echo("[spot] " + attempts[-1].line())
-        if not signalled:
-            break  # ended before its interruption: nothing to restart
+        if not signalled or status == "Completed":
+            break  # ended before its interruption (or every rank's script had), or failed: no restart
     echo(f"[spot] {len(attempts)} attempt(s):")
     for attempt in attempts:
         echo("[spot]   " + attempt.line())

@@ -18,6 +18,7 @@ from sagemaker_dist.contract.stop_lines import resumed_line, stopped_line
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.local.backend import LocalBackend
 from sagemaker_dist.local.demo import demo_estimator
+from sagemaker_dist.local.demo_data import write_demo_data
 from sagemaker_dist.local.job import run_local
 from sagemaker_dist.local.launchers.mpi import horovod_mpi_built
 from sagemaker_dist.local.spot import Attempt, check_interrupts, run_interrupted, stop_positions
@@ -206,6 +207,47 @@ def test_demo_interrupted_in_start_up_then_as_the_docs_say_ends_0_with_3_attempt
     stopped = "attempt 2: Stopped" in summary and "the ranks stopped in epoch" in summary
     assert stopped or "attempt 2: Interrupted" in summary, summary
     assert "attempt 3: Completed" in summary, summary
+
+
+def _plain_request(s3, bucket, **hps):
+    """2 hosts x 1 rank of ``print_rank_env.py`` (no framework, no stop handler of the runtime)."""
+    write_demo_data(f"s3://{bucket}/data/", files=2, records_per_file=2, validation_files=2, client=s3)
+    estimator = demo_estimator(
+        bucket, 2, 1, "Pipe", {"epochs": 1, **hps}, source_dir=SCRIPTS, entry_point="print_rank_env.py",
+        checkpoint_s3_uri=f"s3://{bucket}/ckpt/plain",
+    )  # fmt: skip
+    return estimator.prepare({"train": f"s3://{bucket}/data/train/"}, printer=None).request
+
+
+def _once_both_ranks_said(lines: list[str], text: str):
+    return lambda attempt: attempt == 1 and sum(text in line for line in lines) >= 2
+
+
+def test_an_interruption_after_every_rank_has_ended_its_script_is_no_restart(s3, bucket, tmp_path):
+    """SIGTERM while the ranks' scripts have ended (exit 0) but their processes still tear down: the
+    attempt completed; the rank ends with its script's code, and nothing starts again."""
+    lines: list[str] = []
+    attempts, _ = run_interrupted(
+        _plain_request(s3, bucket, linger=6), SCRIPTS, [60.0], run=run_local, echo=lines.append,
+        when=_once_both_ranks_said(lines, "exits with code 0"), work_dir=tmp_path, timeout=120,
+    )  # fmt: skip
+    log = "\n".join(lines)
+    assert "[spot] interruption: SIGTERM to rank process(es)" in log, log[-3000:]
+    assert [a.status for a in attempts] == ["Completed"], log[-3000:]
+    assert "every rank's script had ended (exit 0) before it: nothing to start again" in log, log[-3000:]
+
+
+def test_ranks_that_end_on_the_sigterm_itself_read_interrupted_and_start_again(s3, bucket, tmp_path):
+    """Every rank up, none with the runtime's stop (still starting, or a script without one): each ends
+    on the SIGTERM itself. That is an interruption, not a failure; the next attempt runs the job."""
+    lines: list[str] = []
+    attempts, _ = run_interrupted(
+        _plain_request(s3, bucket, busy=8), SCRIPTS, [60.0], run=run_local, echo=lines.append,
+        when=_once_both_ranks_said(lines, "works 8.0 s"), work_dir=tmp_path, timeout=120,
+    )  # fmt: skip
+    log = "\n".join(lines)
+    assert [a.status for a in attempts] == ["Interrupted", "Completed"], log[-3000:]
+    assert "every rank ended on SIGTERM itself, none in a stop the ranks agreed" in attempts[0].line(), log
 
 
 def _processes_in(folder: Path) -> list[int]:

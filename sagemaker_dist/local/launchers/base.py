@@ -149,6 +149,7 @@ class RankGroup:
         self.first_dead: dict[int, float] = {}  # rank -> time.time() it was first seen gone, no exit file
         self.lock_free_since: dict[int, float] = {}  # rank -> when it was first seen running without its lock
         self.lockless: set[int] = set()  # ranks that run on without their lock: /proc alone says
+        self.exits_seen: dict[int, tuple[str, float]] = {}  # the exit files as last read
         # where untagged output counts as a rank's (for its metrics and last lines): the one worker
         # the toolkit starts without mpirun (tf-mwms on one host) prints untagged
         self.untagged_rank: int | None = None
@@ -201,14 +202,21 @@ class RankGroup:
                     pass  # being written
 
     def _exit_files(self) -> dict[int, tuple[str, float]]:
-        """rank -> (exit-file text, its mtime in seconds since the epoch)."""
+        """rank -> (exit-file text, its mtime in seconds since the epoch); kept as ``exits_seen``."""
         found = {}
         for path in self.pid_dir.glob("*.exit"):
             try:
                 found[int(path.stem)] = (path.read_text().strip(), path.stat().st_mtime)
             except (OSError, ValueError):
                 continue
+        self.exits_seen = found
         return found
+
+    def ranks_ended_with(self, text: str, read: bool = True) -> list[int]:
+        """Ranks whose exit file says ``text`` (``"0"``, ``TERMINATED``); ``read=False``: as last read
+        (the job's files may be gone once it has ended)."""
+        exits = self._exit_files() if read else self.exits_seen
+        return sorted(r for r, (said, _) in exits.items() if said == text)
 
     def watch(self) -> None:
         """Note, for every rank without an exit file, when it was last seen alive and first seen dead:
@@ -246,7 +254,7 @@ class RankGroup:
 
     def terminated_ranks(self) -> list[int]:
         """Ranks stopped by SIGTERM (the launcher stopping them after another rank failed)."""
-        return sorted(r for r, (text, _) in self._exit_files().items() if text == TERMINATED)
+        return self.ranks_ended_with(TERMINATED)
 
     def first_failure(self) -> tuple[int, str] | None:
         """(rank, what happened) of the earliest real failure, or None.

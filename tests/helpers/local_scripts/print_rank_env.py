@@ -1,12 +1,17 @@
 """Test entry script without Horovod: print what this rank sees, read its channel's first FIFO
-(``--hang_rank R``: rank R then never ends, as a rank that hangs on its way out)."""
+(``--hang_rank R``: rank R then never ends, as a rank that hangs on its way out; ``--busy S``: every rank
+then works S seconds without a stop handler; ``--linger S``: every rank's exit then takes S seconds, as
+a framework's teardown can)."""
 
 import argparse
+import atexit
 import os
 import time
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--hang_rank", type=int, default=-1)
+parser.add_argument("--busy", type=float, default=0.0)
+parser.add_argument("--linger", type=float, default=0.0)
 args, _ = parser.parse_known_args()
 
 root = os.environ["SAGEMAKER_DIST_OPT_ML"]
@@ -24,3 +29,8 @@ if rank == args.hang_rank:
     print(f"rank {rank} waits on its way out", flush=True)
     while True:
         time.sleep(1)
+if args.busy:
+    print(f"rank {rank} works {args.busy} s", flush=True)
+    time.sleep(args.busy)
+if args.linger:
+    atexit.register(time.sleep, args.linger)
