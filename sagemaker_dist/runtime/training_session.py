@@ -14,6 +14,8 @@ and PyTorch's ``PipeTraining`` (``torch/training.py``).
   that says when one is due.
 - **Metric line**: the chief's line per epoch that SageMaker's metric definitions and the tuners read
   (``write_metric_line``), written in one ``write``.
+- **Epoch end**: the chief's line at an agreed epoch end (``EpochReport``): which ranks ran out, the
+  records each trained, those read ahead and not trained.
 - **TensorBoard**: the chief's ``TensorBoardSyncer`` (``start_tensorboard``), asked for an upload at
   each epoch end and stopped (its final flush) at the session's end.
 
@@ -100,6 +102,28 @@ def write_metric_line(epoch: int, metrics: dict, stream=None) -> str | None:
         stream.write(line + "\n")
         stream.flush()
     return line
+
+
+@dataclass(frozen=True)
+class EpochReport:
+    """How one epoch of one role ended by agreement, as every rank saw it (the chief prints ``line``)."""
+
+    what: str
+    steps: int
+    records_read: tuple[int, ...]  # per rank: records in the batches trained on
+    records_left: tuple[int, ...]  # per rank: records read ahead and not trained on (at least)
+    ran_out: tuple[int, ...]  # ranks that had no batch at the last step
+
+    def line(self) -> str:
+        left = [f"rank {r}: {n}" for r, n in enumerate(self.records_left) if n]
+        text = (
+            f"{self.what} epoch ended for every rank after {self.steps} step(s): rank(s) "
+            f"{', '.join(map(str, self.ran_out)) or '-'} ran out of data. Records read per rank: "
+            f"{list(self.records_read)}"
+        )
+        if left:
+            text += f"; read ahead and not trained on (the rest of the FIFO closed unread): {', '.join(left)}"
+        return text
 
 
 def stop_line(

@@ -21,6 +21,7 @@ import operator
 from collections.abc import Iterable, Sequence
 
 from sagemaker_dist.errors import ConfigurationError
+from sagemaker_dist.runtime.training_session import EpochReport
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,26 @@ def _initialised() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
+
+
+def records_in(batch) -> int | None:
+    """Records in one batch: a ragged batch's count, the first tensor's (or array's) first dimension
+    (of a tuple, a list of tensors or a dict: its first), a list of other things' length (records,
+    samples); None where it cannot be told."""
+    while True:
+        if hasattr(batch, "offsets") and hasattr(batch, "lengths"):  # a RaggedBatch
+            return len(batch.offsets) - 1
+        shape = getattr(batch, "shape", None)
+        if shape is not None:
+            return int(shape[0]) if len(shape) else 1
+        if isinstance(batch, dict) and batch:
+            batch = next(iter(batch.values()))
+        elif isinstance(batch, tuple | list) and batch:
+            if isinstance(batch, list) and not hasattr(batch[0], "shape"):
+                return len(batch)
+            batch = batch[0]
+        else:
+            return None
 
 
 def _steps_to_skip(skip) -> int:
@@ -70,6 +91,7 @@ class AgreedEpoch:
         self.stopped = False
         self.exhausted = False  # the epoch's data was used up (set with a stop in join mode too)
         self.ran_out: tuple[int, ...] = ()
+        self.records: int | None = 0  # records in the batches yielded (None: a batch's count unknown)
         self.agreements = 0  # collectives made: one per step, one for the step that ends it, one at the end
 
     def _wants(self) -> int:
@@ -105,9 +127,10 @@ class AgreedEpoch:
                 self.exhausted = everyone <= 0  # the stop came with the epoch's end: the epoch is done
                 return
             if everyone <= 0:
-                self._note_end(batch is not _END, distributed)
+                self._note_end(batch, distributed)
                 return
             self.steps += 1
+            self._count(batch)
             pending = self._ask(iterator, distributed)  # the next step's agreement, while this one trains
             yield batch
 
@@ -146,29 +169,37 @@ class AgreedEpoch:
             self.stopped = bool(wants.item())
         self.exhausted = True
 
-    def _note_end(self, has: bool, distributed: bool) -> None:
+    def _count(self, batch) -> None:
+        if self.records is not None:
+            n = records_in(batch)
+            self.records = None if n is None else self.records + n
+
+    def _note_end(self, batch, distributed: bool) -> None:
+        """One allgather of each rank's ``[ran out, records trained, records read ahead]`` (-1: not
+        known); rank 0 prints the epoch's end with them, as the Keras helpers do."""
         import torch
         import torch.distributed as dist
 
+        has = batch is not _END
         if not distributed:
             self.ran_out = (0,)
             return
-        mine = torch.tensor([0 if has else 1, self.steps], dtype=torch.int64)
-        everyone = [torch.zeros(2, dtype=torch.int64) for _ in range(dist.get_world_size(self.group))]
+        held = records_in(batch) if has else 0
+        counts = [-1 if n is None else n for n in (self.records, held)]
+        mine = torch.tensor([0 if has else 1, *counts], dtype=torch.int64)
+        everyone = [torch.zeros(3, dtype=torch.int64) for _ in range(dist.get_world_size(self.group))]
         dist.all_gather(everyone, mine, group=self.group)
         self.agreements += 1
-        self.ran_out = tuple(r for r, t in enumerate(everyone) if t[0].item())
+        rows = [t.tolist() for t in everyone]
+        self.ran_out = tuple(r for r, row in enumerate(rows) if row[0])
         if dist.get_rank() == 0:
-            print(
-                f"sagemaker-dist: {self.what} epoch ended for every rank after {self.steps} step(s): "
-                f"rank(s) {', '.join(map(str, self.ran_out)) or '-'} ran out of data"
-                + (
-                    f" (after skipping {self.skipped} batch(es) trained before a stop)"
-                    if self.skipped
-                    else ""
-                ),
-                flush=True,
-            )
+            trained, held = (tuple(row[i] for row in rows) for i in (1, 2))
+            line = EpochReport(self.what, self.steps, trained, held, self.ran_out).line()
+            if any(n < 0 for row in rows for n in row[1:]):  # some batch's records could not be counted
+                line = line[: line.index(". Records read per rank")]
+            if self.skipped:
+                line += f" (after skipping {self.skipped} batch(es) trained before a stop)"
+            print(f"sagemaker-dist: {line}", flush=True)
 
 
 def agreed_batches(

@@ -364,3 +364,21 @@ def test_a_damaged_state_pt_is_named_damaged_not_unsafe_nor_another_model(tmp_pa
         restore_torch_checkpoint(tmp_path, model=torch.nn.Linear(3, 1), rank=0)
     assert not isinstance(caught.value, CheckpointMismatchError)
     assert "delete" in str(caught.value) and "checkpoint before it" in str(caught.value)
+
+
+def test_an_epochs_end_counts_the_records_of_the_batches_a_reader_or_a_collate_hands_out():
+    import torch
+
+    from sagemaker_dist.runtime.torch.batch_cutter import RaggedBatch
+    from sagemaker_dist.runtime.torch.epochs import records_in
+
+    ragged = RaggedBatch(torch.zeros(10, dtype=torch.uint8), torch.tensor([0, 3, 7, 10]))
+    assert records_in(ragged) == 3  # not its 10 bytes
+    assert records_in(torch.zeros(5, 32)) == 5
+    assert records_in((torch.zeros(6, 2), torch.zeros(6))) == 6  # (inputs, labels)
+    assert records_in([torch.zeros(4, 2), torch.zeros(4)]) == 4  # default_collate of list samples
+    assert records_in({"image": torch.zeros(7, 3), "label": torch.zeros(7)}) == 7
+    assert records_in([b"a", b"bc"]) == 2  # records as bytes
+    assert records_in([{"jpg": b"x"}, {"jpg": b"y"}, {"jpg": b"z"}]) == 3  # WebDataset samples
+    assert records_in(np.zeros((8, 2))) == 8
+    assert records_in(object()) is None and records_in([]) is None

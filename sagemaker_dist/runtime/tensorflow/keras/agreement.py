@@ -10,33 +10,11 @@ next epoch's FIFO). A rank whose FIFO delivers nothing ends the epoch for all at
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 from sagemaker_dist.runtime.tensorflow.keras.steps import blank_like
+from sagemaker_dist.runtime.training_session import EpochReport
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class EpochReport:
-    """How one epoch of one role ended, as every rank saw it (rank 0 logs it)."""
-
-    what: str
-    steps: int
-    records_read: tuple[int, ...]  # per rank: records in the batches trained on
-    records_left: tuple[int, ...]  # per rank: records read ahead and not trained on (at least)
-    ran_out: tuple[int, ...]  # ranks that had no batch at the last step
-
-    def line(self) -> str:
-        left = [f"rank {r}: {n}" for r, n in enumerate(self.records_left) if n]
-        text = (
-            f"{self.what} epoch ended for every rank after {self.steps} step(s): rank(s) "
-            f"{', '.join(map(str, self.ran_out)) or '-'} ran out of data. Records read per rank: "
-            f"{list(self.records_read)}"
-        )
-        if left:
-            text += f"; read ahead and not trained on (the rest of the FIFO closed unread): {', '.join(left)}"
-        return text
 
 
 class EpochReports:
