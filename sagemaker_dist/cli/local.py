@@ -104,6 +104,12 @@ def _add_job_arguments(p) -> None:
         help="ranks per simulated host (default 1; 2 with --launcher toolkit or container, for Horovod)",
     )
     p.add_argument("--input-mode", choices=("Pipe", "File"), help="default Pipe")
+    p.add_argument(
+        "--shuffle-seed",
+        type=int,
+        help="SageMaker's ShuffleConfig on the Pipe channels: another object order each epoch (before "
+        "ShardedByS3Key splits them among hosts), as launch --shuffle-seed",
+    )
     add_distribution_argument(p)
     p.add_argument(
         "--hyperparameter",
@@ -225,6 +231,7 @@ _JOB_OPTIONS = {
     "hosts": "--hosts",
     "processes_per_host": "--processes-per-host",
     "input_mode": "--input-mode",
+    "shuffle_seed": "--shuffle-seed",
     "epochs": "--epochs",
     "hyperparameter": "--hyperparameter",
     "checkpoint_s3_uri": "--checkpoint-s3-uri",
@@ -321,6 +328,7 @@ def run_local_command(args) -> int:
                 distribution=args.distribution,
                 long=bool(args.interrupt_at),
                 model=args.model,
+                shuffle_seed=args.shuffle_seed,
             )
             request, source_dir = job.request, job.source_dir  # prepare() printed the layout
         elif request is not None:
@@ -428,5 +436,6 @@ def entry_point_estimator(args, bucket: str, hosts: int, per_host: int, input_mo
         distribution=args.distribution,
         output_path=args.output_path or f"s3://{bucket}/jobs",
         base_job_name=Path(entry_point).stem.replace("_", "-") or "job",
+        shuffle_seed=args.shuffle_seed,
         **extra,
     )

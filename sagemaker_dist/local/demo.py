@@ -132,6 +132,7 @@ def prepare_demo_job(
     distribution: str = DEFAULT_DISTRIBUTION,
     long: bool = False,
     model: str | None = None,
+    shuffle_seed: int | None = None,
 ) -> DemoJob:
     """Write the data if missing, shard it into per-rank manifests and build the request.
 
@@ -139,10 +140,11 @@ def prepare_demo_job(
     and no rank is told any record count: every epoch ends where the first rank runs out. ``long``:
     the larger dataset ``--interrupt-at`` uses (``INTERRUPTED_DEMO_FILES_PER_RANK`` files per rank).
     ``model``: ``"gpt"`` for the sharded-model demo (torchrun), else the distribution's own.
+    ``shuffle_seed``: SageMaker's ShuffleConfig on the Pipe channels, as the estimator's.
     """
     if model == "gpt":
         return _prepare_gpt_job(bucket, hosts, processes_per_host, input_mode, hyperparameters, job_name,
-                                printer, distribution, long)  # fmt: skip
+                                printer, distribution, long, shuffle_seed)  # fmt: skip
     if model not in (None, "cnn"):
         raise ConfigurationError(f"demo model {model!r}: choose one of {', '.join(DEMO_MODELS)}")
     world = hosts * processes_per_host
@@ -158,9 +160,8 @@ def prepare_demo_job(
     )
     hps = {**DEMO_HYPERPARAMETERS, **(hyperparameters or {})}
     entry_point = registered(distribution).demo_script
-    estimator = demo_estimator(
-        bucket, hosts, processes_per_host, input_mode, hps, entry_point=entry_point, distribution=distribution
-    )
+    estimator = demo_estimator(bucket, hosts, processes_per_host, input_mode, hps, entry_point=entry_point,
+                               distribution=distribution, shuffle_seed=shuffle_seed)  # fmt: skip
     inputs = {
         "train": f"s3://{bucket}/{prefix}/train/",
         "validation": f"s3://{bucket}/{prefix}/validation/",
@@ -169,7 +170,7 @@ def prepare_demo_job(
 
 
 def _prepare_gpt_job(bucket, hosts, processes_per_host, input_mode, hyperparameters, job_name, printer,
-                     distribution, long) -> DemoJob:  # fmt: skip
+                     distribution, long, shuffle_seed) -> DemoJob:  # fmt: skip
     """The sharded-model demo: token records (no validation channel) and ``train_gpt.py``."""
     if not registered(distribution).sharded_demo:
         runs_it = " or ".join(d.name for d in REGISTRY.values() if d.sharded_demo)
@@ -184,9 +185,8 @@ def _prepare_gpt_job(bucket, hosts, processes_per_host, input_mode, hyperparamet
         bucket, s3_client(), files, 0, prefix, tokens=True, records_per_file=GPT_RECORDS_PER_FILE
     )
     hps = {**GPT_HYPERPARAMETERS, **(hyperparameters or {})}
-    estimator = demo_estimator(
-        bucket, hosts, processes_per_host, input_mode, hps, entry_point=GPT_SCRIPT, distribution=distribution
-    )
+    estimator = demo_estimator(bucket, hosts, processes_per_host, input_mode, hps, entry_point=GPT_SCRIPT,
+                               distribution=distribution, shuffle_seed=shuffle_seed)  # fmt: skip
     inputs = {"train": f"s3://{bucket}/{prefix}/train/"}
     return _prepared(estimator, inputs, job_name, printer, dataset, "token records")
 

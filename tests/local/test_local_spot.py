@@ -250,6 +250,25 @@ def test_ranks_that_end_on_the_sigterm_itself_read_interrupted_and_start_again(s
     assert "every rank ended on SIGTERM itself, none in a stop the ranks agreed" in attempts[0].line(), log
 
 
+def test_the_local_command_runs_a_script_under_shufflecfg_and_restarts_it_after_an_interruption(
+    s3, bucket, tmp_path, aws_env
+):
+    """``--shuffle-seed`` with ``--interrupt-at`` on the command line: the request carries ShuffleConfig
+    on each Pipe channel, the ranks are interrupted and the job starts again."""
+    write_demo_data(f"s3://{bucket}/data/", files=2, records_per_file=2, validation_files=2, client=s3)
+    proc = subprocess.run(
+        [*CLI, "local", "--entry-point", "print_rank_env.py", "--source-dir", str(SCRIPTS),
+         "--train", f"s3://{bucket}/data/train/", "--output-path", f"s3://{bucket}/jobs",
+         "--checkpoint-s3-uri", f"s3://{bucket}/ckpt/cli", "--endpoint-url", aws_env["AWS_ENDPOINT_URL"],
+         "--shuffle-seed", "5", "--interrupt-at", "3", "-p", "busy=8", "--work-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert "ShuffleConfig seed 5" in output, output[-3000:]
+    assert "[spot] interruption: SIGTERM" in output and "[spot] 2 attempt(s):" in output, output[-3000:]
+    assert proc.returncode == 0, output[-3000:]
+
+
 def _processes_in(folder: Path) -> list[int]:
     """Live processes whose working directory is in ``folder`` (a job's ranks run in its trees)."""
     found = []

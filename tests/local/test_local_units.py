@@ -213,6 +213,8 @@ def test_cli_request_file_errors_name_the_file_and_job_options_are_refused(tmp_p
     good.write_text(json.dumps(_request(sagemaker_program="train.py")))
     err = error("--request", str(good), "--hosts", "3", "--epochs", "2", "--checkpoint-s3-uri", "s3://b/c")
     assert "--hosts, --epochs, --checkpoint-s3-uri cannot be combined with --request" in err
+    err = error("--request", str(good), "--shuffle-seed", "3")
+    assert "--shuffle-seed cannot be combined with --request" in err
 
 
 def test_demo_data_creates_buckets_only_on_a_local_endpoint(s3, aws_env, capsys):
