@@ -75,3 +75,30 @@ def test_no_train_reader_without_a_layout_or_in_file_mode(tmp_path):
     assert TrainReader.of(write_opt_ml(tmp_path / "a", ["train_0"]), 0, 0, 1) is None
     file_mode = write_opt_ml(tmp_path / "b", {"train_0": "File"}, plan_layout(1, 1, input_mode="File"))
     assert TrainReader.of(file_mode, 0, 0, 1) is None
+
+
+def test_a_shuffle_after_the_reader_is_named_once_on_the_chief(capsys):
+    """A tf.data .shuffle after the reader makes a resume inside an epoch train records twice: the
+    helpers' train_epoch says so on the chief, once, instead of the job ending 0 silently."""
+    import tensorflow as tf
+
+    from sagemaker_dist.runtime.tensorflow.keras.reader_resume import shuffled_after_the_reader
+    from sagemaker_dist.runtime.tensorflow.keras.surface import FitSurface
+
+    records = tf.data.Dataset.range(16)
+    assert not shuffled_after_the_reader(records.map(tf.identity).batch(4).prefetch(1))
+    shuffled = records.shuffle(8).map(tf.identity).batch(4).prefetch(1)
+    assert shuffled_after_the_reader(shuffled)
+    assert shuffled_after_the_reader(tf.data.Dataset.zip((records, records.shuffle(4))))
+
+    class Helper(FitSurface):
+        def __init__(self, rank):
+            self.rank = rank
+
+    chief, other = Helper(0), Helper(1)
+    for _ in range(2):  # every epoch's train_epoch asks; the line comes once
+        chief.check_order(shuffled)
+        other.check_order(shuffled)
+    out = capsys.readouterr().out
+    assert out.count("reorders its records after the reader (a tf.data .shuffle)") == 1, out
+    assert "rank_dataset(..., shuffle=ShuffleWindow(seed))" in out

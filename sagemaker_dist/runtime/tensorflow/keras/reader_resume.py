@@ -113,3 +113,27 @@ def resume_reader(root, rank: int, local_rank: int, size: int, position, found, 
     if reader is not None:
         epoch, step = reader.resume(epoch, step, saved, chief=rank == 0)
     return reader, (epoch, step)
+
+
+SHUFFLED_AFTER_THE_READER = (
+    "sagemaker-dist: the train dataset reorders its records after the reader (a tf.data .shuffle): a "
+    "resume inside an epoch skips the batches trained before the stop by their place, so after a stop "
+    "or spot interruption that epoch trains some records twice and others never. Shuffle in the "
+    "reader instead, rank_dataset(..., shuffle=ShuffleWindow(seed)), which resumes exactly"
+)
+
+
+def shuffled_after_the_reader(batches) -> bool:
+    """Whether the ``tf.data`` pipeline ``batches`` has a ``.shuffle`` anywhere (the readers' own shuffle
+    is not one: it happens in the reader, in an order a resume replays)."""
+    stack, seen = [batches], set()
+    while stack:
+        dataset = stack.pop()
+        if id(dataset) in seen:
+            continue
+        seen.add(id(dataset))
+        if type(dataset).__name__ == "_ShuffleDataset":
+            return True
+        inputs = getattr(dataset, "_inputs", None)
+        stack.extend(inputs() if callable(inputs) else ())
+    return False

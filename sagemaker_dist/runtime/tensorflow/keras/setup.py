@@ -81,6 +81,7 @@ class HorovodKeras(FitSurface):
         shorter than promised fails naming the rank. (A ``.repeat()``-ed Pipe dataset would read
         ahead into the next epoch's FIFO.)
         """
+        self.check_order(batches)
         skip = self.resume_skip  # the steps trained before the stop
         if skip is not None and self.steps_per_epoch is None:
             batches, skip = skip_first_batches(batches, skip), None

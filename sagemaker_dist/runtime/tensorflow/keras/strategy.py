@@ -74,6 +74,7 @@ class StrategyKeras(FitSurface):
         FIFO. The epoch ends when every worker has run out; workers that ran out first take empty
         steps meanwhile, so the collectives stay in step. After a resume from a step checkpoint the
         first epoch skips the steps already trained."""
+        self.check_order(batches)
         return self._epoch(batches, self.resume_skip)
 
     def validation_epoch(self, batches):

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
-from sagemaker_dist.runtime.tensorflow.keras.reader_resume import resume_reader
+from sagemaker_dist.runtime.tensorflow.keras.reader_resume import (
+    SHUFFLED_AFTER_THE_READER,
+    resume_reader,
+    shuffled_after_the_reader,
+)
 from sagemaker_dist.runtime.training_session import TrainingSession
 
 
@@ -32,6 +36,15 @@ class FitSurface:
     rank: int
     callbacks: list
     initial_epoch: int
+    _order_checked = False
+
+    def check_order(self, batches) -> None:
+        """Say once, on the chief, that a ``.shuffle`` after the reader breaks the exact resume (the
+        job would otherwise end 0 having trained part of a stopped epoch twice)."""
+        if not self._order_checked:
+            self._order_checked = True
+            if self.is_chief and shuffled_after_the_reader(batches):
+                print(SHUFFLED_AFTER_THE_READER, flush=True)
 
     @property
     def is_chief(self) -> bool:
