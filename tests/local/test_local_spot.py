@@ -219,19 +219,22 @@ def _plain_request(s3, bucket, **hps):
     return estimator.prepare({"train": f"s3://{bucket}/data/train/"}, printer=None).request
 
 
-def _once_both_ranks_said(lines: list[str], text: str):
-    return lambda attempt: attempt == 1 and sum(text in line for line in lines) >= 2
+def _interrupt_once_both_ranks_said(s3, bucket, tmp_path, text: str, **hps):
+    """``print_rank_env.py`` with ``hps``, its first attempt interrupted once both ranks printed ``text``:
+    ``(attempts, the command's lines)``."""
+    lines: list[str] = []
+    attempts, _ = run_interrupted(
+        _plain_request(s3, bucket, **hps), SCRIPTS, [60.0], run=run_local, echo=lines.append,
+        when=lambda attempt: attempt == 1 and sum(text in line for line in lines) >= 2,
+        work_dir=tmp_path, timeout=120,
+    )  # fmt: skip
+    return attempts, "\n".join(lines)
 
 
 def test_an_interruption_after_every_rank_has_ended_its_script_is_no_restart(s3, bucket, tmp_path):
     """SIGTERM while the ranks' scripts have ended (exit 0) but their processes still tear down: the
     attempt completed; the rank ends with its script's code, and nothing starts again."""
-    lines: list[str] = []
-    attempts, _ = run_interrupted(
-        _plain_request(s3, bucket, linger=6), SCRIPTS, [60.0], run=run_local, echo=lines.append,
-        when=_once_both_ranks_said(lines, "exits with code 0"), work_dir=tmp_path, timeout=120,
-    )  # fmt: skip
-    log = "\n".join(lines)
+    attempts, log = _interrupt_once_both_ranks_said(s3, bucket, tmp_path, "exits with code 0", linger=6)
     assert "[spot] interruption: SIGTERM to rank process(es)" in log, log[-3000:]
     assert [a.status for a in attempts] == ["Completed"], log[-3000:]
     assert "every rank's script had ended (exit 0) before it: nothing to start again" in log, log[-3000:]
@@ -240,12 +243,7 @@ def test_an_interruption_after_every_rank_has_ended_its_script_is_no_restart(s3,
 def test_ranks_that_end_on_the_sigterm_itself_read_interrupted_and_start_again(s3, bucket, tmp_path):
     """Every rank up, none with the runtime's stop (still starting, or a script without one): each ends
     on the SIGTERM itself. That is an interruption, not a failure; the next attempt runs the job."""
-    lines: list[str] = []
-    attempts, _ = run_interrupted(
-        _plain_request(s3, bucket, busy=8), SCRIPTS, [60.0], run=run_local, echo=lines.append,
-        when=_once_both_ranks_said(lines, "works 8.0 s"), work_dir=tmp_path, timeout=120,
-    )  # fmt: skip
-    log = "\n".join(lines)
+    attempts, log = _interrupt_once_both_ranks_said(s3, bucket, tmp_path, "works 8.0 s", busy=8)
     assert [a.status for a in attempts] == ["Interrupted", "Completed"], log[-3000:]
     assert "every rank ended on SIGTERM itself, none in a stop the ranks agreed" in attempts[0].line(), log
 
