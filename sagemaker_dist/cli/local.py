@@ -107,8 +107,8 @@ def _add_job_arguments(p) -> None:
     p.add_argument(
         "--shuffle-seed",
         type=int,
-        help="SageMaker's ShuffleConfig on the Pipe channels: another object order each epoch (before "
-        "ShardedByS3Key splits them among hosts), as launch --shuffle-seed",
+        help="SageMaker's ShuffleConfig on the job's channels, as launch --shuffle-seed: another object "
+        "order each epoch of a Pipe channel (before ShardedByS3Key splits the objects among hosts)",
     )
     add_distribution_argument(p)
     p.add_argument(

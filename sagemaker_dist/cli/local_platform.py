@@ -83,7 +83,8 @@ class LocalPlatform:
             given = hyperparameters_of(job)
             if job.demo:
                 demo = prepare_demo_job(bucket, hosts, per_host, job.input_mode or "Pipe", given, printer=err,
-                                        distribution=job.distribution)  # fmt: skip
+                                        distribution=job.distribution,
+                                        shuffle_seed=job.shuffle_seed)  # fmt: skip
                 base = drop_demo_defaults(demo.request, spec, given)
                 source_dir, stem = str(DEMO_JOB_DIR), "demo-tune"
             elif base is not None:

@@ -3,8 +3,9 @@
 As a spot interruption does: SECONDS after an attempt's ranks start, every rank gets SIGTERM; the job
 has up to ``STOP_WINDOW_S`` (SageMaker's 120 s) to end, then what is left is killed. As managed spot
 does: the job is started again, on fresh /opt/ml trees with its checkpoints restored from its
-checkpoint S3 URI, until an attempt is not interrupted (the last one never is). Every attempt is
-reported; the command ends with the last one's status.
+checkpoint S3 URI, until an attempt is not interrupted (the last one never is), or completed anyway
+(every rank's script had ended, exit 0, before the signal). Every attempt is reported; the command ends
+with the last one's status.
 
 The signal goes to each rank process itself (the pids the rank entry writes, or for launchers that
 start the ranks themselves, the Python processes below the launcher with a rank's environment), not to
@@ -12,7 +13,11 @@ horovodrun or mpirun: those answer SIGTERM by killing the ranks after a few seco
 were doing. That is what the image's entry point must do on SageMaker too (forward SIGTERM to every
 rank), and what the runtime's stop (``runtime/stop.py``) needs: time to agree and checkpoint. Before any
 rank process has started, the launcher and what it started so far get it. An attempt interrupted before
-every rank was up (``reports_pids`` launchers) reads Interrupted: no step can have been trained.
+every rank was up (``reports_pids`` launchers) reads Interrupted: no step can have been trained; so
+does one where the ranks ended on the SIGTERM itself, none in an agreed stop (still starting, or a
+script without the runtime's stop). Only launchers whose ranks run through the rank entry
+(``reports_pids``) tell these apart; under the toolkit and the container the attempt reads Stopped or
+Failed, and starts again.
 With ``launcher="container"`` the interruption is SageMaker's own, ``podman stop``: SIGTERM to each
 container's PID 1, the image's entry point (``host/stop_forwarding.py``), which forwards it to the ranks.
 """
@@ -112,14 +117,15 @@ class Interruption:
 
     @property
     def ended_on_signal(self) -> bool:
-        """Every rank ended on the SIGTERM itself (its rank entry's handler: no stop of the runtime had
-        the signal, so none was agreed), as far as the ranks say (``reports_pids``)."""
+        """The ranks ended on the SIGTERM itself (their rank entry's handler: no stop of the runtime had
+        the signal, so none was agreed), those that had not ended with 0 already, as the ranks' exit files
+        last read say (``reports_pids``)."""
         group = self.group
-        return bool(
-            group is not None
-            and group.reports_pids
-            and len(group.ranks_ended_with(TERMINATED, read=False)) == group.world_size
-        )
+        if group is None or not group.reports_pids:
+            return False
+        terminated = group.ranks_ended_with(TERMINATED, read=False)
+        ended = terminated + group.ranks_ended_with("0", read=False)
+        return bool(terminated) and len(ended) == group.world_size
 
     def _due(self, group) -> bool:
         """Wait until the interruption is due (``at`` seconds, or ``when()`` before that); False if the
@@ -188,8 +194,9 @@ class Attempt:
 
     number: int
     interrupted_at: float | None  # seconds after its ranks started; None: not interrupted
-    # Completed; Stopped (interrupted, ended in time); Interrupted (in the ranks' start-up, ended in time:
-    # a rank still starting ends on SIGTERM); Killed (not ended in time); Failed
+    # Completed (not interrupted, or every rank's script had ended before the signal); Stopped
+    # (interrupted, ended in time); Interrupted (in the ranks' start-up, or the ranks ended on the SIGTERM
+    # itself, none in an agreed stop); Killed (not ended in time); Failed
     status: str
     ended_after_signal: float | None = None
     # (epoch counted from 1, steps of it trained), as rank 0's stop and resume lines name them
@@ -289,7 +296,7 @@ def run_interrupted(
         )  # fmt: skip
         echo("[spot] " + attempts[-1].line())
         if not signalled or status == "Completed":
-            break  # ended before its interruption (or every rank's script had), or failed: no restart
+            break  # not interrupted (done, or failed on its own), or every rank's script had ended first
     echo(f"[spot] {len(attempts)} attempt(s):")
     for attempt in attempts:
         echo("[spot]   " + attempt.line())

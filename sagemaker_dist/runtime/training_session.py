@@ -110,17 +110,19 @@ class EpochReport:
 
     what: str
     steps: int
-    records_read: tuple[int, ...]  # per rank: records in the batches trained on
+    records_read: tuple[int, ...] | None  # per rank: records in the batches trained on (None: not known)
     records_left: tuple[int, ...]  # per rank: records read ahead and not trained on (at least)
     ran_out: tuple[int, ...]  # ranks that had no batch at the last step
 
     def line(self) -> str:
-        left = [f"rank {r}: {n}" for r, n in enumerate(self.records_left) if n]
         text = (
             f"{self.what} epoch ended for every rank after {self.steps} step(s): rank(s) "
-            f"{', '.join(map(str, self.ran_out)) or '-'} ran out of data. Records read per rank: "
-            f"{list(self.records_read)}"
+            f"{', '.join(map(str, self.ran_out)) or '-'} ran out of data"
         )
+        if self.records_read is None:
+            return text
+        text += f". Records read per rank: {list(self.records_read)}"
+        left = [f"rank {r}: {n}" for r, n in enumerate(self.records_left) if n]
         if left:
             text += f"; read ahead and not trained on (the rest of the FIFO closed unread): {', '.join(left)}"
         return text

@@ -100,5 +100,5 @@ def test_a_shuffle_after_the_reader_is_named_once_on_the_chief(capsys):
         chief.check_order(shuffled)
         other.check_order(shuffled)
     out = capsys.readouterr().out
-    assert out.count("reorders its records after the reader (a tf.data .shuffle)") == 1, out
+    assert out.count("shuffles after the reader (a tf.data .shuffle)") == 1, out
     assert "rank_dataset(..., shuffle=ShuffleWindow(seed))" in out

@@ -201,21 +201,24 @@ class RankGroup:
                 except ValueError:
                     pass  # being written
 
-    def _exit_files(self) -> dict[int, tuple[str, float]]:
-        """rank -> (exit-file text, its mtime in seconds since the epoch); kept as ``exits_seen``."""
+    def _exit_files(self, keep: bool = True) -> dict[int, tuple[str, float]]:
+        """rank -> (exit-file text, its mtime in seconds since the epoch); kept as ``exits_seen`` (the
+        supervisor's reads, the last of them once the launcher has exited) unless ``keep=False``."""
         found = {}
         for path in self.pid_dir.glob("*.exit"):
             try:
                 found[int(path.stem)] = (path.read_text().strip(), path.stat().st_mtime)
             except (OSError, ValueError):
                 continue
-        self.exits_seen = found
+        if keep:
+            self.exits_seen = found
         return found
 
     def ranks_ended_with(self, text: str, read: bool = True) -> list[int]:
-        """Ranks whose exit file says ``text`` (``"0"``, ``TERMINATED``); ``read=False``: as last read
-        (the job's files may be gone once it has ended)."""
-        exits = self._exit_files() if read else self.exits_seen
+        """Ranks whose exit file says ``text`` (``"0"``, ``TERMINATED``), read now (from another thread
+        too: it keeps nothing); ``read=False``: as the supervisor last read them (the job's files may be
+        gone once it has ended)."""
+        exits = self._exit_files(keep=False) if read else self.exits_seen
         return sorted(r for r, (said, _) in exits.items() if said == text)
 
     def watch(self) -> None:
@@ -254,7 +257,7 @@ class RankGroup:
 
     def terminated_ranks(self) -> list[int]:
         """Ranks stopped by SIGTERM (the launcher stopping them after another rank failed)."""
-        return self.ranks_ended_with(TERMINATED)
+        return sorted(r for r, (text, _) in self._exit_files().items() if text == TERMINATED)
 
     def first_failure(self) -> tuple[int, str] | None:
         """(rank, what happened) of the earliest real failure, or None.

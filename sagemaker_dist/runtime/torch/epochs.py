@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime.training_session import EpochReport
@@ -35,23 +35,39 @@ def _initialised() -> bool:
 
 
 def records_in(batch) -> int | None:
-    """Records in one batch: a ragged batch's count, the first tensor's (or array's) first dimension
-    (of a tuple, a list of tensors or a dict: its first), a list of other things' length (records,
-    samples); None where it cannot be told."""
-    while True:
-        if hasattr(batch, "offsets") and hasattr(batch, "lengths"):  # a RaggedBatch
-            return len(batch.offsets) - 1
-        shape = getattr(batch, "shape", None)
-        if shape is not None:
-            return int(shape[0]) if len(shape) else 1
-        if isinstance(batch, dict) and batch:
-            batch = next(iter(batch.values()))
-        elif isinstance(batch, tuple | list) and batch:
-            if isinstance(batch, list) and not hasattr(batch[0], "shape"):
-                return len(batch)
-            batch = batch[0]
-        else:
-            return None
+    """Records in one batch, where its structure says so unambiguously: a ``RaggedBatch``'s count, a
+    ``PackedSequence``'s sequences, a tensor's (or array's) first dimension, a mapping's first value's, a
+    tuple's or list's fields' common first dimension, a list of anything else's length (records,
+    samples, tensors of different lengths); None otherwise (the epoch's line then leaves counts out)."""
+    try:
+        return _records_in(batch)
+    except Exception:  # noqa: BLE001 - a report must never stop a step (nested tensors, odd objects)
+        return None
+
+
+def _records_in(batch) -> int | None:
+    from sagemaker_dist.runtime.torch.batch_cutter import RaggedBatch
+
+    if isinstance(batch, RaggedBatch):
+        return len(batch.offsets) - 1
+    if hasattr(batch, "batch_sizes") and hasattr(batch, "sorted_indices"):  # a PackedSequence
+        return int(batch.batch_sizes[0])
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) else 1
+    if isinstance(batch, Mapping) and batch:
+        return _records_in(next(iter(batch.values())))
+    if isinstance(batch, tuple | list) and batch:
+        shaped = [getattr(item, "shape", None) for item in batch]
+        if all(shape is not None and len(shape) for shape in shaped):
+            firsts = {int(shape[0]) for shape in shaped}
+            if len(firsts) == 1:  # fields of one batch: (inputs, labels), default_collate's lists
+                return firsts.pop()
+            return len(batch) if isinstance(batch, list) else None  # a list of samples of their own lengths
+        if isinstance(batch, list):  # records, samples, scalars
+            return len(batch)
+        return _records_in(batch[0]) if isinstance(batch[0], Mapping | RaggedBatch) else None
+    return None
 
 
 def _steps_to_skip(skip) -> int:
@@ -184,8 +200,8 @@ class AgreedEpoch:
         if not distributed:
             self.ran_out = (0,)
             return
-        held = records_in(batch) if has else 0
-        counts = [-1 if n is None else n for n in (self.records, held)]
+        read_ahead = records_in(batch) if has else 0
+        counts = [-1 if n is None else n for n in (self.records, read_ahead)]
         mine = torch.tensor([0 if has else 1, *counts], dtype=torch.int64)
         everyone = [torch.zeros(3, dtype=torch.int64) for _ in range(dist.get_world_size(self.group))]
         dist.all_gather(everyone, mine, group=self.group)
@@ -193,10 +209,10 @@ class AgreedEpoch:
         rows = [t.tolist() for t in everyone]
         self.ran_out = tuple(r for r, row in enumerate(rows) if row[0])
         if dist.get_rank() == 0:
-            trained, held = (tuple(row[i] for row in rows) for i in (1, 2))
-            line = EpochReport(self.what, self.steps, trained, held, self.ran_out).line()
-            if any(n < 0 for row in rows for n in row[1:]):  # some batch's records could not be counted
-                line = line[: line.index(". Records read per rank")]
+            known = all(n >= 0 for row in rows for n in row[1:])  # every batch's records could be counted
+            trained = tuple(row[1] for row in rows) if known else None
+            left = tuple(max(row[2], 0) for row in rows)
+            line = EpochReport(self.what, self.steps, trained, left, self.ran_out).line()
             if self.skipped:
                 line += f" (after skipping {self.skipped} batch(es) trained before a stop)"
             print(f"sagemaker-dist: {line}", flush=True)

@@ -381,4 +381,12 @@ def test_an_epochs_end_counts_the_records_of_the_batches_a_reader_or_a_collate_h
     assert records_in([b"a", b"bc"]) == 2  # records as bytes
     assert records_in([{"jpg": b"x"}, {"jpg": b"y"}, {"jpg": b"z"}]) == 3  # WebDataset samples
     assert records_in(np.zeros((8, 2))) == 8
+    assert records_in([torch.zeros(7), torch.zeros(9)]) == 2  # samples of their own lengths
+    assert records_in([torch.tensor(1.0), torch.tensor(2.0)]) == 2  # scalars
+    images = tuple(torch.zeros(3, 8, 8) for _ in range(5))  # torchvision detection: images and targets
+    assert records_in((images, tuple({"boxes": torch.zeros(2, 4)} for _ in range(5)))) is None  # not 3
+    packed = torch.nn.utils.rnn.pack_sequence([torch.zeros(4), torch.zeros(3)])
+    assert records_in(packed) == 2  # sequences, not tokens
+    nested = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)], layout=torch.jagged)
+    assert records_in(nested) in (2, None)  # never an error: a step must not fail on its count
     assert records_in(object()) is None and records_in([]) is None

@@ -116,24 +116,29 @@ def resume_reader(root, rank: int, local_rank: int, size: int, position, found, 
 
 
 SHUFFLED_AFTER_THE_READER = (
-    "sagemaker-dist: the train dataset reorders its records after the reader (a tf.data .shuffle): a "
-    "resume inside an epoch skips the batches trained before the stop by their place, so after a stop "
-    "or spot interruption that epoch trains some records twice and others never. Shuffle in the "
-    "reader instead, rank_dataset(..., shuffle=ShuffleWindow(seed)), which resumes exactly"
+    "sagemaker-dist: the train dataset shuffles after the reader (a tf.data .shuffle): a resume inside an "
+    "epoch skips the batches trained before the stop by their place, so unless that shuffle replays the "
+    "same order in a new process, the stopped epoch trains some records twice and others never. Shuffle "
+    "in the reader instead, rank_dataset(..., shuffle=ShuffleWindow(seed)), which resumes exactly"
 )
+SHUFFLES = {"_ShuffleDataset", "_ShuffleAndRepeatDataset"}  # tf.data's classes for .shuffle (TF 2.12-2.21)
 
 
 def shuffled_after_the_reader(batches) -> bool:
     """Whether the ``tf.data`` pipeline ``batches`` has a ``.shuffle`` anywhere (the readers' own shuffle
-    is not one: it happens in the reader, in an order a resume replays)."""
+    is not one: it happens in the reader, in an order a resume replays); False where its inputs cannot be
+    walked (a check must not stop the training)."""
     stack, seen = [batches], set()
-    while stack:
-        dataset = stack.pop()
-        if id(dataset) in seen:
-            continue
-        seen.add(id(dataset))
-        if type(dataset).__name__ == "_ShuffleDataset":
-            return True
-        inputs = getattr(dataset, "_inputs", None)
-        stack.extend(inputs() if callable(inputs) else ())
+    try:
+        while stack:
+            dataset = stack.pop()
+            if id(dataset) in seen:
+                continue
+            seen.add(id(dataset))
+            if type(dataset).__name__ in SHUFFLES:
+                return True
+            inputs = getattr(dataset, "_inputs", None)
+            stack.extend(inputs() if callable(inputs) else ())
+    except Exception:  # noqa: BLE001 - a private API of tf.data: whatever it does, train on
+        return False
     return False
