@@ -218,8 +218,7 @@ class RankGroup:
         """Ranks whose exit file says ``text`` (``"0"``, ``TERMINATED``), read now (from another thread
         too: it keeps nothing); ``read=False``: as the supervisor last read them (the job's files may be
         gone once it has ended)."""
-        exits = self._exit_files(keep=False) if read else self.exits_seen
-        return sorted(r for r, (said, _) in exits.items() if said == text)
+        return _saying(self._exit_files(keep=False) if read else self.exits_seen, text)
 
     def watch(self) -> None:
         """Note, for every rank without an exit file, when it was last seen alive and first seen dead:
@@ -257,7 +256,7 @@ class RankGroup:
 
     def terminated_ranks(self) -> list[int]:
         """Ranks stopped by SIGTERM (the launcher stopping them after another rank failed)."""
-        return sorted(r for r, (text, _) in self._exit_files().items() if text == TERMINATED)
+        return _saying(self._exit_files(), TERMINATED)
 
     def first_failure(self) -> tuple[int, str] | None:
         """(rank, what happened) of the earliest real failure, or None.
@@ -334,3 +333,8 @@ class RankGroup:
                 pass
         if self.network:
             self.network.close()
+
+
+def _saying(exits: dict[int, tuple[str, float]], text: str) -> list[int]:
+    """The ranks of ``exits`` (``RankGroup._exit_files``) whose exit file says ``text``."""
+    return sorted(rank for rank, (said, _) in exits.items() if said == text)

@@ -211,7 +211,7 @@ class AgreedEpoch:
         if dist.get_rank() == 0:
             known = all(n >= 0 for row in rows for n in row[1:])  # every batch's records could be counted
             trained = tuple(row[1] for row in rows) if known else None
-            left = tuple(max(row[2], 0) for row in rows)
+            left = tuple(row[2] for row in rows)  # read only where known
             line = EpochReport(self.what, self.steps, trained, left, self.ran_out).line()
             if self.skipped:
                 line += f" (after skipping {self.skipped} batch(es) trained before a stop)"
