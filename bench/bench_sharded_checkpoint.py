@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from bench_pipe_reader import rotated
+from gloo_group import start_gloo
 
 WIDTH = 4096
 RESULT = "sagemaker-dist-bench:"
@@ -104,15 +105,13 @@ def drive(args) -> int:
 
 
 def rank_main(args) -> None:
-    import datetime
-
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
     from sagemaker_dist.runtime.torch.sharded import ShardedCheckpoints
 
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=1800))
+    start_gloo()
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = torch.nn.Sequential(*(torch.nn.Linear(WIDTH, WIDTH) for _ in range(layers_for(args.gigabytes))))

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from bench_pipe_reader import rotated
 from demo_scripts import demo_module
+from gloo_group import start_gloo
 
 ARMS = ("fixed", "agreed", "join")
 
@@ -84,7 +85,7 @@ def run_rank(args) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    dist.init_process_group("gloo")
+    start_gloo()
     rank = dist.get_rank()
     torch.manual_seed(rank)
     batches = [
