@@ -115,17 +115,16 @@ class Interruption:
         rank), so the ranks that were still starting ended on SIGTERM, as they would on SageMaker."""
         return self.ranks_up is not None and self.ranks_up[0] < self.ranks_up[1]
 
-    @property
-    def ended_on_signal(self) -> bool:
-        """The ranks ended on the SIGTERM itself (their rank entry's handler: no stop of the runtime had
-        the signal, so none was agreed), those that had not ended with 0 already, as the ranks' exit files
-        last read say (``reports_pids``)."""
+    def ended_on_signal(self) -> list[int]:
+        """The ranks that ended on the SIGTERM itself (their rank entry's handler: no stop of the runtime
+        had the signal, so none was agreed), where every other rank had ended with 0 already, as the
+        ranks' exit files last read say (``reports_pids``); [] otherwise."""
         group = self.group
         if group is None or not group.reports_pids:
-            return False
+            return []
         terminated = group.ranks_ended_with(TERMINATED, read=False)
         ended = terminated + group.ranks_ended_with("0", read=False)
-        return bool(terminated) and len(ended) == group.world_size
+        return terminated if len(ended) == group.world_size else []
 
     def _due(self, group) -> bool:
         """Wait until the interruption is due (``at`` seconds, or ``when()`` before that); False if the
@@ -206,6 +205,7 @@ class Attempt:
     error: str | None = None
     result: object = None
     ranks_up: tuple[int, int] | None = None  # (ranks up, world size) at the signal, where known
+    on_signal: list[int] | None = None  # the ranks that ended on the SIGTERM itself (Interrupted)
 
     def line(self) -> str:
         text = f"attempt {self.number}: {self.status} after {self.seconds:.1f} s"
@@ -230,13 +230,19 @@ class Attempt:
                 f"; in the ranks' start-up ({up} of {world} up): no step was trained, and the ranks still "
                 "starting ended on SIGTERM, as on SageMaker"
                 if up < world
-                else "; every rank ended on SIGTERM itself, none in a stop the ranks agreed (its script had "
-                "not set up the runtime's stop yet, or has none): it starts again from its last checkpoint"
+                else f"; {self._on_signal_text(world)}, none in a stop the ranks agreed (its script had not "
+                "set up the runtime's stop yet, or has none): it starts again from its last checkpoint"
             )
         if self.error and self.status != "Completed":
             # its first line, less the heading of the output lines after it
             text += "; " + re.sub(r"[;.] [Ll]ast output[^:]*:$", "", self.error.splitlines()[0])
         return text
+
+    def _on_signal_text(self, world: int) -> str:
+        ranks = self.on_signal or []
+        if not ranks or len(ranks) == world:
+            return "every rank ended on SIGTERM itself"
+        return f"rank(s) {', '.join(map(str, ranks))} ended on SIGTERM itself, the others had ended (exit 0)"
 
 
 def stop_positions(lines: list[str]) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
@@ -285,13 +291,14 @@ def run_interrupted(
         status = "Completed" if error is None else "Failed"
         if signalled and not (interruption.ended_first and error is None):
             status = "Killed" if interruption.killed else "Stopped" if error is None else status
-            ended_on_signal = interruption.in_start_up or interruption.ended_on_signal
-            if status == "Failed" and stopped is None and ended_on_signal:
+            on_signal = interruption.ended_on_signal()
+            if status == "Failed" and stopped is None and (interruption.in_start_up or on_signal):
                 status = "Interrupted"
         attempts.append(
             Attempt(
                 number, interruption.after if signalled else None, status, interruption.ended_after, stopped,
                 resumed, time.monotonic() - started, error, result, interruption.ranks_up,
+                on_signal if status == "Interrupted" else None,
             )
         )  # fmt: skip
         echo("[spot] " + attempts[-1].line())

@@ -178,6 +178,16 @@ def test_the_stop_and_resume_lines_name_one_place_the_same_way():
     assert "resumed" not in Attempt(1, None, "Completed", resumed_from=(1, 0)).line()  # a fresh start
 
 
+def test_an_interrupted_attempt_names_the_ranks_that_ended_on_the_sigterm_itself():
+    def interrupted(on_signal):
+        return Attempt(1, 5.0, "Interrupted", 0.2, ranks_up=(4, 4), on_signal=on_signal).line()
+
+    assert "; every rank ended on SIGTERM itself, none in a stop" in interrupted([0, 1, 2, 3])
+    partly = interrupted([0])  # the others' scripts had ended with 0 (rank 0 still saving its model)
+    assert "; rank(s) 0 ended on SIGTERM itself, the others had ended (exit 0), none in a stop" in partly
+    assert "every rank" not in partly
+
+
 def test_interrupt_at_needs_a_checkpoint_uri_and_positive_seconds():
     with pytest.raises(ConfigurationError, match="no CheckpointConfig.S3Uri"):
         check_interrupts([30.0], None)
