@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import operator
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime.training_session import EpochReport
@@ -95,8 +96,10 @@ class AgreedEpoch:
         skip: int = 0,
         join: Sequence | None = None,
         what: str = "train",
+        records: Callable[[Any], int] | None = None,
     ):
         self.batches = batches
+        self.records_of = records or records_in
         self.group = group
         self.stop = stop
         self.skip = _steps_to_skip(skip)
@@ -185,9 +188,18 @@ class AgreedEpoch:
             self.stopped = bool(wants.item())
         self.exhausted = True
 
+    def _records_of(self, batch) -> int | None:
+        """``batch``'s records as ``records=`` counts them (``records_in`` by default); None where the
+        count fails or is no whole number >= 0: a report must never stop a step."""
+        try:
+            n = operator.index(self.records_of(batch))
+        except Exception:  # noqa: BLE001 - a raising rank would leave the others waiting in the agreement
+            return None
+        return n if n >= 0 else None
+
     def _count(self, batch) -> None:
         if self.records is not None:
-            n = records_in(batch)
+            n = self._records_of(batch)
             self.records = None if n is None else self.records + n
 
     def _note_end(self, batch, distributed: bool) -> None:
@@ -200,7 +212,7 @@ class AgreedEpoch:
         if not distributed:
             self.ran_out = (0,)
             return
-        read_ahead = records_in(batch) if has else 0
+        read_ahead = self._records_of(batch) if has else 0
         counts = [-1 if n is None else n for n in (self.records, read_ahead)]
         mine = torch.tensor([0 if has else 1, *counts], dtype=torch.int64)
         everyone = [torch.zeros(3, dtype=torch.int64) for _ in range(dist.get_world_size(self.group))]
@@ -226,6 +238,7 @@ def agreed_batches(
     skip: int = 0,
     join: Sequence | None = None,
     what: str = "train",
+    records: Callable[[Any], int] | None = None,
 ) -> AgreedEpoch:
     """``batches`` (one epoch: a ``PipeBatches`` iteration, or any iterable) ended at the same step on
     every rank: the first step where some rank has no batch, or a stop (``stop``: a
@@ -233,6 +246,8 @@ def agreed_batches(
     every rank, the same number of times; ``group``: the process group of the agreement (the job's
     ``agreement_group``). ``skip``: batches to read and drop first (a resume inside the epoch).
     ``join``: the ``Joinable`` objects (the DDP model) to train every record with ``Join`` instead.
+    ``records``: a batch's record count, for rank 0's line at the epoch's end, where ``records_in``
+    cannot tell it (a list of same-shaped per-sample tensors reads as one batch of fields).
     The next batch is read while a step trains: an iterable that reuses one buffer for every batch
     must hand out copies."""
-    return AgreedEpoch(batches, group=group, stop=stop, skip=skip, join=join, what=what)
+    return AgreedEpoch(batches, group=group, stop=stop, skip=skip, join=join, what=what, records=records)

@@ -187,8 +187,9 @@ class PipeTraining:
         finally:
             self._finish()
 
-    def batches(self, batches):
-        """This epoch's batches of ``batches`` (a ``PipeBatches``), ended by agreement on every rank."""
+    def batches(self, batches, records=None):
+        """This epoch's batches of ``batches`` (a ``PipeBatches``), ended by agreement on every rank.
+        ``records``: a batch's record count for the epoch's line, where ``records_in`` cannot tell it."""
         # our readers take the epoch (its shuffle) and drop the records trained before a stop themselves
         skip = begin_epoch(batches, self.epoch, self._skip, self._saved_reader)
         self._reader = batches
@@ -198,6 +199,7 @@ class PipeTraining:
             stop=self.stop,
             skip=skip,
             join=[self.model] if self.join else None,
+            records=records,
         )
         self._skip = 0
         self.last = agreed
@@ -212,9 +214,9 @@ class PipeTraining:
         if agreed.stopped:
             self._stopped(agreed)
 
-    def evaluate(self, batches):
+    def evaluate(self, batches, records=None):
         """Validation batches, ended by agreement on every rank (no stop, no skip)."""
-        return agreed_batches(batches, group=self.job.agreement_group, what="validation")
+        return agreed_batches(batches, group=self.job.agreement_group, what="validation", records=records)
 
     def _position(self, agreed: AgreedEpoch) -> tuple[int, int]:
         """Where the stopped job resumes: inside this epoch, or at the next when it was done (a stop that

@@ -390,3 +390,18 @@ def test_an_epochs_end_counts_the_records_of_the_batches_a_reader_or_a_collate_h
     nested = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)], layout=torch.jagged)
     assert records_in(nested) in (2, None)  # never an error: a step must not fail on its count
     assert records_in(object()) is None and records_in([]) is None
+
+
+def test_a_script_counts_the_records_of_batches_whose_structure_cannot_tell_them():
+    import torch
+
+    from sagemaker_dist.runtime.torch.epochs import agreed_batches
+
+    samples = [[torch.zeros(3, 8, 8) for _ in range(5)] for _ in range(2)]  # collate_fn=list: 5 images
+    guessed = agreed_batches(samples)
+    assert len(list(guessed)) == 2 and guessed.records == 6  # read as fields of 3 records each
+    counted = agreed_batches(samples, records=len)
+    assert len(list(counted)) == 2 and counted.records == 10
+    for wrong in (lambda batch: 1 / 0, lambda batch: -1, lambda batch: 2.5):
+        epoch = agreed_batches(samples, records=wrong)
+        assert len(list(epoch)) == 2 and epoch.records is None  # never an error: the steps go on
