@@ -23,6 +23,8 @@ _LAZY = {
     # AWS's name for the same class
     "PipeModeDatasetException": "sagemaker_dist.runtime.tensorflow.data.pipe_dataset",
     "rank_dataset": "sagemaker_dist.runtime.tensorflow.data.pipe_dataset",
+    # a TensorFlow loop of the script's own: its place in the train channel, for its checkpoints
+    "ReaderPosition": "sagemaker_dist.runtime.tensorflow.data.reader_position",
     "ContainerConfig": "sagemaker_dist.runtime.config",
     "RankInfo": "sagemaker_dist.runtime.ranks",
     "RankChannelError": "sagemaker_dist.runtime.ranks",
