@@ -25,6 +25,8 @@ _LAZY = {
     "rank_dataset": "sagemaker_dist.runtime.tensorflow.data.pipe_dataset",
     # a TensorFlow loop of the script's own: its place in the train channel, for its checkpoints
     "ReaderPosition": "sagemaker_dist.runtime.tensorflow.data.reader_position",
+    # SIGTERM (a stop, a spot interruption) as a request a loop of the script's own agrees on at a step
+    "StopRequest": "sagemaker_dist.runtime.stop",
     "ContainerConfig": "sagemaker_dist.runtime.config",
     "RankInfo": "sagemaker_dist.runtime.ranks",
     "RankChannelError": "sagemaker_dist.runtime.ranks",
