@@ -68,7 +68,12 @@ def resolve_objects(spec: ChannelSpec, client) -> list[S3Item]:
         try:
             doc = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
         except client.exceptions.NoSuchKey as exc:
-            raise FeedError(f"channel {spec.name!r}: manifest {spec.s3_uri} does not exist") from exc
+            raise FeedError(
+                f"channel {spec.name!r}: manifest {spec.s3_uri} does not exist; a request from "
+                "`launch --dry-run` names the manifests a launch would write without writing them: "
+                "write them first (a launch writes them, so does `sagemaker-dist shard` to that prefix), "
+                "or point the channel at a prefix"
+            ) from exc
         except ValueError as exc:
             raise FeedError(f"channel {spec.name!r}: manifest {spec.s3_uri} is not JSON ({exc})") from exc
         if not (

@@ -40,6 +40,14 @@ def job_dir(tmp_path):
     return dest, tmp_path / "a" / "b" / "x"  # dest/../../../../x
 
 
+def test_a_manifest_that_is_not_there_is_named_with_how_to_write_it(s3, bucket):
+    spec = ChannelSpec("train_0", f"s3://{bucket}/jobs/j/shards/train/0.manifest", data_type="ManifestFile")
+    with pytest.raises(
+        FeedError, match=r"manifest s3://.*/0\.manifest does not exist; .*launch --dry-run.*shard"
+    ):
+        resolve_objects(spec, s3_client())
+
+
 # --- File-mode channels -------------------------------------------------------------------------
 
 
