@@ -67,6 +67,36 @@ def test_a_loop_of_its_own_resumes_a_shuffled_epoch_training_each_record_once(
     assert position.state_dict(1, 30)["head"] == saved["head"]  # the same stream again
 
 
+def test_a_shuffled_file_mode_channel_resumes_its_epoch_exactly_too(tmp_path, monkeypatch):
+    """File mode has no FIFOs, but a process's n-th read is shuffled as epoch n: the resumed job's first
+    read must be shuffled as the epoch it resumes, or skipping the trained batches skips other records."""
+    info = RankInfo(rank=0, local_rank=0, size=1, local_size=1)
+
+    def job(name):
+        root = write_opt_ml(tmp_path / name, {"train_0": "File"}, plan_layout(1, 1, input_mode="File"))
+        (root / "input" / "data" / "train_0").mkdir(parents=True, exist_ok=True)
+        (root / "input" / "data" / "train_0" / "part.tfrecord").write_bytes(STREAM)
+        monkeypatch.setenv(ROOT_ENV, str(root))
+        return ReaderPosition(rank_info=info), rank_dataset("train", rank_info=info, shuffle=WINDOW).batch(
+            BATCH
+        )
+
+    _, dataset = job("whole")
+    epochs = [[i for batch in dataset for i in ids(batch)] for _ in range(3)]
+    assert len({tuple(e) for e in epochs}) == 3 and all(sorted(e) == list(range(N)) for e in epochs)
+    position, dataset = job("stopped")
+    [i for batch in dataset for i in ids(batch)]  # epoch 0
+    steps = iter(dataset)
+    before = [i for _ in range(4) for i in ids(next(steps))]
+    saved = position.state_dict(1, 4)
+    assert saved == {"epoch": 1, "step": 4, "fifo": None, "head": None, "world_size": 1}
+    position, dataset = job("resumed")
+    assert position.load_state_dict(saved) == (1, 4)
+    after = [i for batch in dataset.skip(4) for i in ids(batch)]
+    assert before + after == epochs[1]  # the stopped epoch's records once each, in its order
+    assert [i for batch in dataset for i in ids(batch)] == epochs[2]  # and the next epoch as epoch 2
+
+
 def test_another_world_size_resumes_at_the_next_epoch_and_a_bad_state_is_refused(
     tmp_path, monkeypatch, capsys
 ):

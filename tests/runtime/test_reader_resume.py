@@ -71,10 +71,13 @@ def test_another_world_size_resumes_at_the_next_epoch_with_one_line(tmp_path, ca
     assert reader.resume(2, 0, {"fifo": 0, "world_size": 2}, chief=True) == (2, 0)  # an epoch's start
 
 
-def test_no_train_reader_without_a_layout_or_in_file_mode(tmp_path):
+def test_no_train_reader_without_a_layout_and_in_file_mode_a_base_without_fifos(tmp_path):
     assert TrainReader.of(write_opt_ml(tmp_path / "a", ["train_0"]), 0, 0, 1) is None
     file_mode = write_opt_ml(tmp_path / "b", {"train_0": "File"}, plan_layout(1, 1, input_mode="File"))
-    assert TrainReader.of(file_mode, 0, 0, 1) is None
+    reader = TrainReader.of(file_mode, 0, 0, 1)
+    assert reader.checkpoint() == {"reader": {"fifo": None, "head": None, "world_size": 1}}
+    assert reader.resume(3, 5, reader.checkpoint()["reader"], chief=True) == (3, 5)
+    assert epoch_base(file_mode / "pipe_state", "train_0") == 3  # its first read is shuffled as epoch 3
 
 
 def test_a_shuffle_after_the_reader_is_named_once_on_the_chief(capsys):

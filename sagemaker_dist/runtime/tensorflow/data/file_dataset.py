@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sagemaker_dist.contract.record_formats import max_record_bytes
+from sagemaker_dist.runtime.epoch_reader.order import epoch_base
 from sagemaker_dist.runtime.file_channel import FileChannelError, channel_files
 from sagemaker_dist.runtime.framing import check_record_format, iter_records
 from sagemaker_dist.runtime.framing.shuffle import EpochOrder, ShuffleWindow, shuffled
@@ -57,7 +58,8 @@ def file_channel_dataset(
     ``batch_size`` batches as PipeModeDataset's option does, so a script gets the same elements in
     either mode; options that only make sense for a FIFO are ignored, anything else is an error.
     ``shuffle`` (a seed or a ``ShuffleWindow``) shuffles each iteration's records in the seeded window,
-    the n-th iteration (from 0) as epoch n, the stream's key from ``rank`` and the channel.
+    the n-th iteration (from 0) as epoch n, the stream's key from ``rank`` and the channel; given
+    ``state_dir``, as epoch n plus the channel's epoch base there (a resumed job's, ``set_epoch_base``).
     """
     import tensorflow as tf
 
@@ -78,9 +80,11 @@ def file_channel_dataset(
     if shuffle is not None:
         key = shuffle.stream_key(int(pipe_options.get("rank") or 0), name)
         epochs = itertools.count()
+        state_dir = pipe_options.get("state_dir")
 
         def shuffled_files():
-            order = EpochOrder(shuffle, key, next(epochs))
+            base = epoch_base(state_dir, name) if state_dir is not None else 0
+            order = EpochOrder(shuffle, key, next(epochs) + base)
             paths = [str(f).encode() for f in files]
             records = (
                 r for p in paths for r in _file_records(p, record_format.encode(), name.encode(), limit)

@@ -170,6 +170,7 @@ def rank_dataset(
     config = ContainerConfig.load(root)
     info = rank_info or RankInfo.detect()
     channel = check_rank_channels(config, info, role, input_modes=("Pipe", "File"))
+    kwargs.setdefault("state_dir", config.pipe_state_dir)  # where a resumed job's epoch base is
     if config.input_mode(channel) == "File":
         from sagemaker_dist.runtime.tensorflow.data.file_dataset import file_channel_dataset
 
@@ -181,7 +182,6 @@ def rank_dataset(
             f"pass record_format='RecordIO' (got {record_format!r})"
         )
     kwargs.setdefault("rank", info.rank)
-    kwargs.setdefault("state_dir", config.pipe_state_dir)
     kwargs.setdefault("pipe_dir", config.data_dir)
     kwargs.setdefault("config_dir", config.config_dir)
     return PipeModeDataset(channel, record_format, **kwargs)

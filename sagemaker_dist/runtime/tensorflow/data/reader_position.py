@@ -15,7 +15,6 @@ from collections.abc import Mapping
 
 from sagemaker_dist.runtime.epoch_reader.order import ReaderStateError
 from sagemaker_dist.runtime.ranks import RankInfo
-from sagemaker_dist.runtime.training_session import other_world_move
 
 
 class ReaderPosition:
@@ -32,20 +31,14 @@ class ReaderPosition:
         info: RankInfo = rank_info or HorovodRankInfo.detect()
         channel = check_rank_channels(config, info, role, input_modes=("Pipe", "File"))
         self.rank, self.size, self.channel = info.rank, info.size, channel
-        # a File-mode channel is read whole each epoch: no FIFO to replay or base
-        self.reader = (
-            TrainReader(config, channel, info.size) if config.input_mode(channel) == "Pipe" else None
-        )
+        self.reader = TrainReader(config, channel, info.size)  # in File mode: no FIFO, a base all the same
 
     def state_dict(self, epoch: int, step: int) -> dict:
         """What a checkpoint written after ``step`` batches of epoch ``epoch`` (counted from 0) keeps:
         those two, the FIFO the epoch reads, its stream's head and the world size. (On a resumed job's
         chief it also says, in one line, where the resumed stream began with other records.)"""
-        state = {"epoch": int(epoch), "step": int(step), "fifo": None, "head": None, "world_size": self.size}
-        if self.reader is not None:
-            self.reader.check_head()
-            state.update(self.reader.checkpoint()["reader"])
-        return state
+        self.reader.check_head()
+        return {"epoch": int(epoch), "step": int(step), **self.reader.checkpoint()["reader"]}
 
     def load_state_dict(self, state: Mapping) -> tuple[int, int]:
         """On every rank, with the state the checkpoint holds (rank 0's where only it saves), before the
@@ -53,12 +46,7 @@ class ReaderPosition:
         ``step`` batches of its dataset (``dataset.skip(step)``). A checkpoint written inside an epoch by
         another number of ranks resumes at the next epoch's start, as rank 0 says in one line."""
         epoch, step = _position(state)
-        if self.reader is not None:
-            return self.reader.resume(epoch, step, dict(state), chief=self.rank == 0)
-        epoch, step, moved = other_world_move(epoch, step, state.get("world_size"), self.size)
-        if moved and self.rank == 0:
-            print(moved, flush=True)
-        return epoch, step
+        return self.reader.resume(epoch, step, dict(state), chief=self.rank == 0)
 
 
 def _position(state) -> tuple[int, int]:

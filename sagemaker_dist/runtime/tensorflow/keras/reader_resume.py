@@ -38,7 +38,8 @@ class TrainReader:
 
     @classmethod
     def of(cls, root, rank: int, local_rank: int, size: int) -> TrainReader | None:
-        """The rank's train channel where the job has a layout and the channel is in Pipe mode."""
+        """The rank's train channel where the job has a layout: in Pipe mode, or in File mode (no FIFO to
+        replay; its reads are shuffled as the epochs the base says, ``file_channel_dataset``)."""
         from sagemaker_dist.runtime.config import ContainerConfig
 
         try:
@@ -47,7 +48,7 @@ class TrainReader:
             channel = layout.channel_for("train", rank, local_rank) if layout is not None else None
         except Exception:  # no layout, no train role: the start-up check speaks for those
             return None
-        if channel is None or config.input_mode(channel) != "Pipe":
+        if channel is None or config.input_mode(channel) not in ("Pipe", "File"):
             return None
         return cls(config, channel, size)
 
