@@ -1,7 +1,7 @@
 """The default process group of a benchmark's ranks, started and ended as the runtime's ``setup_ddp``
 does (``runtime.torch.group_exit``), so that a rank that has printed its figures does not abort in the
-interpreter's teardown ("terminate called without an active exception": 1 of 3 runs of
-``bench_torch_agreement.py`` ended in SIGABRT with a plain ``init_process_group``)."""
+interpreter's teardown ("terminate called without an active exception", SIGABRT: a plain
+``init_process_group`` leaves the group to the DDP model's reducer, freed last)."""
 
 from __future__ import annotations
 

@@ -69,10 +69,11 @@ def resolve_objects(spec: ChannelSpec, client) -> list[S3Item]:
             doc = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
         except client.exceptions.NoSuchKey as exc:
             raise FeedError(
-                f"channel {spec.name!r}: manifest {spec.s3_uri} does not exist; a request from "
-                "`launch --dry-run` names the manifests a launch would write without writing them: "
-                "write them first (a launch writes them, so does `sagemaker-dist shard` to that prefix), "
-                "or point the channel at a prefix"
+                f"channel {spec.name!r}: manifest {spec.s3_uri} does not exist. If the request came "
+                "from `launch --dry-run`, it names the manifests a launch would write without writing "
+                "them: write them first (a launch writes them; so does `sagemaker-dist shard SOURCE "
+                "OUTPUT` with the job's instance type and count, OUTPUT the prefix above the role's "
+                "folder), or point the channel at the data's prefix"
             ) from exc
         except ValueError as exc:
             raise FeedError(f"channel {spec.name!r}: manifest {spec.s3_uri} is not JSON ({exc})") from exc

@@ -225,13 +225,14 @@ class Attempt:
         if self.status == "Completed" and self.interrupted_at is not None:
             text += "; every rank's script had ended (exit 0) before it: nothing to start again"
         if self.status == "Interrupted":
-            up, world = self.ranks_up
+            up, world = self.ranks_up or (0, 0)
             text += (
                 f"; in the ranks' start-up ({up} of {world} up): no step was trained, and the ranks still "
                 "starting ended on SIGTERM, as on SageMaker"
                 if up < world
                 else f"; {self._on_signal_text(world)}, none in a stop the ranks agreed (its script had not "
-                "set up the runtime's stop yet, or has none): it starts again from its last checkpoint"
+                "set up the runtime's stop yet, had ended its training, or has none): it starts again from "
+                "its last checkpoint"
             )
         if self.error and self.status != "Completed":
             # its first line, less the heading of the output lines after it

@@ -145,7 +145,7 @@ def head_mismatch_line(channel: str, fifo, saved_fifo, epoch: int, dropped: str)
 
 
 @dataclass
-class ReaderPosition:
+class EpochPosition:
     """Where a reader is: ``epoch`` (the shuffle's), ``records`` of it handed out, ``fifo`` (the FIFO
     number it reads; None for a File channel or before it opened one), ``done`` once read to the end,
     ``head`` the digest of its stream's first records (``StreamHead``) once read; ``expected``: the head
@@ -158,13 +158,13 @@ class ReaderPosition:
     head: int | None = None
     expected: tuple[int, int | None] | None = None
 
-    def after(self, resume: ReaderPosition | None, next_epoch: int) -> ReaderPosition:
+    def after(self, resume: EpochPosition | None, next_epoch: int) -> EpochPosition:
         """The position a ``state_dict()`` reports: a loaded one not yet iterated, else the iteration
         under way (or left early), else the start of the next epoch."""
         if resume is not None:
             return resume
         if self.done:
-            return ReaderPosition(epoch=next_epoch)
+            return EpochPosition(epoch=next_epoch)
         return self
 
     def to_dict(self, shuffle: dict | None, channel: str, rank: int = 0) -> dict:
@@ -180,7 +180,7 @@ class ReaderPosition:
         }
 
     @classmethod
-    def from_dict(cls, state: dict, shuffle: dict | None, channel: str, rank: int = 0) -> ReaderPosition:
+    def from_dict(cls, state: dict, shuffle: dict | None, channel: str, rank: int = 0) -> EpochPosition:
         """The position in ``state``; a state inside an epoch of another channel or another shuffle (seed,
         window, rank) is refused: its records would be others."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:

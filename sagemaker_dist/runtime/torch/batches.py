@@ -27,7 +27,7 @@ from sagemaker_dist.contract.paths import fifo_name
 from sagemaker_dist.errors import ConfigurationError
 from sagemaker_dist.runtime import environment
 from sagemaker_dist.runtime.epoch_reader.epochs import next_epoch_fifo
-from sagemaker_dist.runtime.epoch_reader.order import ReaderPosition, head_mismatch_line, replay_fifos
+from sagemaker_dist.runtime.epoch_reader.order import EpochPosition, head_mismatch_line, replay_fifos
 from sagemaker_dist.runtime.epoch_reader.reader import read_ahead
 from sagemaker_dist.runtime.fifo import DEFAULT_FIFO_TIMEOUT, FifoReader
 from sagemaker_dist.runtime.file_channel import FileChannelError, channel_files
@@ -231,8 +231,8 @@ class PipeBatches:
         self.records = 0
         self.epochs_opened = 0
         self.epoch = 0  # the next iteration's epoch (the shuffle's)
-        self.position = ReaderPosition(epoch=0, done=True)  # the iteration under way, or the last one
-        self._resume: ReaderPosition | None = None  # where the next iteration starts (load_state_dict)
+        self.position = EpochPosition(epoch=0, done=True)  # the iteration under way, or the last one
+        self._resume: EpochPosition | None = None  # where the next iteration starts (load_state_dict)
 
     def set_epoch(self, epoch: int) -> None:
         """The next iteration reads epoch ``epoch`` (its shuffle order); each one after it the next."""
@@ -250,7 +250,7 @@ class PipeBatches:
         """Start the next iteration where ``state`` (a ``state_dict()``) was: its epoch, the records handed
         out of it dropped unread into batches. A state of another shuffle is refused when it is inside
         an epoch (its records would be another set)."""
-        position = ReaderPosition.from_dict(state, self._shuffle_state(), self.channel, self.rank)
+        position = EpochPosition.from_dict(state, self._shuffle_state(), self.channel, self.rank)
         self._resume = position
         self.epoch = position.epoch
 
@@ -266,7 +266,7 @@ class PipeBatches:
         self.epoch = epoch + 1
         skip = resume.records if resume is not None and resume.epoch == epoch else 0
         expected = resume.expected if resume is not None and skip else None
-        position = self.position = ReaderPosition(epoch=epoch, records=skip, expected=expected)
+        position = self.position = EpochPosition(epoch=epoch, records=skip, expected=expected)
         pairs = self._epoch(epoch, skip, resume.fifo if resume is not None else None, position)
         with contextlib.closing(pairs):
             if self.device is not None:

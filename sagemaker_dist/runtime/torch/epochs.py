@@ -98,6 +98,10 @@ class AgreedEpoch:
         what: str = "train",
         records: Callable[[Any], int] | None = None,
     ):
+        if records is not None and not callable(records):
+            raise ConfigurationError(
+                f"records={records!r}: give a function of a batch that returns its records"
+            )
         self.batches = batches
         self.records_of = records or records_in
         self.group = group
@@ -195,7 +199,7 @@ class AgreedEpoch:
             n = operator.index(self.records_of(batch))
         except Exception:  # noqa: BLE001 - a raising rank would leave the others waiting in the agreement
             return None
-        return n if n >= 0 else None
+        return n if 0 <= n < 2**62 else None  # the counts travel as int64, summed over the epoch
 
     def _count(self, batch) -> None:
         if self.records is not None:

@@ -395,6 +395,7 @@ def test_an_epochs_end_counts_the_records_of_the_batches_a_reader_or_a_collate_h
 def test_a_script_counts_the_records_of_batches_whose_structure_cannot_tell_them():
     import torch
 
+    from sagemaker_dist.errors import ConfigurationError
     from sagemaker_dist.runtime.torch.epochs import agreed_batches
 
     samples = [[torch.zeros(3, 8, 8) for _ in range(5)] for _ in range(2)]  # collate_fn=list: 5 images
@@ -405,3 +406,5 @@ def test_a_script_counts_the_records_of_batches_whose_structure_cannot_tell_them
     for wrong in (lambda batch: 1 / 0, lambda batch: -1, lambda batch: 2.5):
         epoch = agreed_batches(samples, records=wrong)
         assert len(list(epoch)) == 2 and epoch.records is None  # never an error: the steps go on
+    with pytest.raises(ConfigurationError, match="records=3: give a function of a batch"):
+        agreed_batches(samples, records=3)
