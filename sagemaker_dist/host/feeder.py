@@ -69,11 +69,9 @@ def resolve_objects(spec: ChannelSpec, client) -> list[S3Item]:
             doc = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
         except client.exceptions.NoSuchKey as exc:
             raise FeedError(
-                f"channel {spec.name!r}: manifest {spec.s3_uri} does not exist. If the request came "
-                "from `launch --dry-run`, it names the manifests a launch would write without writing "
-                "them: write them first (a launch writes them; so does `sagemaker-dist shard SOURCE "
-                "OUTPUT` with the job's instance type and count, OUTPUT the prefix above the role's "
-                "folder), or point the channel at the data's prefix"
+                f"channel {spec.name!r}: manifest {spec.s3_uri} does not exist. If the request came from "
+                "`launch --dry-run` (which writes none), write them first: `sagemaker-dist shard SOURCE "
+                "OUTPUT` with the job's instance type and count (OUTPUT: the prefix above the role's folder)"
             ) from exc
         except ValueError as exc:
             raise FeedError(f"channel {spec.name!r}: manifest {spec.s3_uri} is not JSON ({exc})") from exc
