@@ -23,7 +23,7 @@ pytestmark = pytest.mark.tensorflow
 def nothing_left_patched():
     """Every test leaves Keras as it found it: no hold on the patches outlives it."""
     yield
-    assert patches._depth == 0 and not patches._saved
+    assert patches._depth == 0 and not patches._saved and not patches._filters
 
 
 class Base:
@@ -54,6 +54,22 @@ def test_the_outermost_exit_restores_the_originals_even_inherited_ones():
             assert Child().f() == "patched base"
         assert Child().g() == "patched child"  # the inner exit leaves them in place
     assert "f" not in vars(Child) and Child.g is original_g and Child().f() == "base"
+
+
+def test_keras_3s_advice_to_shuffle_after_the_reader_is_quiet_only_inside_the_window():
+    import warnings
+
+    text = (
+        "`shuffle=True` was passed, but will be ignored since the data `x` was provided as a "
+        "tf.data.Dataset. The Dataset is expected to already be shuffled (via `.shuffle(buffer_size)`)."
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with keras_patched(lambda: FAKE):
+            warnings.warn(text, UserWarning, stacklevel=1)  # what Keras 3's fit says of a dataset
+            warnings.warn("another warning", UserWarning, stacklevel=1)
+        warnings.warn(text, UserWarning, stacklevel=1)  # after the fit: as Keras says it
+    assert [str(w.message)[:30] for w in caught] == ["another warning", text[:30]]
 
 
 def test_a_replacement_that_cannot_be_made_leaves_nothing_installed():

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import re
 import threading
+import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,6 +38,13 @@ _INSTALL = {
 }
 
 _ABSENT = object()  # the owner had no attribute of its own (it was inherited): delete the replacement
+
+# Keras 3's fit warns on every rank, for any tf.data input, that its default shuffle=True is ignored and
+# the dataset should be shuffled "via .shuffle(buffer_size)": advice that would break the exact resume
+# (the readers shuffle; reader_resume.SHUFFLED_AFTER_THE_READER). Quiet while a helper's fit runs.
+SHUFFLE_IGNORED = (
+    r"`shuffle=True` was passed, but will be ignored since the data `x` was provided as a tf\.data"
+)
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,7 @@ def check_keras_release(version: str) -> None:
 _lock = threading.Lock()
 _depth = 0
 _saved: list[tuple[Any, str, Any]] = []  # (owner, name, what the owner itself held), in install order
+_filters: list = []  # the warning filters installed with them
 
 
 def _install(patches: list[Patch]) -> None:
@@ -113,12 +122,18 @@ def _install(patches: list[Patch]) -> None:
             original = getattr(patch.owner, patch.name)
             _saved.append((patch.owner, patch.name, vars(patch.owner).get(patch.name, _ABSENT)))
             setattr(patch.owner, patch.name, patch.make(original))
+        warnings.filterwarnings("ignore", message=SHUFFLE_IGNORED, category=UserWarning)
+        _filters.append(warnings.filters[0])
     except BaseException:
         _restore()
         raise
 
 
 def _restore() -> None:
+    while _filters:
+        entry = _filters.pop()
+        if entry in warnings.filters:  # not where a catch_warnings() put its own list meanwhile
+            warnings.filters.remove(entry)
     while _saved:
         owner, name, before = _saved.pop()
         if before is _ABSENT:
